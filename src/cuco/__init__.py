@@ -1,0 +1,23 @@
+"""cuco: search, verify and tune GPU kernels that fuse computation with
+device-initiated inter-GPU communication (NCCL device API, NVSHMEM).
+
+Importing cuco needs neither torch nor a GPU.
+"""
+
+from cuco.db import Candidate, CandidateDB, Evaluation
+from cuco.design import (
+    Backend, ChunkSchedule, DesignSpace, Directives, Issuer, Placement, Problem, SyncScope,
+)
+from cuco.errors import (
+    CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryNotFound, NoGPUError,
+    ShapeError, TooFewGPUsError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "CucoError",
+    "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem", "Evaluation", "Issuer",
+    "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
+    "TooFewGPUsError", "__version__",
+]

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``bench/*.py`` and ``cuco bench``: each writes a result file."""

@@ -1,0 +1,5 @@
+"""Candidate database (SQLite by default, any SQLAlchemy URL)."""
+
+from cuco.db.candidate_db import STATUSES, Candidate, CandidateDB, Evaluation, Run, source_hash
+
+__all__ = ["STATUSES", "Candidate", "CandidateDB", "Evaluation", "Run", "source_hash"]

@@ -1,0 +1,387 @@
+"""CandidateDB: every candidate, evaluation and LLM call of every search.
+
+SQLAlchemy Core over a SQLite file by default (WAL, ``BEGIN IMMEDIATE`` for
+writes, a generous busy timeout) so several processes can write at once and a
+process killed mid-write leaves a database that opens and checks clean. Any
+SQLAlchemy URL works (``postgresql+psycopg://...``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select, update
+
+from cuco.db import schema as S
+from cuco.errors import DatabaseError
+
+#: Evaluation statuses. Only ``ok`` scores.
+STATUSES = ("ok", "invalid", "compile_error", "wrong", "hang", "crash", "suspect",
+            "timeout", "error")
+
+
+def source_hash(source: str) -> str:
+    """Content hash used to deduplicate candidates and key compile caches."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored candidate (kernel source and/or directives, with lineage)."""
+
+    id: int
+    run_id: int | None
+    workload: str
+    directives: dict[str, Any] | None
+    source: str | None
+    source_hash: str | None
+    origin: str
+    island: int | None
+    generation: int | None
+    parents: list[int]
+    note: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The evaluator's verdict on one candidate."""
+
+    id: int
+    candidate_id: int
+    stage_reached: str
+    status: str
+    error: str | None = None
+    max_error: float | None = None
+    rank_times_ms: list[float] | None = None
+    time_ms: float | None = None
+    baseline_ms: float | None = None
+    bound_ms: float | None = None
+    speedup: float | None = None
+    overlap_eff: float | None = None
+    machine: str | None = None
+    versions: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None
+    created_at: float = field(default=0.0)
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    name: str
+    workload: str
+    problem: dict[str, Any] | None
+    config: dict[str, Any] | None
+    status: str
+    created_at: float
+    updated_at: float
+
+
+def _url(target: str | os.PathLike[str]) -> str:
+    text = os.fspath(target)
+    if "://" in text:
+        return text
+    return f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
+def _as_directives_json(d: Any) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    if hasattr(d, "model_dump"):
+        return json.loads(d.model_dump_json())
+    return dict(d)
+
+
+class CandidateDB:
+    """The search's memory; safe to share between processes.
+
+    >>> db = CandidateDB(":memory:")  # doctest: +SKIP
+    >>> run = db.create_run("demo", "gemm_allreduce")
+    """
+
+    def __init__(self, target: str | os.PathLike[str] = "cuco.db", *, timeout_s: float = 60.0):
+        self.url = "sqlite://" if os.fspath(target) == ":memory:" else _url(target)
+        self.is_sqlite = self.url.startswith("sqlite")
+        kwargs: dict[str, Any] = {}
+        if self.is_sqlite:
+            kwargs["connect_args"] = {"timeout": timeout_s, "check_same_thread": False}
+            if self.url == "sqlite://":
+                from sqlalchemy.pool import StaticPool
+                kwargs["poolclass"] = StaticPool
+        try:
+            self.engine: Engine = create_engine(self.url, **kwargs)
+        except Exception as exc:  # bad URL, missing driver
+            raise DatabaseError(f"cannot open candidate database {self.url!r}: {exc}") from exc
+        if self.is_sqlite:
+            self._setup_sqlite(timeout_s)
+        self._ensure_schema()
+
+    # ---- engine setup ---------------------------------------------------------------
+    def _setup_sqlite(self, timeout_s: float) -> None:
+        @event.listens_for(self.engine, "connect")
+        def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised via engine
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            if self.url != "sqlite://":
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(self.engine, "begin")
+        def _on_begin(conn):  # pragma: no cover - exercised via engine
+            mode = "IMMEDIATE" if conn.get_execution_options().get("cuco_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(cuco_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def _ensure_schema(self) -> None:
+        try:
+            with self._write() as conn:
+                S.metadata.create_all(conn)
+                row = conn.execute(
+                    select(S.meta.c.value).where(S.meta.c.key == "schema_version")
+                ).first()
+                if row is None:
+                    conn.execute(S.meta.insert().values(key="schema_version",
+                                                        value=str(S.SCHEMA_VERSION)))
+                    return
+                version = int(row[0])
+                if version > S.SCHEMA_VERSION:
+                    raise DatabaseError(
+                        f"{self.url} has schema version {version}, newer than this cuco "
+                        f"understands ({S.SCHEMA_VERSION}); upgrade cuco (pip install -U cuco)"
+                    )
+                for v in range(version + 1, S.SCHEMA_VERSION + 1):
+                    S.MIGRATIONS[v](conn)
+                if version != S.SCHEMA_VERSION:
+                    conn.execute(update(S.meta).where(S.meta.c.key == "schema_version")
+                                 .values(value=str(S.SCHEMA_VERSION)))
+        except DatabaseError:
+            raise
+        except Exception as exc:
+            raise DatabaseError(f"cannot open candidate database {self.url!r}: {exc}") from exc
+
+    @property
+    def schema_version(self) -> int:
+        with self._read() as conn:
+            return int(conn.execute(select(S.meta.c.value).where(
+                S.meta.c.key == "schema_version")).scalar_one())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "CandidateDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- runs -----------------------------------------------------------------------
+    def create_run(self, name: str, workload: str, *, problem: dict[str, Any] | None = None,
+                   config: dict[str, Any] | None = None) -> int:
+        now = time.time()
+        with self._write() as conn:
+            res = conn.execute(S.runs.insert().values(
+                name=name, workload=workload, problem=problem, config=config,
+                status="running", created_at=now, updated_at=now))
+            return int(res.inserted_primary_key[0])
+
+    def set_run_status(self, run_id: int, status: str) -> None:
+        with self._write() as conn:
+            conn.execute(update(S.runs).where(S.runs.c.id == run_id)
+                         .values(status=status, updated_at=time.time()))
+
+    def run(self, run_id: int) -> Run:
+        with self._read() as conn:
+            row = conn.execute(select(S.runs).where(S.runs.c.id == run_id)).mappings().first()
+        if row is None:
+            raise KeyError(f"no run {run_id} in {self.url}; list them with `cuco db ls`")
+        return Run(**row)
+
+    def runs(self) -> list[Run]:
+        with self._read() as conn:
+            rows = conn.execute(select(S.runs).order_by(S.runs.c.id)).mappings().all()
+        return [Run(**r) for r in rows]
+
+    # ---- candidates -----------------------------------------------------------------
+    def add_candidate(self, workload: str, *, source: str | None = None, directives: Any = None,
+                      origin: str = "user", run_id: int | None = None, island: int | None = None,
+                      generation: int | None = None, parents: Iterable[int] = (),
+                      note: str | None = None) -> int:
+        if source is None and directives is None:
+            raise ValueError("a candidate needs a kernel source, directives, or both")
+        with self._write() as conn:
+            res = conn.execute(S.candidates.insert().values(
+                run_id=run_id, workload=workload, directives=_as_directives_json(directives),
+                source=source, source_hash=source_hash(source) if source is not None else None,
+                origin=origin, island=island, generation=generation,
+                parents=[int(p) for p in parents], note=note, created_at=time.time()))
+            return int(res.inserted_primary_key[0])
+
+    def candidate(self, candidate_id: int) -> Candidate:
+        with self._read() as conn:
+            row = conn.execute(select(S.candidates).where(
+                S.candidates.c.id == candidate_id)).mappings().first()
+        if row is None:
+            raise KeyError(f"no candidate {candidate_id} in {self.url}")
+        return Candidate(**row)
+
+    def candidates(self, *, run_id: int | None = None, workload: str | None = None) -> list[Candidate]:
+        q = select(S.candidates).order_by(S.candidates.c.id)
+        if run_id is not None:
+            q = q.where(S.candidates.c.run_id == run_id)
+        if workload is not None:
+            q = q.where(S.candidates.c.workload == workload)
+        with self._read() as conn:
+            return [Candidate(**r) for r in conn.execute(q).mappings().all()]
+
+    def find_by_hash(self, digest: str) -> list[Candidate]:
+        with self._read() as conn:
+            rows = conn.execute(select(S.candidates).where(
+                S.candidates.c.source_hash == digest)).mappings().all()
+        return [Candidate(**r) for r in rows]
+
+    def count_candidates(self, run_id: int | None = None) -> int:
+        q = select(func.count()).select_from(S.candidates)
+        if run_id is not None:
+            q = q.where(S.candidates.c.run_id == run_id)
+        with self._read() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    # ---- evaluations ----------------------------------------------------------------
+    def add_evaluation(self, candidate_id: int, *, stage_reached: str, status: str,
+                       **fields: Any) -> int:
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not one of {STATUSES}")
+        allowed = {c.name for c in S.evaluations.columns} - {"id", "candidate_id", "created_at"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"unknown evaluation fields {sorted(unknown)}; known: {sorted(allowed)}")
+        with self._write() as conn:
+            res = conn.execute(S.evaluations.insert().values(
+                candidate_id=candidate_id, stage_reached=stage_reached, status=status,
+                created_at=time.time(), **fields))
+            return int(res.inserted_primary_key[0])
+
+    def evaluations(self, candidate_id: int | None = None) -> list[Evaluation]:
+        q = select(S.evaluations).order_by(S.evaluations.c.id)
+        if candidate_id is not None:
+            q = q.where(S.evaluations.c.candidate_id == candidate_id)
+        with self._read() as conn:
+            return [Evaluation(**r) for r in conn.execute(q).mappings().all()]
+
+    # ---- LLM calls ------------------------------------------------------------------
+    def add_llm_call(self, *, provider: str, model: str, prompt_tokens: int = 0,
+                     completion_tokens: int = 0, cost_usd: float = 0.0,
+                     latency_s: float | None = None, status: str = "ok",
+                     error: str | None = None, run_id: int | None = None,
+                     candidate_id: int | None = None) -> int:
+        with self._write() as conn:
+            res = conn.execute(S.llm_calls.insert().values(
+                run_id=run_id, candidate_id=candidate_id, provider=provider, model=model,
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                cost_usd=cost_usd, latency_s=latency_s, status=status, error=error,
+                created_at=time.time()))
+            return int(res.inserted_primary_key[0])
+
+    def llm_cost(self, run_id: int | None = None) -> float:
+        q = select(func.coalesce(func.sum(S.llm_calls.c.cost_usd), 0.0))
+        if run_id is not None:
+            q = q.where(S.llm_calls.c.run_id == run_id)
+        with self._read() as conn:
+            return float(conn.execute(q).scalar_one())
+
+    # ---- queries --------------------------------------------------------------------
+    def _scored(self):
+        c, e = S.candidates, S.evaluations
+        return (select(c.c.id.label("candidate_id"), c.c.workload, c.c.run_id,
+                       e.c.id.label("evaluation_id"), e.c.speedup, e.c.time_ms)
+                .join(e, e.c.candidate_id == c.c.id)
+                .where(e.c.status == "ok", e.c.speedup.is_not(None)))
+
+    def best(self, workload: str, *, run_id: int | None = None) -> tuple[Candidate, Evaluation] | None:
+        """The scored candidate with the highest speedup for ``workload``."""
+        q = self._scored().where(S.candidates.c.workload == workload)
+        if run_id is not None:
+            q = q.where(S.candidates.c.run_id == run_id)
+        q = q.order_by(S.evaluations.c.speedup.desc(), S.evaluations.c.id).limit(1)
+        with self._read() as conn:
+            row = conn.execute(q).mappings().first()
+        if row is None:
+            return None
+        ev = next(e for e in self.evaluations(row["candidate_id"]) if e.id == row["evaluation_id"])
+        return self.candidate(row["candidate_id"]), ev
+
+    def best_per_workload(self, *, run_id: int | None = None) -> dict[str, tuple[Candidate, Evaluation]]:
+        with self._read() as conn:
+            q = select(S.candidates.c.workload).distinct()
+            if run_id is not None:
+                q = q.where(S.candidates.c.run_id == run_id)
+            names = [r[0] for r in conn.execute(q)]
+        out = {}
+        for name in sorted(names):
+            hit = self.best(name, run_id=run_id)
+            if hit is not None:
+                out[name] = hit
+        return out
+
+    def lineage(self, candidate_id: int) -> list[Candidate]:
+        """The candidate and all its ancestors, nearest first (breadth-first)."""
+        seen: dict[int, Candidate] = {}
+        frontier = [candidate_id]
+        while frontier:
+            nxt: list[int] = []
+            for cid in frontier:
+                if cid in seen:
+                    continue
+                cand = self.candidate(cid)
+                seen[cid] = cand
+                nxt.extend(p for p in cand.parents if p not in seen)
+            frontier = nxt
+        return list(seen.values())
+
+    def history(self, run_id: int) -> list[tuple[Candidate, Evaluation]]:
+        """Every evaluation of a run in the order it happened."""
+        c, e = S.candidates, S.evaluations
+        q = (select(e.c.id, e.c.candidate_id).join(c, e.c.candidate_id == c.c.id)
+             .where(c.c.run_id == run_id).order_by(e.c.id))
+        with self._read() as conn:
+            pairs = conn.execute(q).all()
+        evs = {ev.id: ev for ev in self.evaluations()} if pairs else {}
+        cache: dict[int, Candidate] = {}
+        out = []
+        for eid, cid in pairs:
+            if cid not in cache:
+                cache[cid] = self.candidate(cid)
+            out.append((cache[cid], evs[eid]))
+        return out
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` ('ok' when sound); 'n/a' elsewhere."""
+        if not self.is_sqlite:
+            return "n/a"
+        with self._read() as conn:
+            return str(conn.exec_driver_sql("PRAGMA integrity_check").scalar_one())
+
+    def tables(self) -> list[str]:
+        return sorted(inspect(self.engine).get_table_names())

@@ -1,0 +1,95 @@
+"""Tables of the candidate database (SQLAlchemy Core), and their version.
+
+Bump :data:`SCHEMA_VERSION` with every change and add a step to
+:data:`MIGRATIONS` that brings a database of the previous version up to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    JSON, Column, Connection, Float, ForeignKey, Index, Integer, MetaData, String, Table,
+    Text,
+)
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+meta = Table(
+    "cuco_meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+runs = Table(
+    "runs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("workload", String(200), nullable=False),
+    Column("problem", JSON, nullable=True),
+    Column("config", JSON, nullable=True),
+    Column("status", String(32), nullable=False, default="running"),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+candidates = Table(
+    "candidates", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=True),
+    Column("workload", String(200), nullable=False),
+    Column("directives", JSON, nullable=True),
+    Column("source", Text, nullable=True),
+    Column("source_hash", String(64), nullable=True),
+    Column("origin", String(32), nullable=False, default="user"),
+    Column("island", Integer, nullable=True),
+    Column("generation", Integer, nullable=True),
+    Column("parents", JSON, nullable=False, default=list),
+    Column("note", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Index("ix_candidates_run", "run_id"),
+    Index("ix_candidates_hash", "source_hash"),
+    Index("ix_candidates_workload", "workload"),
+)
+
+evaluations = Table(
+    "evaluations", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("candidate_id", Integer, ForeignKey("candidates.id"), nullable=False),
+    Column("stage_reached", String(32), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("error", Text, nullable=True),
+    Column("max_error", Float, nullable=True),
+    Column("rank_times_ms", JSON, nullable=True),
+    Column("time_ms", Float, nullable=True),
+    Column("baseline_ms", Float, nullable=True),
+    Column("bound_ms", Float, nullable=True),
+    Column("speedup", Float, nullable=True),
+    Column("overlap_eff", Float, nullable=True),
+    Column("machine", String(200), nullable=True),
+    Column("versions", JSON, nullable=True),
+    Column("extra", JSON, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Index("ix_evaluations_candidate", "candidate_id"),
+)
+
+llm_calls = Table(
+    "llm_calls", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=True),
+    Column("candidate_id", Integer, ForeignKey("candidates.id"), nullable=True),
+    Column("provider", String(64), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("latency_s", Float, nullable=True),
+    Column("status", String(32), nullable=False, default="ok"),
+    Column("error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+)
+
+#: version -> step that upgrades a database of ``version - 1`` to ``version``.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {}

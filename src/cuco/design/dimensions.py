@@ -1,0 +1,61 @@
+"""The five dimensions of the CUCo design space, and the tunables beside them.
+
+Each dimension is a string enum so directives read well in JSON, in the
+database and in variant names (``lsa.dedicated_ctas.chunk.warp.c256K``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Backend(str, Enum):
+    """Which device-initiated transport moves the bytes."""
+
+    LSA = "lsa"  # NCCL device API: loads/stores into peers' NVLink windows
+    GIN = "gin"  # NCCL GPU-initiated networking: one-sided puts + signals
+    NVSHMEM = "nvshmem"  # NVSHMEM put/get/signal
+
+
+class Placement(str, Enum):
+    """Where communication runs relative to the compute."""
+
+    EPILOGUE = "epilogue"  # in the compute CTAs, after each tile
+    DEDICATED_CTAS = "dedicated_ctas"  # CTAs of the same kernel reserved for it
+    SIDE_STREAM = "side_stream"  # a separate kernel on a concurrent stream
+
+
+class SyncScope(str, Enum):
+    """How a consumer learns that data has arrived."""
+
+    CHUNK = "chunk"  # a flag / signal per chunk
+    CTA = "cta"  # a barrier per CTA
+    KERNEL = "kernel"  # one team barrier per kernel
+
+
+class Issuer(str, Enum):
+    """Who issues a transfer (ncclCoopThread/Warp/Cta; NVSHMEM *_warp/*_block)."""
+
+    THREAD = "thread"
+    WARP = "warp"
+    CTA = "cta"
+
+
+class ChunkSchedule(str, Enum):
+    """Order in which chunks visit peers (Syncopate-style ring, or direct)."""
+
+    DIRECT = "direct"
+    RING = "ring"
+
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def format_bytes(n: int) -> str:
+    """``262144 -> '256K'``; used in variant names."""
+    if n % MIB == 0:
+        return f"{n // MIB}M"
+    if n % KIB == 0:
+        return f"{n // KIB}K"
+    return str(n)

@@ -1,0 +1,102 @@
+"""One point of the design space: the five dimensions plus tunables."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cuco.design.dimensions import (
+    Backend, ChunkSchedule, Issuer, Placement, SyncScope, format_bytes,
+)
+from cuco.design.problem import Problem
+from cuco.design.rules import violations
+from cuco.errors import DirectiveError
+
+TILE_MN = (64, 128, 256)
+TILE_K = (32, 64, 128)
+
+
+def check_field(field: str, v: int) -> int:
+    """Range checks of single tunables that pydantic's ``Field`` cannot express."""
+    if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or v & (v - 1)):
+        raise ValueError(
+            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144)"
+        )
+    if field in ("tile_m", "tile_n") and v not in TILE_MN:
+        raise ValueError(f"{field}={v} is not supported; choose one of {TILE_MN}")
+    if field == "tile_k" and v not in TILE_K:
+        raise ValueError(f"tile_k={v} is not supported; choose one of {TILE_K}")
+    return v
+
+
+class Directives(BaseModel):
+    """A typed, validated, immutable design-space point.
+
+    >>> Directives(backend="lsa", placement="dedicated_ctas", comm_ctas=8).name
+    'lsa.dedicated_ctas.kernel.cta.c1M'
+
+    Construction checks the rules that hold for every problem; use
+    :meth:`check` (or :meth:`DesignSpace.validate`) for a given problem.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    # the five dimensions
+    backend: Backend = Backend.LSA
+    placement: Placement = Placement.EPILOGUE
+    sync_scope: SyncScope = SyncScope.KERNEL
+    issuer: Issuer = Issuer.CTA
+    chunk_bytes: int = Field(default=1 << 20, description="bytes per transfer (power of two)")
+    # tunables
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    stages: int = Field(default=4, ge=2, le=8, description="mainloop pipeline stages")
+    comm_ctas: int = Field(default=0, ge=0, le=64, description="CTAs reserved for communication")
+    chunk_schedule: ChunkSchedule = ChunkSchedule.DIRECT
+
+    @field_validator("chunk_bytes")
+    @classmethod
+    def _chunk(cls, v: int) -> int:
+        return check_field("chunk_bytes", v)
+
+    @field_validator("tile_m", "tile_n", "tile_k")
+    @classmethod
+    def _tiles(cls, v: int, info) -> int:
+        return check_field(info.field_name, v)
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Directives":
+        bad = violations(self.__dict__)
+        if bad:
+            raise DirectiveError(bad)
+        return self
+
+    def check(self, problem: Problem) -> "Directives":
+        """Raise :class:`DirectiveError` if this point is invalid for ``problem``."""
+        bad = violations(self.__dict__, problem)
+        if bad:
+            raise DirectiveError(bad)
+        return self
+
+    @property
+    def name(self) -> str:
+        """Short variant name: the five dimensions, backend first."""
+        return ".".join((
+            self.backend.value, self.placement.value, self.sync_scope.value,
+            self.issuer.value, "c" + format_bytes(self.chunk_bytes),
+        ))
+
+    @property
+    def full_name(self) -> str:
+        """Variant name with every tunable, unique per point."""
+        extra = f"t{self.tile_m}x{self.tile_n}x{self.tile_k}.s{self.stages}"
+        if self.comm_ctas:
+            extra += f".cc{self.comm_ctas}"
+        return f"{self.name}.{extra}.{self.chunk_schedule.value}"
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> "Directives":
+        return cls.model_validate_json(text)

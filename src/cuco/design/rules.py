@@ -1,0 +1,100 @@
+"""Validity rules of the design space, as one pure function over plain values.
+
+Kept apart from the pydantic model so that :meth:`DesignSpace.enumerate` can
+filter tens of thousands of points quickly, and so that every rule lives in
+one place. Each violation is a sentence naming the dimension and a fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cuco.design.dimensions import format_bytes
+from cuco.design.problem import Problem
+
+# Hopper: 227 KiB of shared memory per block once the dynamic limit is raised.
+SMEM_LIMIT_BYTES = 227 * 1024
+OPERAND_BYTES = 2  # bf16/fp16 operands in the GEMM mainloop
+
+
+def _v(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def smem_bytes(tile_m: int, tile_n: int, tile_k: int, stages: int) -> int:
+    """Shared memory the mainloop's A and B stages take."""
+    return stages * (tile_m + tile_n) * tile_k * OPERAND_BYTES
+
+
+def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str]:
+    """Every rule ``d`` breaks, alone and (if given) for ``problem``."""
+    out: list[str] = []
+    backend, placement = _v(d["backend"]), _v(d["placement"])
+    sync, schedule = _v(d["sync_scope"]), _v(d["chunk_schedule"])
+    comm_ctas, chunk = d["comm_ctas"], d["chunk_bytes"]
+    tm, tn, tk, stages = d["tile_m"], d["tile_n"], d["tile_k"], d["stages"]
+
+    if placement == "dedicated_ctas" and comm_ctas < 1:
+        out.append(
+            "comm_ctas: placement=dedicated_ctas reserves CTAs for communication; "
+            "set comm_ctas >= 1 (e.g. 8)"
+        )
+    if placement != "dedicated_ctas" and comm_ctas != 0:
+        out.append(
+            f"comm_ctas: comm_ctas={comm_ctas} only applies to placement=dedicated_ctas; "
+            "set comm_ctas=0 or placement=dedicated_ctas"
+        )
+    if placement == "side_stream" and sync != "chunk":
+        out.append(
+            f"sync_scope: placement=side_stream is driven by per-chunk flags, not "
+            f"sync_scope={sync}; set sync_scope=chunk"
+        )
+    if schedule == "ring" and sync == "kernel":
+        out.append(
+            "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "
+            "per-chunk or per-CTA sync; set sync_scope=chunk or cta, or chunk_schedule=direct"
+        )
+    need = smem_bytes(tm, tn, tk, stages)
+    if need > SMEM_LIMIT_BYTES:
+        fit = SMEM_LIMIT_BYTES // smem_bytes(tm, tn, tk, 1)
+        fix = f"lower stages to {fit}" if fit >= 2 else "choose a smaller tile"
+        out.append(
+            f"stages: tile {tm}x{tn}x{tk} with stages={stages} needs {need // 1024} KiB of "
+            f"shared memory (> {SMEM_LIMIT_BYTES // 1024} KiB on Hopper); {fix}"
+        )
+    if problem is None:
+        return out
+
+    if backend == "gin" and not problem.has_network:
+        out.append(
+            "backend: backend=gin needs ranks on different hosts (a network); on one "
+            "NVLink host choose backend=lsa or backend=nvshmem"
+        )
+    rows, cols = problem.output_shape_per_rank()
+    k_local = problem.k // problem.world_size if problem.workload in (
+        "gemm_allreduce", "gemm_reducescatter") else problem.k
+    for name, tile, extent, label in (
+        ("tile_m", tm, rows, "M"), ("tile_n", tn, cols, "N per rank"),
+        ("tile_k", tk, k_local, "K per rank"),
+    ):
+        if extent % tile:
+            ok = [t for t in (64, 128, 256) if extent % t == 0] if name != "tile_k" else [
+                t for t in (32, 64, 128) if extent % t == 0]
+            fix = f"choose {name} from {ok}" if ok else f"pad {label} to a multiple of 64"
+            out.append(f"{name}: {name}={tile} does not divide {label}={extent}; {fix}")
+    tile_bytes = tm * tn * problem.dtype_bytes
+    out_bytes = problem.output_bytes_per_rank()
+    if chunk < tile_bytes:
+        out.append(
+            f"chunk_bytes: chunk_bytes={format_bytes(chunk)} is smaller than one "
+            f"{tm}x{tn} {problem.dtype} output tile ({format_bytes(tile_bytes)}); "
+            f"choose chunk_bytes >= {format_bytes(tile_bytes)}"
+        )
+    if chunk > out_bytes:
+        out.append(
+            f"chunk_bytes: chunk_bytes={format_bytes(chunk)} exceeds the "
+            f"{format_bytes(out_bytes)} each rank produces; choose chunk_bytes <= "
+            f"{format_bytes(out_bytes)}"
+        )
+    return out

@@ -1,0 +1,247 @@
+"""The design space: which values each dimension may take, and moves within it.
+
+A :class:`DesignSpace` is a finite grid (one tuple of choices per field of
+:class:`Directives`) filtered by the validity rules, optionally for one
+:class:`Problem`. Agents sample, mutate, cross over and measure distance here;
+the offline proposer can also walk :meth:`enumerate` exhaustively.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, KIB, MIB, Placement, SyncScope
+from pydantic import TypeAdapter
+from typing import Annotated
+
+from cuco.design.directives import Directives, check_field
+from cuco.design.problem import Problem
+from cuco.design.rules import violations
+from cuco.errors import DirectiveError
+
+FIELDS: tuple[str, ...] = tuple(Directives.model_fields)
+
+#: Fields whose choices are ordered, so a small mutation moves to a neighbour.
+ORDINAL: frozenset[str] = frozenset(
+    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas"}
+)
+
+DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
+    "backend": tuple(Backend),
+    "placement": tuple(Placement),
+    "sync_scope": tuple(SyncScope),
+    "issuer": tuple(Issuer),
+    "chunk_bytes": (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB),
+    "tile_m": (128, 256),
+    "tile_n": (128, 256),
+    "tile_k": (64,),
+    "stages": (3, 4),
+    "comm_ctas": (0, 4, 8, 16),
+    "chunk_schedule": tuple(ChunkSchedule),
+}
+
+RngLike = random.Random | int | None
+
+
+def as_rng(rng: Any) -> random.Random:
+    """Accept a ``random.Random``, a numpy ``Generator``, a seed or ``None``."""
+    if isinstance(rng, random.Random):
+        return rng
+    if rng is None or isinstance(rng, int):
+        return random.Random(rng)
+    if hasattr(rng, "integers"):  # numpy.random.Generator
+        return random.Random(int(rng.integers(0, 2**63 - 1)))
+    raise TypeError(f"rng must be random.Random, numpy Generator or int seed, not {type(rng)!r}")
+
+
+class DesignSpace:
+    """A finite, validated grid of :class:`Directives`.
+
+    >>> space = DesignSpace(backend=["lsa"], placement=["epilogue", "dedicated_ctas"])
+    >>> d = space.sample(0)
+    >>> space.contains(d)
+    True
+    """
+
+    def __init__(self, problem: Problem | None = None, **choices: Sequence[Any]):
+        unknown = set(choices) - set(FIELDS)
+        if unknown:
+            raise DirectiveError(
+                [f"{u}: not a dimension or tunable; known: {', '.join(FIELDS)}" for u in sorted(unknown)]
+            )
+        self.problem = problem
+        self.choices: dict[str, tuple[Any, ...]] = {}
+        for f in FIELDS:
+            raw = choices.get(f, DEFAULT_CHOICES[f])
+            if isinstance(raw, (str, int)) or not isinstance(raw, Sequence):
+                raw = (raw,)
+            if len(raw) == 0:
+                raise DirectiveError([f"{f}: needs at least one choice"])
+            # coerce through the model's field types (strings -> enums, ints checked)
+            try:
+                vals = [coerce_field(f, v) for v in raw]
+            except (ValueError, TypeError) as exc:
+                raise DirectiveError([f"{f}: {exc}"]) from None
+            self.choices[f] = tuple(dict.fromkeys(vals))
+        self._size: int | None = None
+
+    # ---- membership and validity ------------------------------------------------
+    def violations(self, d: Directives | Mapping[str, Any]) -> list[str]:
+        """Rules broken by ``d`` (for this space's problem), plus choices outside the grid."""
+        values = d.__dict__ if isinstance(d, Directives) else dict(d)
+        out = violations(values, self.problem)
+        for f in FIELDS:
+            if values[f] not in self.choices[f]:
+                shown = ", ".join(str(getattr(c, "value", c)) for c in self.choices[f])
+                out.append(f"{f}: {getattr(values[f], 'value', values[f])} is outside this space; choose one of {shown}")
+        return out
+
+    def validate(self, d: Directives | Mapping[str, Any]) -> Directives:
+        """Return ``d`` as :class:`Directives`, or raise :class:`DirectiveError`."""
+        if not isinstance(d, Directives):
+            d = Directives(**dict(d))
+        bad = self.violations(d)
+        if bad:
+            raise DirectiveError(bad)
+        return d
+
+    def contains(self, d: Directives) -> bool:
+        return not self.violations(d)
+
+    # ---- the grid -----------------------------------------------------------------
+    def _valid_dicts(self) -> Iterator[dict[str, Any]]:
+        for combo in itertools.product(*(self.choices[f] for f in FIELDS)):
+            values = dict(zip(FIELDS, combo))
+            if not violations(values, self.problem):
+                yield values
+
+    def enumerate(self) -> Iterator[Directives]:
+        """Every valid point, in a fixed order."""
+        for values in self._valid_dicts():
+            yield Directives.model_construct(**values)
+
+    @property
+    def size(self) -> int:
+        """Number of valid points (what :meth:`enumerate` yields)."""
+        if self._size is None:
+            self._size = sum(1 for _ in self._valid_dicts())
+        return self._size
+
+    @property
+    def grid_size(self) -> int:
+        """Number of points before validity filtering."""
+        n = 1
+        for f in FIELDS:
+            n *= len(self.choices[f])
+        return n
+
+    # ---- moves --------------------------------------------------------------------
+    def sample(self, rng: RngLike = None) -> Directives:
+        """A uniformly random valid point."""
+        r = as_rng(rng)
+        for _ in range(10_000):
+            values = {f: r.choice(self.choices[f]) for f in FIELDS}
+            if not violations(values, self.problem):
+                return Directives.model_construct(**values)
+        points = list(self._valid_dicts())
+        if not points:
+            raise DirectiveError(["the design space has no valid point; widen its choices"])
+        return Directives.model_construct(**r.choice(points))
+
+    def default(self) -> Directives:
+        """The most conservative valid point: the fast-path agent's start."""
+        prefs = {"backend": Backend.LSA, "placement": Placement.EPILOGUE,
+                 "sync_scope": SyncScope.KERNEL, "issuer": Issuer.CTA,
+                 "chunk_schedule": ChunkSchedule.DIRECT, "comm_ctas": 0}
+
+        def rank(values: dict[str, Any]) -> tuple:
+            return tuple(0 if values[f] == v else 1 for f, v in prefs.items())
+
+        best = min(self._valid_dicts(), key=rank, default=None)
+        if best is None:
+            raise DirectiveError(["the design space has no valid point; widen its choices"])
+        return Directives.model_construct(**best)
+
+    def _step(self, f: str, current: Any, r: random.Random, strength: float) -> Any:
+        opts = self.choices[f]
+        if len(opts) == 1:
+            return opts[0]
+        if f in ORDINAL and current in opts and strength < 0.5:
+            i = opts.index(current)
+            j = i + r.choice((-1, 1))
+            return opts[min(max(j, 0), len(opts) - 1)] if 0 <= j < len(opts) else opts[i - (j - i)]
+        return r.choice([o for o in opts if o != current])
+
+    def mutate(self, d: Directives, rng: RngLike = None, strength: float = 0.3) -> Directives:
+        """A valid neighbour of ``d`` that differs in at least one field.
+
+        ``strength`` in (0, 1] is the chance each field changes; below 0.5,
+        ordered fields step to an adjacent value (exploitation), above it they
+        jump anywhere (exploration).
+        """
+        if not 0 < strength <= 1:
+            raise ValueError(f"strength={strength} must be in (0, 1]")
+        r = as_rng(rng)
+        mutable = [f for f in FIELDS if len(self.choices[f]) > 1]
+        if not mutable:
+            return d
+        base = dict(d.__dict__)
+        for _ in range(1000):
+            values = dict(base)
+            changed = [f for f in mutable if r.random() < strength] or [r.choice(mutable)]
+            for f in changed:
+                values[f] = self._step(f, values[f], r, strength)
+            self._repair(values, r)
+            if values != base and not self.violations(values):
+                return Directives.model_construct(**values)
+        return self.sample(r)
+
+    def _repair(self, values: dict[str, Any], r: random.Random) -> None:
+        """Fix the couplings a single-field change most often breaks."""
+        if values["placement"] == Placement.DEDICATED_CTAS and values["comm_ctas"] == 0:
+            nonzero = [c for c in self.choices["comm_ctas"] if c > 0]
+            if nonzero:
+                values["comm_ctas"] = r.choice(nonzero)
+        if values["placement"] != Placement.DEDICATED_CTAS and 0 in self.choices["comm_ctas"]:
+            values["comm_ctas"] = 0
+        if values["placement"] == Placement.SIDE_STREAM and SyncScope.CHUNK in self.choices["sync_scope"]:
+            values["sync_scope"] = SyncScope.CHUNK
+
+    def crossover(self, a: Directives, b: Directives, rng: RngLike = None) -> Directives:
+        """A valid child taking each field from ``a`` or ``b``."""
+        r = as_rng(rng)
+        for _ in range(1000):
+            values = {f: (a if r.random() < 0.5 else b).__dict__[f] for f in FIELDS}
+            self._repair(values, r)
+            if not self.violations(values):
+                return Directives.model_construct(**values)
+        return a
+
+    def distance(self, a: Directives, b: Directives) -> float:
+        """Normalised distance in [0, 1]: Hamming on categories, index gap on ordered fields."""
+        total = 0.0
+        for f in FIELDS:
+            va, vb = a.__dict__[f], b.__dict__[f]
+            if va == vb:
+                continue
+            opts = self.choices[f]
+            if f in ORDINAL and va in opts and vb in opts and len(opts) > 1:
+                total += abs(opts.index(va) - opts.index(vb)) / (len(opts) - 1)
+            else:
+                total += 1.0
+        return total / len(FIELDS)
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{f}={len(self.choices[f])}" for f in FIELDS)
+        return f"DesignSpace({dims}; problem={self.problem.label if self.problem else None})"
+
+
+def coerce_field(field: str, value: Any) -> Any:
+    """Validate one field value alone (type, range), returning its typed form."""
+    info = Directives.model_fields[field]
+    typed = TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata
+                        else info.annotation).validate_python(value)
+    return check_field(field, typed)

@@ -1,0 +1,61 @@
+"""Errors cuco raises on bad input or a missing environment.
+
+Every message says what is wrong *and* what to do about it, because the
+person reading it is usually in a notebook or a build log, not in our code.
+
+Rule violations (:class:`DirectiveError`, :class:`ShapeError`) deliberately do
+not derive from ``ValueError``: raised inside a pydantic validator they then
+reach the caller as themselves, not wrapped in a ``ValidationError``.
+"""
+
+from __future__ import annotations
+
+
+class CucoError(Exception):
+    """Base class of every error cuco raises on purpose."""
+
+
+class DirectiveError(CucoError):
+    """A point of the design space that is invalid (alone or for a problem).
+
+    ``problems`` lists one line per violated rule; each names the dimension
+    and what to choose instead.
+    """
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid directives:\n  - " + "\n  - ".join(self.problems))
+
+
+class ShapeError(CucoError):
+    """A problem shape that the world size or a tile does not divide."""
+
+
+class EnvironmentProblem(CucoError, RuntimeError):
+    """Something the machine lacks: a GPU, enough GPUs, nvcc, a library."""
+
+
+class NoGPUError(EnvironmentProblem):
+    """No CUDA device is visible."""
+
+
+class TooFewGPUsError(EnvironmentProblem):
+    """Fewer GPUs than the requested world size."""
+
+
+class LibraryNotFound(EnvironmentProblem):
+    """nvcc, NCCL, NVSHMEM or CUTLASS could not be located."""
+
+
+class CompileError(CucoError):
+    """nvcc rejected a kernel; ``summary`` holds the lines that matter."""
+
+    def __init__(self, summary: str, log: str = "", command: list[str] | None = None):
+        self.summary = summary
+        self.log = log
+        self.command = command or []
+        super().__init__(f"kernel does not compile:\n{summary}")
+
+
+class DatabaseError(CucoError):
+    """The candidate database cannot be opened or is of a newer schema."""

@@ -1,0 +1,49 @@
+"""Every kernel cuco ships, rendered: what ``cuco kernels check`` and CI compile.
+
+A template that is not reachable from :func:`everything` fails a test, so no
+template can ship without being compile-checked.
+"""
+
+from __future__ import annotations
+
+from cuco.kernels import toolchain
+from cuco.kernels.collectives import KernelSource, all_sources
+from cuco.kernels.compiler import SHIM_DIR, Compiler
+from cuco.kernels.render import render
+
+
+def probe_source() -> KernelSource:
+    return KernelSource("probes", render("probes.cu.j2"), (), ("noop", "spin_forever",
+                                                              "illegal_address"))
+
+
+def everything() -> list[KernelSource]:
+    return [*all_sources(), probe_source()]
+
+
+def template_of(source: KernelSource) -> str:
+    """Template file a source was rendered from (by naming convention)."""
+    if source.name.startswith("lsa_collectives"):
+        return "collectives_lsa.cu.j2"
+    if source.name.startswith("nvshmem_collectives"):
+        return "collectives_nvshmem.cu.j2"
+    return f"{source.name}.cu.j2"
+
+
+def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
+    """Compile every kernel and both host shims; ``{name: 'ok' | error summary}``."""
+    comp = Compiler(arch=arch)
+    srcs = everything()
+    report: dict[str, str] = {}
+    for s, r in zip(srcs, comp.compile_many([(s.name, s.source, s.needs) for s in srcs])):
+        report[s.name] = "ok" if hasattr(r, "path") else str(r)
+    for shim, need, lib_name in (("nccl_devcomm", "nccl", "libnccl.so.2"),
+                                 ("nvshmem_host", "nvshmem", "libnvshmem_host.so.3")):
+        try:
+            lib = getattr(toolchain, need)()
+            comp.build_shared((SHIM_DIR / f"{shim}.cu").read_text(), name=shim, needs=(need,),
+                              link=[f"-L{lib.lib}", f"-l:{lib_name}"])
+            report[f"shim:{shim}"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            report[f"shim:{shim}"] = str(exc)
+    return report

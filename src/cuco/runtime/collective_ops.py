@@ -1,0 +1,244 @@
+"""Collective cases run inside the worker group: cuco's LSA / NVSHMEM kernels
+against the host-launched NCCL collective, checked and timed in one job.
+
+A :class:`CollectiveCase` is sent to every rank. Each rank draws its own
+random input from ``seed + rank``, poisons every output with NaN, runs the
+host NCCL reference in fp32 and every variant, compares every element, then
+times all variants interleaved. The parent takes the max over ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cuco.runtime import dtypes
+from cuco.runtime.timing import median, time_interleaved
+
+OPS = ("allreduce", "allgather", "reducescatter")
+
+#: Variant names per op (host baseline first). Backend prefix per DESIGN.md.
+VARIANTS = {
+    "allreduce": ("host_nccl", "lsa_oneshot", "lsa_twoshot", "lsa_staged"),
+    "allgather": ("host_nccl", "lsa_push", "lsa_staged", "nvshmem_putsignal"),
+    "reducescatter": ("host_nccl", "lsa_pull", "lsa_staged"),
+}
+
+#: Staged (one-barrier) variants use 2 x world x size of staging memory: small sizes only.
+STAGED_MAX_BYTES = 16 << 20
+
+THREADS = 512
+
+
+def ulp_tolerance(dtype: str) -> float:
+    """Relative tolerance of one rounding to ``dtype`` (fp32 accumulation, one final rounding)."""
+    return {"bf16": 2.0**-7, "fp16": 2.0**-10, "fp32": 2.0**-20}[dtype]
+
+
+@dataclass
+class CollectiveCase:
+    """One op at one size (bytes of each rank's input) on every rank."""
+
+    op: str
+    nbytes: int
+    dtype: str = "bf16"
+    variants: tuple[str, ...] = ()
+    ctas: tuple[int, ...] = (8, 16, 32, 64)
+    seed: int = 0
+    warmup: int = 10
+    iters: int = 50
+    check: bool = True
+    time: bool = True
+    lsa_cubin: str = ""
+    nvshmem_cubin: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"op {self.op!r} is not one of {OPS}")
+        if not self.variants:
+            self.variants = tuple(v for v in VARIANTS[self.op]
+                                  if v != "lsa_staged" or self.nbytes <= STAGED_MAX_BYTES)
+
+    # ------------------------------------------------------------------ worker side
+    def __call__(self, ctx) -> dict[str, Any]:
+        import cupy
+
+        W, me, dt = ctx.world_size, ctx.rank, self.dtype
+        esz = dtypes.ITEMSIZE[dt]
+        n = self.nbytes // esz  # elements of this rank's input
+        s = ctx.stream
+        comm = ctx.comm
+        nout = {"allreduce": n, "allgather": n * W, "reducescatter": n // W}[self.op]
+        if self.op == "reducescatter" and n % W:
+            raise ValueError(f"reducescatter input of {n} elements does not split over {W} ranks")
+        with s:
+            x = dtypes.random(n, dt, self.seed * 1000 + me)
+            x32 = dtypes.to_float32(x, dt)
+            ref = cupy.empty(nout, dtype=cupy.float32)
+            ptr = lambda a: int(a.data.ptr)  # noqa: E731
+            if self.op == "allreduce":
+                comm.all_reduce(ptr(x32), ptr(ref), n, "fp32", s.ptr)
+            elif self.op == "allgather":
+                comm.all_gather(ptr(x32), ptr(ref), n, "fp32", s.ptr)
+            else:
+                comm.reduce_scatter(ptr(x32), ptr(ref), nout, "fp32", s.ptr)
+            # buffers: the window holds [input | output] so peers can read or push
+            win = ctx.scratch.get("window")
+            page = lambda b: -(-b // 4096) * 4096  # noqa: E731
+            slot_elems = n // W if self.op == "reducescatter" else n
+            slot_bytes = page(slot_elems * esz)
+            in_off, out_off = 0, page(self.nbytes)
+            stage_off = out_off + page(nout * esz)
+            staged = "lsa_staged" in self.variants
+            need = stage_off + (2 * W * slot_bytes if staged else 0)
+            if win is None or win.size < need:
+                if win is not None:
+                    ctx.comm.free_window(win)
+                win = ctx.comm.alloc_window(need)
+                ctx.scratch["window"] = win
+            win_in = _view(win.ptr + in_off, n, dt, win)
+            win_out = _view(win.ptr + out_off, nout, dt, win)
+            win_in[...] = x
+            host_in = x.copy()
+            out = dtypes.empty(nout, dt)
+            nv = self._nvshmem_buffers(ctx, n, nout) if "nvshmem_putsignal" in self.variants else None
+            if nv is not None:
+                nv["src"][...] = x
+            s.synchronize()
+
+        launches = {}
+        for v in self.variants:
+            if v == "host_nccl":
+                launches[v] = (self._host(comm, host_in, out, n, nout, s), out)
+            elif v == "lsa_staged":
+                for c in self.ctas:
+                    launches[f"{v}@{c}"] = self._staged(ctx, c, win, in_off, stage_off, slot_bytes,
+                                                        out, slot_elems)
+            elif v.startswith("lsa"):
+                for c in self.ctas:
+                    launches[f"{v}@{c}"] = self._lsa(ctx, v, c, win, in_off, out_off, out, win_out, n)
+            elif v == "nvshmem_putsignal":
+                for c in self.ctas:
+                    launches[f"{v}@{c}"] = (self._nvshmem(ctx, nv, c), nv["dst_view"])
+
+        result: dict[str, Any] = {"rank": me, "n": n, "nout": nout, "variants": {}}
+        for name, (fn, target) in launches.items():
+            rec: dict[str, Any] = {}
+            if self.check:
+                with s:
+                    dtypes.poison(target, dt)
+                    fn()
+                    got = dtypes.to_float32(target, dt)
+                    err = cupy.abs(got - ref)
+                    tol = ulp_tolerance(dt) * cupy.abs(ref) + 1e-6
+                    bad = int(cupy.count_nonzero(~(err <= tol)))  # NaN counts as bad
+                    rec["bad_elements"] = bad
+                    denom = float(cupy.linalg.norm(ref)) or 1.0
+                    rec["rel_l2_error"] = float(cupy.linalg.norm(cupy.nan_to_num(got - ref, nan=1e30))) / denom
+                    rec["correct"] = bad == 0
+                s.synchronize()
+            result["variants"][name] = rec
+        if self.time:
+            samples = time_interleaved({k: f for k, (f, _) in launches.items()}, s,
+                                       warmup=self.warmup, iters=self.iters)
+            for name, ms in samples.items():
+                result["variants"][name]["median_ms"] = median(ms)
+                result["variants"][name]["samples"] = len(ms)
+        return result
+
+    def _host(self, comm, x, out, n, nout, s):
+        p_in, p_out = int(x.data.ptr), int(out.data.ptr)
+        if self.op == "allreduce":
+            return lambda: comm.all_reduce(p_in, p_out, n, self.dtype, s.ptr)
+        if self.op == "allgather":
+            return lambda: comm.all_gather(p_in, p_out, n, self.dtype, s.ptr)
+        return lambda: comm.reduce_scatter(p_in, p_out, nout, self.dtype, s.ptr)
+
+    def _lsa(self, ctx, variant, ctas, win, in_off, out_off, out, win_out, n):
+        dc = ctx.devcomm
+        if ctas > dc.lsa_barriers:
+            raise ValueError(f"{ctas} CTAs need >= {ctas} LSA barriers (have {dc.lsa_barriers})")
+        u64 = np.uint64
+        kname = {"lsa_oneshot": "allreduce_oneshot", "lsa_twoshot": "allreduce_twoshot",
+                 "lsa_push": "allgather_push", "lsa_pull": "reducescatter_pull"}[variant]
+        fn = ctx.function(self.lsa_cubin, kname)
+        s = ctx.stream
+        if variant in ("lsa_oneshot", "lsa_pull"):
+            args = (u64(dc.ptr), u64(win.handle), u64(in_off), out, u64(n if variant == "lsa_oneshot" else n // ctx.world_size))
+            target = out
+        else:
+            args = (u64(dc.ptr), u64(win.handle), u64(in_off), u64(out_off), u64(n))
+            target = win_out
+        return (lambda: fn((ctas,), (THREADS,), args, stream=s)), target
+
+    def _staged(self, ctx, ctas, win, in_off, stage_off, slot_bytes, out, n):
+        dc = ctx.devcomm
+        fn = ctx.function(self.lsa_cubin, f"{self.op}_staged")
+        u64, i32 = np.uint64, np.int32
+
+        def launch():
+            # one counter for every staged launch on this rank: halves must alternate
+            parity = ctx.scratch["stage_calls"] = ctx.scratch.get("stage_calls", 0) + 1
+            fn((ctas,), (THREADS,), (u64(dc.ptr), u64(win.handle), u64(in_off), u64(stage_off),
+                                     u64(slot_bytes), i32(parity & 1), out, u64(n)),
+               stream=ctx.stream)
+        return launch, out
+
+    def _nvshmem_buffers(self, ctx, n, nout):
+        import cupy
+        if ctx.nvshmem is None:
+            raise RuntimeError("nvshmem variants need WorkerGroup(nvshmem=True)")
+        key = ("nvshmem", self.nbytes, self.dtype)
+        bufs = ctx.scratch.get(key)
+        if bufs is None:
+            for old in [k for k in ctx.scratch if isinstance(k, tuple) and k[0] == "nvshmem"]:
+                for a in ("src", "dst", "sig"):
+                    ctx.nvshmem.free(int(ctx.scratch[old][a].data.ptr))
+                del ctx.scratch[old]
+            st = dtypes.STORAGE[self.dtype]
+            bufs = {"src": ctx.nvshmem.array((n,), st), "dst": ctx.nvshmem.array((nout,), st),
+                    "sig": ctx.nvshmem.array((2 * ctx.world_size * 1024,), cupy.uint64)}
+            bufs["sig"].fill(0)
+            bufs["dst_view"] = bufs["dst"]
+            ctx.scratch[key] = bufs
+            ctx.scratch.setdefault("nvshmem_epoch", 0)
+            cupy.cuda.runtime.deviceSynchronize()
+            ctx.nvshmem.barrier_all()
+        return bufs
+
+    def _nvshmem(self, ctx, bufs, ctas):
+        fn = ctx.function(self.nvshmem_cubin, "allgather_putsignal")
+        u64 = np.uint64
+
+        def launch():
+            ctx.scratch["nvshmem_epoch"] += 1
+            fn((ctas,), (THREADS,), (bufs["src"], bufs["dst"], u64(self.nbytes), bufs["sig"],
+                                     u64(ctx.scratch["nvshmem_epoch"])), stream=ctx.stream)
+        return launch
+
+
+def _view(ptr: int, n: int, dtype: str, owner):
+    import cupy
+    nbytes = n * dtypes.ITEMSIZE[dtype]
+    mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), owner)
+    return cupy.ndarray((n,), dtype=dtypes.STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Max time over ranks, worst error over ranks, correct only if correct everywhere."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in per_rank[0]["variants"]:
+        recs = [r["variants"][name] for r in per_rank]
+        m: dict[str, Any] = {}
+        if "median_ms" in recs[0]:
+            m["ms"] = max(r["median_ms"] for r in recs)
+            m["rank_ms"] = [r["median_ms"] for r in recs]
+        if "correct" in recs[0]:
+            m["correct"] = all(r["correct"] for r in recs)
+            m["bad_elements"] = sum(r["bad_elements"] for r in recs)
+            m["rel_l2_error"] = max(r["rel_l2_error"] for r in recs)
+        out[name] = m
+    return out

@@ -1,0 +1,74 @@
+"""CUDA-event timing inside a worker: warm-up, many samples, interleaved variants.
+
+Variants are timed round-robin within one loop (A B C, B C A, ...) so that
+clock and thermal drift hit all of them alike; every rank runs the same order,
+since collective kernels wait for their peers.
+
+Before each sample a short spin kernel keeps the GPU busy while the host
+enqueues the timed call, so the events measure device time and not the host's
+launch latency (what a CUDA graph or a host running ahead would see). Without
+it, a microsecond-scale kernel's time is mostly the CPU's enqueue cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+
+_SPIN_SRC = r"""
+extern "C" __global__ void cuco_spin(long long ns) {
+  long long start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  long long now = start;
+  while (now - start < ns) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+}
+"""
+_spin = None
+
+
+def _spin_kernel():
+    global _spin
+    if _spin is None:
+        import cupy
+        _spin = cupy.RawKernel(_SPIN_SRC, "cuco_spin")
+    return _spin
+
+
+def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int = 5,
+                     iters: int = 30, l2_flush_bytes: int = 0,
+                     busy_us: float = 40.0) -> dict[str, list[float]]:
+    """Milliseconds per call for each variant: ``iters`` samples after ``warmup`` rounds.
+
+    ``busy_us`` > 0 runs a spin kernel of that length before each sample (see module doc).
+    """
+    import cupy
+    import numpy
+
+    if iters < 1:
+        raise ValueError("iters must be >= 1")
+    names = list(fns)
+    flush = cupy.empty(l2_flush_bytes, dtype=cupy.uint8) if l2_flush_bytes else None
+    with stream:
+        for _ in range(warmup):
+            for name in names:
+                fns[name]()
+        marks: dict[str, list[tuple]] = {n: [] for n in names}
+        for i in range(iters):
+            order = names[i % len(names):] + names[: i % len(names)]
+            for name in order:
+                if flush is not None:
+                    flush.fill(i & 0xFF)
+                if busy_us > 0:
+                    _spin_kernel()((1,), (1,), (numpy.int64(busy_us * 1000),), stream=stream)
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record(stream)
+                fns[name]()
+                end.record(stream)
+                marks[name].append((start, end))
+        stream.synchronize()
+    return {n: [cupy.cuda.get_elapsed_time(s, e) for s, e in marks[n]] for n in names}
+
+
+def median(samples: list[float]) -> float:
+    return float(statistics.median(samples))

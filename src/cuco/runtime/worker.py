@@ -1,0 +1,174 @@
+"""The per-GPU worker process: owns a device, its NCCL communicator and
+(optionally) its NVSHMEM PE across many jobs, and runs whatever job the
+group sends it.
+
+A job is any picklable callable ``job(ctx: WorkerContext) -> picklable``; all
+ranks receive the same job and usually take part in the same collectives.
+A CUDA error inside a job leaves the context unusable (sticky errors), so the
+worker reports ``crash`` and exits; the group then respawns everyone.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuco.runtime.safety import apply_safe_env
+
+
+@dataclass
+class WorkerOptions:
+    gpu: bool = True
+    nccl: bool = True
+    nvshmem: bool = False
+    arch: str = "sm_90a"
+    lsa_barriers: int = 256
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerContext:
+    """What a job sees: its rank, device, communicators and a module cache."""
+
+    rank: int
+    world_size: int
+    device: int
+    options: WorkerOptions
+    comm: Any = None  # cuco.runtime.nccl.Communicator
+    nvshmem: Any = None  # cuco.runtime.nvshmem.Nvshmem
+    stream: Any = None  # cupy.cuda.Stream
+    scratch: dict[str, Any] = field(default_factory=dict)
+    _devcomm: Any = None
+    _modules: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def devcomm(self):
+        """The device communicator (LSA barriers for ``lsa_barriers`` CTAs), made on first use."""
+        if self._devcomm is None:
+            from cuco.runtime.nccl import DevComm
+            self._devcomm = DevComm(self.comm, lsa_barriers=self.options.lsa_barriers,
+                                    arch=self.options.arch)
+        return self._devcomm
+
+    def function(self, cubin: str | Path, name: str):
+        """A kernel from a cubin, loaded once per process (NVSHMEM modules registered)."""
+        key = str(cubin)
+        mod = self._modules.get(key)
+        if mod is None:
+            import cupy
+            mod = cupy.cuda.function.Module()
+            mod.load_file(key)
+            if self.nvshmem is not None and _has_nvshmem(key):
+                self.nvshmem.register_module(mod.ptr)
+            self._modules[key] = mod
+        return mod.get_function(name)
+
+
+def _has_nvshmem(cubin: str) -> bool:
+    """A cubin device-linked against libnvshmem_device carries its state symbols."""
+    return b"nvshmemi_device" in Path(cubin).read_bytes()
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    mod = type(exc).__module__ or ""
+    return name in ("CUDARuntimeError", "CUDADriverError") or (
+        "cupy" in mod and "CUDA" in name) or "cudaError" in str(exc)
+
+
+def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOptions) -> None:
+    """Entry point of a spawned worker (see :class:`cuco.runtime.group.WorkerGroup`)."""
+    os.environ.update(options.env)
+    apply_safe_env()
+    ctx = WorkerContext(rank, world_size, device, options)
+    try:
+        info: dict[str, Any] = {"pid": os.getpid(), "rank": rank}
+        t0 = time.perf_counter()
+        if options.gpu:
+            import cupy
+            cupy.cuda.Device(device).use()
+            ctx.stream = cupy.cuda.Stream(non_blocking=True)
+            props = cupy.cuda.runtime.getDeviceProperties(device)
+            info["device_name"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            info["cc"] = f"{props['major']}.{props['minor']}"
+            info["sms"] = int(props["multiProcessorCount"])
+        if options.nccl or options.nvshmem:
+            ids: dict[str, bytes] = {}
+            if rank == 0:
+                if options.nccl:
+                    from cuco.runtime import nccl
+                    ids["nccl"] = nccl.get_unique_id()
+                if options.nvshmem:
+                    from cuco.runtime import nvshmem
+                    ids["nvshmem"] = nvshmem.get_unique_id(options.arch)
+                conn.send(("ids", ids))
+            ids = conn.recv()
+            if options.nccl:
+                from cuco.runtime.nccl import Communicator, version
+                ctx.comm = Communicator(ids["nccl"], rank, world_size)
+                info["nccl_version"] = version()
+            if options.nvshmem:
+                from cuco.runtime.nvshmem import Nvshmem
+                ctx.nvshmem = Nvshmem(ids["nvshmem"], rank, world_size, options.arch)
+        info["init_s"] = time.perf_counter() - t0
+        conn.send(("ready", info))
+    except BaseException as exc:  # report, then die: the group decides what to do
+        conn.send(("init_failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+        conn.close()
+        os._exit(2)
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg is None:
+            break
+        job_id, blob = msg
+        try:
+            job = pickle.loads(blob)
+        except Exception as exc:  # a job whose code this process cannot import
+            conn.send((job_id, "error", f"cannot unpickle job: {type(exc).__name__}: {exc}"))
+            continue
+        try:
+            result = job(ctx)
+            if options.gpu:
+                ctx.stream.synchronize()
+            conn.send((job_id, "ok", result))
+        except BaseException as exc:  # noqa: BLE001 - everything is reported
+            text = f"{type(exc).__name__}: {exc}"
+            if _is_cuda_error(exc):
+                conn.send((job_id, "crash", text))
+                conn.close()
+                os._exit(3)
+            conn.send((job_id, "error", text + "\n" + traceback.format_exc(limit=6)))
+    _shutdown(ctx)
+
+
+def _shutdown(ctx: WorkerContext) -> None:
+    try:
+        if ctx._devcomm is not None:
+            ctx._devcomm.destroy()
+        if ctx.nvshmem is not None:
+            ctx.nvshmem.finalize()
+        if ctx.comm is not None:
+            ctx.comm.destroy()
+    except Exception as exc:  # pragma: no cover - best effort at exit
+        print(f"cuco worker {ctx.rank}: shutdown: {exc}", file=sys.stderr)
+
+
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent dies, even while stuck in a kernel."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not Linux
+        pass
+

@@ -1,0 +1,81 @@
+"""The cuco command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from cuco import CandidateDB, Directives
+
+
+def cuco(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full = dict(os.environ, COLUMNS="400", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "cuco.cli", *args], capture_output=True,
+                          text=True, env=full, timeout=300)
+
+
+def test_help_lists_commands():
+    r = cuco("--help")
+    assert r.returncode == 0
+    for cmd in ("doctor", "db", "bench", "kernels"):
+        assert cmd in r.stdout
+
+
+def test_doctor_reports_toolchain_and_keys():
+    r = cuco("doctor", env={"OPENAI_API_KEY": "", "ANTHROPIC_API_KEY": "sk-test"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "nvcc" in out and "13." in out
+    assert "NCCL (device API)" in out and "2.2" in out
+    assert "NVSHMEM" in out and "CUTLASS" in out
+    assert "OPENAI_API_KEY not set" in out and "export OPENAI_API_KEY" in out
+    assert "ANTHROPIC_API_KEY is set" in out
+    assert "cuco[torch]" in out or "torch (optional)" in out
+
+
+def test_doctor_names_the_fix_for_missing_nvcc(tmp_path):
+    if os.path.exists("/usr/local/cuda/bin/nvcc"):
+        import pytest
+        pytest.skip("a system CUDA at /usr/local/cuda is always found")
+    env = {"PATH": str(tmp_path), "CUDA_HOME": "", "CUCO_NVCC": ""}
+    r = cuco("doctor", env=env)
+    assert r.returncode == 1
+    assert "nvcc" in r.stdout and "missing" in r.stdout
+    assert "CUDA_HOME" in r.stdout
+
+
+def test_doctor_flags_a_bad_cuco_nvcc(tmp_path):
+    r = cuco("doctor", env={"CUCO_NVCC": str(tmp_path / "nvcc")})
+    assert r.returncode == 1
+    assert "is not an executable nvcc" in r.stdout and "unset it" in r.stdout
+
+
+def test_db_ls_and_show(tmp_path):
+    path = tmp_path / "c.db"
+    db = CandidateDB(path)
+    run = db.create_run("demo", "gemm_allreduce")
+    a = db.add_candidate("gemm_allreduce", directives=Directives(), source="__global__ void k(){}",
+                         run_id=run)
+    b = db.add_candidate("gemm_allreduce", directives=Directives(issuer="warp"), run_id=run,
+                         parents=[a])
+    db.add_evaluation(b, stage_reached="timing", status="ok", speedup=1.37, time_ms=0.9)
+    db.close()
+    r = cuco("db", "ls", "--db", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "demo" in r.stdout and "1.370" in r.stdout
+    r = cuco("db", "show", str(b), "--db", str(path))
+    assert r.returncode == 0, r.stderr
+    assert f"lineage: {b} <- {a}" in r.stdout
+    assert '"issuer": "warp"' in r.stdout and "1.37" in r.stdout
+    r = cuco("db", "show", str(a), "--db", str(path), "--source")
+    assert "__global__ void k(){}" in r.stdout
+    r = cuco("db", "show", "42", "--db", str(path))
+    assert r.returncode == 1 and "no candidate 42" in r.stdout
+
+
+def test_db_commands_explain_a_missing_database(tmp_path):
+    r = cuco("db", "ls", "--db", str(tmp_path / "nope.db"))
+    assert r.returncode == 1
+    assert "no candidate database" in r.stdout and "--db" in r.stdout
+    assert not (tmp_path / "nope.db").exists()

@@ -1,0 +1,148 @@
+"""DesignSpace and Directives: validation, round trips, moves."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from cuco import DesignSpace, DirectiveError, Directives, Problem, ShapeError
+from cuco.design import violations
+
+GEMM_AR = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+
+
+def test_defaults_are_valid_and_named():
+    d = Directives()
+    assert d.name == "lsa.epilogue.kernel.cta.c1M"
+    assert d.full_name.endswith(".t128x128x64.s4.direct")
+    d.check(GEMM_AR)
+
+
+@pytest.mark.parametrize("kwargs,dimension,fix", [
+    ({"placement": "dedicated_ctas"}, "comm_ctas", "comm_ctas >= 1"),
+    ({"comm_ctas": 8}, "comm_ctas", "placement=dedicated_ctas"),
+    ({"placement": "side_stream", "sync_scope": "cta"}, "sync_scope", "sync_scope=chunk"),
+    ({"chunk_schedule": "ring"}, "chunk_schedule", "chunk_schedule=direct"),
+    ({"tile_m": 256, "tile_n": 256, "tile_k": 128, "stages": 4}, "stages", "smaller tile"),
+    ({"tile_m": 256, "tile_n": 256, "tile_k": 64, "stages": 5}, "stages", "lower stages to 3"),
+])
+def test_invalid_combination_names_dimension_and_fix(kwargs, dimension, fix):
+    with pytest.raises(DirectiveError) as info:
+        Directives(**kwargs)
+    text = str(info.value)
+    assert text.count("\n  - ") == len(info.value.problems)
+    assert any(p.startswith(f"{dimension}:") for p in info.value.problems), text
+    assert fix in text
+
+
+def test_field_errors_are_validation_errors():
+    with pytest.raises(ValidationError, match="power of two"):
+        Directives(chunk_bytes=1000)
+    with pytest.raises(ValidationError, match="choose one of"):
+        Directives(tile_m=100)
+    with pytest.raises(ValidationError):
+        Directives(backend="mpi")
+    with pytest.raises(ValidationError):
+        Directives(unknown_knob=1)
+
+
+def test_problem_rules():
+    with pytest.raises(DirectiveError, match="backend=gin needs ranks on different hosts"):
+        Directives(backend="gin").check(GEMM_AR)
+    Directives(backend="gin").check(GEMM_AR.model_copy(update={"has_network": True}))
+    small = Problem(workload="gemm_allreduce", m=192, n=192, k=128, world_size=2)
+    with pytest.raises(DirectiveError) as info:
+        Directives(tile_m=128, chunk_bytes=1 << 20).check(small)
+    text = str(info.value)
+    assert "tile_m=128 does not divide M=192; choose tile_m from [64]" in text
+    assert "chunk_bytes=1M exceeds" in text
+    with pytest.raises(DirectiveError, match="smaller than one 128x128 bf16 output tile"):
+        Directives(chunk_bytes=4096).check(GEMM_AR)
+
+
+def test_shapes_that_do_not_divide_are_refused():
+    with pytest.raises(ShapeError, match="K=8191 is split over 2 ranks"):
+        Problem(workload="gemm_allreduce", m=8192, n=8192, k=8191, world_size=2)
+    with pytest.raises(ShapeError, match="N=1000 is split over 3 ranks"):
+        Problem(workload="allgather_gemm", m=999, n=1000, k=64, world_size=3)
+    with pytest.raises(ShapeError, match="M=4097 rows"):
+        Problem(workload="gemm_reducescatter", m=4097, n=64, k=64, world_size=2)
+    assert Problem(workload="gemm_allreduce", m=8, n=8, k=12, world_size=3).label == \
+        "gemm_allreduce/M8K12N8/bf16"
+
+
+def test_json_round_trip_over_samples():
+    space = DesignSpace()
+    rng = random.Random(7)
+    for _ in range(300):
+        d = space.sample(rng)
+        again = Directives.from_json(d.to_json())
+        assert again == d and again.full_name == d.full_name
+        assert isinstance(again.backend, type(d.backend))
+
+
+@pytest.mark.parametrize("problem", [None, GEMM_AR])
+def test_mutation_stays_valid_over_10000_draws(problem):
+    space = DesignSpace(problem)
+    rng = random.Random(0)
+    d = space.default()
+    changed = 0
+    for i in range(10_000):
+        child = space.mutate(d, rng, strength=(0.1, 0.3, 0.7, 1.0)[i % 4])
+        assert not space.violations(child), (child, space.violations(child))
+        Directives(**child.model_dump())  # re-validates through pydantic
+        changed += child != d
+        d = child
+    assert changed == 10_000
+
+
+def test_enumerate_matches_size_and_every_point_is_valid():
+    space = DesignSpace(GEMM_AR, backend=["lsa", "nvshmem"], chunk_bytes=[256 << 10, 1 << 20])
+    points = list(space.enumerate())
+    assert len(points) == space.size > 0
+    assert len({p.full_name for p in points}) == len(points)
+    assert all(not space.violations(p) for p in points)
+    assert space.size < space.grid_size
+    # the count agrees with brute force over the raw grid
+    brute = sum(1 for p in DesignSpace(None, **{f: v for f, v in space.choices.items()}).enumerate()
+                if not violations(p.__dict__, GEMM_AR))
+    assert brute == space.size
+
+
+def test_crossover_and_distance():
+    space = DesignSpace(GEMM_AR)
+    rng = random.Random(3)
+    for _ in range(500):
+        a, b = space.sample(rng), space.sample(rng)
+        c = space.crossover(a, b, rng)
+        assert not space.violations(c)
+        assert space.distance(a, a) == 0.0
+        assert space.distance(a, b) == pytest.approx(space.distance(b, a))
+        assert 0.0 <= space.distance(a, b) <= 1.0
+    near = space.mutate(space.default(), random.Random(1), strength=0.05)
+    far = space.mutate(space.default(), random.Random(1), strength=1.0)
+    assert space.distance(space.default(), near) <= space.distance(space.default(), far)
+
+
+def test_space_restrictions_and_errors():
+    space = DesignSpace(backend="nvshmem", placement=["epilogue"])
+    assert {p.backend.value for p in space.enumerate()} == {"nvshmem"}
+    with pytest.raises(DirectiveError, match="backend: lsa is outside this space"):
+        space.validate(Directives())
+    with pytest.raises(DirectiveError, match="not a dimension or tunable"):
+        DesignSpace(tile=[128])
+    with pytest.raises(DirectiveError, match="tile_m"):
+        DesignSpace(tile_m=[100])
+    with pytest.raises(DirectiveError, match="needs at least one choice"):
+        DesignSpace(issuer=[])
+
+
+def test_numpy_generator_and_seed_are_deterministic():
+    space = DesignSpace()
+    a = [space.sample(np.random.default_rng(5)) for _ in range(3)]
+    b = [space.sample(np.random.default_rng(5)) for _ in range(3)]
+    assert a == b
+    assert space.sample(11) == space.sample(11)

@@ -1,0 +1,38 @@
+"""The README example and every script under examples/ run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def test_example_runs(script, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip()
+
+
+def test_readme_example_runs(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 25
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "valid points" in r.stdout and "sync_scope=chunk" in r.stdout
+    assert (tmp_path / "cuco.db").exists()
+
+
+def test_readme_commands_match_ci():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_cmd = "python3 -m pytest -q"
+    assert test_cmd in readme and ci.strip().splitlines()[-1] == test_cmd

@@ -1,0 +1,69 @@
+"""Every kernel template renders and compiles with the real nvcc (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco.errors import CompileError
+from cuco.kernels import Compiler, render, templates
+from cuco.kernels.catalog import compile_everything, everything, template_of
+from cuco.kernels.compiler import summarize_errors
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_template_is_in_the_catalog():
+    shipped = set(templates())
+    covered = {template_of(s) for s in everything()}
+    assert shipped == covered, f"templates not compile-checked: {shipped - covered}"
+
+
+def test_everything_compiles_with_nvcc():
+    report = compile_everything("sm_90a")
+    bad = {k: v for k, v in report.items() if v != "ok"}
+    assert not bad, bad
+    assert "shim:nccl_devcomm" in report and "shim:nvshmem_host" in report
+
+
+def test_cache_hits_and_key_changes(tmp_path):
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    src = render("probes.cu.j2")
+    first = comp.compile(src, needs=(), name="p")
+    again = comp.compile(src, needs=(), name="p")
+    assert not first.cached and again.cached and again.path == first.path
+    assert first.path.read_bytes()[:4] == b"\x7fELF"
+    other = comp.compile(src + "\n// changed\n", needs=(), name="p")
+    assert other.key != first.key
+
+
+def test_compile_errors_are_cut_to_what_matters(tmp_path):
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    broken = "extern \"C\" __global__ void k(float* x) {\n  x[0] = undefined_name + 1;\n}\n"
+    with pytest.raises(CompileError) as info:
+        comp.compile(broken, needs=(), name="broken")
+    summary = info.value.summary
+    assert "undefined_name" in summary and "error" in summary
+    assert "/tmp" not in summary  # paths are cut to file names
+    assert len(summary.splitlines()) <= 20
+    results = comp.compile_many([("ok", render("probes.cu.j2"), ()), ("bad", broken, ())])
+    assert hasattr(results[0], "path") and isinstance(results[1], CompileError)
+
+
+def test_summarize_errors_on_a_long_log():
+    log = "\n".join([f"/a/b/c/x.h(1): warning #{i}: meh" for i in range(50)]
+                    + ["/very/long/path/k.cu(7): error: identifier \"q\" is undefined",
+                       "    q = 1;", "    ^"])
+    s = summarize_errors(log)
+    assert s.splitlines()[0] == 'k.cu(7): error: identifier "q" is undefined'
+    assert "warning" not in s
+
+
+def test_bad_arch_is_refused():
+    with pytest.raises(ValueError, match="sm_90a"):
+        Compiler(arch="hopper")
+
+
+def test_unknown_template_variable_raises():
+    import jinja2
+    with pytest.raises(jinja2.UndefinedError):
+        render("collectives_lsa.cu.j2")  # ctype and max_ranks missing
