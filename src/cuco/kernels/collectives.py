@@ -27,7 +27,7 @@ def lsa_collectives(dtype: str = "bf16") -> KernelSource:
     return KernelSource(f"lsa_collectives_{dtype}", src, ("nccl",),
                         ("allreduce_oneshot", "allreduce_twoshot", "allgather_push",
                          "reducescatter_pull", "allreduce_staged", "reducescatter_staged",
-                         "allgather_staged"))
+                         "allgather_staged", "allreduce_ll", "reducescatter_ll"))
 
 
 def nvshmem_collectives(dtype: str = "bf16") -> KernelSource:

@@ -21,13 +21,15 @@ OPS = ("allreduce", "allgather", "reducescatter")
 
 #: Variant names per op (host baseline first). Backend prefix per DESIGN.md.
 VARIANTS = {
-    "allreduce": ("host_nccl", "lsa_oneshot", "lsa_twoshot", "lsa_staged"),
+    "allreduce": ("host_nccl", "lsa_oneshot", "lsa_twoshot", "lsa_staged", "lsa_ll"),
     "allgather": ("host_nccl", "lsa_push", "lsa_staged", "nvshmem_putsignal"),
-    "reducescatter": ("host_nccl", "lsa_pull", "lsa_staged"),
+    "reducescatter": ("host_nccl", "lsa_pull", "lsa_staged", "lsa_ll"),
 }
 
 #: Staged (one-barrier) variants use 2 x world x size of staging memory: small sizes only.
 STAGED_MAX_BYTES = 16 << 20
+#: LL variants double the traffic (a flag per 4 bytes): latency-bound sizes only.
+LL_MAX_BYTES = 4 << 20
 
 THREADS = 512
 
@@ -59,8 +61,15 @@ class CollectiveCase:
         if self.op not in OPS:
             raise ValueError(f"op {self.op!r} is not one of {OPS}")
         if not self.variants:
-            self.variants = tuple(v for v in VARIANTS[self.op]
-                                  if v != "lsa_staged" or self.nbytes <= STAGED_MAX_BYTES)
+            self.variants = tuple(v for v in VARIANTS[self.op] if self._offered(v))
+
+    def _offered(self, variant: str) -> bool:
+        """Whether a variant applies at this size (LL needs 16-byte blocks per rank)."""
+        if variant == "lsa_staged":
+            return self.nbytes <= STAGED_MAX_BYTES
+        if variant == "lsa_ll":  # and 16-byte blocks per rank, checked on the worker
+            return self.nbytes <= LL_MAX_BYTES
+        return True
 
     # ------------------------------------------------------------------ worker side
     def __call__(self, ctx) -> dict[str, Any]:
@@ -93,7 +102,11 @@ class CollectiveCase:
             in_off, out_off = 0, page(self.nbytes)
             stage_off = out_off + page(nout * esz)
             staged = "lsa_staged" in self.variants
-            need = stage_off + (2 * W * slot_bytes if staged else 0)
+            variants = [v for v in self.variants
+                        if v != "lsa_ll" or (slot_elems * esz) % 16 == 0]
+            ll_off = stage_off + (2 * W * slot_bytes if staged else 0)
+            ll_bytes = 4 * W * slot_bytes if "lsa_ll" in variants else 0
+            need = ll_off + ll_bytes
             if win is None or win.size < need:
                 if win is not None:
                     ctx.comm.free_window(win)
@@ -102,6 +115,8 @@ class CollectiveCase:
             win_in = _view(win.ptr + in_off, n, dt, win)
             win_out = _view(win.ptr + out_off, nout, dt, win)
             win_in[...] = x
+            if ll_bytes:  # no stale word may look like a flag of this run's epochs
+                cupy.cuda.runtime.memsetAsync(win.ptr + ll_off, 0, ll_bytes, s.ptr)
             host_in = x.copy()
             out = dtypes.empty(nout, dt)
             nv = self._nvshmem_buffers(ctx, n, nout) if "nvshmem_putsignal" in self.variants else None
@@ -110,13 +125,17 @@ class CollectiveCase:
             s.synchronize()
 
         launches = {}
-        for v in self.variants:
+        for v in variants:
             if v == "host_nccl":
                 launches[v] = (self._host(comm, host_in, out, n, nout, s), out)
             elif v == "lsa_staged":
                 for c in self.ctas:
                     launches[f"{v}@{c}"] = self._staged(ctx, c, win, in_off, stage_off, slot_bytes,
                                                         out, slot_elems)
+            elif v == "lsa_ll":
+                for c in self.ctas:
+                    launches[f"{v}@{c}"] = self._ll(ctx, c, win, in_off, ll_off, 2 * slot_bytes,
+                                                    out, slot_elems)
             elif v.startswith("lsa"):
                 for c in self.ctas:
                     launches[f"{v}@{c}"] = self._lsa(ctx, v, c, win, in_off, out_off, out, win_out, n)
@@ -184,6 +203,19 @@ class CollectiveCase:
             parity = ctx.scratch["stage_calls"] = ctx.scratch.get("stage_calls", 0) + 1
             fn((ctas,), (THREADS,), (u64(dc.ptr), u64(win.handle), u64(in_off), u64(stage_off),
                                      u64(slot_bytes), i32(parity & 1), out, u64(n)),
+               stream=ctx.stream)
+        return launch, out
+
+    def _ll(self, ctx, ctas, win, in_off, ll_off, slot_bytes, out, n):
+        dc = ctx.devcomm
+        fn = ctx.function(self.lsa_cubin, f"{self.op}_ll")
+        u64, u32 = np.uint64, np.uint32
+
+        def launch():
+            # one epoch counter for every LL launch on this rank: flags and halves follow it
+            epoch = ctx.scratch["ll_epoch"] = ctx.scratch.get("ll_epoch", 0) + 1
+            fn((ctas,), (THREADS,), (u64(dc.ptr), u64(win.handle), u64(in_off), u64(ll_off),
+                                     u64(slot_bytes), u32(epoch & 0xFFFFFFFF), out, u64(n)),
                stream=ctx.stream)
         return launch, out
 
