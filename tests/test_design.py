@@ -23,8 +23,9 @@ def test_defaults_are_valid_and_named():
 
 @pytest.mark.parametrize("kwargs,dimension,fix", [
     ({"placement": "dedicated_ctas"}, "comm_ctas", "comm_ctas >= 1"),
-    ({"comm_ctas": 8}, "comm_ctas", "placement=dedicated_ctas"),
-    ({"placement": "side_stream", "sync_scope": "cta"}, "sync_scope", "sync_scope=chunk"),
+    ({"comm_ctas": 8}, "comm_ctas", "does not apply to placement=epilogue"),
+    ({"placement": "side_stream", "sync_scope": "chunk"}, "comm_ctas", "comm_ctas >= 1"),
+    ({"placement": "side_stream", "sync_scope": "cta", "comm_ctas": 8}, "sync_scope", "sync_scope=chunk"),
     ({"chunk_schedule": "ring"}, "chunk_schedule", "chunk_schedule=direct"),
     ({"tile_m": 256, "tile_n": 256, "tile_k": 128, "stages": 4}, "stages", "smaller tile"),
     ({"tile_m": 256, "tile_n": 256, "tile_k": 64, "stages": 5}, "stages", "lower stages to 3"),

@@ -35,15 +35,15 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
     comm_ctas, chunk = d["comm_ctas"], d["chunk_bytes"]
     tm, tn, tk, stages = d["tile_m"], d["tile_n"], d["tile_k"], d["stages"]
 
-    if placement == "dedicated_ctas" and comm_ctas < 1:
+    if placement in ("dedicated_ctas", "side_stream") and comm_ctas < 1:
         out.append(
-            "comm_ctas: placement=dedicated_ctas reserves CTAs for communication; "
+            f"comm_ctas: placement={placement} runs communication on CTAs of its own; "
             "set comm_ctas >= 1 (e.g. 8)"
         )
-    if placement != "dedicated_ctas" and comm_ctas != 0:
+    if placement == "epilogue" and comm_ctas != 0:
         out.append(
-            f"comm_ctas: comm_ctas={comm_ctas} only applies to placement=dedicated_ctas; "
-            "set comm_ctas=0 or placement=dedicated_ctas"
+            f"comm_ctas: comm_ctas={comm_ctas} does not apply to placement=epilogue (the "
+            "compute CTAs communicate); set comm_ctas=0 or another placement"
         )
     if placement == "side_stream" and sync != "chunk":
         out.append(

@@ -201,11 +201,11 @@ class DesignSpace:
 
     def _repair(self, values: dict[str, Any], r: random.Random) -> None:
         """Fix the couplings a single-field change most often breaks."""
-        if values["placement"] == Placement.DEDICATED_CTAS and values["comm_ctas"] == 0:
+        if values["placement"] != Placement.EPILOGUE and values["comm_ctas"] == 0:
             nonzero = [c for c in self.choices["comm_ctas"] if c > 0]
             if nonzero:
                 values["comm_ctas"] = r.choice(nonzero)
-        if values["placement"] != Placement.DEDICATED_CTAS and 0 in self.choices["comm_ctas"]:
+        if values["placement"] == Placement.EPILOGUE and 0 in self.choices["comm_ctas"]:
             values["comm_ctas"] = 0
         if values["placement"] == Placement.SIDE_STREAM and SyncScope.CHUNK in self.choices["sync_scope"]:
             values["sync_scope"] = SyncScope.CHUNK

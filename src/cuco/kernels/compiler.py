@@ -125,12 +125,21 @@ class Compiler:
         return flags + self.include_flags(needs) + list(self.extra_flags)
 
     def cache_key(self, source: str, needs: Sequence[str], kind: str, extra: Sequence[str] = ()) -> str:
+        """Hash of what changes the output: source, our headers, flags (less include
+        paths, which differ between machines), arch, and the versions of nvcc and of
+        the libraries this source needs. A cubin built here is reused on a machine
+        with the same versions."""
         versions = toolchain.library_versions()
-        payload = json.dumps({
+        flags = [f for f in self.base_flags(needs) + list(extra) if not f.startswith(("-I", "-L", "-Xlinker"))]
+        fields = {
             "source": source, "needs": sorted(needs), "kind": kind, "arch": self.arch,
-            "flags": self.base_flags(needs) + list(extra), "versions": versions,
+            "flags": flags, "nvcc": versions.get("nvcc"),
+            "versions": {n: versions.get(n) for n in sorted(needs)},
             "headers": _header_digest(),
-        }, sort_keys=True)
+        }
+        if extra:  # shared objects carry machine-specific library paths
+            fields["link"] = list(extra)
+        payload = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
     # ---- compilation ----------------------------------------------------------------

@@ -23,9 +23,9 @@ def environment() -> jinja2.Environment:
 
 def templates() -> list[str]:
     """Names of every shipped template."""
-    return sorted(environment().list_templates(filter_func=lambda n: n.endswith(".j2")))
+    return sorted(environment().list_templates(filter_func=lambda n: n.endswith(".cu.j2")))
 
 
-def render(name: str, **context: Any) -> str:
-    """Render template ``name`` with ``context``; unknown variables raise."""
-    return environment().get_template(name).render(**context)
+def render(template: str, **context: Any) -> str:
+    """Render ``template`` with ``context``; unknown variables raise."""
+    return environment().get_template(template).render(**context)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cuco.runtime import dtypes
+from cuco.runtime.checking import compare
 from cuco.runtime.timing import median, time_interleaved
 
 OPS = ("allreduce", "allgather", "reducescatter")
@@ -150,14 +151,7 @@ class CollectiveCase:
                 with s:
                     dtypes.poison(target, dt)
                     fn()
-                    got = dtypes.to_float32(target, dt)
-                    err = cupy.abs(got - ref)
-                    tol = ulp_tolerance(dt) * cupy.abs(ref) + 1e-6
-                    bad = int(cupy.count_nonzero(~(err <= tol)))  # NaN counts as bad
-                    rec["bad_elements"] = bad
-                    denom = float(cupy.linalg.norm(ref)) or 1.0
-                    rec["rel_l2_error"] = float(cupy.linalg.norm(cupy.nan_to_num(got - ref, nan=1e30))) / denom
-                    rec["correct"] = bad == 0
+                    rec.update(compare(target, ref, dt, ulp_tolerance(dt), 1e-6))
                 s.synchronize()
             result["variants"][name] = rec
         if self.time:

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from cuco.errors import EnvironmentProblem, NoGPUError, TooFewGPUsError
-from cuco.runtime.safety import apply_safe_env
+from cuco.runtime.safety import WORKER_ENV, apply_safe_env
 from cuco.runtime.worker import WorkerOptions
 
 try:  # jobs defined in a notebook or a script's __main__ travel by value
@@ -131,7 +131,8 @@ class WorkerGroup:
             self.devices = check_gpus(self.world_size, self.devices, need_p2p=bool(self.nccl))
         else:
             self.devices = list(range(self.world_size))
-        env = dict(self.env)
+        env = dict(WORKER_ENV)
+        env.update(self.env)
         apply_safe_env(env)
         if self.nvshmem:
             from cuco.runtime.nvshmem import prepare_env

@@ -16,6 +16,12 @@ SAFE_ENV = {
 }
 
 
+#: Kernels that wait on each other (a spinning communication kernel and the GEMM
+#: that feeds it) can deadlock under CUDA's lazy module loading, which may need
+#: the device to go idle to load a kernel on first launch. Workers load eagerly.
+WORKER_ENV = {"CUDA_MODULE_LOADING": "EAGER"}
+
+
 def multicast_allowed() -> bool:
     return os.environ.get("CUCO_ALLOW_MULTICAST") == "1"
 

@@ -36,11 +36,14 @@ def _spin_kernel():
 
 
 def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int = 5,
-                     iters: int = 30, l2_flush_bytes: int = 0,
-                     busy_us: float = 40.0) -> dict[str, list[float]]:
+                     iters: int = 30, l2_flush_bytes: int = 0, busy_us: float = 40.0,
+                     align: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Milliseconds per call for each variant: ``iters`` samples after ``warmup`` rounds.
 
     ``busy_us`` > 0 runs a spin kernel of that length before each sample (see module doc).
+    ``align`` (e.g. a one-element all-reduce) is enqueued before each sample so
+    every rank starts it together: a variant without a closing barrier would
+    otherwise leave the ranks skewed and charge the skew to whatever comes next.
     """
     import cupy
     import numpy
@@ -59,6 +62,8 @@ def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int 
             for name in order:
                 if flush is not None:
                     flush.fill(i & 0xFF)
+                if align is not None:
+                    align()
                 if busy_us > 0:
                     _spin_kernel()((1,), (1,), (numpy.int64(busy_us * 1000),), stream=stream)
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()

@@ -1,0 +1,41 @@
+"""Fused tensor-parallel layers vs the host-driven program -> bench/results/tp_workloads.json.
+
+    python bench/tp_workloads.py                      # the nine pairs of DEVICE.md, 2 GPUs
+    python bench/tp_workloads.py --shapes 2048x4096x4096 --families gemm_allreduce
+
+Shapes are MxKxN (global). Without enough GPUs it compiles every variant and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cuco.benchmarks.tp_workloads import FAMILIES, SHAPES, TPBench
+from cuco.runtime import visible_gpus
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--name", default="tp_workloads")
+    ap.add_argument("--out-dir", default="bench/results")
+    args = ap.parse_args(argv)
+    shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+    bench = TPBench(world_size=args.world_size, shapes=shapes, families=tuple(args.families.split(",")),
+                    iters=args.iters, out_dir=args.out_dir, name=args.name)
+    if visible_gpus() < args.world_size:
+        specs = bench.compile_all("sm_90a")
+        print(f"compiled {sum(len(v) for v in specs.values())} variants for {len(specs)} cases")
+        print(f"{visible_gpus()} GPU(s) visible: the benchmark needs {args.world_size} GPUs; "
+              "only the compile-only pass ran.")
+        return 0
+    bench.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Chunk arithmetic shared by the kernel templates and the Python launcher.
+
+How a workload's rows are cut into communication chunks, in which order they
+are produced, and who owns each one. The kernels receive these numbers as
+compile-time constants; the launcher uses the same object, so the two can never
+disagree. Pure Python, unit-tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cuco.design.directives import Directives
+from cuco.design.problem import DTYPE_BYTES, Problem
+from cuco.errors import DirectiveError
+
+ROW_ALIGN = 8  # rows per chunk are a multiple of this (or the whole block)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Rows of one workload cut into chunks.
+
+    ``blocks`` groups of ``chunks_per_block`` chunks of ``rows`` rows each:
+    one group for GEMM+AllReduce (all M rows), one per destination rank for
+    GEMM+ReduceScatter, one per source rank (X shard) for AllGather+GEMM.
+    """
+
+    workload: str
+    world_size: int
+    rows: int
+    chunks_per_block: int
+    blocks: int
+    row_elems: int
+    dtype_bytes: int
+
+    @property
+    def n_chunks(self) -> int:
+        return self.blocks * self.chunks_per_block
+
+    @property
+    def block_rows(self) -> int:
+        return self.rows * self.chunks_per_block
+
+    @property
+    def chunk_elems(self) -> int:
+        return self.rows * self.row_elems
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_elems * self.dtype_bytes
+
+    def order(self) -> list[tuple[int, int, int]]:
+        """Chunks in the order the GEMM produces them: ``(index, owner block, first row)``.
+
+        ReduceScatter interleaves owners so every rank has reduction work
+        throughout the GEMM; the others go block by block.
+        """
+        out = []
+        for j in range(self.n_chunks):
+            if self.workload == "gemm_reducescatter":
+                block, local = j % self.blocks, j // self.blocks
+            else:
+                block, local = j // self.chunks_per_block, j % self.chunks_per_block
+            out.append((j, block, block * self.block_rows + local * self.rows))
+        return out
+
+    @classmethod
+    def for_problem(cls, problem: Problem, d: Directives) -> "ChunkPlan":
+        w, esz = problem.world_size, DTYPE_BYTES[problem.dtype]
+        if problem.workload == "gemm_allreduce":
+            blocks, unit, row_elems = 1, problem.m, problem.n
+        elif problem.workload == "gemm_reducescatter":
+            blocks, unit, row_elems = w, problem.m // w, problem.n
+        elif problem.workload == "allgather_gemm":
+            blocks, unit, row_elems = w, problem.m // w, problem.k
+        else:
+            raise DirectiveError([f"workload: no chunk plan for {problem.workload!r}"])
+        target = max(1, d.chunk_bytes // (row_elems * esz))
+        rows = _largest_divisor(unit, min(target, unit))
+        if rows is None:
+            raise DirectiveError([
+                f"chunk_bytes: no chunk of at most {d.chunk_bytes} bytes cuts {unit} rows of "
+                f"{row_elems * esz} bytes into multiples of {ROW_ALIGN} rows; choose chunk_bytes "
+                f">= {ROW_ALIGN * row_elems * esz}"])
+        plan = cls(problem.workload, w, rows, unit // rows, blocks, row_elems, esz)
+        if problem.workload == "gemm_allreduce" and (plan.chunk_elems * esz) % (16 * w):
+            raise DirectiveError([
+                f"chunk_bytes: a chunk of {plan.chunk_elems} elements does not split into "
+                f"{w} slices of 16-byte vectors; choose N a multiple of {8 * w}"])
+        if (row_elems * esz) % 16:
+            raise DirectiveError([f"shape: rows of {row_elems} elements are not 16-byte "
+                                  "multiples; pad N (or K) to a multiple of 8"])
+        return plan
+
+
+def _largest_divisor(unit: int, cap: int) -> int | None:
+    """Largest ``r <= cap`` dividing ``unit`` with ``r % ROW_ALIGN == 0`` (or ``r == unit``)."""
+    for r in range(cap, 0, -1):
+        if unit % r == 0 and (r % ROW_ALIGN == 0 or r == unit):
+            return r
+    return None

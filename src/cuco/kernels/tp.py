@@ -1,0 +1,73 @@
+"""Render fused kernels for the tensor-parallel workloads from :class:`Directives`.
+
+Only ``placement=side_stream`` has a template so far (vendor GEMM per chunk on
+one stream, a persistent LSA or NVSHMEM communication kernel on another);
+other placements are refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+from cuco.design import Directives, Problem
+from cuco.design.tiles import ChunkPlan
+from cuco.errors import DirectiveError
+from cuco.kernels.collectives import MAX_RANKS, KernelSource
+from cuco.kernels.render import CTYPES, render
+
+THREADS = 512
+#: Flag slots per source rank (the most chunks a plan may have).
+FLAG_STRIDE = 4096
+TP_FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+
+
+def supported(d: Directives) -> list[str]:
+    """Why ``d`` has no template yet (empty when it has one)."""
+    out = []
+    if d.placement.value != "side_stream":
+        out.append(f"placement: only placement=side_stream has a fused template for the "
+                   f"tensor-parallel workloads so far, not {d.placement.value}")
+    if d.backend.value == "gin":
+        out.append("backend: the side_stream template is written for lsa and nvshmem; "
+                   "choose one of those")
+    return out
+
+
+def render_tp(problem: Problem, d: Directives) -> tuple[KernelSource, ChunkPlan]:
+    """Kernel source and chunk plan of one fused variant; raises :class:`DirectiveError`."""
+    if problem.workload not in TP_FAMILIES:
+        raise DirectiveError([f"workload: {problem.workload} is not a tensor-parallel family "
+                              f"({', '.join(TP_FAMILIES)})"])
+    d.check(problem)
+    bad = supported(d)
+    if bad:
+        raise DirectiveError(bad)
+    plan = ChunkPlan.for_problem(problem, d)
+    if plan.n_chunks > FLAG_STRIDE:
+        raise DirectiveError([f"chunk_bytes: {plan.n_chunks} chunks exceed {FLAG_STRIDE}; "
+                              "choose a larger chunk_bytes"])
+    src = render("tp_side_stream.cu.j2", workload=problem.workload, backend=d.backend.value,
+                 issuer=d.issuer.value, ctype=CTYPES[problem.dtype], plan=plan,
+                 comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
+                 flag_stride=FLAG_STRIDE, name=d.full_name)
+    needs = ("nccl",) if d.backend.value == "lsa" else ("nvshmem",)
+    name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
+    return KernelSource(name, src, needs, ("comm_kernel", "signal_chunk", "wait_chunk")), plan
+
+
+def side_stream_grid(problem: Problem, backends=("lsa", "nvshmem"),
+                     issuers=("thread", "warp", "cta"), chunk_bytes=(1 << 20, 4 << 20, 16 << 20),
+                     comm_ctas=(8, 16, 32)) -> list[Directives]:
+    """The directive grid the benchmark sweeps for one problem (valid points only)."""
+    out = []
+    for b in backends:
+        for i in issuers:
+            for c in chunk_bytes:
+                for g in comm_ctas:
+                    d = Directives(backend=b, placement="side_stream", sync_scope="chunk",
+                                   issuer=i, chunk_bytes=c, comm_ctas=g)
+                    try:
+                        d.check(problem)
+                        ChunkPlan.for_problem(problem, d)
+                    except DirectiveError:
+                        continue
+                    out.append(d)
+    return out

@@ -1,0 +1,130 @@
+"""Workload: one compute + communication pattern with its shapes, dtype and world size.
+
+A workload owns everything that does not depend on how a candidate fuses the
+two halves: per-rank input generation from a seed, the host-driven reference
+(vendor GEMM, then the NCCL collective launched from the host), a
+higher-precision reference for correctness, a tolerance, and the pieces of the
+lower bound ``max(t_compute, t_comm)``. GPU methods run inside a worker
+(``ctx`` is a :class:`cuco.runtime.WorkerContext`).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from cuco.design import Problem
+from cuco.design.problem import Dtype
+
+EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+
+Buffers = dict[str, Any]
+
+
+class Workload(ABC):
+    """Base class of built-in and user workloads.
+
+    Subclasses set :attr:`family` and implement the abstract methods. The
+    per-rank shapes must be divisible as the family requires; a shape that does
+    not divide raises :class:`cuco.ShapeError` at construction.
+    """
+
+    family: ClassVar[str]
+
+    def __init__(self, m: int, n: int, k: int, world_size: int, dtype: Dtype = "bf16"):
+        self.problem = Problem(workload=self.family, m=m, n=n, k=k, world_size=world_size,
+                               dtype=dtype)
+
+    # ---- description (CPU) ------------------------------------------------------------
+    @property
+    def m(self) -> int:
+        return self.problem.m
+
+    @property
+    def n(self) -> int:
+        return self.problem.n
+
+    @property
+    def k(self) -> int:
+        return self.problem.k
+
+    @property
+    def world_size(self) -> int:
+        return self.problem.world_size
+
+    @property
+    def dtype(self) -> str:
+        return self.problem.dtype
+
+    @property
+    def label(self) -> str:
+        return self.problem.label
+
+    @abstractmethod
+    def local_gemm(self) -> tuple[int, int, int]:
+        """(m, n, k) of the GEMM each rank runs in the host-driven program."""
+
+    @abstractmethod
+    def output_shape(self) -> tuple[int, int]:
+        """Shape of each rank's final output."""
+
+    def flops_per_rank(self) -> int:
+        m, n, k = self.local_gemm()
+        return 2 * m * n * k
+
+    def tolerance(self) -> tuple[float, float]:
+        """``(rtol, atol_factor)``: an element passes if
+        ``|out - ref| <= rtol * |ref| + atol_factor * max|ref|``.
+
+        Each partial product is rounded once to the dtype and, for reductions,
+        the sum of ``world_size`` of them once more: ``rtol = (w + 1) * eps``.
+        Where partials cancel, their rounding errors (up to ``eps/2`` of a
+        partial, and partials reach ``max|ref|``) stay: the absolute part is
+        ``eps * w * max|ref|``, grown with ``sqrt(K)`` for fp32
+        accumulation-order differences. A kernel that drops or doubles one
+        rank's contribution errs by about ``rms(ref)``, far above it.
+        """
+        eps = EPS[self.dtype]
+        w = self.world_size
+        return (w + 1) * eps, eps * (w + math.sqrt(self.k / 65536.0))
+
+    # ---- GPU side (inside a worker) -------------------------------------------------
+    @abstractmethod
+    def make_inputs(self, ctx, seed: int) -> Buffers:
+        """This rank's inputs in the workload dtype (storage arrays), from ``seed``."""
+
+    @abstractmethod
+    def reference(self, ctx, inputs: Buffers):
+        """This rank's expected output in fp32: fp32 GEMM + fp32 NCCL collective."""
+
+    @abstractmethod
+    def host_sequence(self, ctx, inputs: Buffers, out) -> Callable[[], None]:
+        """The host-driven program: vendor GEMM, then the NCCL collective from the host."""
+
+    @abstractmethod
+    def gemm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        """The GEMM alone (the compute half of the bound)."""
+
+    @abstractmethod
+    def comm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        """The host NCCL collective alone (the communication half of the bound)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.label}, world_size={self.world_size})"
+
+
+REGISTRY: dict[str, type[Workload]] = {}
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    REGISTRY[cls.family] = cls
+    return cls
+
+
+def get(family: str) -> type[Workload]:
+    try:
+        return REGISTRY[family]
+    except KeyError:
+        raise KeyError(f"unknown workload {family!r}; known: {sorted(REGISTRY)}") from None

@@ -1,0 +1,63 @@
+"""Chunk plans (the arithmetic kernels and launcher share) and TP rendering refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco import DirectiveError, Directives, Problem
+from cuco.design.tiles import ChunkPlan
+from cuco.kernels.tp import render_tp, side_stream_grid
+
+
+def side(**kw) -> Directives:
+    return Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, **kw)
+
+
+@pytest.mark.parametrize("w", [2, 4, 8])
+def test_reducescatter_order_interleaves_owners_and_covers_all_rows(w):
+    p = Problem(workload="gemm_reducescatter", m=8192, n=8192, k=8192, world_size=w)
+    plan = ChunkPlan.for_problem(p, side(chunk_bytes=4 << 20))
+    assert plan.rows == 256 and plan.blocks == w
+    order = plan.order()
+    assert [b for _, b, _ in order[:w]] == list(range(w))
+    rows = sorted(r for _, _, r in order)
+    assert rows == list(range(0, 8192, plan.rows))
+    for j, block, row in order:
+        assert row // plan.block_rows == block == j % w
+
+
+@pytest.mark.parametrize("w", [2, 4, 8])
+def test_allreduce_and_allgather_plans(w):
+    ar = ChunkPlan.for_problem(Problem(workload="gemm_allreduce", m=4096, n=28672, k=8192,
+                                       world_size=w), side(chunk_bytes=16 << 20))
+    assert ar.rows * ar.row_elems * 2 <= 16 << 20 and 4096 % ar.rows == 0
+    assert ar.n_chunks * ar.rows == 4096 and (ar.chunk_elems * 2) % (16 * w) == 0
+    ag = ChunkPlan.for_problem(Problem(workload="allgather_gemm", m=2048, n=4096, k=4096,
+                                       world_size=w), side(chunk_bytes=1 << 20))
+    assert ag.row_elems == 4096 and ag.block_rows == 2048 // w
+    assert [b for _, b, _ in ag.order()] == sorted(b for _, b, _ in ag.order())
+
+
+def test_plans_that_cannot_exist_are_refused():
+    p = Problem(workload="gemm_allreduce", m=1000, n=1024, k=64, world_size=2)
+    with pytest.raises(DirectiveError, match="chunk_bytes"):
+        ChunkPlan.for_problem(p, side(chunk_bytes=8192))
+
+
+def test_render_refuses_what_has_no_template():
+    p = Problem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2)
+    with pytest.raises(DirectiveError, match="only placement=side_stream"):
+        render_tp(p, Directives(placement="epilogue"))
+    with pytest.raises(DirectiveError, match="not a tensor-parallel family"):
+        render_tp(Problem(workload="moe", m=8, n=8, k=8, world_size=2), side())
+    src, plan = render_tp(p, side(issuer="warp", chunk_bytes=256 << 10))
+    assert "EVOLVE-BLOCK-START chunk_allreduce" in src.source
+    assert f"constexpr int kChunks = {plan.n_chunks};" in src.source
+    assert src.needs == ("nccl",)
+
+
+def test_grid_is_valid_points_only():
+    p = Problem(workload="allgather_gemm", m=2048, n=4096, k=4096, world_size=2)
+    g = side_stream_grid(p)
+    assert g and all(d.placement.value == "side_stream" for d in g)
+    assert len({d.full_name for d in g}) == len(g)

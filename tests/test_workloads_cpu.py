@@ -1,0 +1,49 @@
+"""Workloads on the CPU side: shapes, tolerances, registry; arena layouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco import ShapeError
+from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter, get
+from cuco.workloads.side_stream import ArenaLayout
+
+
+def test_per_rank_shapes():
+    ar = GemmAllReduce(8192, 8192, 8192, 2)
+    assert ar.local_gemm() == (8192, 8192, 4096) and ar.output_shape() == (8192, 8192)
+    rs = GemmReduceScatter(4096, 28672, 8192, 4)
+    assert rs.local_gemm() == (4096, 28672, 2048) and rs.output_shape() == (1024, 28672)
+    ag = AllGatherGemm(2048, 4096, 4096, 8)
+    assert ag.local_gemm() == (2048, 512, 4096) and ag.output_shape() == (2048, 512)
+    assert ar.flops_per_rank() == 2 * 8192 * 8192 * 4096
+
+
+def test_shapes_that_do_not_divide_are_refused_with_the_fix():
+    with pytest.raises(ShapeError, match="choose K a multiple of 3"):
+        GemmAllReduce(128, 128, 128, 3)
+    with pytest.raises(ShapeError, match="N=100 is split over 8 ranks"):
+        AllGatherGemm(64, 100, 64, 8)
+
+
+def test_tolerance_grows_with_world_size_and_k_and_stays_tight():
+    a = GemmAllReduce(1024, 1024, 1024, 2).tolerance()
+    b = GemmAllReduce(1024, 1024, 65536, 8).tolerance()
+    assert b[0] > a[0] and b[1] > a[1]
+    # a dropped rank's contribution errs by ~rms(ref) ~ max|ref|/4: far above atol
+    assert a[1] < 0.02 and b[1] < 0.05
+
+
+def test_registry():
+    assert get("gemm_reducescatter") is GemmReduceScatter
+    with pytest.raises(KeyError, match="unknown workload 'moe'"):
+        get("moe")
+
+
+def test_arena_layout_is_page_aligned_and_disjoint():
+    lay = ArenaLayout.for_workload(GemmAllReduce(8192, 8192, 8192, 2))
+    assert lay.data["p"] == 0 and lay.data["o"] == 8192 * 8192 * 2
+    assert lay.flags == 2 * 8192 * 8192 * 2 and lay.bar > lay.flags
+    assert all(v % 4096 == 0 for v in (*lay.data.values(), lay.flags, lay.bar, lay.size))
+    ag = ArenaLayout.for_workload(AllGatherGemm(2048, 4096, 4096, 2))
+    assert set(ag.data) == {"xf"} and ag.sync_bytes == ag.size - ag.flags
