@@ -42,8 +42,10 @@ def test_registry():
 
 def test_arena_layout_is_page_aligned_and_disjoint():
     lay = ArenaLayout.for_workload(GemmAllReduce(8192, 8192, 8192, 2))
-    assert lay.data["p"] == 0 and lay.data["o"] == 8192 * 8192 * 2
-    assert lay.flags == 2 * 8192 * 8192 * 2 and lay.bar > lay.flags
-    assert all(v % 4096 == 0 for v in (*lay.data.values(), lay.flags, lay.bar, lay.size))
+    region = 8192 * 8192 * 2
+    assert lay.data["p"] == 0 and lay.guards[0] == region and lay.data["o"] == region + 4096
+    assert lay.guards[1] == lay.data["o"] + region and lay.flags == lay.guards[1] + 4096
+    assert lay.bar > lay.flags
+    assert all(v % 4096 == 0 for v in (*lay.data.values(), *lay.guards, lay.flags, lay.bar, lay.size))
     ag = ArenaLayout.for_workload(AllGatherGemm(2048, 4096, 4096, 2))
     assert set(ag.data) == {"xf"} and ag.sync_bytes == ag.size - ag.flags

@@ -78,6 +78,10 @@ class Directives(BaseModel):
             raise DirectiveError(bad)
         return self
 
+    def replace(self, **changes) -> "Directives":
+        """A validated copy with ``changes`` (``model_copy`` would skip validation)."""
+        return type(self)(**{**self.model_dump(), **changes})
+
     @property
     def name(self) -> str:
         """Short variant name: the five dimensions, backend first."""

@@ -266,5 +266,7 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             m["correct"] = all(r["correct"] for r in recs)
             m["bad_elements"] = sum(r["bad_elements"] for r in recs)
             m["rel_l2_error"] = max(r["rel_l2_error"] for r in recs)
+            if "guards_intact" in recs[0]:
+                m["guards_intact"] = all(r["guards_intact"] for r in recs)
         out[name] = m
     return out

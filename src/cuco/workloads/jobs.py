@@ -17,7 +17,9 @@ from cuco.runtime import dtypes
 from cuco.runtime.checking import compare
 from cuco.runtime.timing import median, time_interleaved
 from cuco.workloads.base import get
-from cuco.workloads.side_stream import SideStreamRunner, prepare_arenas
+from cuco.workloads.side_stream import (
+    CANARY, GUARD_BYTES, ArenaLayout, SideStreamRunner, guards_intact, prepare_arenas,
+)
 
 BASELINES = ("host_nccl", "gemm_only", "comm_only")
 
@@ -56,16 +58,26 @@ class WorkloadCase:
             ref = wl.reference(ctx, inputs)
             atol = atol_f * float(abs(ref).max())
             rows, cols = wl.output_shape()
-            out = dtypes.empty(rows * cols, self.dtype)
+            # the output sits between two guard pages filled with a canary
+            g = GUARD_BYTES // dtypes.ITEMSIZE[self.dtype]
+            padded = dtypes.empty(rows * cols + 2 * g, self.dtype)
+            out = padded[g:g + rows * cols]
+            guard_bytes = padded.view(cupy.uint8)
+            outer = (guard_bytes[:GUARD_BYTES], guard_bytes[-GUARD_BYTES:])
+            for part in outer:
+                part.fill(CANARY)
             directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
             arenas = prepare_arenas(ctx, wl, {d.backend.value for d in directives.values()}) \
                 if self.variants else {}
             runs = {"host_nccl": wl.host_sequence(ctx, inputs, out)}
             targets = {"host_nccl": out}
+            arena_of = {}
+            layout = ArenaLayout.for_workload(wl)
             for v in self.variants:
                 d = directives[v.name]
                 runner = SideStreamRunner(ctx, wl, d, v.cubin, arenas[d.backend.value], inputs, out)
                 runs[v.name], targets[v.name] = runner, runner.output
+                arena_of[v.name] = arenas[d.backend.value]
         result: dict[str, Any] = {"rank": ctx.rank, "variants": {}}
         for name, fn in runs.items():
             rec: dict[str, Any] = {}
@@ -74,6 +86,12 @@ class WorkloadCase:
                     dtypes.poison(targets[name], self.dtype)
                     fn()
                     rec.update(compare(targets[name], ref, self.dtype, rtol, atol))
+                    intact = all(bool((part == CANARY).all()) for part in outer)
+                    if name in arena_of:
+                        intact = intact and guards_intact(arena_of[name], layout)
+                    rec["guards_intact"] = intact
+                    if not intact:
+                        rec["correct"] = False
                 s.synchronize()
             result["variants"][name] = rec
         if self.time:

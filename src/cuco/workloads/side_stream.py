@@ -21,6 +21,10 @@ from cuco.workloads.base import Buffers, Workload
 
 MAX_CTAS = 1024
 PAGE = 4096
+#: A page after every data region, filled with CANARY; a candidate that writes
+#: there wrote outside its outputs.
+GUARD_BYTES = PAGE
+CANARY = 0xA5
 
 
 def _page(n: int) -> int:
@@ -35,6 +39,7 @@ class ArenaLayout:
     flags: int
     bar: int
     size: int
+    guards: tuple[int, ...] = ()
 
     @classmethod
     def for_workload(cls, wl: Workload) -> "ArenaLayout":
@@ -46,15 +51,17 @@ class ArenaLayout:
             regions = {"p": m * n * esz}
         else:
             regions = {"xf": m * k * esz}
-        off, data = 0, {}
+        off, data, guards = 0, {}, []
         for name, size in regions.items():
             data[name] = off
             off += _page(size)
+            guards.append(off)
+            off += GUARD_BYTES
         flags = off
         off += _page(w * FLAG_STRIDE * 8)
         bar = off
         off += _page(w * MAX_CTAS * 8)
-        return cls(data, flags, bar, off)
+        return cls(data, flags, bar, off, tuple(guards))
 
     @property
     def sync_bytes(self) -> int:
@@ -101,6 +108,8 @@ def prepare_arenas(ctx, wl: Workload, backends: set[str]) -> dict[str, Arena]:
                 a.free(ctx)
             a = arenas[b] = Arena(ctx, b, layout.size)
         cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, layout.sync_bytes, ctx.stream.ptr)
+        for g in layout.guards:
+            cupy.cuda.runtime.memsetAsync(a.ptr + g, CANARY, GUARD_BYTES, ctx.stream.ptr)
         a.epoch = 0
         a.counts[:] = 0
     # no peer may flag into our arena before it is zeroed: a collective orders that
@@ -203,3 +212,14 @@ def _arena_view(arena: Arena, offset: int, n: int, dtype: str):
     nbytes = n * dtypes.ITEMSIZE[dtype]
     mem = cupy.cuda.UnownedMemory(arena.ptr + offset, nbytes, arena)
     return cupy.ndarray((n,), dtype=dtypes.STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def guards_intact(arena: Arena, layout: ArenaLayout) -> bool:
+    """Whether every guard page of the arena still holds the canary."""
+    import cupy
+    for g in layout.guards:
+        mem = cupy.cuda.UnownedMemory(arena.ptr + g, GUARD_BYTES, arena)
+        page = cupy.ndarray((GUARD_BYTES,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+        if bool((page != CANARY).any()):
+            return False
+    return True

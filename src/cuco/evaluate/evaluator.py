@@ -1,0 +1,286 @@
+"""Evaluator: the cascade every candidate goes through before it may score.
+
+``static`` (directives valid, forbidden constructs, edits only inside
+EVOLVE-BLOCKs) -> ``compile`` (cached, parallel for batches) -> ``small``
+(correctness at a small shape, the candidate's block edits spliced into the
+template rendered for it) -> ``full`` (correctness at the target shape on two
+fresh seeds) -> ``timing`` (interleaved with the host-driven program, the GEMM
+alone and the collective alone) -> score. Every correctness run poisons the
+outputs with NaN, surrounds them with guard pages and compares every element
+with an fp32 reference. A time below the bound ``max(t_gemm, t_comm)`` is a
+defect: the candidate is ``suspect`` and scores nothing. A hang or a crash
+costs a respawn of the worker group, never the search.
+
+Subclass and override the hooks (``template``, ``static_checks``,
+``small_problem``, ``case``) to evaluate your own workloads.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cuco.db import CandidateDB
+from cuco.design import Directives, Problem
+from cuco.errors import CompileError, DirectiveError
+from cuco.evaluate.static import static_violations
+from cuco.kernels import Compiler
+from cuco.kernels import evolve
+from cuco.kernels.tp import render_tp
+from cuco.runtime.collective_ops import merge_ranks
+from cuco.workloads import Workload
+from cuco.workloads.base import get
+from cuco.workloads.jobs import VariantSpec, WorkloadCase
+
+STAGES = ("static", "compile", "small", "full", "timing", "scored")
+#: A candidate faster than this share of the bound is physically implausible.
+SUSPECT_BELOW = 0.98
+
+
+@dataclass
+class StageTimeouts:
+    """Seconds each GPU stage may take before the group is reset (``hang``)."""
+
+    small: float = 60.0
+    full: float = 240.0
+    timing: float = 300.0
+
+
+@dataclass
+class EvalResult:
+    """The verdict, in the shape :meth:`CandidateDB.add_evaluation` stores."""
+
+    status: str
+    stage_reached: str
+    error: str | None = None
+    max_error: float | None = None
+    rank_times_ms: list[float] | None = None
+    time_ms: float | None = None
+    baseline_ms: float | None = None
+    bound_ms: float | None = None
+    speedup: float | None = None
+    overlap_eff: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        """Speedup over the host-driven program; zero unless everything passed."""
+        return self.speedup if self.status == "ok" and self.speedup else 0.0
+
+
+@dataclass
+class Candidate:
+    """What the evaluator takes: directives, and optionally an edited source."""
+
+    directives: Directives
+    source: str | None = None
+    candidate_id: int | None = None
+
+
+class Evaluator:
+    """Runs the cascade for one workload on one worker group.
+
+    >>> ev = Evaluator(GemmAllReduce(8192, 8192, 8192, 2), group=group, db=db)  # doctest: +SKIP
+    >>> result = ev.evaluate(Directives(placement="side_stream", ...))          # doctest: +SKIP
+    """
+
+    def __init__(self, workload: Workload, *, group=None, db: CandidateDB | None = None,
+                 compiler: Compiler | None = None, seeds: tuple[int, int] = (101, 202),
+                 timeouts: StageTimeouts | None = None, timing_iters: int = 30,
+                 run_id: int | None = None):
+        self.workload = workload
+        self.problem = workload.problem
+        self.group = group
+        self.db = db
+        self.compiler = compiler
+        self.seeds = seeds
+        self.timeouts = timeouts or StageTimeouts()
+        self.timing_iters = timing_iters
+        self.run_id = run_id
+        self.warm = False
+        self.warmup_timeout_s = 600.0
+
+    # ---- hooks ------------------------------------------------------------------------
+    def template(self, problem: Problem, d: Directives) -> tuple[str, tuple[str, ...]]:
+        """The unedited kernel source for ``d`` at ``problem``, and what it needs."""
+        src, _ = render_tp(problem, d)
+        return src.source, src.needs
+
+    def static_checks(self, source: str) -> list[str]:
+        return static_violations(source)
+
+    def small_problem(self) -> Problem:
+        """A shape small enough to check in a second, of the same family and world size."""
+        p = self.problem
+        w = p.world_size
+        return p.model_copy(update={"m": 256 * w, "n": 512 * w, "k": 512 * w})
+
+    def small_directives(self, d: Directives, small: Problem) -> Directives:
+        """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile)."""
+        fit = small.output_bytes_per_rank() // 4
+        chunk = d.chunk_bytes
+        while chunk > fit and chunk > (1 << 15):
+            chunk //= 2
+        return d.replace(chunk_bytes=chunk)
+
+    def case(self, problem: Problem, spec: VariantSpec, *, seed: int, time_it: bool) -> WorkloadCase:
+        return WorkloadCase(problem.workload, problem.m, problem.n, problem.k, problem.dtype,
+                            variants=[spec], seed=seed, time=time_it, check=True,
+                            iters=self.timing_iters)
+
+    # ---- the cascade --------------------------------------------------------------------
+    def _compiler(self) -> Compiler:
+        if self.compiler is None:
+            self.compiler = Compiler()
+        return self.compiler
+
+    def prepare(self, cand: Candidate) -> tuple[EvalResult | None, dict[str, Any]]:
+        """``static`` stage; returns a failure or the sources to compile."""
+        d = cand.directives
+        try:
+            template, needs = self.template(self.problem, d)
+            small_p = self.small_problem()
+            small_template, _ = self.template(small_p, self.small_directives(d, small_p))
+        except DirectiveError as exc:
+            return EvalResult("invalid", "static", str(exc)), {}
+        source = cand.source if cand.source is not None else template
+        problems = self.static_checks(source) + evolve.edit_violations(template, source)
+        if problems:
+            return EvalResult("invalid", "static", "\n".join(problems)), {}
+        small_source = evolve.splice(small_template, evolve.blocks(source))
+        return None, {"source": source, "small_source": small_source, "needs": needs,
+                      "small_problem": small_p}
+
+    def compile(self, name: str, prepared: dict[str, Any]) -> tuple[EvalResult | None, dict]:
+        comp = self._compiler()
+        try:
+            big = comp.compile(prepared["source"], needs=prepared["needs"], name=name)
+            small = comp.compile(prepared["small_source"], needs=prepared["needs"], name=name + ".small")
+        except CompileError as exc:
+            return EvalResult("compile_error", "compile", exc.summary), {}
+        return None, {"cubin": str(big.path), "small_cubin": str(small.path),
+                      "compile_s": big.seconds + small.seconds}
+
+    def warm_up(self) -> None:
+        """First use of a fresh group loads cuBLAS, creates the device communicator and
+        allocates arenas; that is not the candidate's time, so it gets its own generous
+        timeout before any stage timeout applies."""
+        p = self.small_problem()
+        job = WorkloadCase(p.workload, p.m, p.n, p.k, p.dtype, variants=[], seed=1, time=False)
+        res = self.group.run(job, timeout=self.warmup_timeout_s)
+        if not res.ok:
+            raise RuntimeError(f"the worker group cannot run the host reference:\n{res.error_text()}")
+        self.warm, self._respawns = True, self.group.respawns
+
+    def _run(self, job, timeout: float, stage: str) -> tuple[EvalResult | None, dict | None]:
+        if not self.warm or self.group.respawns != self._respawns:
+            self.warm_up()
+        res = self.group.run(job, timeout=timeout)
+        if res.status in ("hang", "crash"):
+            return EvalResult(res.status, stage, res.error_text()[-4000:],
+                              extra={"respawn_s": res.respawn_s}), None
+        if not res.ok:
+            return EvalResult("error", stage, res.error_text()[-4000:]), None
+        return None, merge_ranks(res.results)
+
+    def _check(self, merged: dict, name: str, stage: str) -> EvalResult | None:
+        rec = merged[name]
+        if not rec.get("correct"):
+            why = ("wrote outside its outputs (a guard page changed)" if rec.get("guards_intact") is False
+                   else f"{rec.get('bad_elements')} elements differ from the reference")
+            return EvalResult("wrong", stage, why, max_error=rec.get("rel_l2_error"))
+        return None
+
+    def evaluate(self, cand: Candidate | Directives, source: str | None = None) -> EvalResult:
+        """Run the whole cascade for one candidate (and store the verdict if a DB is set)."""
+        if isinstance(cand, Directives):
+            cand = Candidate(cand, source)
+        t0 = time.perf_counter()
+        result = self._evaluate(cand)
+        result.extra.setdefault("seconds", round(time.perf_counter() - t0, 3))
+        self._store(cand, result)
+        return result
+
+    def evaluate_many(self, cands: list[Candidate | Directives]) -> list[EvalResult]:
+        """Batch: compile every candidate on all cores first, then run the GPU stages."""
+        cands = [c if isinstance(c, Candidate) else Candidate(c) for c in cands]
+        prepared = [self.prepare(c) for c in cands]
+        todo = []
+        for c, (fail, prep) in zip(cands, prepared):
+            if fail is None:
+                name = self._name(c)
+                todo.append((name, prep["source"], prep["needs"]))
+                todo.append((name + ".small", prep["small_source"], prep["needs"]))
+        if todo:
+            self._compiler().compile_many(todo)  # warms the cache; errors resurface below
+        return [self.evaluate(c) for c in cands]
+
+    def _name(self, cand: Candidate) -> str:
+        return f"{self.problem.workload}.{cand.directives.full_name}"
+
+    def _evaluate(self, cand: Candidate) -> EvalResult:
+        fail, prep = self.prepare(cand)
+        if fail:
+            return fail
+        fail, built = self.compile(self._name(cand), prep)
+        if fail:
+            return fail
+        if self.group is None:
+            return EvalResult("error", "compile", "no worker group: GPU stages need one "
+                              "(Evaluator(..., group=WorkerGroup(world_size)))",
+                              extra={"compile_s": built["compile_s"]})
+        d = cand.directives
+        spec_small = VariantSpec("candidate",
+                                 self.small_directives(d, prep["small_problem"]).to_json(),
+                                 built["small_cubin"])
+        spec = VariantSpec("candidate", d.to_json(), built["cubin"])
+        fail, merged = self._run(self.case(prep["small_problem"], spec_small, seed=self.seeds[0],
+                                           time_it=False), self.timeouts.small, "small")
+        if fail or (fail := self._check(merged, "candidate", "small")):
+            return fail
+        worst = 0.0
+        for seed in self.seeds:
+            fail, merged = self._run(self.case(self.problem, spec, seed=seed, time_it=False),
+                                     self.timeouts.full, "full")
+            if fail or (fail := self._check(merged, "candidate", "full")):
+                return fail
+            worst = max(worst, merged["candidate"].get("rel_l2_error") or 0.0)
+        fail, merged = self._run(self.case(self.problem, spec, seed=self.seeds[-1] + 1, time_it=True),
+                                 self.timeouts.timing, "timing")
+        if fail or (fail := self._check(merged, "candidate", "timing")):
+            return fail
+        t = merged["candidate"]["ms"]
+        host = merged["host_nccl"]["ms"]
+        bound = max(merged["gemm_only"]["ms"], merged["comm_only"]["ms"])
+        result = EvalResult("ok", "scored", None, max_error=worst,
+                            rank_times_ms=merged["candidate"]["rank_ms"], time_ms=t,
+                            baseline_ms=host, bound_ms=bound, speedup=host / t,
+                            overlap_eff=bound / t,
+                            extra={"gemm_ms": merged["gemm_only"]["ms"],
+                                   "comm_ms": merged["comm_only"]["ms"],
+                                   "compile_s": built["compile_s"]})
+        if t < SUSPECT_BELOW * bound:
+            result.status, result.stage_reached = "suspect", "timing"
+            result.error = (f"{t:.4f} ms is below the bound {bound:.4f} ms (max of GEMM alone and "
+                            "collective alone): faster than the hardware allows; not scored")
+        return result
+
+    def _store(self, cand: Candidate, r: EvalResult) -> None:
+        if self.db is None:
+            return
+        if cand.candidate_id is None:
+            cand.candidate_id = self.db.add_candidate(
+                self.problem.workload, directives=cand.directives, source=cand.source,
+                origin="user", run_id=self.run_id)
+        fields = asdict(r)
+        extra = fields.pop("extra")
+        versions = extra.pop("versions", None)
+        self.db.add_evaluation(cand.candidate_id, machine=platform.node(), versions=versions,
+                               extra=extra, **fields)
+
+
+def for_family(family: str, m: int, n: int, k: int, world_size: int, **kw) -> Evaluator:
+    """Evaluator for a built-in workload family."""
+    return Evaluator(get(family)(m, n, k, world_size), **kw)

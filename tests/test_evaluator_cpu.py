@@ -1,0 +1,93 @@
+"""The evaluator's static and compile stages, and EVOLVE-BLOCK handling (no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco import CandidateDB, Directives
+from cuco.evaluate import Evaluator, static_violations
+from cuco.kernels import Compiler, evolve
+from cuco.workloads import GemmAllReduce, GemmReduceScatter
+
+D = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=16, chunk_bytes=1 << 20)
+
+
+@pytest.fixture
+def ev(tmp_path):
+    db = CandidateDB(tmp_path / "c.db")
+    return Evaluator(GemmAllReduce(1024, 1024, 2048, 2), db=db,
+                     compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
+
+
+def test_templates_pass_their_own_static_checks():
+    for wl in (GemmAllReduce(1024, 1024, 2048, 2), GemmReduceScatter(1024, 1024, 2048, 2)):
+        src, _ = Evaluator(wl).template(wl.problem, D)
+        assert static_violations(src) == []
+        assert evolve.edit_violations(src, src) == []
+
+
+@pytest.mark.parametrize("planted,why", [
+    ("printf(\"%d\", 1);", "printf in a kernel"),
+    ("__managed__ int leak;", "host or managed memory"),
+    ("asm volatile(\"multimem.ld_reduce.relaxed.sys.global.add.f32 %0, [%1];\" : \"=f\"(x) : \"l\"(p));",
+     "multimem"),
+    ("cudaDeviceSynchronize();", "host synchronisation"),
+    ("long long t = clock64();", "reading clocks"),
+])
+def test_forbidden_constructs_are_refused_before_compiling(ev, planted, why):
+    src, _ = ev.template(ev.problem, D)
+    body = evolve.blocks(src)["chunk_allreduce"]
+    bad = evolve.splice(src, {"chunk_allreduce": body + "    " + planted + "\n"})
+    r = ev.evaluate(D, bad)
+    assert r.status == "invalid" and r.stage_reached == "static"
+    assert why in r.error
+    assert ev.db.evaluations()[-1].status == "invalid"
+
+
+def test_edits_outside_blocks_are_refused(ev):
+    src, _ = ev.template(ev.problem, D)
+    r = ev.evaluate(D, src.replace("const size_t slice = kChunkUnits / W;",
+                                   "const size_t slice = kChunkUnits / W / 2;"))
+    assert r.status == "invalid" and "outside EVOLVE-BLOCKs" in r.error
+    r = ev.evaluate(D, src.replace("// EVOLVE-BLOCK-END chunk_allreduce", ""))
+    assert r.status == "invalid" and "EVOLVE-BLOCK" in r.error
+
+
+def test_compile_errors_come_back_short(ev):
+    src, _ = ev.template(ev.problem, D)
+    bad = evolve.splice(src, {"chunk_allreduce": "    this is not C++;\n"})
+    r = ev.evaluate(D, bad)
+    assert r.status == "compile_error" and r.stage_reached == "compile"
+    assert "error" in r.error and len(r.error.splitlines()) <= 20
+
+
+def test_invalid_directives_and_missing_template(ev):
+    r = ev.evaluate(Directives(placement="epilogue"))
+    assert r.status == "invalid" and "only placement=side_stream" in r.error
+    r = ev.evaluate(D.replace(chunk_bytes=64 << 20))
+    assert r.status == "invalid" and "chunk_bytes" in r.error
+
+
+def test_without_a_group_gpu_stages_say_what_is_missing(ev):
+    r = ev.evaluate(D)
+    assert r.status == "error" and "no worker group" in r.error
+    # both the target and the small-shape kernel were compiled
+    assert r.extra["compile_s"] >= 0
+
+
+def test_splice_moves_edits_to_another_shape(ev):
+    src, _ = ev.template(ev.problem, D)
+    small = ev.small_problem()
+    small_src, _ = ev.template(small, ev.small_directives(D, small))
+    edited = evolve.splice(src, {"chunk_allreduce": "    // edited\n" + evolve.blocks(src)["chunk_allreduce"]})
+    moved = evolve.splice(small_src, evolve.blocks(edited))
+    assert "// edited" in moved and evolve.edit_violations(small_src, moved) == []
+    with pytest.raises(ValueError, match="no EVOLVE-BLOCK named"):
+        evolve.splice(small_src, {"nope": ""})
+
+
+def test_batch_compiles_then_evaluates_each(ev):
+    results = ev.evaluate_many([D, Directives(placement="epilogue"),
+                                D.replace(issuer="warp")])
+    assert [r.status for r in results] == ["error", "invalid", "error"]
+    assert len(ev.db.candidates()) == 3 and len(ev.db.evaluations()) == 3

@@ -1,0 +1,79 @@
+"""Planted kernels (2 GPUs): every one is rejected with the right status, and the
+evaluator (and its worker group) survive each."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco import CandidateDB, Directives
+from cuco.evaluate import Evaluator, StageTimeouts
+from cuco.kernels import evolve
+from cuco.workloads import GemmAllReduce
+
+pytestmark = pytest.mark.gpu(count=2)
+
+D = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
+STORE = "for (int r = 0; r < W; ++r) cuco::store16(a.at(o_off, r) + byte, v);"
+
+PLANTED = {
+    # name: (replacement of the block body's reduce/store, expected status, stage)
+    "wrong_answer": ("const uint4 v = cuco::load16(a.at(p_off, me) + byte);", "wrong"),
+    "right_only_on_zeros": ("const uint4 v = make_uint4(0u, 0u, 0u, 0u);", "wrong"),
+    "nan_output": ("const uint4 v = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);",
+                   "wrong"),
+    "illegal_address": ("const uint4 v = cuco::load16((const char*)0x10 + byte);", "crash"),
+    # waits for a value nobody writes (the output holds NaN poison): never returns
+    "deadlock": ("while (*(volatile unsigned*)(a.at(o_off, me) + byte) != 0x12345678u) {} "
+                 "const uint4 v = make_uint4(0u, 0u, 0u, 0u);", "hang"),
+}
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    from cuco.runtime import WorkerGroup
+    group = WorkerGroup(2).start()
+    db = CandidateDB(tmp_path_factory.mktemp("db") / "c.db")
+    e = Evaluator(GemmAllReduce(1024, 1024, 2048, 2), group=group, db=db,
+                  timeouts=StageTimeouts(small=20, full=60, timing=120), timing_iters=10)
+    yield e
+    group.close()
+
+
+def plant(ev, line: str) -> str:
+    src, _ = ev.template(ev.problem, D)
+    body = evolve.blocks(src)["chunk_allreduce"]
+    assert "const uint4 v = reduce_peers(a, p_off, byte);" in body
+    return evolve.splice(src, {"chunk_allreduce": body.replace(
+        "const uint4 v = reduce_peers(a, p_off, byte);", line)})
+
+
+def test_unedited_template_scores(ev):
+    r = ev.evaluate(D)
+    assert r.status == "ok", r.error
+    assert r.speedup > 0 and r.bound_ms > 0 and r.overlap_eff <= 1 / 0.98
+    assert r.time_ms == max(r.rank_times_ms)
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_planted_kernel_is_rejected(ev, name):
+    line, status = PLANTED[name]
+    r = ev.evaluate(D, plant(ev, line))
+    assert r.status == status, (name, r.status, r.stage_reached, r.error)
+    assert r.score == 0.0
+    assert ev.evaluate(D).status == "ok"  # the group survived
+
+
+def test_early_return_leaves_poison_and_is_wrong(ev):
+    src, _ = ev.template(ev.problem, D)
+    r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": "    (void)slice;\n"}))
+    assert r.status == "wrong" and "differ" in r.error
+
+
+def test_write_outside_outputs_hits_a_guard(ev):
+    src, _ = ev.template(ev.problem, D)
+    body = evolve.blocks(src)["chunk_allreduce"]
+    stray = body.replace(STORE, STORE + " cuco::store16(a.at(o_off, me) + (size_t)kChunks * "
+                         "kChunkUnits * 16 + (i % 64) * 16, v);")
+    assert stray != body
+    r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": stray}))
+    assert r.status == "wrong" and "guard" in r.error
