@@ -36,3 +36,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "1")
+
+
+@pytest.fixture(scope="module")
+def gpu_group():
+    """A 2-GPU worker group with NVSHMEM, shared by a module's GPU tests."""
+    from cuco.runtime import WorkerGroup
+    g = WorkerGroup(2, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
+    g.start()
+    yield g
+    g.close()

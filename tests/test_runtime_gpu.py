@@ -22,27 +22,18 @@ def cubins():
     }
 
 
-@pytest.fixture(scope="module")
-def group():
-    from cuco.runtime import WorkerGroup
-    g = WorkerGroup(2, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
-    g.start()
-    yield g
-    g.close()
-
-
 # odd element counts: tails, unaligned pushes, slices that do not split evenly
 @pytest.mark.parametrize("op,elements", [
     ("allreduce", 100_003), ("allreduce", 1 << 20), ("allreduce", 3 * 1024 + 5),
     ("allgather", 100_003), ("allgather", 1 << 20),
     ("reducescatter", 2 * 100_003), ("reducescatter", 1 << 20),
 ])
-def test_collectives_correct_on_random_data(group, cubins, op, elements):
+def test_collectives_correct_on_random_data(gpu_group, cubins, op, elements):
     from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
     for seed in (1, 2):
         case = CollectiveCase(op, elements * 2, ctas=(7, 32), seed=seed, time=False,
                               lsa_cubin=cubins["lsa"], nvshmem_cubin=cubins["nvshmem"])
-        res = group.run(case, timeout=120)
+        res = gpu_group.run(case, timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
         assert len(merged) >= 3
@@ -50,20 +41,20 @@ def test_collectives_correct_on_random_data(group, cubins, op, elements):
             assert m["correct"], f"{op} {elements} {name}: {m}"
 
 
-def test_deadlock_returns_hang_then_recovers(group, cubins):
+def test_deadlock_returns_hang_then_recovers(gpu_group, cubins):
     from cuco.runtime.probes import LaunchProbe
-    res = group.run(LaunchProbe(cubins["probes"], "spin_forever"), timeout=5)
+    res = gpu_group.run(LaunchProbe(cubins["probes"], "spin_forever"), timeout=5)
     assert res.status == "hang"
     assert res.respawn_s is not None and res.respawn_s < 15
-    assert group.run(LaunchProbe(cubins["probes"]), timeout=60).ok
+    assert gpu_group.run(LaunchProbe(cubins["probes"]), timeout=60).ok
 
 
-def test_illegal_address_returns_crash_then_recovers(group, cubins):
+def test_illegal_address_returns_crash_then_recovers(gpu_group, cubins):
     from cuco.runtime.probes import LaunchProbe
-    res = group.run(LaunchProbe(cubins["probes"], "illegal_address"), timeout=60)
+    res = gpu_group.run(LaunchProbe(cubins["probes"], "illegal_address"), timeout=60)
     assert res.status == "crash"
     assert "rank" in res.error_text()
-    assert group.run(LaunchProbe(cubins["probes"]), timeout=60).ok
+    assert gpu_group.run(LaunchProbe(cubins["probes"]), timeout=60).ok
 
 
 def test_too_many_ranks_is_refused():

@@ -17,15 +17,6 @@ SHAPES = {
 }
 
 
-@pytest.fixture(scope="module")
-def group():
-    from cuco.runtime import WorkerGroup
-    g = WorkerGroup(2, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
-    g.start()
-    yield g
-    g.close()
-
-
 def grid(problem: Problem) -> list[Directives]:
     out = []
     for backend in ("lsa", "nvshmem"):
@@ -37,7 +28,7 @@ def grid(problem: Problem) -> list[Directives]:
 
 
 @pytest.mark.parametrize("family,shape", [(f, s) for f, ss in SHAPES.items() for s in ss])
-def test_side_stream_grid_is_correct(group, family, shape):
+def test_side_stream_grid_is_correct(gpu_group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
     from cuco.workloads.jobs import VariantSpec, WorkloadCase
 
@@ -51,7 +42,7 @@ def test_side_stream_grid_is_correct(group, family, shape):
                                  str(comp.compile(src.source, needs=src.needs, name=src.name).path)))
     for seed in (3, 4):
         case = WorkloadCase(family, m, n, k, variants=specs, seed=seed, time=False)
-        res = group.run(case, timeout=100)
+        res = gpu_group.run(case, timeout=100)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
         assert set(merged) == {"host_nccl", *(s.name for s in specs)}

@@ -188,29 +188,25 @@ class CollectiveCase:
         return (lambda: fn((ctas,), (THREADS,), args, stream=s)), target
 
     def _staged(self, ctx, ctas, win, in_off, stage_off, slot_bytes, out, n):
-        dc = ctx.devcomm
-        fn = ctx.function(self.lsa_cubin, f"{self.op}_staged")
-        u64, i32 = np.uint64, np.int32
-
-        def launch():
-            # one counter for every staged launch on this rank: halves must alternate
-            parity = ctx.scratch["stage_calls"] = ctx.scratch.get("stage_calls", 0) + 1
-            fn((ctas,), (THREADS,), (u64(dc.ptr), u64(win.handle), u64(in_off), u64(stage_off),
-                                     u64(slot_bytes), i32(parity & 1), out, u64(n)),
-               stream=ctx.stream)
-        return launch, out
+        # one counter for every staged launch on this rank: the staging halves must alternate
+        return self._counted(ctx, ctas, win, "staged", "stage_calls", np.int32,
+                             lambda c: c & 1, (in_off, stage_off, slot_bytes), out, n)
 
     def _ll(self, ctx, ctas, win, in_off, ll_off, slot_bytes, out, n):
+        # one epoch counter for every LL launch on this rank: flags and halves follow it
+        return self._counted(ctx, ctas, win, "ll", "ll_epoch", np.uint32,
+                             lambda c: c & 0xFFFFFFFF, (in_off, ll_off, slot_bytes), out, n)
+
+    def _counted(self, ctx, ctas, win, suffix, counter, ctype, value, offsets, out, n):
+        """A launch whose last scalar comes from a per-rank counter shared by its kind."""
         dc = ctx.devcomm
-        fn = ctx.function(self.lsa_cubin, f"{self.op}_ll")
-        u64, u32 = np.uint64, np.uint32
+        fn = ctx.function(self.lsa_cubin, f"{self.op}_{suffix}")
+        u64 = np.uint64
 
         def launch():
-            # one epoch counter for every LL launch on this rank: flags and halves follow it
-            epoch = ctx.scratch["ll_epoch"] = ctx.scratch.get("ll_epoch", 0) + 1
-            fn((ctas,), (THREADS,), (u64(dc.ptr), u64(win.handle), u64(in_off), u64(ll_off),
-                                     u64(slot_bytes), u32(epoch & 0xFFFFFFFF), out, u64(n)),
-               stream=ctx.stream)
+            c = ctx.scratch[counter] = ctx.scratch.get(counter, 0) + 1
+            fn((ctas,), (THREADS,), (u64(dc.ptr), u64(win.handle), *map(u64, offsets),
+                                     ctype(value(c)), out, u64(n)), stream=ctx.stream)
         return launch, out
 
     def _nvshmem_buffers(self, ctx, n, nout):
