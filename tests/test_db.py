@@ -135,3 +135,18 @@ def test_kill_9_mid_write_leaves_a_sound_database(tmp_path):
     assert len(db.evaluations()) >= len(cands) - 1
     db.add_candidate("w", source="after")  # still writable
     assert db.count_candidates() == len(cands) + 1
+
+
+def test_schema_v1_database_is_migrated(tmp_path):
+    path = tmp_path / "old.db"
+    CandidateDB(path).close()
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE events")
+    con.execute("UPDATE cuco_meta SET value='1' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    db = CandidateDB(path)
+    assert db.schema_version == 2 and "events" in db.tables()
+    run = db.create_run("r", "w")
+    db.log_event(run, "phase_switch", {"to": "exploitation"}, generation=3)
+    assert db.events(run)[0]["data"] == {"to": "exploitation"}

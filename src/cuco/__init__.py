@@ -15,9 +15,15 @@ from cuco.errors import (
 
 __version__ = "0.1.0"
 
+
+def search(*args, **kwargs):
+    """Search fused kernels for a workload; see :func:`cuco.agents.api.search`."""
+    from cuco.agents.api import search as _search
+    return _search(*args, **kwargs)
+
 __all__ = [
     "Backend", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "CucoError",
     "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem", "Evaluation", "Issuer",
     "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
-    "TooFewGPUsError", "__version__",
+    "TooFewGPUsError", "__version__", "search",
 ]

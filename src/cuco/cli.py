@@ -127,6 +127,73 @@ def kernels_check(arch: str = typer.Option("sm_90a", help="target when there is 
         raise typer.Exit(1)
 
 
+@app.command()
+def search(
+    workload: str = typer.Option("gemm_allreduce", help="gemm_allreduce | gemm_reducescatter | allgather_gemm"),
+    shape: str = typer.Option("8192x8192x8192", help="global MxKxN"),
+    world_size: int = typer.Option(2, help="GPUs (ranks)"),
+    budget: int = typer.Option(100, help="evaluations"),
+    islands: int = typer.Option(4),
+    seed: int = typer.Option(0),
+    proposer: str = typer.Option("offline", help="offline | tpe"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="score an analytic model (no GPU)"),
+    resume: Optional[int] = typer.Option(None, help="continue this run id from the database"),
+    llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
+    db: str = DB_OPTION,
+) -> None:
+    """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
+    from rich.live import Live
+
+    from cuco.agents.api import search as run_search
+    from cuco.errors import CucoError
+    from cuco.runtime import visible_gpus
+
+    try:
+        m, k, n = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
+        raise typer.Exit(2) from None
+    if not dry_run and visible_gpus() < world_size:
+        console.print(f"[red]{visible_gpus()} GPU(s) visible but the search needs {world_size}[/]; "
+                      "run on a GPU machine, or add --dry-run to search an analytic model")
+        raise typer.Exit(1)
+    state: dict = {}
+    live = Live(Table(), console=console, refresh_per_second=4)
+
+    def show(summary: dict) -> None:
+        state.update(summary)
+        t = Table(title=f"{workload} {shape} w={world_size}: generation {summary['generation']} "
+                        f"({summary['phase']}), {summary['evaluations']}/{budget} evaluations, "
+                        f"{60 * summary['evaluations'] / max(summary['elapsed_s'], 1e-9):.0f}/min")
+        for col in ("island", "members", "best speedup", "mean", "correct"):
+            t.add_column(col)
+        for isl in summary["islands"]:
+            t.add_row(str(isl["island"]), str(isl["size"]), f"{isl['best']:.3f}",
+                      f"{isl['mean']:.3f}", str(isl["ok"]))
+        if summary["failed"]:
+            t.caption = "failures: " + ", ".join(f"{k} x{v}" for k, v in summary["failed"].items())
+        live.update(t)
+
+    try:
+        with live:
+            result = run_search(workload, m, n, k, world_size, db=db, budget=budget,
+                                islands=islands, seed=seed, proposer=proposer, dry_run=dry_run,
+                                resume=resume, on_progress=show, llm=llm)
+    except KeyboardInterrupt:
+        console.print("[yellow]stopped; resume with[/] cuco search --resume <run id> "
+                      "(see `cuco db ls`)")
+        raise typer.Exit(130) from None
+    except CucoError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    best = result.best
+    console.print(f"run {result.run_id}: {result.evaluations} evaluations, stopped by "
+                  f"{result.stopped}; phase switch at generation {result.phase_switch_generation}")
+    if best:
+        console.print(f"best: candidate {best.candidate_id} {best.directives.full_name} "
+                      f"speedup {best.score:.3f}" + (" (analytic model)" if dry_run else ""))
+
+
 @bench_app.command("collectives")
 def bench_collectives(
     world_size: int = typer.Option(2, help="GPUs (ranks)"),

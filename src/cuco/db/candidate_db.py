@@ -311,6 +311,32 @@ class CandidateDB:
         with self._read() as conn:
             return float(conn.execute(q).scalar_one())
 
+    # ---- search events ----------------------------------------------------------------
+    def log_event(self, run_id: int, kind: str, data: dict[str, Any] | None = None,
+                  generation: int | None = None) -> int:
+        """Record a search event (phase switch, migration, generation summary)."""
+        with self._write() as conn:
+            res = conn.execute(S.events.insert().values(
+                run_id=run_id, generation=generation, kind=kind, data=data, created_at=time.time()))
+            return int(res.inserted_primary_key[0])
+
+    def events(self, run_id: int, kind: str | None = None) -> list[dict[str, Any]]:
+        q = select(S.events).where(S.events.c.run_id == run_id).order_by(S.events.c.id)
+        if kind is not None:
+            q = q.where(S.events.c.kind == kind)
+        with self._read() as conn:
+            return [dict(r) for r in conn.execute(q).mappings().all()]
+
+    def update_run(self, run_id: int, *, config: dict[str, Any] | None = None,
+                   status: str | None = None) -> None:
+        values: dict[str, Any] = {"updated_at": time.time()}
+        if config is not None:
+            values["config"] = config
+        if status is not None:
+            values["status"] = status
+        with self._write() as conn:
+            conn.execute(update(S.runs).where(S.runs.c.id == run_id).values(**values))
+
     # ---- queries --------------------------------------------------------------------
     def _scored(self):
         c, e = S.candidates, S.evaluations

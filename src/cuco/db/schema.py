@@ -13,7 +13,7 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -91,5 +91,18 @@ llm_calls = Table(
     Column("created_at", Float, nullable=False),
 )
 
+events = Table(
+    "events", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=False),
+    Column("generation", Integer, nullable=True),
+    Column("kind", String(64), nullable=False),
+    Column("data", JSON, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Index("ix_events_run", "run_id"),
+)
+
 #: version -> step that upgrades a database of ``version - 1`` to ``version``.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    2: lambda conn: events.create(conn, checkfirst=True),  # v2: search events (migrations, phases)
+}

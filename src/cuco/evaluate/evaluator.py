@@ -268,17 +268,21 @@ class Evaluator:
         return result
 
     def _store(self, cand: Candidate, r: EvalResult) -> None:
-        if self.db is None:
-            return
-        if cand.candidate_id is None:
-            cand.candidate_id = self.db.add_candidate(
-                self.problem.workload, directives=cand.directives, source=cand.source,
-                origin="user", run_id=self.run_id)
-        fields = asdict(r)
-        extra = fields.pop("extra")
-        versions = extra.pop("versions", None)
-        self.db.add_evaluation(cand.candidate_id, machine=platform.node(), versions=versions,
-                               extra=extra, **fields)
+        if self.db is not None:
+            store_result(self.db, self.problem.workload, cand, r, self.run_id)
+
+
+def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,
+                 run_id: int | None = None) -> int:
+    """Write a verdict (and the candidate, if it has no row yet); returns the evaluation id."""
+    if cand.candidate_id is None:
+        cand.candidate_id = db.add_candidate(workload, directives=cand.directives,
+                                             source=cand.source, origin="user", run_id=run_id)
+    fields = asdict(r)
+    extra = dict(fields.pop("extra"))
+    versions = extra.pop("versions", None)
+    return db.add_evaluation(cand.candidate_id, machine=platform.node(), versions=versions,
+                             extra=extra, **fields)
 
 
 def for_family(family: str, m: int, n: int, k: int, world_size: int, **kw) -> Evaluator:

@@ -1,0 +1,66 @@
+"""One-call search API (``cuco.search``) and the GPU search space for a workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
+from cuco.agents.proposers import OfflineProposer, TPEProposer
+from cuco.db import CandidateDB
+from cuco.design import DesignSpace, Problem
+
+
+def gpu_space(problem: Problem) -> DesignSpace:
+    """The points that have a fused template today (side_stream; tiles and stages unused)."""
+    out = problem.output_bytes_per_rank()
+    chunks = sorted({1 << max(15, (out // parts).bit_length() - 1) for parts in (2, 4, 8, 16, 32)})
+    return DesignSpace(problem, backend=["lsa", "nvshmem"], placement=["side_stream"],
+                       sync_scope=["chunk"], chunk_bytes=chunks, tile_m=[128], tile_n=[128],
+                       tile_k=[64], stages=[4], comm_ctas=[8, 16, 32, 64],
+                       chunk_schedule=["direct"])
+
+
+def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
+           db: str | CandidateDB = "cuco.db", budget: int = 100, islands: int = 4,
+           seed: int = 0, proposer: str = "offline", dry_run: bool = False,
+           resume: int | None = None, evaluator: Any = None, on_progress=None,
+           llm: str | None = None, **agent_kw) -> SearchResult:
+    """Search fused kernels for one workload and shape; results land in ``db``.
+
+    ``dry_run=True`` scores an analytic model instead of GPUs (no GPU needed);
+    otherwise a worker group of ``world_size`` GPUs is started and closed.
+    ``llm="openai:MODEL" | "anthropic:MODEL" | "compat:URL|MODEL"`` adds LLM edits of the
+    kernels' EVOLVE-BLOCKs (the key comes from the environment).
+    """
+    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
+    problem = Problem(workload=workload, m=m, n=n, k=k, world_size=world_size)
+    client = None
+    if llm is not None:  # fail on a missing key before any GPU is started
+        from cuco.llm import make_client
+        client = make_client(llm)
+    group = None
+    if evaluator is None:
+        if dry_run:
+            from cuco.evaluate.analytic import AnalyticEvaluator
+            evaluator = AnalyticEvaluator(problem)
+        else:
+            from cuco.evaluate import Evaluator
+            from cuco.runtime import WorkerGroup
+            from cuco.workloads import get
+            group = WorkerGroup(world_size, nvshmem=True).start()
+            evaluator = Evaluator(get(workload)(m, n, k, world_size), group=group)
+    space = agent_kw.pop("space", None) or gpu_space(problem)
+    prop = TPEProposer(space, seed) if proposer == "tpe" else OfflineProposer(space)
+    agent = EvolutionAgent(evaluator, store, space=space, islands=islands, seed=seed,
+                           budget=Budget(evaluations=budget), proposer=prop,
+                           on_progress=on_progress, **agent_kw)
+    if client is not None:
+        from cuco.agents.llm_proposer import LLMProposer
+        from cuco.kernels.tp import render_tp
+        agent.proposer = LLMProposer(client, space, lambda d: render_tp(problem, d)[0].source,
+                                     meta_summary=agent.meta_summary)
+    try:
+        return agent.run(resume)
+    finally:
+        if group is not None:
+            group.close()

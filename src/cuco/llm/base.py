@@ -1,0 +1,79 @@
+"""What every LLM client returns, what it costs, and which client a spec names."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cuco.errors import CucoError
+
+
+class MissingAPIKey(CucoError):
+    """A real LLM client was asked for without its key."""
+
+
+class LLMError(CucoError):
+    """The provider failed after its retries."""
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    text: str
+    model: str
+    provider: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+
+
+class LLMClient(Protocol):
+    provider: str
+    model: str
+
+    def complete(self, system: str, user: str, *, temperature: float = 0.7,
+                 max_tokens: int = 4096) -> LLMReply: ...
+
+
+@dataclass
+class PriceTable:
+    """USD per million tokens (input, output), matched by the longest model-name prefix.
+
+    The defaults are list prices as published when this was written and change
+    over time: pass your own (``PriceTable({"my-model": (0.5, 1.5)})``) for
+    budgets that matter. Unknown models cost 0 and are reported as such.
+    """
+
+    prices: dict[str, tuple[float, float]] = field(default_factory=lambda: {
+        "gpt-4o-mini": (0.15, 0.60), "gpt-4o": (2.50, 10.0), "gpt-4.1": (2.0, 8.0),
+        "claude-3-5-haiku": (0.80, 4.0), "claude-sonnet": (3.0, 15.0), "claude-opus": (15.0, 75.0),
+    })
+
+    def lookup(self, model: str) -> tuple[float, float] | None:
+        best = max((p for p in self.prices if model.startswith(p)), key=len, default=None)
+        return self.prices[best] if best else None
+
+    def cost(self, reply: LLMReply) -> float:
+        price = self.lookup(reply.model)
+        if price is None:
+            return 0.0
+        return (reply.prompt_tokens * price[0] + reply.completion_tokens * price[1]) / 1e6
+
+
+def make_client(spec: str, **kw) -> LLMClient:
+    """``openai:MODEL``, ``anthropic:MODEL`` or ``compat:BASE_URL|MODEL`` (OpenAI-compatible)."""
+    provider, _, rest = spec.partition(":")
+    if provider == "openai":
+        from cuco.llm.clients import OpenAIClient
+        return OpenAIClient(rest, **kw)
+    if provider == "anthropic":
+        from cuco.llm.clients import AnthropicClient
+        return AnthropicClient(rest, **kw)
+    if provider == "compat":
+        from cuco.llm.clients import OpenAIClient
+        url, _, model = rest.rpartition("|")
+        if not url or not model:
+            raise ValueError(f"{spec!r}: write compat:BASE_URL|MODEL, e.g. compat:http://127.0.0.1:8000/v1|qwen")
+        kw.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "not-needed")
+        return OpenAIClient(model, base_url=url, **kw)
+    raise ValueError(f"unknown LLM provider in {spec!r}; use openai:, anthropic: or compat:")
