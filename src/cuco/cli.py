@@ -194,6 +194,20 @@ def search(
                       f"speedup {best.score:.3f}" + (" (analytic model)" if dry_run else ""))
 
 
+@app.command()
+def report(db: str = typer.Argument(..., help="candidate database file or SQLAlchemy URL"),
+           output: Path = typer.Option(Path("report.html"), "-o", "--output"),
+           run: Optional[int] = typer.Option(None, help="only this run")) -> None:
+    """Write a self-contained HTML report (plots inline, no network)."""
+    from cuco.report import write_report
+
+    _require_db(db)
+    from cuco.db import CandidateDB
+    with CandidateDB(db) as store:
+        path = write_report(store, output, run)
+    console.print(f"wrote {path}")
+
+
 @bench_app.command("collectives")
 def bench_collectives(
     world_size: int = typer.Option(2, help="GPUs (ranks)"),

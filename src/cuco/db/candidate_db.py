@@ -311,6 +311,19 @@ class CandidateDB:
         with self._read() as conn:
             return float(conn.execute(q).scalar_one())
 
+    def llm_summary(self, run_id: int | None = None) -> list[dict[str, Any]]:
+        """Calls, tokens and dollars per provider, model and status."""
+        t = S.llm_calls
+        q = (select(t.c.provider, t.c.model, t.c.status, func.count().label("calls"),
+                    func.sum(t.c.prompt_tokens).label("prompt_tokens"),
+                    func.sum(t.c.completion_tokens).label("completion_tokens"),
+                    func.sum(t.c.cost_usd).label("cost_usd"))
+             .group_by(t.c.provider, t.c.model, t.c.status).order_by(t.c.provider, t.c.model))
+        if run_id is not None:
+            q = q.where(t.c.run_id == run_id)
+        with self._read() as conn:
+            return [dict(r) for r in conn.execute(q).mappings().all()]
+
     # ---- search events ----------------------------------------------------------------
     def log_event(self, run_id: int, kind: str, data: dict[str, Any] | None = None,
                   generation: int | None = None) -> int:
