@@ -208,6 +208,25 @@ def report(db: str = typer.Argument(..., help="candidate database file or SQLAlc
     console.print(f"wrote {path}")
 
 
+@app.command("export")
+def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--output"),
+               arch: Optional[str] = typer.Option(None, help="target arch (default: this GPU's)"),
+               db: str = DB_OPTION) -> None:
+    """Pack a scored candidate as an artifact directory (cubin, source, manifest)."""
+    from cuco.db import CandidateDB
+    from cuco.errors import CucoError
+    from cuco.export import export
+
+    _require_db(db)
+    try:
+        art = export(CandidateDB(db), candidate_id, output, arch=arch)
+    except (CucoError, KeyError) as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {art.path}: {art.manifest['variant']} for {art.manifest['arch']}, "
+                  f"speedup {art.speedup}")
+
+
 @bench_app.command("collectives")
 def bench_collectives(
     world_size: int = typer.Option(2, help="GPUs (ranks)"),

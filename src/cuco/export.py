@@ -1,0 +1,193 @@
+"""Artifacts: a searched kernel packed for use outside the search, and the build step.
+
+``export`` writes a directory: the kernel source and cubin, and a manifest with
+the directives, workload and shape, chunk plan, GPU arch, world size, library
+versions and the evaluation that scored it. ``load`` reads it back and refuses
+it, saying why, where the arch, world size, shape or NCCL/NVSHMEM versions
+differ from what the caller has. ``tune`` returns the cached artifact for a
+workload and shape, or searches and caches one; several ranks may call it at
+once: one searches while the others wait on a file lock, then all load.
+
+Calling the kernel from CuPy or torch tensors (``cuco.load(path)(x, w)``) is not
+built yet; the artifact carries everything that launch needs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from cuco.db import CandidateDB
+from cuco.design import Directives, Problem
+from cuco.design.tiles import ChunkPlan
+from cuco.errors import CucoError
+from cuco.kernels import Compiler, toolchain
+
+ARTIFACT_VERSION = 1
+
+
+class ArtifactMismatch(CucoError):
+    """An artifact does not fit the machine or call it is loaded for."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def problem(self) -> Problem:
+        return Problem(**self.manifest["problem"])
+
+    @property
+    def directives(self) -> Directives:
+        return Directives(**self.manifest["directives"])
+
+    @property
+    def cubin(self) -> Path:
+        return self.path / self.manifest["cubin"]
+
+    @property
+    def source(self) -> str:
+        return (self.path / self.manifest["source"]).read_text()
+
+    @property
+    def speedup(self) -> float | None:
+        return self.manifest["evaluation"].get("speedup")
+
+
+def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
+           arch: str | None = None) -> Artifact:
+    """Pack a scored candidate; refuses candidates that never passed the cascade."""
+    cand = db.candidate(candidate_id)
+    ok = [e for e in db.evaluations(candidate_id) if e.status == "ok"]
+    if not ok:
+        raise CucoError(f"candidate {candidate_id} has no successful evaluation; export only "
+                        "candidates that passed the whole cascade (see `cuco db show "
+                        f"{candidate_id}`)")
+    ev = ok[-1]
+    run = db.run(cand.run_id) if cand.run_id is not None else None
+    if run is None or not run.problem:
+        raise CucoError(f"candidate {candidate_id} belongs to no run with a problem; its shape is unknown")
+    problem = Problem(**run.problem)
+    d = Directives(**cand.directives)
+    from cuco.kernels.tp import render_tp
+    src, plan = render_tp(problem, d)
+    source = cand.source or src.source
+    comp = Compiler(arch=arch)
+    built = comp.compile(source, needs=src.needs, name=src.name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(built.path, out / "kernel.cubin")
+    (out / "kernel.cu").write_text(source)
+    versions = toolchain.library_versions()
+    manifest = {
+        "artifact_version": ARTIFACT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "workload": problem.workload, "problem": problem.model_dump(),
+        "directives": json.loads(d.to_json()), "variant": d.full_name,
+        "plan": {"rows": plan.rows, "chunks": plan.n_chunks, "chunk_bytes": plan.chunk_bytes},
+        "arch": comp.arch, "world_size": problem.world_size, "needs": list(src.needs),
+        "versions": {k: versions.get(k) for k in ("nccl", "nvshmem", "nvcc")},
+        "kernels": list(src.functions), "cubin": "kernel.cubin", "source": "kernel.cu",
+        "candidate_id": candidate_id, "db": db.url,
+        "evaluation": {"status": ev.status, "time_ms": ev.time_ms, "speedup": ev.speedup,
+                       "overlap_eff": ev.overlap_eff, "bound_ms": ev.bound_ms,
+                       "baseline_ms": ev.baseline_ms, "machine": ev.machine,
+                       "model": bool((ev.extra or {}).get("model"))},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return Artifact(out, manifest)
+
+
+def load(path: str | Path, *, world_size: int | None = None, shape: tuple[int, int, int] | None = None,
+         arch: str | None = None, check_versions: bool = True) -> Artifact:
+    """Read an artifact and check it fits: every mismatch is named, with the fix.
+
+    ``shape`` is the global ``(M, K, N)`` the caller will use; ``arch`` defaults to the
+    GPU's (``$CUCO_ARCH`` without one).
+    """
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not mf.exists():
+        raise ArtifactMismatch(f"{path} is not a cuco artifact (no manifest.json); create one "
+                               "with `cuco export`")
+    manifest = json.loads(mf.read_text())
+    if manifest.get("artifact_version") != ARTIFACT_VERSION:
+        raise ArtifactMismatch(f"{path} has artifact version {manifest.get('artifact_version')}, "
+                               f"this cuco reads {ARTIFACT_VERSION}; re-export it")
+    art = Artifact(path, manifest)
+    problems = []
+    want_arch = arch or _current_arch()
+    if want_arch and want_arch != manifest["arch"]:
+        problems.append(f"arch: built for {manifest['arch']}, this GPU is {want_arch}; re-export "
+                        "on this machine (or a machine with the same GPU)")
+    if world_size is not None and world_size != manifest["world_size"]:
+        problems.append(f"world size: built for {manifest['world_size']} ranks, called with "
+                        f"{world_size}; tune for {world_size} ranks")
+    if shape is not None:
+        p = manifest["problem"]
+        have = (p["m"], p["k"], p["n"])
+        if tuple(shape) != have:
+            problems.append(f"shape: built for MxKxN {have}, called with {tuple(shape)}; kernels "
+                            "bake their chunk plan in, so tune this shape")
+    if check_versions:
+        installed = toolchain.library_versions()
+        for lib in manifest["needs"]:
+            got, built = installed.get(lib), manifest["versions"].get(lib)
+            if got != built:
+                wheel = {"nccl": "nvidia-nccl-cu13", "nvshmem": "nvidia-nvshmem-cu13"}[lib]
+                problems.append(f"{lib}: built against {built}, {got or 'none'} is installed; "
+                                f"`pip install {wheel}=={built}` or re-export here")
+    if problems:
+        raise ArtifactMismatch(f"artifact {path} does not fit:\n  - " + "\n  - ".join(problems))
+    if not art.cubin.exists():
+        raise ArtifactMismatch(f"{art.cubin} is missing; re-export the artifact")
+    return art
+
+
+def _current_arch() -> str | None:
+    try:
+        return toolchain.default_arch()
+    except CucoError:
+        return None
+
+
+def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: str | Path,
+         budget: int = 50, arch: str | None = None, dry_run: bool = False, seed: int = 0,
+         **search_kw) -> Artifact:
+    """The cached artifact for this workload and shape, or search, export and cache one.
+
+    Safe to call from every rank at once: a file lock lets one search while the
+    others wait, then everyone loads the same artifact.
+    """
+    from cuco.agents.api import search
+
+    arch = arch or _current_arch() or "sm_90a"
+    versions = toolchain.library_versions()
+    key = (f"{workload}-M{m}K{k}N{n}-w{world_size}-{arch}-nccl{versions.get('nccl')}"
+           f"-nvshmem{versions.get('nvshmem')}" + ("-model" if dry_run else ""))
+    root = Path(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / key
+    with FileLock(str(target) + ".lock"):
+        if (target / "manifest.json").exists():
+            return load(target, world_size=world_size, shape=(m, k, n), arch=arch)
+        db = CandidateDB(root / "tune.db")
+        result = search(workload, m, n, k, world_size, db=db, budget=budget, seed=seed,
+                        dry_run=dry_run, **search_kw)
+        if result.best is None:
+            raise CucoError(f"no correct kernel found for {key} within {budget} evaluations; "
+                            "raise the budget or check `cuco report`")
+        tmp = Path(tempfile.mkdtemp(prefix=key + ".", dir=root))
+        export(db, result.best.candidate_id, tmp, arch=arch)
+        os.replace(tmp, target)
+    return load(target, world_size=world_size, shape=(m, k, n), arch=arch)

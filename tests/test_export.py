@@ -1,0 +1,87 @@
+"""Artifacts: export, load with every mismatch named, and concurrent tune calls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cuco import CandidateDB
+from cuco.agents.api import search
+from cuco.errors import CucoError
+from cuco.export import ArtifactMismatch, export, load
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("exp")
+    db = CandidateDB(tmp / "c.db")
+    res = search("gemm_allreduce", 2048, 4096, 4096, 2, db=db, budget=15, dry_run=True, islands=2)
+    return db, res, tmp
+
+
+def test_round_trip(searched):
+    db, res, tmp = searched
+    art = export(db, res.best.candidate_id, tmp / "art", arch="sm_90a")
+    again = load(tmp / "art", world_size=2, shape=(2048, 4096, 4096), arch="sm_90a")
+    assert again.manifest == art.manifest
+    assert again.directives == res.best.directives and again.problem.m == 2048
+    assert again.cubin.read_bytes()[:4] == b"\x7fELF"
+    assert "EVOLVE-BLOCK-START" in again.source
+    assert again.manifest["evaluation"]["model"] is True  # a dry-run score says so
+    assert again.speedup == pytest.approx(res.best.score)
+
+
+def test_every_mismatch_is_named(searched):
+    db, res, tmp = searched
+    art = export(db, res.best.candidate_id, tmp / "mm", arch="sm_90a")
+    with pytest.raises(ArtifactMismatch, match=r"arch: built for sm_90a, this GPU is sm_100a"):
+        load(art.path, arch="sm_100a")
+    with pytest.raises(ArtifactMismatch, match=r"world size: built for 2 ranks, called with 4"):
+        load(art.path, world_size=4, arch="sm_90a")
+    with pytest.raises(ArtifactMismatch, match=r"shape: built for MxKxN \(2048, 4096, 4096\)"):
+        load(art.path, shape=(8192, 8192, 8192), arch="sm_90a")
+    mf = json.loads((art.path / "manifest.json").read_text())
+    mf["versions"]["nccl"] = "2.0.0"
+    (art.path / "manifest.json").write_text(json.dumps(mf))
+    with pytest.raises(ArtifactMismatch, match=r"nccl: built against 2.0.0.*pip install nvidia-nccl-cu13==2.0.0"):
+        load(art.path, arch="sm_90a")
+    with pytest.raises(ArtifactMismatch, match="no manifest.json"):
+        load(tmp)
+
+
+def test_unscored_candidates_are_not_exported(searched):
+    db, res, tmp = searched
+    cid = db.add_candidate("gemm_allreduce", directives=res.best.directives, run_id=res.run_id)
+    with pytest.raises(CucoError, match="no successful evaluation"):
+        export(db, cid, tmp / "nope", arch="sm_90a")
+    r = subprocess.run([sys.executable, "-m", "cuco.cli", "export", str(cid), "-o", str(tmp / "x"),
+                        "--arch", "sm_90a", "--db", str(tmp / "c.db")], capture_output=True, text=True)
+    assert r.returncode == 1 and "no successful evaluation" in r.stdout
+
+
+TUNE = textwrap.dedent("""
+    import sys
+    from cuco.export import tune
+    art = tune("gemm_reducescatter", 2048, 4096, 4096, 2, cache_dir=sys.argv[1], budget=12,
+               dry_run=True, arch="sm_90a")
+    print(art.path, art.manifest["candidate_id"])
+""")
+
+
+def test_concurrent_tune_searches_once(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", TUNE, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        outs.append(out.strip())
+    assert len(set(outs)) == 1
+    assert len(CandidateDB(tmp_path / "tune.db").runs()) == 1
+    # a later call is a cache hit: still one run
+    subprocess.run([sys.executable, "-c", TUNE, str(tmp_path)], check=True, capture_output=True)
+    assert len(CandidateDB(tmp_path / "tune.db").runs()) == 1
