@@ -46,3 +46,53 @@ def gpu_group():
     g.start()
     yield g
     g.close()
+
+
+def _pg_bin() -> str | None:
+    import glob
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory):
+    """A real PostgreSQL server on loopback for this test session (skips without one)."""
+    import shutil
+    import socket
+    import subprocess
+
+    bindir = _pg_bin()
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg not installed (pip install 'psycopg[binary]')")
+    if bindir is None:
+        pytest.skip("PostgreSQL server not installed (apt-get install postgresql)")
+    root = tmp_path_factory.mktemp("pg")
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # postgres refuses to run as root
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser")
+        as_user = ["runuser", "-u", "postgres", "--"]
+        os.chmod(root, 0o777)
+        os.chmod(sock, 0o777)
+        for parent in list(root.parents)[:-1]:
+            try:
+                os.chmod(parent, os.stat(parent).st_mode | 0o011)
+            except PermissionError:
+                pass
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    subprocess.run([*as_user, f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "cuco"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", str(data), "-w", "-l", str(root / "log"),
+                    "-o", f"-p {port} -k {sock} -h 127.0.0.1", "start"], check=True, capture_output=True)
+    subprocess.run([*as_user, f"{bindir}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "cuco",
+                    "cuco"], check=True, capture_output=True)
+    yield f"postgresql+psycopg://cuco@127.0.0.1:{port}/cuco"
+    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+                   capture_output=True)

@@ -101,6 +101,22 @@ def db_show(candidate_id: int, db: str = DB_OPTION,
             console.print(cand.source, markup=False, highlight=False)
 
 
+@db_app.command("migrate")
+def db_migrate(source: str = typer.Argument(..., help="database to copy from (file or URL)"),
+               target: str = typer.Argument(..., help="empty database to copy into (URL)")) -> None:
+    """Copy a candidate database, ids kept (e.g. SQLite -> postgresql+psycopg://...)."""
+    from cuco.db import CandidateDB
+    from cuco.errors import DatabaseError
+
+    _require_db(source)
+    try:
+        counts = CandidateDB(source).copy_to(CandidateDB(target))
+    except DatabaseError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    console.print("copied " + ", ".join(f"{n} {t}" for t, n in counts.items()))
+
+
 def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4g}"
 

@@ -415,6 +415,26 @@ class CandidateDB:
             out.append((cache[cid], evs[eid]))
         return out
 
+    def copy_to(self, other: "CandidateDB") -> dict[str, int]:
+        """Copy every row (ids kept) into an empty database, e.g. SQLite -> PostgreSQL."""
+        order = [S.runs, S.candidates, S.evaluations, S.llm_calls, S.events]
+        with other._read() as conn:
+            if any(conn.execute(select(func.count()).select_from(t)).scalar_one() for t in order):
+                raise DatabaseError(f"{other.url} already holds cuco data; copy into an empty database")
+        counts: dict[str, int] = {}
+        with self._read() as src, other._write() as dst:
+            for t in order:
+                rows = [dict(r) for r in src.execute(select(t).order_by(t.c.id)).mappings()]
+                if rows:
+                    dst.execute(t.insert(), rows)
+                counts[t.name] = len(rows)
+            if other.engine.dialect.name == "postgresql":  # keep sequences ahead of copied ids
+                for t in order:
+                    dst.exec_driver_sql(
+                        f"SELECT setval(pg_get_serial_sequence('{t.name}', 'id'), "
+                        f"COALESCE((SELECT MAX(id) FROM {t.name}), 0) + 1, false)")
+        return counts
+
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` ('ok' when sound); 'n/a' elsewhere."""
         if not self.is_sqlite:
