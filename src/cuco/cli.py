@@ -155,6 +155,8 @@ def search(
     dry_run: bool = typer.Option(False, "--dry-run", help="score an analytic model (no GPU)"),
     resume: Optional[int] = typer.Option(None, help="continue this run id from the database"),
     llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
+    cluster: Optional[str] = typer.Option(None, help="Ray address (ray://host:10001), or 'local'"),
+    hosts: int = typer.Option(2, help="cluster hosts (one actor each)"),
     db: str = DB_OPTION,
 ) -> None:
     """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
@@ -169,7 +171,7 @@ def search(
     except ValueError:
         console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
         raise typer.Exit(2) from None
-    if not dry_run and visible_gpus() < world_size:
+    if not dry_run and cluster is None and visible_gpus() < world_size:
         console.print(f"[red]{visible_gpus()} GPU(s) visible but the search needs {world_size}[/]; "
                       "run on a GPU machine, or add --dry-run to search an analytic model")
         raise typer.Exit(1)
@@ -194,7 +196,8 @@ def search(
         with live:
             result = run_search(workload, m, n, k, world_size, db=db, budget=budget,
                                 islands=islands, seed=seed, proposer=proposer, dry_run=dry_run,
-                                resume=resume, on_progress=show, llm=llm)
+                                resume=resume, on_progress=show, llm=llm,
+                                cluster=cluster, hosts=hosts)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; resume with[/] cuco search --resume <run id> "
                       "(see `cuco db ls`)")

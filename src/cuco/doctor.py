@@ -81,6 +81,13 @@ def run_checks() -> list[Check]:
     except ImportError:
         checks.append(Check("torch (optional)", "warn", "not installed",
                             "pip install 'cuco[torch]' for PyTorch peers and export", required=False))
+    for mod, name, fix in (("ray", "Ray (cluster search)", "pip install 'cuco[ray]'"),
+                           ("psycopg", "psycopg (PostgreSQL DB)", "pip install 'cuco[postgres]'")):
+        try:
+            m = __import__(mod)
+            checks.append(Check(name, "ok", getattr(m, "__version__", "installed"), required=False))
+        except ImportError:
+            checks.append(Check(name, "warn", "not installed", fix, required=False))
     for var, provider in (("OPENAI_API_KEY", "OpenAI"), ("ANTHROPIC_API_KEY", "Anthropic")):
         ok = bool(os.environ.get(var))
         checks.append(Check(f"{provider} key", "ok" if ok else "warn",

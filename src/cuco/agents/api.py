@@ -24,7 +24,8 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
            db: str | CandidateDB = "cuco.db", budget: int = 100, islands: int = 4,
            seed: int = 0, proposer: str = "offline", dry_run: bool = False,
            resume: int | None = None, evaluator: Any = None, on_progress=None,
-           llm: str | None = None, **agent_kw) -> SearchResult:
+           llm: str | None = None, cluster: str | None = None, hosts: int = 2,
+           **agent_kw) -> SearchResult:
     """Search fused kernels for one workload and shape; results land in ``db``.
 
     ``dry_run=True`` scores an analytic model instead of GPUs (no GPU needed);
@@ -39,6 +40,12 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
         from cuco.llm import make_client
         client = make_client(llm)
     group = None
+    if evaluator is None and cluster is not None:
+        from cuco.cluster import RayBackend
+        evaluator = RayBackend(_host_evaluator(workload, m, n, k, world_size, dry_run),
+                               problem=problem, hosts=hosts,
+                               address=None if cluster == "local" else cluster,
+                               actor_options={"num_cpus": 1} if dry_run else {"num_gpus": world_size})
     if evaluator is None:
         if dry_run:
             from cuco.evaluate.analytic import AnalyticEvaluator
@@ -64,3 +71,17 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
     finally:
         if group is not None:
             group.close()
+
+
+def _host_evaluator(workload: str, m: int, n: int, k: int, world_size: int, dry_run: bool):
+    """What each cluster host builds for itself: its own worker group and evaluator."""
+    def make():
+        if dry_run:
+            from cuco.evaluate.analytic import AnalyticEvaluator
+            return AnalyticEvaluator(Problem(workload=workload, m=m, n=n, k=k, world_size=world_size))
+        from cuco.evaluate import Evaluator
+        from cuco.runtime import WorkerGroup
+        from cuco.workloads import get
+        return Evaluator(get(workload)(m, n, k, world_size),
+                         group=WorkerGroup(world_size, nvshmem=True).start())
+    return make

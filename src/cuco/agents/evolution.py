@@ -119,21 +119,39 @@ class EvolutionAgent:
         return Individual(cid, p.directives, island, generation, p.parents, p.source)
 
     def _evaluate(self, run_id: int, ind: Individual) -> Individual:
-        cand = Candidate(ind.directives, ind.source, ind.candidate_id)
+        return self._evaluate_batch(run_id, [ind])[0]
+
+    def _evaluate_batch(self, run_id: int, inds: list[Individual]) -> list[Individual]:
+        """Judge a batch (in parallel where the evaluator can: a cluster backend, say)."""
+        if not inds:
+            return []
+        cands = [Candidate(i.directives, i.source, i.candidate_id) for i in inds]
         try:
-            r: EvalResult = self.evaluator.evaluate(cand)
-        except Exception as exc:  # a broken evaluator must not lose the candidate
-            r = EvalResult("error", "evaluate", f"{type(exc).__name__}: {exc}")
-            if getattr(self.evaluator, "db", None) is not None:
+            if len(cands) > 1 and hasattr(self.evaluator, "evaluate_many"):
+                results = self.evaluator.evaluate_many(cands)
+            else:
+                results = [self.evaluator.evaluate(c) for c in cands]
+        except Exception:  # noqa: BLE001 - a broken evaluator must not lose the candidates
+            results = None
+        if results is None:  # judge one by one, so the candidates that can be judged are
+            results = []
+            for c in cands:
+                try:
+                    results.append(self.evaluator.evaluate(c))
+                except Exception as exc:  # noqa: BLE001
+                    r = EvalResult("error", "evaluate", f"{type(exc).__name__}: {exc}")
+                    if getattr(self.evaluator, "db", None) is not None:
+                        store_result(self.db, self.problem.workload, c, r, run_id)
+                    results.append(r)
+        for ind, cand, r in zip(inds, cands, results):
+            if getattr(self.evaluator, "db", None) is None:
                 store_result(self.db, self.problem.workload, cand, r, run_id)
-        if getattr(self.evaluator, "db", None) is None:
-            store_result(self.db, self.problem.workload, cand, r, run_id)
-        ind.status, ind.score, ind.stage, ind.error = r.status, r.score, r.stage_reached, r.error
-        self.evaluated += 1
-        self.seen.add(ind.directives.full_name)
-        self.statuses[r.status if r.status == "ok" else f"{r.stage_reached}:{r.status}"] += 1
-        self.proposer.observe(ind)
-        return ind
+            ind.status, ind.score, ind.stage, ind.error = r.status, r.score, r.stage_reached, r.error
+            self.evaluated += 1
+            self.seen.add(ind.directives.full_name)
+            self.statuses[r.status if r.status == "ok" else f"{r.stage_reached}:{r.status}"] += 1
+            self.proposer.observe(ind)
+        return inds
 
     def _propose_new(self, parents: list[Individual], phase, rng: random.Random,
                      run_id: int | None = None, generation: int | None = None) -> Proposal | None:
@@ -209,22 +227,22 @@ class EvolutionAgent:
         for isl in self.islands:
             rng = _rng(self.seed, 0, isl.index)
             picks = [base] + [self.space.sample(rng) for _ in range(self.population - 1)]
-            for d in picks:
-                if self._out_of_budget(run_id):
-                    break
+            batch = []
+            for d in picks[: max(0, self.budget.evaluations - self.evaluated)]:
                 origin = "fastpath" if d == base else "offline"
-                ind = self._record(run_id, isl.index, 0, Proposal(d, (), origin))
-                isl.add(self._evaluate(run_id, ind))
+                batch.append(self._record(run_id, isl.index, 0, Proposal(d, (), origin)))
+            for ind in self._evaluate_batch(run_id, batch):
+                isl.add(ind)
         self._summarise(run_id, 0, [m for isl in self.islands for m in isl.members], "seed")
         return 0
 
     def _generation(self, run_id: int, g: int, phase) -> dict | None:
-        born: list[Individual] = []
         rejected_before = self.rejected
+        pending: list[tuple[Island, Individual]] = []
         for isl in self.islands:
             rng = _rng(self.seed, g, isl.index)
             for _ in range(self.children):
-                if self._out_of_budget(run_id):
+                if self.evaluated + len(pending) >= self.budget.evaluations or self._out_of_budget(run_id):
                     break
                 parents = isl.select(2, self.selection, rng)
                 if not parents:
@@ -232,9 +250,12 @@ class EvolutionAgent:
                 p = self._propose_new(parents, phase, rng, run_id, g)
                 if p is None:
                     continue
-                child = self._evaluate(run_id, self._record(run_id, isl.index, g, p))
-                isl.add(child, phase.novelty_weight)
-                born.append(child)
+                if p.source is None:
+                    self.seen.add(p.directives.full_name)  # no twin within one batch
+                pending.append((isl, self._record(run_id, isl.index, g, p)))
+        born = self._evaluate_batch(run_id, [ind for _, ind in pending])
+        for (isl, _), child in zip(pending, born):
+            isl.add(child, phase.novelty_weight)
         if not born and self.rejected == rejected_before and not self._out_of_budget(run_id):
             return None
         return self._summarise(run_id, g, born, phase.name)
