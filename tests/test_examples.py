@@ -36,3 +36,14 @@ def test_readme_commands_match_ci():
     ci = (ROOT / ".ci" / "run").read_text()
     test_cmd = "python3 -m pytest -q"
     assert test_cmd in readme and ci.strip().splitlines()[-1] == test_cmd
+
+
+def test_public_api_imports_without_torch_or_gpu():
+    code = ("import sys, cuco\n"
+            "from cuco import DesignSpace, Directives, CandidateDB, Evaluator, EvolutionAgent, "
+            "FastPathAgent, Island, Workload, WorkerGroup, search, load, tune\n"
+            "assert 'torch' not in sys.modules\n"
+            "missing = [n for n in cuco.__all__ if not hasattr(cuco, n)]\n"
+            "assert not missing, missing\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

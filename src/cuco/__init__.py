@@ -16,6 +16,24 @@ from cuco.errors import (
 __version__ = "0.1.0"
 
 
+#: Public names that live in heavier modules, imported on first use.
+_LAZY = {
+    "Workload": "cuco.workloads", "GemmAllReduce": "cuco.workloads",
+    "GemmReduceScatter": "cuco.workloads", "AllGatherGemm": "cuco.workloads",
+    "Evaluator": "cuco.evaluate", "EvalResult": "cuco.evaluate",
+    "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
+    "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",
+    "WorkerGroup": "cuco.runtime", "Compiler": "cuco.kernels",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cuco' has no attribute {name!r}")
+
+
 def load(*args, **kwargs):
     """Load and check an exported artifact; see :func:`cuco.export.load`."""
     from cuco.export import load as _load
@@ -37,5 +55,5 @@ __all__ = [
     "Backend", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "CucoError",
     "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem", "Evaluation", "Issuer",
     "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
-    "TooFewGPUsError", "__version__", "load", "search", "tune",
+    "TooFewGPUsError", "__version__", "load", "search", "tune", *sorted(_LAZY),
 ]
