@@ -172,7 +172,7 @@ class DesignSpace:
         if f in ORDINAL and current in opts and strength < 0.5:
             i = opts.index(current)
             j = i + r.choice((-1, 1))
-            return opts[min(max(j, 0), len(opts) - 1)] if 0 <= j < len(opts) else opts[i - (j - i)]
+            return opts[j] if 0 <= j < len(opts) else opts[2 * i - j]  # bounce off the ends
         return r.choice([o for o in opts if o != current])
 
     def mutate(self, d: Directives, rng: RngLike = None, strength: float = 0.3) -> Directives:
