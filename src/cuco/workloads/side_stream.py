@@ -171,15 +171,10 @@ class SideStreamRunner:
         esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
         m, n, k = wl.local_gemm()
-        if wl.family == "gemm_allreduce":
-            self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), u64(lay.data["o"]),
-                                    u64(lay.flags), u64(lay.bar), e), stream=cs)
-            for j, _, row in plan.order():
-                gemm(x + row * k * esz, w, base + lay.data["p"] + row * n * esz, plan.rows, n, k,
-                     wl.dtype, s)
-                self.signal((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(j), e), stream=s)
-        elif wl.family == "gemm_reducescatter":
-            self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), self.out, u64(lay.flags),
+        if wl.family in ("gemm_allreduce", "gemm_reducescatter"):
+            # the reduced result goes to the arena's O (all-reduce) or this rank's `out`
+            dest = u64(lay.data["o"]) if wl.family == "gemm_allreduce" else self.out
+            self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), dest, u64(lay.flags),
                                     u64(lay.bar), e), stream=cs)
             for j, _, row in plan.order():
                 gemm(x + row * k * esz, w, base + lay.data["p"] + row * n * esz, plan.rows, n, k,
