@@ -197,8 +197,11 @@ class Evaluator:
         """Run the whole cascade for one candidate (and store the verdict if a DB is set)."""
         if isinstance(cand, Directives):
             cand = Candidate(cand, source)
+        return self._judge(cand, self.prepare(cand))
+
+    def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]]) -> EvalResult:
         t0 = time.perf_counter()
-        result = self._evaluate(cand)
+        result = self._evaluate(cand, prepared)
         result.extra.setdefault("seconds", round(time.perf_counter() - t0, 3))
         self._store(cand, result)
         return result
@@ -215,13 +218,13 @@ class Evaluator:
                 todo.append((name + ".small", prep["small_source"], prep["needs"]))
         if todo:
             self._compiler().compile_many(todo)  # warms the cache; errors resurface below
-        return [self.evaluate(c) for c in cands]
+        return [self._judge(c, p) for c, p in zip(cands, prepared)]
 
     def _name(self, cand: Candidate) -> str:
         return f"{self.problem.workload}.{cand.directives.full_name}"
 
-    def _evaluate(self, cand: Candidate) -> EvalResult:
-        fail, prep = self.prepare(cand)
+    def _evaluate(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]]) -> EvalResult:
+        fail, prep = prepared
         if fail:
             return fail
         fail, built = self.compile(self._name(cand), prep)
