@@ -6,7 +6,8 @@ import pytest
 
 from cuco import DirectiveError, Directives, Problem
 from cuco.design.tiles import ChunkPlan
-from cuco.kernels.tp import render_tp, side_stream_grid
+from cuco.agents.api import gpu_space
+from cuco.kernels.tp import render_tp
 
 
 def side(**kw) -> Directives:
@@ -56,8 +57,11 @@ def test_render_refuses_what_has_no_template():
     assert src.needs == ("nccl",)
 
 
-def test_grid_is_valid_points_only():
-    p = Problem(workload="allgather_gemm", m=2048, n=4096, k=4096, world_size=2)
-    g = side_stream_grid(p)
+@pytest.mark.parametrize("family", ["gemm_allreduce", "gemm_reducescatter", "allgather_gemm"])
+def test_every_point_of_the_gpu_search_space_renders(family):
+    p = Problem(workload=family, m=2048, n=4096, k=4096, world_size=2)
+    g = list(gpu_space(p).enumerate())
     assert g and all(d.placement.value == "side_stream" for d in g)
     assert len({d.full_name for d in g}) == len(g)
+    for d in g:
+        render_tp(p, d)  # raises if the search could propose a point with no kernel

@@ -52,22 +52,3 @@ def render_tp(problem: Problem, d: Directives) -> tuple[KernelSource, ChunkPlan]
     name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
     return KernelSource(name, src, needs, ("comm_kernel", "signal_chunk", "wait_chunk")), plan
 
-
-def side_stream_grid(problem: Problem, backends=("lsa", "nvshmem"),
-                     issuers=("thread", "warp", "cta"), chunk_bytes=(1 << 20, 4 << 20, 16 << 20),
-                     comm_ctas=(8, 16, 32)) -> list[Directives]:
-    """The directive grid the benchmark sweeps for one problem (valid points only)."""
-    out = []
-    for b in backends:
-        for i in issuers:
-            for c in chunk_bytes:
-                for g in comm_ctas:
-                    d = Directives(backend=b, placement="side_stream", sync_scope="chunk",
-                                   issuer=i, chunk_bytes=c, comm_ctas=g)
-                    try:
-                        d.check(problem)
-                        ChunkPlan.for_problem(problem, d)
-                    except DirectiveError:
-                        continue
-                    out.append(d)
-    return out
