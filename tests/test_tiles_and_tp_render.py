@@ -65,3 +65,11 @@ def test_every_point_of_the_gpu_search_space_renders(family):
     assert len({d.full_name for d in g}) == len(g)
     for d in g:
         render_tp(p, d)  # raises if the search could propose a point with no kernel
+
+
+def test_chunk_sizes_are_powers_of_two_cutting_the_output():
+    from cuco.design.tiles import chunk_sizes
+    p = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)  # 128 MiB/rank
+    assert chunk_sizes(p, (4, 8, 16)) == [32 << 20, 16 << 20, 8 << 20]
+    small = Problem(workload="allgather_gemm", m=64, n=128, k=64, world_size=2)  # 8 KiB/rank
+    assert chunk_sizes(small, (2, 4, 8, 16, 32), floor_log2=15) == [32 << 10]

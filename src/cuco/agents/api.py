@@ -8,12 +8,12 @@ from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
 from cuco.agents.proposers import OfflineProposer, TPEProposer
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Problem
+from cuco.design.tiles import chunk_sizes
 
 
 def gpu_space(problem: Problem) -> DesignSpace:
     """The points that have a fused template today (side_stream; tiles and stages unused)."""
-    out = problem.output_bytes_per_rank()
-    chunks = sorted({1 << max(15, (out // parts).bit_length() - 1) for parts in (2, 4, 8, 16, 32)})
+    chunks = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
     return DesignSpace(problem, backend=["lsa", "nvshmem"], placement=["side_stream"],
                        sync_scope=["chunk"], chunk_bytes=chunks, tile_m=[128], tile_n=[128],
                        tile_k=[64], stages=[4], comm_ctas=[8, 16, 32, 64],

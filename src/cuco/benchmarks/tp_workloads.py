@@ -18,6 +18,7 @@ from rich.table import Table
 
 from cuco import results
 from cuco.design import Directives, Problem
+from cuco.design.tiles import chunk_sizes
 from cuco.kernels import Compiler
 from cuco.kernels.tp import render_tp
 
@@ -25,20 +26,9 @@ SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K,
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 
 
-def chunk_choices(problem: Problem) -> list[int]:
-    """Powers of two giving about 4, 8 and 16 chunks of each rank's output."""
-    out_bytes = problem.output_bytes_per_rank()
-    picks = []
-    for parts in (4, 8, 16):
-        c = 1 << max(12, (out_bytes // parts).bit_length() - 1)
-        if c not in picks:
-            picks.append(c)
-    return picks
-
-
 def grid(problem: Problem) -> list[Directives]:
     out = []
-    for chunk in chunk_choices(problem):
+    for chunk in chunk_sizes(problem, (4, 8, 16)):  # about 4, 8 and 16 chunks per rank
         for issuer in ("thread", "warp", "cta"):
             for ctas in (16, 32, 64):
                 out.append(Directives(backend="lsa", placement="side_stream", sync_scope="chunk",

@@ -94,6 +94,18 @@ class ChunkPlan:
         return plan
 
 
+def chunk_sizes(problem: Problem, parts=(4, 8, 16), floor_log2: int = 12) -> list[int]:
+    """Powers of two cutting each rank's output into about ``parts`` chunks (ascending
+    ``parts`` give descending sizes; duplicates dropped), none below ``2**floor_log2``."""
+    out_bytes = problem.output_bytes_per_rank()
+    picks: list[int] = []
+    for n in parts:
+        c = 1 << max(floor_log2, (out_bytes // n).bit_length() - 1)
+        if c not in picks:
+            picks.append(c)
+    return picks
+
+
 def _largest_divisor(unit: int, cap: int) -> int | None:
     """Largest ``r <= cap`` dividing ``unit`` with ``r % ROW_ALIGN == 0`` (or ``r == unit``)."""
     for r in range(cap, 0, -1):
