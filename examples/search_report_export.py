@@ -1,10 +1,15 @@
-"""Search, look at the report, pack the winner (runs anywhere; uses GPUs when it has two).
+"""Search, look at the report, pack the winner, call it from torch (runs anywhere).
 
     python examples/search_report_export.py
 
 Without two GPUs the search scores the analytic model (``dry_run``) and says so; with
-them it measures every candidate through the full evaluator cascade.
+them it measures every candidate through the full evaluator cascade, and then calls
+the best LSA kernel from torch on both GPUs (examples/torch_call.py, under torchrun).
 """
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import cuco
 from cuco import CandidateDB
@@ -14,7 +19,7 @@ from cuco.runtime import visible_gpus
 
 dry = visible_gpus() < 2
 db = CandidateDB("example.db")
-result = cuco.search("allgather_gemm", m=2048, n=4096, k=4096, world_size=2, db=db,
+result = cuco.search("gemm_allreduce", m=2048, n=4096, k=4096, world_size=2, db=db,
                      budget=24, islands=2, seed=0, dry_run=dry)
 print(f"{'predicted (no GPUs)' if dry else 'measured'}: best speedup {result.best.score:.3f} "
       f"with {result.best.directives.full_name}")
@@ -22,6 +27,19 @@ print(f"{'predicted (no GPUs)' if dry else 'measured'}: best speedup {result.bes
 page = write_report(db, "example_report.html", run_id=result.run_id)
 print(f"report: open {page.resolve().as_uri()} in a browser")
 
-art = export(db, result.best.candidate_id, "example_artifact", arch=None if not dry else "sm_90a")
+# the torch callable takes LSA kernels: the best one of this run
+scored = {e.candidate_id: e.speedup for e in db.evaluations() if e.status == "ok"}
+lsa = [c for c in db.candidates(run_id=result.run_id)
+       if c.id in scored and c.directives["backend"] == "lsa"]
+best = max(lsa, key=lambda c: scored[c.id])
+art = export(db, best.id, "example_artifact", arch=None if not dry else "sm_90a")
 again = load(art.path, world_size=2, shape=(2048, 4096, 4096), arch=art.manifest["arch"])
 print(f"artifact {again.path}: {again.manifest['variant']}, kernels {again.manifest['kernels']}")
+
+if dry or importlib.util.find_spec("torch") is None:
+    print("calling it from torch needs 2 GPUs and torch: torchrun --standalone "
+          "--nproc-per-node 2 examples/torch_call.py example_artifact")
+else:
+    script = Path(__file__).with_name("torch_call.py")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                    "2", str(script), str(art.path)], check=True)

@@ -33,6 +33,9 @@ def test_templates_pass_their_own_static_checks():
      "multimem"),
     ("cudaDeviceSynchronize();", "host synchronisation"),
     ("long long t = clock64();", "reading clocks"),
+    # reading host memory: through an address baked in, or a cast of a host pointer value
+    ("const uint4 h = *(const uint4*)0x7f3a5c000000ull;", "integer constant"),
+    ("auto h = reinterpret_cast<const volatile unsigned*>(139880000000000ull);", "integer constant"),
 ])
 def test_forbidden_constructs_are_refused_before_compiling(ev, planted, why):
     src, _ = ev.template(ev.problem, D)
@@ -91,3 +94,27 @@ def test_batch_compiles_then_evaluates_each(ev):
                                 D.replace(issuer="warp")])
     assert [r.status for r in results] == ["error", "invalid", "error"]
     assert len(ev.db.candidates()) == 3 and len(ev.db.evaluations()) == 3
+
+
+def test_a_user_workload_reuses_a_pattern_and_travels_with_its_jobs(tmp_path):
+    from cuco.errors import ShapeError
+    from cuco.evaluate.evaluator import Candidate
+
+    class Scaled(GemmAllReduce):  # a "GEMM + epilogue, then AllReduce" of the user's
+        family = "scaled_gemm_allreduce"
+        pattern = "gemm_allreduce"
+
+    with pytest.raises(ShapeError, match="K=1023 is split over 2 ranks"):
+        Scaled(1024, 1024, 1023, 2)
+    wl = Scaled(1024, 1024, 2048, 2)
+    assert wl.problem.workload == "scaled_gemm_allreduce"
+    assert wl.pattern_problem.workload == "gemm_allreduce"
+    db = CandidateDB(tmp_path / "c.db")
+    ev = Evaluator(wl, db=db, compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
+    assert ev._user_class() is Scaled  # not in the registry: the class is sent with the job
+    assert Evaluator(GemmAllReduce(1024, 1024, 2048, 2))._user_class() is None
+    job = ev.case(ev.problem, None, seed=1, time_it=False)
+    assert job.workload_cls is Scaled and job.family == "scaled_gemm_allreduce"
+    r = ev.evaluate(Candidate(D))
+    assert r.stage_reached == "compile" and "no worker group" in r.error  # static + compile passed
+    assert [c.workload for c in db.candidates()] == ["scaled_gemm_allreduce"]

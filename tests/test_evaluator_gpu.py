@@ -21,7 +21,10 @@ PLANTED = {
     "right_only_on_zeros": ("const uint4 v = make_uint4(0u, 0u, 0u, 0u);", "wrong"),
     "nan_output": ("const uint4 v = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);",
                    "wrong"),
-    "illegal_address": ("const uint4 v = cuco::load16((const char*)0x10 + byte);", "crash"),
+    # 16 TiB past the partials: no such mapping on any GPU
+    "illegal_address": ("const uint4 v = cuco::load16(a.at(p_off, me) + byte + (1ull << 44));", "crash"),
+    # host memory at a baked-in address (with HMM the GPU could even read it): refused unbuilt
+    "reads_host_memory": ("const uint4 v = *(const volatile uint4*)0x7f3a5c000000ull;", "invalid"),
     # waits for a value nobody writes (the output holds NaN poison): never returns
     "deadlock": ("while (*(volatile unsigned*)(a.at(o_off, me) + byte) != 0x12345678u) {} "
                  "const uint4 v = make_uint4(0u, 0u, 0u, 0u);", "hang"),
@@ -61,6 +64,47 @@ def test_planted_kernel_is_rejected(ev, name):
     assert r.status == status, (name, r.status, r.stage_reached, r.error)
     assert r.score == 0.0
     assert ev.evaluate(D).status == "ok"  # the group survived
+
+
+# Two chunks per wait: the second one is read before its flag says it is there. It
+# is right whenever the GEMM happens to be ahead (most runs, unstressed); the
+# check runs poison the partials and delay the GEMM so it is wrong every time.
+RACE = """    if (c % 2 == 0)
+      for (int cc = c; cc < c + 2 && cc < kChunks; ++cc) {
+        const size_t base = (size_t)cc * kChunkUnits + (size_t)me * slice;
+        for_units(slice, [&](size_t i) {
+          const size_t byte = (base + i) * 16;
+          const uint4 v = reduce_peers(a, p_off, byte);
+          for (int r = 0; r < W; ++r) cuco::store16(a.at(o_off, r) + byte, v);
+        });
+      }
+"""
+
+
+def test_race_that_is_wrong_only_sometimes_is_rejected_every_time(ev):
+    src, _ = ev.template(ev.problem, D)
+    racy = evolve.splice(src, {"chunk_allreduce": RACE})
+    for _ in range(3):
+        r = ev.evaluate(D, racy)
+        assert r.status == "wrong", (r.status, r.stage_reached, r.error)
+    assert ev.evaluate(D).status == "ok"
+
+
+def test_writing_to_the_inputs_is_wrong(ev):
+    """The compute stream's inputs are not the candidate's to change (they are
+    cached across candidates); AllGather+GEMM's comm kernel gets X itself."""
+    from cuco.workloads import AllGatherGemm
+    ag = Evaluator(AllGatherGemm(1024, 1024, 2048, 2), group=ev.group, timeouts=ev.timeouts,
+                   timing_iters=5)
+    src, _ = ag.template(ag.problem, D)
+    body = evolve.blocks(src)["chunk_allgather"]
+    scribble = body.replace("for (int r = 0; r < W; ++r)",
+                            "cuco::store16((char*)x + off + i * 16, make_uint4(0u, 0u, 0u, 0u)); "
+                            "for (int r = 0; r < W; ++r)")
+    assert scribble != body
+    r = ag.evaluate(D, evolve.splice(src, {"chunk_allgather": scribble}))
+    assert r.status == "wrong" and "inputs" in r.error, (r.status, r.error)
+    assert ag.evaluate(D).status == "ok"
 
 
 def test_early_return_leaves_poison_and_is_wrong(ev):

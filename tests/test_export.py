@@ -85,3 +85,20 @@ def test_concurrent_tune_searches_once(tmp_path):
     # a later call is a cache hit: still one run
     subprocess.run([sys.executable, "-c", TUNE, str(tmp_path)], check=True, capture_output=True)
     assert len(CandidateDB(tmp_path / "tune.db").runs()) == 1
+
+
+def test_callable_refuses_what_it_cannot_run_before_touching_a_gpu(searched):
+    from cuco.fused_call import CallError
+    db, res, tmp = searched
+    art = export(db, res.best.candidate_id, tmp / "call", arch="sm_90a")
+
+    def with_backend(backend):
+        mf = json.loads((art.path / "manifest.json").read_text())
+        mf["directives"]["backend"] = backend
+        (art.path / "manifest.json").write_text(json.dumps(mf))
+        return load(art.path, arch="sm_90a")
+
+    with pytest.raises(CallError, match="world size 4: the kernel was built for 2 ranks"):
+        with_backend("lsa").bind(0, 4, b"\0" * 128)
+    with pytest.raises(CallError, match="only LSA kernels are callable"):
+        with_backend("nvshmem").bind(0, 2, b"\0" * 128)

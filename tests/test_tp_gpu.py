@@ -35,11 +35,10 @@ def test_side_stream_grid_is_correct(gpu_group, family, shape):
     m, n, k = shape
     problem = Problem(workload=family, m=m, n=n, k=k, world_size=2)
     comp = Compiler()
-    specs = []
-    for d in grid(problem):
-        src, _ = render_tp(problem, d)
-        specs.append(VariantSpec(d.full_name, d.to_json(),
-                                 str(comp.compile(src.source, needs=src.needs, name=src.name).path)))
+    points = grid(problem)
+    sources = [render_tp(problem, d)[0] for d in points]
+    built = comp.compile_many([(s.name, s.source, s.needs) for s in sources])
+    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
     for seed in (3, 4):
         case = WorkloadCase(family, m, n, k, variants=specs, seed=seed, time=False)
         res = gpu_group.run(case, timeout=100)

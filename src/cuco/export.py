@@ -8,8 +8,9 @@ differ from what the caller has. ``tune`` returns the cached artifact for a
 workload and shape, or searches and caches one; several ranks may call it at
 once: one searches while the others wait on a file lock, then all load.
 
-Calling the kernel from CuPy or torch tensors (``cuco.load(path)(x, w)``) is not
-built yet; the artifact carries everything that launch needs.
+``Artifact.bind_torch()`` (inside a ``torch.distributed`` group) or
+``Artifact.bind(rank, world_size, nccl_id)`` returns a callable,
+``y = call(x, w)``, on torch tensors or CuPy arrays (see :mod:`cuco.fused_call`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ class Artifact:
     @property
     def speedup(self) -> float | None:
         return self.manifest["evaluation"].get("speedup")
+
+    def bind_torch(self, group=None):
+        """The kernel as ``call(x, w)`` on torch tensors; every rank of ``group`` calls this."""
+        from cuco.fused_call import bind_torch
+        return bind_torch(self, group)
+
+    def bind(self, rank: int, world_size: int, nccl_id: bytes, device: int | None = None):
+        """The kernel as ``call(x, w)`` on CuPy arrays; ``nccl_id`` from
+        :func:`cuco.runtime.nccl.get_unique_id` on rank 0, shared by the caller."""
+        from cuco.fused_call import FusedCall
+        return FusedCall(self, rank=rank, world_size=world_size, nccl_id=nccl_id, device=device)
 
 
 def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,

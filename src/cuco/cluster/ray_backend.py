@@ -30,11 +30,17 @@ class _EvalActor:
         if getattr(self.evaluator, "db", None) is not None:
             self.evaluator.db = None  # verdicts travel back to the head, which owns the DB
 
-    def evaluate(self, directives_json: str, source: str | None) -> dict:
+    def evaluate(self, items: list[tuple[str, str | None]]) -> list[dict]:
+        """A batch, so the host's evaluator overlaps its compiles with GPU stages."""
         from dataclasses import asdict
-        r = self.evaluator.evaluate(Candidate(Directives.from_json(directives_json), source))
-        out = asdict(r)
-        out["extra"] = {**out.get("extra", {}), "host": _hostname()}
+        cands = [Candidate(Directives.from_json(d), src) for d, src in items]
+        many = getattr(self.evaluator, "evaluate_many", None)
+        verdicts = many(cands) if many and len(cands) > 1 else [self.evaluator.evaluate(c) for c in cands]
+        out = []
+        for r in verdicts:
+            rec = asdict(r)
+            rec["extra"] = {**rec.get("extra", {}), "host": _hostname()}
+            out.append(rec)
         return out
 
 
@@ -80,37 +86,41 @@ class RayBackend:
         return self.evaluate_many([cand])[0]
 
     def evaluate_many(self, cands: list[Candidate]) -> list[EvalResult]:
-        """Spread over the actors; requeue what a lost actor was holding."""
+        """Spread over the actors in batches (one per actor and round); requeue what a
+        lost actor was holding."""
         ray = self._ray
         queue = deque(range(len(cands)))
         results: dict[int, EvalResult] = {}
         tries = [0] * len(cands)
-        running: dict[Any, tuple[int, int]] = {}  # ref -> (candidate index, actor slot)
+        running: dict[Any, tuple[list[int], int]] = {}  # ref -> (candidate indices, actor slot)
         free = deque(range(len(self.actors)))
+        per_actor = max(1, -(-len(cands) // max(1, len(self.actors))))
         while queue or running:
             while queue and free:
-                i, slot = queue.popleft(), free.popleft()
-                c = cands[i]
-                ref = self.actors[slot].evaluate.remote(c.directives.to_json(), c.source)
-                running[ref] = (i, slot)
+                slot = free.popleft()
+                batch = [queue.popleft() for _ in range(min(per_actor, len(queue)))]
+                items = [(cands[i].directives.to_json(), cands[i].source) for i in batch]
+                running[self.actors[slot].evaluate.remote(items)] = (batch, slot)
             done, _ = ray.wait(list(running), num_returns=1)
             ref = done[0]
-            i, slot = running.pop(ref)
+            batch, slot = running.pop(ref)
             try:
-                out = ray.get(ref)
-                results[i] = EvalResult(**out)
+                for i, out in zip(batch, ray.get(ref)):
+                    results[i] = EvalResult(**out)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
                     ray.exceptions.ActorUnavailableError) as exc:
                 self.lost_actors += 1
                 self.actors[slot] = self._spawn()  # the host's replacement
-                tries[i] += 1
-                if tries[i] > self.max_restarts:
-                    results[i] = EvalResult("error", "cluster",
-                                            f"actor lost {tries[i]} times: {str(exc)[-1500:]}")
-                else:
-                    queue.appendleft(i)
+                for i in reversed(batch):
+                    tries[i] += 1
+                    if tries[i] > self.max_restarts:
+                        results[i] = EvalResult("error", "cluster",
+                                                f"actor lost {tries[i]} times: {str(exc)[-1500:]}")
+                    else:
+                        queue.appendleft(i)
             except ray.exceptions.RayTaskError as exc:
-                results[i] = EvalResult("error", "cluster", str(exc)[-2000:])
+                for i in batch:
+                    results[i] = EvalResult("error", "cluster", str(exc)[-2000:])
             free.append(slot)
         return [results[i] for i in range(len(cands))]
 

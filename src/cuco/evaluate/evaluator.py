@@ -11,14 +11,23 @@ with an fp32 reference. A time below the bound ``max(t_gemm, t_comm)`` is a
 defect: the candidate is ``suspect`` and scores nothing. A hang or a crash
 costs a respawn of the worker group, never the search.
 
-Subclass and override the hooks (``template``, ``static_checks``,
-``small_problem``, ``case``) to evaluate your own workloads.
+Two places to extend. The *workload* (a :class:`cuco.workloads.Workload`
+subclass) owns what is computed: inputs, the higher-precision reference, the
+tolerance, the host-driven program, the halves of the bound and the per-chunk
+epilogue the fused launch runs; it travels to the workers with each job, so a
+class defined in a notebook or script works. The *evaluator* owns how a
+candidate is judged: override ``template``, ``static_checks``,
+``small_problem``, ``small_directives`` or ``case``. See
+``examples/custom_evaluator.py``.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import secrets
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,7 +40,7 @@ from cuco.kernels import evolve
 from cuco.kernels.tp import render_tp
 from cuco.runtime.collective_ops import merge_ranks
 from cuco.workloads import Workload
-from cuco.workloads.base import get
+from cuco.workloads.base import REGISTRY, get
 from cuco.workloads.jobs import VariantSpec, WorkloadCase
 
 STAGES = ("static", "compile", "small", "full", "timing", "scored")
@@ -87,7 +96,7 @@ class Evaluator:
     """
 
     def __init__(self, workload: Workload, *, group=None, db: CandidateDB | None = None,
-                 compiler: Compiler | None = None, seeds: tuple[int, int] = (101, 202),
+                 compiler: Compiler | None = None, seeds: tuple[int, int] | None = None,
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
                  run_id: int | None = None):
         self.workload = workload
@@ -95,7 +104,9 @@ class Evaluator:
         self.group = group
         self.db = db
         self.compiler = compiler
-        self.seeds = seeds
+        # fresh seeds per evaluator (nothing can be tuned to them); every candidate
+        # of one evaluator is checked on the same ones, so workers cache their references
+        self.seeds = seeds or (1 + secrets.randbelow(1 << 20), (1 << 20) + secrets.randbelow(1 << 20))
         self.timeouts = timeouts or StageTimeouts()
         self.timing_iters = timing_iters
         self.run_id = run_id
@@ -105,7 +116,7 @@ class Evaluator:
     # ---- hooks ------------------------------------------------------------------------
     def template(self, problem: Problem, d: Directives) -> tuple[str, tuple[str, ...]]:
         """The unedited kernel source for ``d`` at ``problem``, and what it needs."""
-        src, _ = render_tp(problem, d)
+        src, _ = render_tp(Problem(**{**problem.model_dump(), "workload": self.workload.pattern_name}), d)
         return src.source, src.needs
 
     def static_checks(self, source: str) -> list[str]:
@@ -128,7 +139,12 @@ class Evaluator:
     def case(self, problem: Problem, spec: VariantSpec, *, seed: int, time_it: bool) -> WorkloadCase:
         return WorkloadCase(problem.workload, problem.m, problem.n, problem.k, problem.dtype,
                             variants=[spec], seed=seed, time=time_it, check=True,
-                            iters=self.timing_iters)
+                            iters=self.timing_iters, workload_cls=self._user_class())
+
+    def _user_class(self) -> type | None:
+        """The workload class travels with the job unless workers find it in the registry."""
+        cls = type(self.workload)
+        return None if REGISTRY.get(cls.family) is cls else cls
 
     # ---- the cascade --------------------------------------------------------------------
     def _compiler(self) -> Compiler:
@@ -153,11 +169,17 @@ class Evaluator:
         return None, {"source": source, "small_source": small_source, "needs": needs,
                       "small_problem": small_p}
 
-    def compile(self, name: str, prepared: dict[str, Any]) -> tuple[EvalResult | None, dict]:
+    def compile(self, name: str, prepared: dict[str, Any],
+                pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, dict]:
+        """``compile`` stage (or collect the builds ``evaluate_many`` started in the background)."""
         comp = self._compiler()
         try:
-            big = comp.compile(prepared["source"], needs=prepared["needs"], name=name)
-            small = comp.compile(prepared["small_source"], needs=prepared["needs"], name=name + ".small")
+            if pending is not None:
+                big, small = pending[0].result(), pending[1].result()
+            else:
+                big = comp.compile(prepared["source"], needs=prepared["needs"], name=name)
+                small = comp.compile(prepared["small_source"], needs=prepared["needs"],
+                                     name=name + ".small")
         except CompileError as exc:
             return EvalResult("compile_error", "compile", exc.summary), {}
         return None, {"cubin": str(big.path), "small_cubin": str(small.path),
@@ -168,7 +190,8 @@ class Evaluator:
         allocates arenas; that is not the candidate's time, so it gets its own generous
         timeout before any stage timeout applies."""
         p = self.small_problem()
-        job = WorkloadCase(p.workload, p.m, p.n, p.k, p.dtype, variants=[], seed=1, time=False)
+        job = WorkloadCase(p.workload, p.m, p.n, p.k, p.dtype, variants=[], seed=1, time=False,
+                           workload_cls=self._user_class())
         res = self.group.run(job, timeout=self.warmup_timeout_s)
         if not res.ok:
             raise RuntimeError(f"the worker group cannot run the host reference:\n{res.error_text()}")
@@ -188,8 +211,12 @@ class Evaluator:
     def _check(self, merged: dict, name: str, stage: str) -> EvalResult | None:
         rec = merged[name]
         if not rec.get("correct"):
-            why = ("wrote outside its outputs (a guard page changed)" if rec.get("guards_intact") is False
-                   else f"{rec.get('bad_elements')} elements differ from the reference")
+            if rec.get("inputs_intact") is False:
+                why = "wrote to its inputs (their fingerprint changed)"
+            elif rec.get("guards_intact") is False:
+                why = "wrote outside its outputs (a guard page changed)"
+            else:
+                why = f"{rec.get('bad_elements')} elements differ from the reference"
             return EvalResult("wrong", stage, why, max_error=rec.get("rel_l2_error"))
         return None
 
@@ -199,35 +226,47 @@ class Evaluator:
             cand = Candidate(cand, source)
         return self._judge(cand, self.prepare(cand))
 
-    def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]]) -> EvalResult:
+    def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
+               pending: tuple[Future, Future] | None = None) -> EvalResult:
         t0 = time.perf_counter()
-        result = self._evaluate(cand, prepared)
+        result = self._evaluate(cand, prepared, pending)
         result.extra.setdefault("seconds", round(time.perf_counter() - t0, 3))
         self._store(cand, result)
         return result
 
     def evaluate_many(self, cands: list[Candidate | Directives]) -> list[EvalResult]:
-        """Batch: compile every candidate on all cores first, then run the GPU stages."""
+        """Batch: every candidate compiles in the background on all cores while the
+        GPUs check and time the ones already built (in order)."""
         cands = [c if isinstance(c, Candidate) else Candidate(c) for c in cands]
         prepared = [self.prepare(c) for c in cands]
-        todo = []
-        for c, (fail, prep) in zip(cands, prepared):
-            if fail is None:
+        comp = self._compiler()
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            pending = []
+            for c, (fail, prep) in zip(cands, prepared):
+                if fail is not None:
+                    pending.append(None)
+                    continue
                 name = self._name(c)
-                todo.append((name, prep["source"], prep["needs"]))
-                todo.append((name + ".small", prep["small_source"], prep["needs"]))
-        if todo:
-            self._compiler().compile_many(todo)  # warms the cache; errors resurface below
-        return [self._judge(c, p) for c, p in zip(cands, prepared)]
+                pending.append((
+                    pool.submit(comp.compile, prep["source"], needs=prep["needs"], name=name),
+                    pool.submit(comp.compile, prep["small_source"], needs=prep["needs"],
+                                name=name + ".small")))
+            try:
+                return [self._judge(c, p, f) for c, p, f in zip(cands, prepared, pending)]
+            finally:
+                for f in pending:
+                    for part in f or ():
+                        part.cancel()
 
     def _name(self, cand: Candidate) -> str:
         return f"{self.problem.workload}.{cand.directives.full_name}"
 
-    def _evaluate(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]]) -> EvalResult:
+    def _evaluate(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
+                  pending: tuple[Future, Future] | None = None) -> EvalResult:
         fail, prep = prepared
         if fail:
             return fail
-        fail, built = self.compile(self._name(cand), prep)
+        fail, built = self.compile(self._name(cand), prep, pending)
         if fail:
             return fail
         if self.group is None:

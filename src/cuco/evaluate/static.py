@@ -17,6 +17,10 @@ FORBIDDEN: tuple[tuple[str, str], ...] = (
      "memory allocation inside the timed code"),
     (r"__managed__|cudaHostGetDevicePointer|cudaHostRegister",
      "host or managed memory: a kernel may read only the buffers it is given"),
+    (r"\(\s*(?:const\s+|volatile\s+)*[A-Za-z_][\w:]*\s*\*+\s*\)\s*\(?\s*(?:0[xX][0-9a-fA-F]+|[1-9]\d*)"
+     r"|reinterpret_cast\s*<[^>]*\*\s*>\s*\(\s*(?:0[xX][0-9a-fA-F]+|[1-9]\d*)",
+     "a pointer made from an integer constant (host memory, or memory the kernel was not "
+     "given): a kernel may read only the buffers it is given"),
     (r"\bprintf\s*\(", "printf in a kernel (slows the hot loop, floods logs)"),
     (r"\bnvshmem(x)?_(init|finalize|malloc|free|barrier_all)\w*\s*\(",
      "NVSHMEM set-up or collective calls belong to the runtime, not to a candidate"),

@@ -258,11 +258,12 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if "median_ms" in recs[0]:
             m["ms"] = max(r["median_ms"] for r in recs)
             m["rank_ms"] = [r["median_ms"] for r in recs]
-        if "correct" in recs[0]:
-            m["correct"] = all(r["correct"] for r in recs)
-            m["bad_elements"] = sum(r["bad_elements"] for r in recs)
-            m["rel_l2_error"] = max(r["rel_l2_error"] for r in recs)
-            if "guards_intact" in recs[0]:
-                m["guards_intact"] = all(r["guards_intact"] for r in recs)
+        if any("correct" in r for r in recs):
+            m["correct"] = all(r.get("correct", True) for r in recs)
+            m["bad_elements"] = sum(r.get("bad_elements", 0) for r in recs)
+            m["rel_l2_error"] = max(r.get("rel_l2_error", 0.0) for r in recs)
+            for flag in ("guards_intact", "inputs_intact"):
+                if any(flag in r for r in recs):
+                    m[flag] = all(r.get(flag, True) for r in recs)
         out[name] = m
     return out

@@ -35,6 +35,12 @@ def _spin_kernel():
     return _spin
 
 
+def spin(stream, us: float) -> None:
+    """Keep ``stream`` busy for ``us`` microseconds (a one-thread clock spin)."""
+    import numpy
+    _spin_kernel()((1,), (1,), (numpy.int64(us * 1000),), stream=stream)
+
+
 def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int = 5,
                      iters: int = 30, l2_flush_bytes: int = 0, busy_us: float = 40.0,
                      align: Callable[[], None] | None = None) -> dict[str, list[float]]:
@@ -46,7 +52,6 @@ def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int 
     otherwise leave the ranks skewed and charge the skew to whatever comes next.
     """
     import cupy
-    import numpy
 
     if iters < 1:
         raise ValueError("iters must be >= 1")
@@ -65,7 +70,7 @@ def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int 
                 if align is not None:
                     align()
                 if busy_us > 0:
-                    _spin_kernel()((1,), (1,), (numpy.int64(busy_us * 1000),), stream=stream)
+                    spin(stream, busy_us)
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record(stream)
                 fns[name]()

@@ -32,10 +32,15 @@ class Workload(ABC):
     """
 
     family: ClassVar[str]
+    #: The built-in family whose fused templates this workload reuses (its own
+    #: family for the built-ins). A user workload that is "GEMM + something, then
+    #: AllReduce" sets ``pattern = "gemm_allreduce"`` and adds a :meth:`chunk_epilogue`.
+    pattern: ClassVar[str | None] = None
 
     def __init__(self, m: int, n: int, k: int, world_size: int, dtype: Dtype = "bf16"):
         self.problem = Problem(workload=self.family, m=m, n=n, k=k, world_size=world_size,
                                dtype=dtype)
+        _ = self.pattern_problem  # a shape its pattern cannot split is refused here, with the fix
 
     # ---- description (CPU) ------------------------------------------------------------
     @property
@@ -61,6 +66,17 @@ class Workload(ABC):
     @property
     def label(self) -> str:
         return self.problem.label
+
+    @property
+    def pattern_name(self) -> str:
+        return self.pattern or self.family
+
+    @property
+    def pattern_problem(self) -> Problem:
+        """This shape under the family whose templates and chunk plans it uses."""
+        if self.pattern_name == self.family:
+            return self.problem
+        return Problem(**{**self.problem.model_dump(), "workload": self.pattern_name})
 
     @abstractmethod
     def local_gemm(self) -> tuple[int, int, int]:
@@ -110,6 +126,12 @@ class Workload(ABC):
     @abstractmethod
     def comm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
         """The host NCCL collective alone (the communication half of the bound)."""
+
+    def chunk_epilogue(self, ctx, inputs: Buffers, ptr: int, row0: int, rows: int, stream) -> None:
+        """Work on ``rows`` rows of the local GEMM output starting at row ``row0`` (at
+        device address ``ptr``), enqueued on ``stream`` right after their GEMM and
+        before the communication may read them. None for the built-ins; a user
+        workload adds bias, activation, scaling here (and in its host sequence)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.label}, world_size={self.world_size})"

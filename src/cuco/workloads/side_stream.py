@@ -17,6 +17,7 @@ from cuco.design import Directives
 from cuco.design.tiles import ChunkPlan
 from cuco.kernels.tp import FLAG_STRIDE, THREADS
 from cuco.runtime.cublas import gemm
+from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers, Workload
 
 MAX_CTAS = 1024
@@ -45,9 +46,9 @@ class ArenaLayout:
     def for_workload(cls, wl: Workload) -> "ArenaLayout":
         esz = 2 if wl.dtype in ("bf16", "fp16") else 4
         m, n, k, w = wl.m, wl.n, wl.k, wl.world_size
-        if wl.family == "gemm_allreduce":
+        if wl.pattern_name == "gemm_allreduce":
             regions = {"p": m * n * esz, "o": m * n * esz}
-        elif wl.family == "gemm_reducescatter":
+        elif wl.pattern_name == "gemm_reducescatter":
             regions = {"p": m * n * esz}
         else:
             regions = {"xf": m * k * esz}
@@ -128,7 +129,12 @@ class SideStreamRunner:
                  inputs: Buffers, out):
         import cupy
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
-        self.plan = ChunkPlan.for_problem(wl.problem, d)
+        self.plan = ChunkPlan.for_problem(wl.pattern_problem, d)
+        self.pattern = wl.pattern_name
+        #: > 0 during correctness runs: the compute stream sleeps this long before
+        #: each chunk's GEMM, so a consumer that reads a chunk before its flag says
+        #: so meets NaN poison every time instead of stale data some of the time.
+        self.stress_us = 0.0
         self.layout = ArenaLayout.for_workload(wl)
         self.comm = ctx.function(cubin, "comm_kernel")
         self.signal = ctx.function(cubin, "signal_chunk")
@@ -139,7 +145,7 @@ class SideStreamRunner:
         self.comm_stream = streams["comm"]
         self.inputs, self.out = inputs, out
         # where the result lands: the all-reduced output stays in the arena (every rank's O)
-        if wl.family == "gemm_allreduce":
+        if self.pattern == "gemm_allreduce":
             rows, cols = wl.output_shape()
             self.output = _arena_view(arena, self.layout.data["o"], rows * cols, wl.dtype)
         else:
@@ -148,14 +154,17 @@ class SideStreamRunner:
         self._warm_gemm()
 
     def _warm_gemm(self) -> None:
-        """Run the chunk-shaped GEMM once alone, so its first launch (library
-        loading, heuristics) never happens while the communication kernel spins."""
+        """Run the chunk-shaped GEMM, the epilogue and the stress spin once alone, so
+        no first launch (module loading, which waits for running kernels; library
+        heuristics) ever happens while the communication kernel spins."""
         wl, plan = self.wl, self.plan
         m, n, k = wl.local_gemm()
         esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
         dst = self.arena.ptr + self.layout.data["p"] if "p" in self.layout.data else int(self.out.data.ptr)
         gemm(x, w, dst, plan.rows, n, k, wl.dtype, self.ctx.stream)
+        wl.chunk_epilogue(self.ctx, self.inputs, dst, 0, plan.rows, self.ctx.stream)
+        spin(self.ctx.stream, 0.0)
         self.ctx.stream.synchronize()
 
     def __call__(self) -> None:
@@ -171,14 +180,17 @@ class SideStreamRunner:
         esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
         m, n, k = wl.local_gemm()
-        if wl.family in ("gemm_allreduce", "gemm_reducescatter"):
+        if self.pattern in ("gemm_allreduce", "gemm_reducescatter"):
             # the reduced result goes to the arena's O (all-reduce) or this rank's `out`
-            dest = u64(lay.data["o"]) if wl.family == "gemm_allreduce" else self.out
+            dest = u64(lay.data["o"]) if self.pattern == "gemm_allreduce" else self.out
             self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), dest, u64(lay.flags),
                                     u64(lay.bar), e), stream=cs)
             for j, _, row in plan.order():
-                gemm(x + row * k * esz, w, base + lay.data["p"] + row * n * esz, plan.rows, n, k,
-                     wl.dtype, s)
+                if self.stress_us:
+                    spin(s, self.stress_us)
+                dst = base + lay.data["p"] + row * n * esz
+                gemm(x + row * k * esz, w, dst, plan.rows, n, k, wl.dtype, s)
+                wl.chunk_epilogue(ctx, self.inputs, dst, row, plan.rows, s)
                 self.signal((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(j), e), stream=s)
         else:  # allgather_gemm: own shard first from X itself, then peers' as they arrive
             self.comm(grid, block, (*a.args(ctx), self.inputs["x"], u64(lay.data["xf"]),
@@ -190,6 +202,8 @@ class SideStreamRunner:
                 src = (me + step) % W
                 for c in range(plan.chunks_per_block):
                     row = src * plan.block_rows + c * plan.rows
+                    if self.stress_us:
+                        spin(s, self.stress_us)
                     if src == me:
                         a_ptr = x + c * plan.rows * k * esz
                     else:
@@ -197,6 +211,7 @@ class SideStreamRunner:
                                                np.int32(c), u64(int(a.counts[c]))), stream=s)
                         a_ptr = base + lay.data["xf"] + row * k * esz
                     gemm(a_ptr, w, o + row * n * esz, plan.rows, n, k, wl.dtype, s)
+                    wl.chunk_epilogue(ctx, self.inputs, o + row * n * esz, row, plan.rows, s)
         self.done.record(cs)
         s.wait_event(self.done)
 
@@ -207,6 +222,18 @@ def _arena_view(arena: Arena, offset: int, n: int, dtype: str):
     nbytes = n * dtypes.ITEMSIZE[dtype]
     mem = cupy.cuda.UnownedMemory(arena.ptr + offset, nbytes, arena)
     return cupy.ndarray((n,), dtype=dtypes.STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def poison_arena(arena: Arena, layout: ArenaLayout, dtype: str, stream) -> None:
+    """NaN over every data region of the arena (partials, gathered inputs, outputs):
+    a candidate that reads a region before its producer wrote it this call reads
+    NaN, never a correct value left over from an earlier call."""
+    from cuco.runtime import dtypes
+    esz = dtypes.ITEMSIZE[dtype]
+    ends = list(layout.guards)
+    for (name, off), end in zip(sorted(layout.data.items(), key=lambda kv: kv[1]), ends):
+        with stream:
+            dtypes.poison(_arena_view(arena, off, (end - off) // esz, dtype), dtype)
 
 
 def guards_intact(arena: Arena, layout: ArenaLayout) -> bool:

@@ -1,0 +1,171 @@
+"""An exported kernel as a callable: ``y = cuco.load(path).bind_torch()(x, w)``.
+
+The call runs in the caller's process on the caller's stream, with the same
+launch code the evaluator timed (:class:`cuco.workloads.side_stream.SideStreamRunner`):
+the artifact's cubin, a symmetric arena registered with cuco's own NCCL
+communicator, cuBLAS chunks on the current stream. With torch, the communicator
+is made from an existing ``torch.distributed`` group (rank 0's NCCL id goes
+round through the group); with CuPy, the caller passes the id.
+
+Arguments per rank ``r`` of ``w`` (global M x K times K x N), bf16/fp16 tensors,
+row-major and contiguous: GEMM+AllReduce and GEMM+ReduceScatter take
+``x[M, K/w]``, ``w[K/w, N]``; AllGather+GEMM takes ``x[M/w, K]``, ``w[K, N/w]``.
+The AllReduce result is a view of the symmetric arena, overwritten by the next
+call (clone it to keep it, or pass ``out=``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuco.errors import CucoError
+from cuco.runtime import dtypes
+
+
+class CallError(CucoError):
+    """A call whose arguments do not fit the exported kernel."""
+
+
+def _storage(a, what: str, dtype: str):
+    """A CuPy view of a CuPy array or torch tensor, in the workload's storage dtype."""
+    import cupy
+    if type(a).__module__.startswith("torch"):
+        import torch
+        want = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        if a.dtype != want:
+            raise CallError(f"{what}: dtype {a.dtype}, the kernel was tuned for {want}; cast it")
+        if not a.is_cuda or not a.is_contiguous():
+            raise CallError(f"{what}: pass a contiguous CUDA tensor (.contiguous().cuda())")
+        bits = a.view(torch.int16) if a.element_size() == 2 else a
+        return cupy.asarray(bits).view(dtypes.STORAGE[dtype])
+    if not isinstance(a, cupy.ndarray):
+        raise CallError(f"{what}: expected a CuPy array or a torch tensor, got {type(a).__name__}")
+    if a.dtype != cupy.dtype(dtypes.STORAGE[dtype]) or not a.flags.c_contiguous:
+        raise CallError(f"{what}: expected a contiguous {dtype} array (CuPy storage "
+                        f"{dtypes.STORAGE[dtype]}), got {a.dtype}")
+    return a
+
+
+class FusedCall:
+    """One exported kernel bound to a communicator on this process's GPU."""
+
+    def __init__(self, artifact, *, rank: int, world_size: int, nccl_id: bytes,
+                 device: int | None = None):
+        import cupy
+
+        from cuco.runtime.nccl import Communicator
+        from cuco.runtime.worker import WorkerContext, WorkerOptions
+        from cuco.workloads import get
+        from cuco.workloads.side_stream import prepare_arenas
+
+        self.artifact = artifact
+        d = artifact.directives
+        if d.backend.value != "lsa":
+            raise CallError(f"backend {d.backend.value}: only LSA kernels are callable outside "
+                            "cuco's workers so far (NVSHMEM needs its own start-up); export an "
+                            "LSA candidate (`cuco db ls` / `cuco export ID`)")
+        p = artifact.problem
+        if world_size != p.world_size:
+            raise CallError(f"world size {world_size}: the kernel was built for {p.world_size} ranks")
+        dev = cupy.cuda.Device(cupy.cuda.runtime.getDevice() if device is None else device)
+        dev.use()
+        self.problem = p
+        self.workload = get(p.workload)(p.m, p.n, p.k, world_size, p.dtype)
+        self.ctx = WorkerContext(rank, world_size, dev.id, WorkerOptions(arch=artifact.manifest["arch"]),
+                                 comm=Communicator(nccl_id, rank, world_size),
+                                 stream=cupy.cuda.get_current_stream())
+        self.arena = prepare_arenas(self.ctx, self.workload, {"lsa"})["lsa"]
+        self.runner = None
+        self._keep: Any = None
+
+    def _torch_stream(self, ptr: int):
+        """One CuPy handle per torch stream (made once: it is on the hot path)."""
+        import warnings
+
+        import cupy
+        streams = self.ctx.scratch.setdefault("external_streams", {})
+        if ptr not in streams:
+            with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external; same object
+                warnings.simplefilter("ignore", DeprecationWarning)
+                streams[ptr] = cupy.cuda.ExternalStream(ptr)
+        return streams[ptr]
+
+    def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Per-rank ``x`` and ``w`` shapes this kernel takes."""
+        m, n, k = self.workload.local_gemm()
+        if self.problem.workload == "allgather_gemm":
+            return (self.problem.m // self.problem.world_size, k), (k, n)
+        return (m, k), (k, n)
+
+    def __call__(self, x, w, out=None):
+        """``x @ w`` fused with the collective; returns the same kind as ``x``."""
+        import cupy
+
+        from cuco.workloads.side_stream import SideStreamRunner
+
+        is_torch = type(x).__module__.startswith("torch")
+        dt = self.problem.dtype
+        xs, ws = _storage(x, "x", dt), _storage(w, "w", dt)
+        want_x, want_w = self.shapes()
+        for name, have, want in (("x", xs.shape, want_x), ("w", ws.shape, want_w)):
+            if tuple(have) != want:
+                raise CallError(f"{name}: shape {tuple(have)} on rank {self.ctx.rank}; the kernel was "
+                                f"tuned for {self.problem.label} over {self.problem.world_size} ranks, "
+                                f"which takes {name} of shape {want}; tune this shape")
+        if is_torch:
+            import torch
+            stream = self._torch_stream(torch.cuda.current_stream().cuda_stream)
+        else:
+            stream = cupy.cuda.get_current_stream()
+        self.ctx.stream = stream
+        rows, cols = self.workload.output_shape()
+        reduce_in_arena = self.problem.workload == "gemm_allreduce"
+        if reduce_in_arena or out is None:
+            dest = dtypes.empty(rows * cols, dt) if not reduce_in_arena else None
+        else:
+            dest = _storage(out, "out", dt).reshape(-1)
+        inputs = {"x": xs, "w": ws}
+        if self.runner is None:
+            self.runner = SideStreamRunner(self.ctx, self.workload, self.artifact.directives,
+                                           str(self.artifact.cubin), self.arena, inputs, dest)
+        self.runner.inputs, self.runner.out = inputs, dest
+        with stream:
+            self.runner()
+        self._keep = (x, w, dest)  # alive until the stream is done with them
+        result = self.runner.output if reduce_in_arena else dest
+        result = result.reshape(rows, cols)
+        if reduce_in_arena and out is not None:
+            with stream:
+                _storage(out, "out", dt).reshape(rows, cols)[...] = result
+            return out
+        if out is not None:
+            return out
+        if is_torch:
+            import torch
+            want = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+            if want == torch.float32:
+                return torch.as_tensor(result, device=x.device)
+            return torch.as_tensor(result.view(cupy.int16), device=x.device).view(want)
+        return result
+
+    def close(self) -> None:
+        self.ctx.stream.synchronize()
+        self.arena.free(self.ctx)
+        self.ctx.comm.destroy()
+
+
+def bind_torch(artifact, group=None) -> FusedCall:
+    """Bind to a ``torch.distributed`` group (every rank of it calls this)."""
+    import torch
+    import torch.distributed as dist
+
+    from cuco.runtime import nccl
+    if not dist.is_initialized():
+        raise CallError("torch.distributed is not initialised: call "
+                        "torch.distributed.init_process_group first (or use bind())")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    box = [nccl.get_unique_id() if rank == 0 else None]
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(box, src=src, group=group)
+    return FusedCall(artifact, rank=rank, world_size=world, nccl_id=box[0],
+                     device=torch.cuda.current_device())
