@@ -175,3 +175,58 @@ def test_cli_search_dry_run_and_missing_gpu_message(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cuco.cli", "search", "--shape", "8192x8192",
                         "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "MxKxN" in r.stdout
+
+
+HOST_PROGRAM = """
+// row-parallel linear layer: partial GEMM, then a sum over ranks launched from the host
+cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k_local, &one, w, CUDA_R_16BF, n,
+             x, CUDA_R_16BF, k_local, &zero, y, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+ncclAllReduce(y, y, (size_t)m * n, ncclBfloat16, ncclSum, comm, stream);
+"""
+
+
+def test_fastpath_llm_route_feeds_failures_back_until_a_kernel_passes(tmp_path):
+    from cuco.agents.fastpath import EMPTY_BLOCK, FastPathAgent
+    from cuco.evaluate import Evaluator
+    from cuco.evaluate.analytic import AnalyticEvaluator
+    from cuco.kernels import Compiler, evolve
+    from cuco.llm.recorded import RecordedClient
+    from cuco.workloads import GemmAllReduce
+
+    class CompileThenModel(Evaluator):
+        """CI has no GPU: the real static and compile stages, then the analytic model."""
+
+        def _evaluate(self, cand, prepared, pending=None):
+            r = super()._evaluate(cand, prepared, pending)
+            if r.status == "error" and "no worker group" in (r.error or ""):
+                return AnalyticEvaluator(self.problem).evaluate(cand.directives)
+            return r
+
+    db = CandidateDB(tmp_path / "c.db")
+    ev = CompileThenModel(GemmAllReduce(1024, 1024, 2048, 2),
+                          compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
+    from cuco.agents.api import gpu_space
+    agent = FastPathAgent(ev, db, space=gpu_space(ev.problem))
+    d = agent.space.default()
+    right = evolve.blocks(ev.template(ev.problem, d)[0])
+
+    def reply(bodies):
+        return "".join(f"// EVOLVE-BLOCK-START {n}\n{b}// EVOLVE-BLOCK-END {n}\n" for n, b in bodies.items())
+
+    broken = {n: b + "    undefined_thing(0);\n" for n, b in right.items()}
+    client = RecordedClient(["It all-reduces the partial GEMM output.",  # no blocks at all
+                             reply(broken),  # does not compile
+                             reply(right)])
+    run = db.create_run("fastpath-llm", "gemm_allreduce")
+    res = agent.run_llm(client, HOST_PROGRAM, directives=d, run_id=run)
+    assert res.rounds == 3 and res.result.status == "ok"
+    assert [s for _, s in res.tried] == ["rejected", "compile_error", "ok"]
+    prompts = [r["user"] for r in client.requests]
+    assert "ncclAllReduce" in prompts[0] and EMPTY_BLOCK in prompts[0]
+    assert "no EVOLVE-BLOCK" in prompts[1]
+    assert "`compile`" in prompts[2] and "undefined_thing" in prompts[2]
+    cands = db.candidates(run_id=run)
+    assert [c.origin for c in cands] == ["fastpath-llm", "fastpath-llm"]
+    assert cands[-1].source is not None and "undefined_thing" not in cands[-1].source
+    calls = {r["status"]: r["calls"] for r in db.llm_summary(run)}
+    assert calls == {"rejected": 1, "ok": 2}

@@ -80,3 +80,15 @@ def test_db_commands_explain_a_missing_database(tmp_path):
     assert r.returncode == 1
     assert "no candidate database" in r.stdout and "--db" in r.stdout
     assert not (tmp_path / "nope.db").exists()
+
+
+def test_fastpath_says_what_it_needs(tmp_path):
+    r = cuco("fastpath", "--llm", "openai:gpt-4o", "--db", str(tmp_path / "c.db"))
+    assert r.returncode == 2 and "--llm needs --host-program FILE" in r.stdout
+    prog = tmp_path / "layer.cu"
+    prog.write_text("ncclAllReduce(y, y, n, ncclBfloat16, ncclSum, comm, stream);\n")
+    r = cuco("fastpath", "--host-program", str(prog), "--db", str(tmp_path / "c.db"),
+             env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 1 and "GPU(s) visible but the fast path needs 2" in r.stdout
+    r = cuco("fastpath", "--shape", "8192x8192", "--db", str(tmp_path / "c.db"))
+    assert r.returncode == 2 and "is not MxKxN" in r.stdout

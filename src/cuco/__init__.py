@@ -46,6 +46,12 @@ def tune(*args, **kwargs):
     return _tune(*args, **kwargs)
 
 
+def fastpath(*args, **kwargs):
+    """First correct fused kernel (template or LLM route); see :func:`cuco.agents.api.fastpath`."""
+    from cuco.agents.api import fastpath as _fastpath
+    return _fastpath(*args, **kwargs)
+
+
 def search(*args, **kwargs):
     """Search fused kernels for a workload; see :func:`cuco.agents.api.search`."""
     from cuco.agents.api import search as _search
@@ -55,5 +61,5 @@ __all__ = [
     "Backend", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "CucoError",
     "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem", "Evaluation", "Issuer",
     "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
-    "TooFewGPUsError", "__version__", "load", "search", "tune", *sorted(_LAZY),
+    "TooFewGPUsError", "__version__", "fastpath", "load", "search", "tune", *sorted(_LAZY),
 ]

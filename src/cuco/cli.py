@@ -214,6 +214,49 @@ def search(
 
 
 @app.command()
+def fastpath(
+    workload: str = typer.Option("gemm_allreduce", help="the communication pattern of the program"),
+    shape: str = typer.Option("8192x8192x8192", help="global MxKxN"),
+    world_size: int = typer.Option(2, help="GPUs (ranks)"),
+    host_program: Optional[Path] = typer.Option(None, help="CUDA/C++ of the host-driven program "
+                                                "(the LLM route reads it)"),
+    llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
+    rounds: int = typer.Option(6, help="attempts before giving up"),
+    db: str = DB_OPTION,
+) -> None:
+    """First correct device-initiated kernel: template route, or --llm with --host-program."""
+    from cuco.agents.api import fastpath as run_fastpath
+    from cuco.errors import CucoError
+    from cuco.runtime import visible_gpus
+
+    try:
+        m, k, n = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
+        raise typer.Exit(2) from None
+    if llm and host_program is None:
+        console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
+        raise typer.Exit(2)
+    if visible_gpus() < world_size:
+        console.print(f"[red]{visible_gpus()} GPU(s) visible but the fast path needs {world_size}[/] "
+                      "(it proves its kernel correct on them)")
+        raise typer.Exit(1)
+    try:
+        res = run_fastpath(workload, m, n, k, world_size, db=db, llm=llm, max_rounds=rounds,
+                           host_program=host_program.read_text() if host_program else None)
+    except (CucoError, ValueError) as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    for what, status in res.tried:
+        console.print(f"  {what}: {status}")
+    if res.result is None:
+        console.print(f"[red]no correct kernel in {res.rounds} rounds[/]")
+        raise typer.Exit(1)
+    console.print(f"candidate {res.candidate_id} ({res.directives.full_name}) passed in "
+                  f"{res.rounds} round(s): speedup {res.result.speedup:.3f}")
+
+
+@app.command()
 def report(db: str = typer.Argument(..., help="candidate database file or SQLAlchemy URL"),
            output: Path = typer.Option(Path("report.html"), "-o", "--output"),
            run: Optional[int] = typer.Option(None, help="only this run")) -> None:

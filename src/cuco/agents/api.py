@@ -73,6 +73,46 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
             group.close()
 
 
+def fastpath(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
+             db: str | CandidateDB = "cuco.db", host_program: str | None = None,
+             llm: str | None = None, max_rounds: int = 6, evaluator: Any = None):
+    """The first correct fused kernel for a host-driven program (CUCo's fast path).
+
+    Without ``llm``: the template route (conservative directives, no LLM call).
+    With ``llm`` and ``host_program`` (CUDA/C++ text): the LLM route, which writes the
+    fused scaffold's blocks from the program and learns from each failure.
+    """
+    from cuco.agents.fastpath import FastPathAgent
+
+    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
+    problem = Problem(workload=workload, m=m, n=n, k=k, world_size=world_size)
+    if llm is not None and not host_program:
+        raise ValueError("the LLM route needs the host program (host_program=...); without "
+                         "--llm the template route needs none")
+    client = None
+    if llm is not None:  # a missing key fails before any GPU starts
+        from cuco.llm import make_client
+        client = make_client(llm)
+    group = None
+    if evaluator is None:
+        from cuco.evaluate import Evaluator
+        from cuco.runtime import WorkerGroup
+        from cuco.workloads import get
+        group = WorkerGroup(world_size, nvshmem=True).start()
+        evaluator = Evaluator(get(workload)(m, n, k, world_size), group=group)
+    agent = FastPathAgent(evaluator, store, space=gpu_space(problem))
+    run_id = store.create_run(f"{workload}-fastpath", workload, problem=problem.model_dump(),
+                              config={"route": "llm" if client else "template", "llm": llm})
+    try:
+        res = (agent.run_llm(client, host_program, max_rounds=max_rounds, run_id=run_id)
+               if client is not None else agent.run(run_id, max_rounds=max_rounds))
+        store.update_run(run_id, status="done")
+        return res
+    finally:
+        if group is not None:
+            group.close()
+
+
 def _host_evaluator(workload: str, m: int, n: int, k: int, world_size: int, dry_run: bool):
     """What each cluster host builds for itself: its own worker group and evaluator."""
     def make():

@@ -1,9 +1,17 @@
-"""FastPathAgent: the first correct device-initiated kernel, with no LLM (template route).
+"""FastPathAgent: the first correct device-initiated kernel, and how many rounds it took.
 
-For a workload family cuco has templates for, it walks a ladder of ever more
-conservative directives until one passes the whole cascade, and records how
-many rounds that took. (The LLM route, for programs no template covers, comes
-with the LLM clients.)
+Template route (:meth:`FastPathAgent.run`): for a workload family cuco has
+templates for, walk a ladder of ever more conservative directives until one
+passes the whole cascade; no LLM call.
+
+LLM route (:meth:`FastPathAgent.run_llm`): for a host-driven program no template
+covers (a GEMM, then something, then a host NCCL collective, given as CUDA/C++
+text), the model gets the program and the fused scaffold of the workload's
+communication pattern with every EVOLVE-BLOCK emptied, analyses the program
+and writes the block bodies; cuco builds and runs the result through the
+evaluator and feeds the reason for any failure (a malformed reply, a compiler
+error, a wrong answer with its stage) back, until the candidate passes or the
+rounds run out. Every reply is accounted in the database like search calls.
 """
 
 from __future__ import annotations
@@ -13,6 +21,16 @@ from dataclasses import dataclass
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Directives
 from cuco.evaluate.evaluator import Candidate, EvalResult, store_result
+from cuco.kernels import evolve
+
+LLM_SYSTEM = """You port host-driven GPU programs (a GEMM, then an NCCL collective launched \
+from the host) to device-initiated communication fused with the computation. You are given \
+the host program and a fused scaffold whose frozen code already owns launches, symmetric \
+buffers, per-chunk flags and barriers; you write only the bodies of its EVOLVE-BLOCKs. Every \
+output element is checked against an fp32 reference on random inputs; host memory, printf, \
+clocks and NVLink multicast are refused."""
+
+EMPTY_BLOCK = "    // (to be written: this chunk's communication)\n"
 
 
 @dataclass
@@ -58,3 +76,62 @@ class FastPathAgent:
             if r.status == "ok":
                 return FastPathResult(d, cand.candidate_id, r, rounds, tried)
         return FastPathResult(None, None, None, len(tried), tried)
+
+    def run_llm(self, client, host_program: str, *, directives: Directives | None = None,
+                max_rounds: int = 6, run_id: int | None = None, prices=None) -> FastPathResult:
+        """Analyse ``host_program``, write the scaffold's blocks, build, run, feed back, judge."""
+        from cuco.agents.llm_proposer import REWRITE_FORMAT, ProposalRejected, apply_rewrite
+        from cuco.llm.base import PriceTable
+
+        prices = prices or PriceTable()
+        d = directives or self.space.default()
+        ev = self.evaluator
+        template = ev.template(ev.problem, d)[0]
+        scaffold = evolve.splice(template, {name: EMPTY_BLOCK for name in evolve.blocks(template)})
+        feedback, tried = None, []
+        for rounds in range(1, max_rounds + 1):
+            prompt = self.llm_prompt(host_program, scaffold, feedback) + "\n\n" + REWRITE_FORMAT
+            reply = client.complete(LLM_SYSTEM, prompt, temperature=0.2)
+            try:
+                source = apply_rewrite(template, scaffold, reply.text)
+                missing = [n for n, b in evolve.blocks(source).items() if b == EMPTY_BLOCK]
+                if missing:
+                    raise ProposalRejected(f"blocks left unwritten: {missing}")
+            except ProposalRejected as exc:
+                self._account(reply, prices, "rejected", exc.reason, run_id)
+                feedback = f"Your reply was not applied: {exc.reason}"
+                tried.append((f"llm round {rounds}", "rejected"))
+                continue
+            self._account(reply, prices, "ok", None, run_id)
+            cand = Candidate(d, source)
+            if self.db is not None:
+                cand.candidate_id = self.db.add_candidate(
+                    ev.problem.workload, directives=d, source=source, origin="fastpath-llm",
+                    run_id=run_id, generation=0, note=f"fast path (LLM) round {rounds}")
+            r = ev.evaluate(cand)
+            if self.db is not None and getattr(ev, "db", None) is None:
+                store_result(self.db, ev.problem.workload, cand, r, run_id)
+            tried.append((f"llm round {rounds}", r.status))
+            if r.status == "ok":
+                return FastPathResult(d, cand.candidate_id, r, rounds, tried)
+            feedback = (f"The kernel you wrote failed at stage `{r.stage_reached}` with status "
+                        f"`{r.status}`:\n{(r.error or '')[:2000]}\nFix it.")
+        return FastPathResult(None, None, None, len(tried), tried)
+
+    @staticmethod
+    def llm_prompt(host_program: str, scaffold: str, feedback: str | None) -> str:
+        parts = ["The host-driven program:\n```cuda\n" + host_program.strip() + "\n```",
+                 "First say in a few lines what it computes and what each rank sends. Then write "
+                 "every EVOLVE-BLOCK of this fused scaffold (everything else is frozen):\n"
+                 "```cuda\n" + scaffold + "```"]
+        if feedback:
+            parts.append("Your previous attempt:\n" + feedback)
+        return "\n\n".join(parts)
+
+    def _account(self, reply, prices, status: str, error: str | None, run_id: int | None) -> None:
+        if self.db is not None:
+            self.db.add_llm_call(provider=reply.provider, model=reply.model,
+                                 prompt_tokens=reply.prompt_tokens,
+                                 completion_tokens=reply.completion_tokens,
+                                 cost_usd=prices.cost(reply), latency_s=reply.latency_s,
+                                 status=status, error=error, run_id=run_id)
