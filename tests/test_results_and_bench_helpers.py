@@ -62,3 +62,19 @@ def test_collective_case_validates_and_picks_variants():
     big = CollectiveCase("allreduce", 64 << 20)
     assert "lsa_staged" in small.variants and "lsa_staged" not in big.variants
     assert small.variants[0] == "host_nccl"
+
+
+def test_torch_peers_say_why_they_are_missing_and_land_in_rows():
+    import importlib.util
+
+    from cuco.benchmarks.torch_peers import peer_times
+    from cuco.benchmarks.tp_workloads import TPBench
+    assert "no fused op" in peer_times("gemm_allreduce", 1024, 1024, 1024)["why"]
+    bench = TPBench(shapes=((1024, 1024, 1024),), families=("gemm_allreduce",))
+    rows = [{"case": "gemm_allreduce/M1024K1024N1024/bf16", "variant": "lsa.x", "ms": 0.5,
+             "baseline_ms": 0.6, "bound_ms": 0.4, "speedup": 1.2, "overlap_eff": 0.8, "correct": True}]
+    bench._add_peers(rows)
+    assert rows[0]["peers"]["torch_fused_ms"] is None and rows[0]["peers"]["cuco_over_torch_fused"] is None
+    assert bench._summary(rows)[rows[0]["case"]]["torch_fused_ms"] is None
+    if importlib.util.find_spec("torch") is None:
+        assert "torch is not installed" in peer_times("allgather_gemm", 1024, 1024, 1024)["why"]

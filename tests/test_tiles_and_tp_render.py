@@ -73,3 +73,19 @@ def test_chunk_sizes_are_powers_of_two_cutting_the_output():
     assert chunk_sizes(p, (4, 8, 16)) == [32 << 20, 16 << 20, 8 << 20]
     small = Problem(workload="allgather_gemm", m=64, n=128, k=64, world_size=2)  # 8 KiB/rank
     assert chunk_sizes(small, (2, 4, 8, 16, 32), floor_log2=15) == [32 << 10]
+
+
+@pytest.mark.parametrize("family", ["gemm_allreduce", "gemm_reducescatter", "allgather_gemm"])
+def test_gin_renders_put_only_kernels_for_ranks_on_different_hosts(family):
+    from cuco.evaluate.static import static_violations
+    from cuco.kernels import evolve
+    one_host = Problem(workload=family, m=1024, n=1024, k=1024, world_size=2)
+    with pytest.raises(DirectiveError, match="gin needs ranks on different hosts"):
+        render_tp(one_host, side(backend="gin"))
+    p = one_host.model_copy(update={"has_network": True})
+    for issuer in ("thread", "warp", "cta"):
+        src, _ = render_tp(p, side(backend="gin", issuer=issuer))
+        assert src.needs == ("nccl",) and "gin.put(" in src.source
+        assert "ncclGetLsaPointer" not in src.source  # nothing crosses ranks but GIN puts
+        assert evolve.blocks(src.source) and static_violations(src.source) == []
+        assert evolve.edit_violations(src.source, src.source) == []

@@ -4,6 +4,9 @@ For each (workload, shape): GEMM alone, collective alone, the host sequence
 (vendor GEMM then host NCCL), and every fused variant of a directive grid —
 all checked against an fp32 reference, then timed interleaved in one run.
 ``bound = max(t_gemm, t_comm)``; ``speedup = t_host / t``; ``overlap_eff = bound / t``.
+With torch present, PyTorch's fused ops (:mod:`cuco.benchmarks.torch_peers`) are
+timed next, interleaved with torch's own host sequence; rows carry them under
+``peers`` with ``cuco_over_torch_fused`` (a ratio across two processes of the same run).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class TPBench:
     out_dir: Path = results.RESULTS_DIR
     name: str = "tp_workloads"
     console: Console = field(default_factory=Console)
+    peers: bool = True
 
     def problems(self) -> list[Problem]:
         return [Problem(workload=f, m=m, n=n, k=k, world_size=self.world_size)
@@ -106,6 +110,8 @@ class TPBench:
                 self.console.print(f"{p.label}: done")
         finally:
             group.close()
+        if self.peers:
+            self._add_peers(rows)
         summary = self._summary(rows)
         path = results.write(self.name, rows, device=device, world_size=self.world_size,
                              out_dir=self.out_dir,
@@ -136,6 +142,17 @@ class TPBench:
             out.append(row)
         return out
 
+    def _add_peers(self, rows: list[dict[str, Any]]) -> None:
+        from cuco.benchmarks.torch_peers import peer_times
+        for p in self.problems():
+            peer = peer_times(p.workload, p.m, p.k, p.n, self.world_size, self.iters)
+            self.console.print(f"{p.label}: torch peer {peer.get('torch_fused_ms') or peer.get('why')}")
+            for r in rows:
+                if r["case"] == p.label:
+                    fused = peer.get("torch_fused_ms")
+                    r["peers"] = {**peer, "cuco_over_torch_fused":
+                                  round(fused / r["ms"], 4) if fused and r.get("ms") else None}
+
     @staticmethod
     def _summary(rows: list[dict]) -> dict[str, Any]:
         best: dict[str, dict] = {}
@@ -147,7 +164,10 @@ class TPBench:
                 best[r["case"]] = r
         return {case: {"variant": r["variant"], "ms": r["ms"], "host_ms": r["baseline_ms"],
                        "bound_ms": r["bound_ms"], "speedup": r["speedup"],
-                       "overlap_eff": r["overlap_eff"]} for case, r in best.items()}
+                       "overlap_eff": r["overlap_eff"],
+                       "torch_fused_ms": (r.get("peers") or {}).get("torch_fused_ms"),
+                       "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused")}
+                for case, r in best.items()}
 
     def _print(self, summary: dict[str, Any]) -> None:
         t = Table(title="tensor-parallel workloads: best fused variant (ms, max over ranks)")

@@ -18,14 +18,16 @@ def probe_source() -> KernelSource:
 
 
 def tp_sources() -> list[KernelSource]:
-    """One side-stream variant per workload, backend and issuer, at a small shape."""
+    """One side-stream variant per workload, backend and issuer, at a small shape (GIN
+    on a problem whose ranks span hosts, as GIN requires)."""
     from cuco.design import Directives, Problem
     from cuco.kernels.tp import TP_FAMILIES, render_tp
 
     out = []
     for fam in TP_FAMILIES:
-        problem = Problem(workload=fam, m=1024, n=1024, k=1024, world_size=2)
-        for backend in ("lsa", "nvshmem"):
+        for backend in ("lsa", "nvshmem", "gin"):
+            problem = Problem(workload=fam, m=1024, n=1024, k=1024, world_size=2,
+                              has_network=backend == "gin")
             for issuer in ("thread", "warp", "cta"):
                 d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                issuer=issuer, chunk_bytes=256 << 10, comm_ctas=8)
@@ -43,6 +45,8 @@ def template_of(source: KernelSource) -> str:
         return "collectives_lsa.cu.j2"
     if source.name.startswith("nvshmem_collectives"):
         return "collectives_nvshmem.cu.j2"
+    if "gin.side_stream" in source.name:
+        return "tp_side_stream_gin.cu.j2"
     if "side_stream" in source.name:
         return "tp_side_stream.cu.j2"
     return f"{source.name}.cu.j2"

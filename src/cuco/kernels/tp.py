@@ -1,8 +1,9 @@
 """Render fused kernels for the tensor-parallel workloads from :class:`Directives`.
 
 Only ``placement=side_stream`` has a template so far (vendor GEMM per chunk on
-one stream, a persistent LSA or NVSHMEM communication kernel on another);
-other placements are refused with a message that says so.
+one stream, a persistent communication kernel on another): LSA and NVSHMEM in
+``tp_side_stream.cu.j2``, GIN (put-only, for ranks on different hosts) in
+``tp_side_stream_gin.cu.j2``. Other placements are refused with a message.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ def supported(d: Directives) -> list[str]:
     if d.placement.value != "side_stream":
         out.append(f"placement: only placement=side_stream has a fused template for the "
                    f"tensor-parallel workloads so far, not {d.placement.value}")
-    if d.backend.value == "gin":
-        out.append("backend: the side_stream template is written for lsa and nvshmem; "
-                   "choose one of those")
     return out
 
 
@@ -44,11 +42,12 @@ def render_tp(problem: Problem, d: Directives) -> tuple[KernelSource, ChunkPlan]
     if plan.n_chunks > FLAG_STRIDE:
         raise DirectiveError([f"chunk_bytes: {plan.n_chunks} chunks exceed {FLAG_STRIDE}; "
                               "choose a larger chunk_bytes"])
-    src = render("tp_side_stream.cu.j2", workload=problem.workload, backend=d.backend.value,
+    template = "tp_side_stream_gin.cu.j2" if d.backend.value == "gin" else "tp_side_stream.cu.j2"
+    src = render(template, workload=problem.workload, backend=d.backend.value,
                  issuer=d.issuer.value, ctype=CTYPES[problem.dtype], plan=plan,
                  comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
                  flag_stride=FLAG_STRIDE, name=d.full_name)
-    needs = ("nccl",) if d.backend.value == "lsa" else ("nvshmem",)
+    needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
     name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
     return KernelSource(name, src, needs, ("comm_kernel", "signal_chunk", "wait_chunk")), plan
 

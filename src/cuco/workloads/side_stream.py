@@ -74,6 +74,11 @@ class Arena:
     """A symmetric buffer on every rank, of one backend."""
 
     def __init__(self, ctx, backend: str, size: int):
+        if backend == "gin":
+            raise RuntimeError("backend=gin kernels are rendered and compile-checked but not run "
+                               "yet: GIN needs ranks on different hosts with a GIN-capable network "
+                               "(RDMA), and its arena carries receive slots after the barrier "
+                               "slots; use lsa or nvshmem on one host")
         self.backend, self.size = backend, size
         if backend == "lsa":
             self.window = ctx.comm.alloc_window(size)
