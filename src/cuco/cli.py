@@ -166,11 +166,7 @@ def search(
     from cuco.errors import CucoError
     from cuco.runtime import visible_gpus
 
-    try:
-        m, k, n = (int(v) for v in shape.lower().split("x"))
-    except ValueError:
-        console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
-        raise typer.Exit(2) from None
+    m, k, n = _shape(shape)
     if not dry_run and cluster is None and visible_gpus() < world_size:
         console.print(f"[red]{visible_gpus()} GPU(s) visible but the search needs {world_size}[/]; "
                       "run on a GPU machine, or add --dry-run to search an analytic model")
@@ -213,6 +209,16 @@ def search(
                       f"speedup {best.score:.3f}" + (" (analytic model)" if dry_run else ""))
 
 
+def _shape(shape: str) -> tuple[int, int, int]:
+    """``MxKxN`` -> ``(m, k, n)``, or exit 2 saying what the option wants."""
+    try:
+        m, k, n = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
+        raise typer.Exit(2) from None
+    return m, k, n
+
+
 @app.command()
 def fastpath(
     workload: str = typer.Option("gemm_allreduce", help="the communication pattern of the program"),
@@ -229,11 +235,7 @@ def fastpath(
     from cuco.errors import CucoError
     from cuco.runtime import visible_gpus
 
-    try:
-        m, k, n = (int(v) for v in shape.lower().split("x"))
-    except ValueError:
-        console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
-        raise typer.Exit(2) from None
+    m, k, n = _shape(shape)
     if llm and host_program is None:
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
         raise typer.Exit(2)
