@@ -45,8 +45,8 @@ def grid_sweep(ev: Evaluator, space, iters: int) -> list[dict]:
     """Every grid point in one checked, interleaved timing run."""
     comp = ev._compiler()
     points = list(space.enumerate())
-    builds = comp.compile_many([(f"grid.{d.full_name}", ev.template(ev.problem, d)[0],
-                                 ev.template(ev.problem, d)[1]) for d in points])
+    builds = comp.compile_many([(f"grid.{d.full_name}", *ev.template(ev.problem, d))
+                                for d in points])
     specs, rows = [], []
     for d, b in zip(points, builds):
         if isinstance(b, Exception):

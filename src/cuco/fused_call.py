@@ -26,12 +26,17 @@ class CallError(CucoError):
     """A call whose arguments do not fit the exported kernel."""
 
 
+def _torch_dtype(dtype: str):
+    import torch
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+
+
 def _storage(a, what: str, dtype: str):
     """A CuPy view of a CuPy array or torch tensor, in the workload's storage dtype."""
     import cupy
     if type(a).__module__.startswith("torch"):
         import torch
-        want = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        want = _torch_dtype(dtype)
         if a.dtype != want:
             raise CallError(f"{what}: dtype {a.dtype}, the kernel was tuned for {want}; cast it")
         if not a.is_cuda or not a.is_contiguous():
@@ -120,10 +125,12 @@ class FusedCall:
         self.ctx.stream = stream
         rows, cols = self.workload.output_shape()
         reduce_in_arena = self.problem.workload == "gemm_allreduce"
-        if reduce_in_arena or out is None:
-            dest = dtypes.empty(rows * cols, dt) if not reduce_in_arena else None
-        else:
+        if reduce_in_arena:  # the result stays in the arena
+            dest = None
+        elif out is not None:
             dest = _storage(out, "out", dt).reshape(-1)
+        else:
+            dest = dtypes.empty(rows * cols, dt)
         inputs = {"x": xs, "w": ws}
         if self.runner is None:
             self.runner = SideStreamRunner(self.ctx, self.workload, self.artifact.directives,
@@ -142,7 +149,7 @@ class FusedCall:
             return out
         if is_torch:
             import torch
-            want = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
+            want = _torch_dtype(dt)
             if want == torch.float32:
                 return torch.as_tensor(result, device=x.device)
             return torch.as_tensor(result.view(cupy.int16), device=x.device).view(want)

@@ -64,23 +64,31 @@ class FastPathAgent:
     def run(self, run_id: int | None = None, max_rounds: int = 8) -> FastPathResult:
         tried = []
         for rounds, d in enumerate(self.ladder()[:max_rounds], start=1):
-            cand = Candidate(d)
-            if self.db is not None:
-                cand.candidate_id = self.db.add_candidate(
-                    self.evaluator.problem.workload, directives=d, origin="fastpath",
-                    run_id=run_id, generation=0, note=f"fast path round {rounds}")
-            r = self.evaluator.evaluate(cand)
-            if self.db is not None and getattr(self.evaluator, "db", None) is None:
-                store_result(self.db, self.evaluator.problem.workload, cand, r, run_id)
+            cand, r = self._judge(Candidate(d), "fastpath", f"fast path round {rounds}", run_id)
             tried.append((d.full_name, r.status))
             if r.status == "ok":
                 return FastPathResult(d, cand.candidate_id, r, rounds, tried)
         return FastPathResult(None, None, None, len(tried), tried)
 
+    def _judge(self, cand: Candidate, origin: str, note: str,
+               run_id: int | None) -> tuple[Candidate, EvalResult]:
+        """Record the candidate, evaluate it, store the verdict (unless the evaluator does)."""
+        workload = self.evaluator.problem.workload
+        if self.db is not None:
+            cand.candidate_id = self.db.add_candidate(
+                workload, directives=cand.directives, source=cand.source, origin=origin,
+                run_id=run_id, generation=0, note=note)
+        r = self.evaluator.evaluate(cand)
+        if self.db is not None and getattr(self.evaluator, "db", None) is None:
+            store_result(self.db, workload, cand, r, run_id)
+        return cand, r
+
     def run_llm(self, client, host_program: str, *, directives: Directives | None = None,
                 max_rounds: int = 6, run_id: int | None = None, prices=None) -> FastPathResult:
         """Analyse ``host_program``, write the scaffold's blocks, build, run, feed back, judge."""
-        from cuco.agents.llm_proposer import REWRITE_FORMAT, ProposalRejected, apply_rewrite
+        from cuco.agents.llm_proposer import (
+            REWRITE_FORMAT, ProposalRejected, apply_rewrite, record_llm_call,
+        )
         from cuco.llm.base import PriceTable
 
         prices = prices or PriceTable()
@@ -98,19 +106,13 @@ class FastPathAgent:
                 if missing:
                     raise ProposalRejected(f"blocks left unwritten: {missing}")
             except ProposalRejected as exc:
-                self._account(reply, prices, "rejected", exc.reason, run_id)
+                record_llm_call(self.db, reply, prices.cost(reply), "rejected", exc.reason, run_id)
                 feedback = f"Your reply was not applied: {exc.reason}"
                 tried.append((f"llm round {rounds}", "rejected"))
                 continue
-            self._account(reply, prices, "ok", None, run_id)
-            cand = Candidate(d, source)
-            if self.db is not None:
-                cand.candidate_id = self.db.add_candidate(
-                    ev.problem.workload, directives=d, source=source, origin="fastpath-llm",
-                    run_id=run_id, generation=0, note=f"fast path (LLM) round {rounds}")
-            r = ev.evaluate(cand)
-            if self.db is not None and getattr(ev, "db", None) is None:
-                store_result(self.db, ev.problem.workload, cand, r, run_id)
+            record_llm_call(self.db, reply, prices.cost(reply), "ok", None, run_id)
+            cand, r = self._judge(Candidate(d, source), "fastpath-llm",
+                                  f"fast path (LLM) round {rounds}", run_id)
             tried.append((f"llm round {rounds}", r.status))
             if r.status == "ok":
                 return FastPathResult(d, cand.candidate_id, r, rounds, tried)
@@ -127,11 +129,3 @@ class FastPathAgent:
         if feedback:
             parts.append("Your previous attempt:\n" + feedback)
         return "\n\n".join(parts)
-
-    def _account(self, reply, prices, status: str, error: str | None, run_id: int | None) -> None:
-        if self.db is not None:
-            self.db.add_llm_call(provider=reply.provider, model=reply.model,
-                                 prompt_tokens=reply.prompt_tokens,
-                                 completion_tokens=reply.completion_tokens,
-                                 cost_usd=prices.cost(reply), latency_s=reply.latency_s,
-                                 status=status, error=error, run_id=run_id)

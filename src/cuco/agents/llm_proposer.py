@@ -90,6 +90,16 @@ def apply_rewrite(template: str, parent: str, reply: str) -> str:
     return child
 
 
+def record_llm_call(db: CandidateDB | None, reply, cost: float, status: str, error: str | None,
+                    run_id: int | None) -> None:
+    """One LLM call's tokens, dollars, latency and outcome into the database (if any)."""
+    if db is not None:
+        db.add_llm_call(provider=reply.provider, model=reply.model,
+                        prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
+                        cost_usd=cost, latency_s=reply.latency_s, status=status, error=error,
+                        run_id=run_id)
+
+
 class LLMProposer:
     """Asks an LLM for block edits of the parent's kernel; accounts every call in the DB."""
 
@@ -146,12 +156,7 @@ class LLMProposer:
         return Proposal(p.directives, ids, "llm", source=child, note=f"llm {self.mode}")
 
     def _account(self, reply, cost: float, status: str, error: str | None) -> None:
-        if self.db is not None:
-            self.db.add_llm_call(provider=reply.provider, model=reply.model,
-                                 prompt_tokens=reply.prompt_tokens,
-                                 completion_tokens=reply.completion_tokens, cost_usd=cost,
-                                 latency_s=reply.latency_s, status=status, error=error,
-                                 run_id=self.run_id)
+        record_llm_call(self.db, reply, cost, status, error, self.run_id)
 
     def observe(self, ind: Individual) -> None:
         pass

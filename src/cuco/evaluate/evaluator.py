@@ -116,7 +116,7 @@ class Evaluator:
     # ---- hooks ------------------------------------------------------------------------
     def template(self, problem: Problem, d: Directives) -> tuple[str, tuple[str, ...]]:
         """The unedited kernel source for ``d`` at ``problem``, and what it needs."""
-        src, _ = render_tp(Problem(**{**problem.model_dump(), "workload": self.workload.pattern_name}), d)
+        src, _ = render_tp(self.workload.in_pattern(problem), d)
         return src.source, src.needs
 
     def static_checks(self, source: str) -> list[str]:

@@ -74,9 +74,14 @@ class Workload(ABC):
     @property
     def pattern_problem(self) -> Problem:
         """This shape under the family whose templates and chunk plans it uses."""
-        if self.pattern_name == self.family:
-            return self.problem
-        return Problem(**{**self.problem.model_dump(), "workload": self.pattern_name})
+        return self.in_pattern(self.problem)
+
+    def in_pattern(self, problem: Problem) -> Problem:
+        """``problem`` (this workload's, or a smaller one) under its pattern's family,
+        validated, so a shape the pattern cannot split is refused with the fix."""
+        if problem.workload == self.pattern_name:
+            return problem
+        return Problem(**{**problem.model_dump(), "workload": self.pattern_name})
 
     @abstractmethod
     def local_gemm(self) -> tuple[int, int, int]:
