@@ -61,7 +61,7 @@ class FusedCall:
         from cuco.runtime.nccl import Communicator
         from cuco.runtime.worker import WorkerContext, WorkerOptions
         from cuco.workloads import get
-        from cuco.workloads.side_stream import prepare_arenas
+        from cuco.workloads.side_stream import ArenaLayout, prepare_arenas
 
         self.artifact = artifact
         d = artifact.directives
@@ -79,7 +79,7 @@ class FusedCall:
         self.ctx = WorkerContext(rank, world_size, dev.id, WorkerOptions(arch=artifact.manifest["arch"]),
                                  comm=Communicator(nccl_id, rank, world_size),
                                  stream=cupy.cuda.get_current_stream())
-        self.arena = prepare_arenas(self.ctx, self.workload, {"lsa"})["lsa"]
+        self.arena = prepare_arenas(self.ctx, ArenaLayout.for_workload(self.workload), {"lsa"})["lsa"]
         self.runner = None
         self._keep: Any = None
 

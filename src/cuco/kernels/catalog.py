@@ -35,8 +35,29 @@ def tp_sources() -> list[KernelSource]:
     return out
 
 
+def pipeline_sources() -> list[KernelSource]:
+    """KV transfer, MoE and context-parallel attention: every backend and issuer at a
+    small shape."""
+    from cuco.design import Directives
+    from cuco.workloads.cp_attention import CPAttention
+    from cuco.workloads.kv_transfer import KVTransfer
+    from cuco.workloads.moe import MoE
+
+    workloads = (KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
+                 MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2),
+                 CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True))
+    out = []
+    for wl in workloads:
+        for backend in ("lsa", "nvshmem"):
+            for issuer in ("thread", "warp", "cta"):
+                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                               issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
+                out.append(wl.render(d))
+    return out
+
+
 def everything() -> list[KernelSource]:
-    return [*all_sources(), probe_source(), *tp_sources()]
+    return [*all_sources(), probe_source(), *tp_sources(), *pipeline_sources()]
 
 
 def template_of(source: KernelSource) -> str:
@@ -47,6 +68,9 @@ def template_of(source: KernelSource) -> str:
         return "collectives_nvshmem.cu.j2"
     if "gin.side_stream" in source.name:
         return "tp_side_stream_gin.cu.j2"
+    for family in ("kv_transfer", "moe", "cp_attention"):
+        if source.name.startswith(family + "."):
+            return f"{family}.cu.j2"
     if "side_stream" in source.name:
         return "tp_side_stream.cu.j2"
     return f"{source.name}.cu.j2"

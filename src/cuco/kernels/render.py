@@ -22,8 +22,9 @@ def environment() -> jinja2.Environment:
 
 
 def templates() -> list[str]:
-    """Names of every shipped template."""
-    return sorted(environment().list_templates(filter_func=lambda n: n.endswith(".cu.j2")))
+    """Names of every shipped template (partials, ``_*.cu.j2``, are only included)."""
+    return sorted(environment().list_templates(
+        filter_func=lambda n: n.endswith(".cu.j2") and not n.startswith("_")))
 
 
 def render(template: str, **context: Any) -> str:

@@ -50,7 +50,7 @@ def _class_key(cls: type) -> str:
 def inputs_and_reference(ctx, wl, cls: type, seed: int):
     """``(inputs, fp32 reference, fingerprint)`` of ``seed``, made once per worker."""
     cache = ctx.scratch.setdefault("references", {})
-    key = (_class_key(cls), wl.m, wl.n, wl.k, wl.dtype, ctx.world_size, seed)
+    key = (_class_key(cls), wl.label, ctx.world_size, seed)
     hit = cache.pop(key, None)
     if hit is None:
         inputs = wl.make_inputs(ctx, seed)
@@ -60,6 +60,19 @@ def inputs_and_reference(ctx, wl, cls: type, seed: int):
             cache.pop(next(iter(cache)))
     cache[key] = hit  # most recent last
     return hit
+
+
+def guarded_output(n: int, dtype: str):
+    """``(out, guards)``: an output of ``n`` elements between two guard pages that hold
+    a canary; a candidate that writes past its output changes a guard."""
+    import cupy
+    g = GUARD_BYTES // dtypes.ITEMSIZE[dtype]
+    padded = dtypes.empty(n + 2 * g, dtype)
+    guard_bytes = padded.view(cupy.uint8)
+    outer = (guard_bytes[:GUARD_BYTES], guard_bytes[-GUARD_BYTES:])
+    for part in outer:
+        part.fill(CANARY)
+    return padded[g:g + n], outer
 
 
 @dataclass
@@ -99,16 +112,9 @@ class WorkloadCase:
             inputs, ref, fingerprint = inputs_and_reference(ctx, wl, cls, self.seed)
             atol = atol_f * float(abs(ref).max())
             rows, cols = wl.output_shape()
-            # the output sits between two guard pages filled with a canary
-            g = GUARD_BYTES // dtypes.ITEMSIZE[self.dtype]
-            padded = dtypes.empty(rows * cols + 2 * g, self.dtype)
-            out = padded[g:g + rows * cols]
-            guard_bytes = padded.view(cupy.uint8)
-            outer = (guard_bytes[:GUARD_BYTES], guard_bytes[-GUARD_BYTES:])
-            for part in outer:
-                part.fill(CANARY)
+            out, outer = guarded_output(rows * cols, self.dtype)
             directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
-            arenas = prepare_arenas(ctx, wl, {d.backend.value for d in directives.values()}) \
+            arenas = prepare_arenas(ctx, ArenaLayout.for_workload(wl), {d.backend.value for d in directives.values()}) \
                 if self.variants else {}
             runs = {"host_nccl": wl.host_sequence(ctx, inputs, out)}
             targets = {"host_nccl": out}

@@ -21,6 +21,8 @@ from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers, Workload
 
 MAX_CTAS = 1024
+#: Per-slot arrival counts the host keeps for an arena (AllGather's rolling targets).
+COUNTER_SLOTS = 4096
 PAGE = 4096
 #: A page after every data region, filled with CANARY; a candidate that writes
 #: there wrote outside its outputs.
@@ -52,6 +54,11 @@ class ArenaLayout:
             regions = {"p": m * n * esz}
         else:
             regions = {"xf": m * k * esz}
+        return cls.build(regions, w * FLAG_STRIDE * 8, w * MAX_CTAS * 8)
+
+    @classmethod
+    def build(cls, regions: dict[str, int], flag_bytes: int, bar_bytes: int) -> "ArenaLayout":
+        """Data regions (bytes) each followed by a guard page, then flags, then barrier slots."""
         off, data, guards = 0, {}, []
         for name, size in regions.items():
             data[name] = off
@@ -59,9 +66,9 @@ class ArenaLayout:
             guards.append(off)
             off += GUARD_BYTES
         flags = off
-        off += _page(w * FLAG_STRIDE * 8)
+        off += _page(flag_bytes)
         bar = off
-        off += _page(w * MAX_CTAS * 8)
+        off += _page(bar_bytes)
         return cls(data, flags, bar, off, tuple(guards))
 
     @property
@@ -88,7 +95,7 @@ class Arena:
                 raise RuntimeError("backend=nvshmem needs WorkerGroup(nvshmem=True)")
             self.ptr = ctx.nvshmem.malloc(size)
         self.epoch = 0
-        self.counts = np.zeros(FLAG_STRIDE, dtype=np.int64)  # AllGather chunk counters
+        self.counts = np.zeros(COUNTER_SLOTS, dtype=np.int64)  # AllGather chunk counters
 
     def args(self, ctx) -> tuple:
         if self.backend == "lsa":
@@ -102,11 +109,11 @@ class Arena:
             ctx.nvshmem.free(self.ptr)
 
 
-def prepare_arenas(ctx, wl: Workload, backends: set[str]) -> dict[str, Arena]:
-    """Arenas for this job, flags zeroed; collective (every rank calls it in step)."""
+def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str]) -> dict[str, Arena]:
+    """Arenas for this job, flags zeroed, guards filled; collective (every rank calls it
+    in step). An arena is kept across jobs and grown when a layout needs more."""
     import cupy
-    layout = ArenaLayout.for_workload(wl)
-    arenas = ctx.scratch.setdefault("tp_arenas", {})
+    arenas = ctx.scratch.setdefault("arenas", {})
     for b in sorted(backends):
         a = arenas.get(b)
         if a is None or a.size < layout.size:

@@ -1,0 +1,59 @@
+"""The CUCo paper's other workloads, fused vs host-driven -> bench/results/{moe,kv_transfer,cp_attention}.json
+
+    python bench/pipelines.py                       # all three, 2 GPUs
+    python bench/pipelines.py --only kv_transfer    # one of them
+    python bench/pipelines.py --small               # small configs (a quick check)
+
+Configs: MoE DeepSeek-V3-like (256 experts, top-8, hidden 7168, FFN 2048) at 128
+(decode-like) and 4096 (prefill-like) tokens per rank; KV transfer of 32 layers x
+4096 tokens x 2048 (8 KV heads of 128, K and V) with hidden 8192; context-parallel
+attention over 32k tokens, 32 heads of 128, causal and not. Without enough GPUs it
+compiles every variant and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cuco.benchmarks.pipelines import PipelineBench
+from cuco.runtime import visible_gpus
+from cuco.workloads.cp_attention import CPAttention
+from cuco.workloads.kv_transfer import KVTransfer
+from cuco.workloads.moe import MoE
+
+
+def configs(w: int, small: bool) -> dict:
+    if small:
+        return {"moe": [MoE(w, tokens=256, hidden=1024, ffn=512, experts=16, topk=4)],
+                "kv_transfer": [KVTransfer(w, layers=4, tokens=1024, hidden=2048, kv_dim=512)],
+                "cp_attention": [CPAttention(w, seq=4096, heads=8, causal=c) for c in (True, False)]}
+    return {"moe": [MoE(w, tokens=t) for t in (128, 4096)],
+            "kv_transfer": [KVTransfer(w)],
+            "cp_attention": [CPAttention(w, causal=c) for c in (True, False)]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--only", default="moe,kv_transfer,cp_attention")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--suffix", default="")
+    ap.add_argument("--out-dir", default="bench/results")
+    args = ap.parse_args(argv)
+    todo = configs(args.world_size, args.small)
+    for name in args.only.split(","):
+        bench = PipelineBench(name + args.suffix, todo[name], world_size=args.world_size,
+                              iters=args.iters, out_dir=args.out_dir)
+        if visible_gpus() < args.world_size:
+            specs = bench.compile_all("sm_90a")
+            print(f"{name}: compiled {sum(len(v) for v in specs.values())} variants; "
+                  f"{visible_gpus()} GPU(s) visible, the benchmark needs {args.world_size}")
+            continue
+        bench.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

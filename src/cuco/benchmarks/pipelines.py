@@ -1,0 +1,146 @@
+"""Benchmark of the pipeline workloads (KV transfer, MoE, context-parallel attention).
+
+For each workload config: the host-driven program, the compute alone, the
+communication alone, any extra baselines the workload names (e.g. the host program
+overlapped by hand) and every fused variant of its directive grid — all checked
+against the fp32 reference, then timed interleaved in one job.
+``bound = max(t_compute, t_comm)``, ``speedup = t_host / t``, ``overlap_eff = bound / t``;
+KV-transfer rows add ``hidden_fraction = 1 - max(0, t - t_compute) / t_comm``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cuco import results
+from cuco.kernels import Compiler
+from cuco.workloads.pipeline import BASELINES, PipelineWorkload
+
+#: NVSHMEM symmetric heap for the largest arena (MoE prefill: ~1.5 GB).
+HEAP_BYTES = 4 << 30
+
+
+@dataclass
+class PipelineBench:
+    name: str
+    workloads: list[PipelineWorkload]
+    world_size: int = 2
+    iters: int = 20
+    warmup: int = 3
+    out_dir: Path = results.RESULTS_DIR
+    console: Console = field(default_factory=Console)
+    timeout_s: float = 580.0
+
+    def compile_all(self, arch: str | None = None) -> dict[str, list]:
+        from cuco.workloads.jobs import VariantSpec
+        comp = Compiler(arch=arch)
+        todo, owners = [], []
+        for wl in self.workloads:
+            for d in wl.grid():
+                src = wl.render(d)
+                todo.append((src.name, src.source, src.needs))
+                owners.append((wl.label, d))
+        specs: dict[str, list] = {wl.label: [] for wl in self.workloads}
+        for (label, d), r in zip(owners, comp.compile_many(todo)):
+            if hasattr(r, "path"):
+                specs[label].append(VariantSpec(d.full_name, d.to_json(), str(r.path)))
+            else:
+                self.console.print(f"[red]{label} {d.full_name} does not compile[/]: {r}")
+        return specs
+
+    def run(self) -> Path:
+        from cuco.runtime import WorkerGroup
+        from cuco.runtime.collective_ops import merge_ranks
+        from cuco.workloads.pipeline import PipelineCase
+
+        t0 = time.perf_counter()
+        specs = self.compile_all()
+        compile_s = time.perf_counter() - t0
+        rows: list[dict[str, Any]] = []
+        group = WorkerGroup(self.world_size, nvshmem=True,
+                            env={"NVSHMEM_SYMMETRIC_SIZE": str(HEAP_BYTES)})
+        group.start()
+        device = results.device_label(group.infos)
+        try:
+            for wl in self.workloads:
+                case = PipelineCase(wl, specs[wl.label], iters=self.iters, warmup=self.warmup)
+                t1 = time.perf_counter()
+                res = group.run(case, timeout=self.timeout_s)
+                if not res.ok:
+                    self.console.print(f"[red]{wl.label}: {res.status}[/]\n{res.error_text()[-3000:]}")
+                    rows.append({"case": wl.label, "variant": "*", "status": res.status,
+                                 "error": res.error_text()[-2000:], "correct": False})
+                    continue
+                rows.extend(self.rows(wl, merge_ranks(res.results)))
+                self.console.print(f"{wl.label}: {len(specs[wl.label])} variants, "
+                                   f"{time.perf_counter() - t1:.0f} s")
+        finally:
+            group.close()
+        summary = self.summary(rows)
+        path = results.write(self.name, rows, device=device, world_size=self.world_size,
+                             out_dir=self.out_dir,
+                             extra={"compile_s": round(compile_s, 1), "summary": summary,
+                                    "configs": {wl.label: wl.shape.model_dump()
+                                                for wl in self.workloads}})
+        self.print(summary)
+        self.console.print(f"wrote {path}")
+        return path
+
+    @staticmethod
+    def rows(wl: PipelineWorkload, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        host = merged["host_nccl"]["ms"]
+        t_comp, t_comm = merged["compute_only"]["ms"], merged["comm_only"]["ms"]
+        bound = max(t_comp, t_comm)
+        out = []
+        for name, m in merged.items():
+            row = {"case": wl.label, "variant": name, "ms": round(m["ms"], 5),
+                   "rank_ms": [round(x, 5) for x in m["rank_ms"]],
+                   "baseline": "host_nccl", "baseline_ms": round(host, 5),
+                   "speedup": round(host / m["ms"], 4), "bound_ms": round(bound, 5),
+                   "overlap_eff": round(bound / m["ms"], 4),
+                   "compute_ms": round(t_comp, 5), "comm_ms": round(t_comm, 5),
+                   "correct": m.get("correct"), "bad_elements": m.get("bad_elements"),
+                   "rel_l2_error": m.get("rel_l2_error"), "backend": name.split(".")[0],
+                   "suspect": name not in BASELINES and m["ms"] < 0.98 * bound}
+            if wl.family == "kv_transfer":
+                row["hidden_fraction"] = round(1 - max(0.0, m["ms"] - t_comp) / t_comm, 4)
+            out.append(row)
+        return out
+
+    @staticmethod
+    def summary(rows: list[dict]) -> dict[str, Any]:
+        best: dict[str, dict] = {}
+        extra: dict[str, dict] = {}
+        for r in rows:
+            if r["variant"] in (*BASELINES, "*"):
+                continue
+            if not r.get("correct") or r.get("suspect"):
+                continue
+            if not r["variant"].startswith(("lsa.", "nvshmem.")):
+                extra.setdefault(r["case"], {})[r["variant"]] = r["ms"]
+                continue
+            if r["case"] not in best or r["ms"] < best[r["case"]]["ms"]:
+                best[r["case"]] = r
+        out = {}
+        for case, r in best.items():
+            out[case] = {k: r.get(k) for k in ("variant", "ms", "baseline_ms", "bound_ms", "speedup",
+                                               "overlap_eff", "hidden_fraction") if k in r}
+            out[case]["other_baselines_ms"] = extra.get(case, {})
+        return out
+
+    def print(self, summary: dict[str, Any]) -> None:
+        t = Table(title=f"{self.name}: best fused variant (ms, max over ranks)")
+        for col in ("case", "best variant", "ms", "host", "bound", "speedup", "overlap", "hidden"):
+            t.add_column(col)
+        for case, s in summary.items():
+            hf = s.get("hidden_fraction")
+            t.add_row(case, s["variant"], f"{s['ms']:.3f}", f"{s['baseline_ms']:.3f}",
+                      f"{s['bound_ms']:.3f}", f"{s['speedup']:.2f}", f"{s['overlap_eff']:.2f}",
+                      "" if hf is None else f"{hf:.2f}")
+        self.console.print(t)

@@ -1,0 +1,230 @@
+"""Pipeline workloads: compute on one stream, device-initiated communication on another.
+
+KV-cache transfer, MoE dispatch-compute-combine and context-parallel attention
+are not one GEMM and one collective: each is a sequence of compute steps whose
+inputs or outputs cross ranks piece by piece. Their fused variants share one
+shape: the compute steps are enqueued on the compute stream and raise (or wait
+for) per-chunk flags; one persistent communication kernel on a second stream
+moves each piece as soon as it exists, by LSA stores or NVSHMEM puts. Buffers
+that peers touch live in the symmetric arena (:mod:`cuco.workloads.side_stream`).
+
+:class:`PipelineWorkload` is what such a workload implements; :class:`PipelineCase`
+checks (NaN-poisoned outputs and arena, every element against a higher-precision
+reference, guard pages, input fingerprints, a stalled compute stream) and times
+(interleaved with the host-driven program, the compute alone, the communication
+alone and any extra baselines) every variant in one job on every rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from cuco.design import Directives
+from cuco.errors import DirectiveError
+from cuco.kernels.collectives import KernelSource
+from cuco.runtime import dtypes
+from cuco.runtime.checking import compare
+from cuco.runtime.timing import median, time_interleaved
+from cuco.workloads.base import EPS, Buffers
+from cuco.workloads.jobs import VariantSpec, _fingerprint, guarded_output, inputs_and_reference
+from cuco.workloads.side_stream import (
+    CANARY, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
+)
+
+#: Threads per CTA of every pipeline communication kernel.
+THREADS = 512
+#: Flag slots a pipeline arena holds (chunks x ranks of the finest plan allowed).
+MAX_FLAGS = 1 << 16
+#: Baselines every pipeline job times besides the variants.
+BASELINES = ("host_nccl", "compute_only", "comm_only")
+
+
+class Runner(ABC):
+    """One fused call of one variant on ``ctx.stream``; ``output`` is where it lands."""
+
+    output: Any
+    #: > 0 in correctness runs: the compute stream sleeps this long before every step
+    #: that produces or consumes a chunk, so a consumer that runs ahead of its flag
+    #: meets NaN poison every time.
+    stress_us: float = 0.0
+
+    @abstractmethod
+    def __call__(self) -> None: ...
+
+
+class PipelineWorkload(ABC):
+    """A compute + communication pipeline with its shape (a pydantic model), world size
+    and dtype. Subclasses set :attr:`family` and implement the abstract methods."""
+
+    family: ClassVar[str]
+
+    def __init__(self, shape: BaseModel, world_size: int):
+        self.shape = shape
+        self.world_size = world_size
+        self.dtype: str = getattr(shape, "dtype", "bf16")
+
+    # ---- description (CPU) ------------------------------------------------------------
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """Case label of result files, e.g. ``kv_transfer/L32T4096H8192KV2048/bf16``."""
+
+    @abstractmethod
+    def layout(self) -> ArenaLayout:
+        """Where the buffers peers touch live in the arena."""
+
+    @abstractmethod
+    def render(self, d: Directives) -> KernelSource:
+        """The fused kernel for ``d``; raises :class:`DirectiveError` with the fix."""
+
+    @abstractmethod
+    def grid(self) -> list[Directives]:
+        """The directive points a benchmark sweeps (all valid for this shape)."""
+
+    def tolerance(self) -> tuple[float, float]:
+        """``(rtol, atol_factor)`` as in :meth:`cuco.workloads.Workload.tolerance`."""
+        eps = EPS[self.dtype]
+        return 2 * eps, 2 * eps
+
+    def check_directives(self, d: Directives) -> None:
+        """What every pipeline template shares: a side stream driven by chunk flags."""
+        bad = []
+        if d.placement.value != "side_stream":
+            bad.append(f"placement: {self.family} has a fused template for placement=side_stream "
+                       f"only (a compute sequence and a communication kernel), not "
+                       f"{d.placement.value}")
+        if d.backend.value == "gin":
+            bad.append(f"backend: {self.family} is rendered for lsa and nvshmem (ranks on one "
+                       "host); gin needs ranks on different hosts")
+        if bad:
+            raise DirectiveError(bad)
+
+    # ---- GPU side (inside a worker) -------------------------------------------------
+    @abstractmethod
+    def make_inputs(self, ctx, seed: int) -> Buffers:
+        """This rank's inputs (CuPy arrays) drawn from ``seed``."""
+
+    @abstractmethod
+    def reference(self, ctx, inputs: Buffers):
+        """This rank's expected output in fp32 (host NCCL moves fp32 data)."""
+
+    @abstractmethod
+    def output_elems(self) -> int:
+        """Elements of this rank's output."""
+
+    @abstractmethod
+    def host_sequence(self, ctx, inputs: Buffers, out) -> Callable[[], None]:
+        """The host-driven program: compute, then NCCL from the host, one after the other."""
+
+    @abstractmethod
+    def compute_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        """The compute steps alone (one half of the bound)."""
+
+    @abstractmethod
+    def comm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        """The host NCCL communication alone (the other half)."""
+
+    @abstractmethod
+    def fused(self, ctx, d: Directives, cubin: str, arena, inputs: Buffers, out) -> Runner:
+        """The fused call of variant ``d`` (compiled to ``cubin``) on ``arena``; it may
+        write its result to ``out`` (the host program's output, checked in turn)."""
+
+    def baselines(self, ctx, inputs: Buffers) -> dict[str, tuple[Callable[[], None], Any]]:
+        """Extra programs to check and time beside the variants: ``{name: (fn, output)}``
+        (e.g. the host-driven program overlapped by hand on two streams)."""
+        return {}
+
+    def compare(self, got, ref) -> dict[str, Any]:
+        """Every element of ``got`` against ``ref`` (fp32)."""
+        rtol, atol_f = self.tolerance()
+        return compare(got, ref, self.dtype, rtol, atol_f * float(abs(ref).max()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.label}, world_size={self.world_size})"
+
+
+def flag_plan_check(n_flags: int, what: str) -> None:
+    if n_flags > MAX_FLAGS:
+        raise DirectiveError([f"chunk_bytes: {what} needs {n_flags} flags, more than "
+                              f"{MAX_FLAGS}; choose a larger chunk_bytes"])
+
+
+@dataclass
+class PipelineCase:
+    """Check and time a pipeline workload's variants on every rank (one job)."""
+
+    workload: PipelineWorkload
+    variants: list[VariantSpec] = field(default_factory=list)
+    seed: int = 1
+    check: bool = True
+    time: bool = True
+    warmup: int = 3
+    iters: int = 20
+    stress_us: float = 20.0
+
+    def __call__(self, ctx) -> dict[str, Any]:
+        import cupy
+
+        wl, s = self.workload, ctx.stream
+        with s:
+            inputs, ref, fingerprint = inputs_and_reference(ctx, wl, type(wl), self.seed)
+            out, outer = guarded_output(wl.output_elems(), wl.dtype)
+            directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
+            layout = wl.layout()
+            arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()}) \
+                if self.variants else {}
+            runs: dict[str, Callable[[], None]] = {"host_nccl": wl.host_sequence(ctx, inputs, out)}
+            targets: dict[str, Any] = {"host_nccl": out}
+            for name, (fn, target) in wl.baselines(ctx, inputs).items():
+                runs[name], targets[name] = fn, target
+            runners: dict[str, Runner] = {}
+            for v in self.variants:
+                d = directives[v.name]
+                r = wl.fused(ctx, d, v.cubin, arenas[d.backend.value], inputs, out)
+                runs[v.name], targets[v.name], runners[v.name] = r, r.output, r
+        result: dict[str, Any] = {"rank": ctx.rank, "variants": {}}
+        for name, fn in runs.items():
+            rec: dict[str, Any] = {}
+            if self.check:
+                with s:
+                    dtypes.poison(targets[name], wl.dtype)
+                    runner = runners.get(name)
+                    if runner is not None:
+                        poison_arena(arenas[directives[name].backend.value], layout, wl.dtype, s)
+                        runner.stress_us = self.stress_us
+                    fn()
+                    if runner is not None:
+                        runner.stress_us = 0.0
+                    rec.update(wl.compare(targets[name], ref))
+                    intact = all(bool((part == CANARY).all()) for part in outer)
+                    if runner is not None:
+                        intact = intact and guards_intact(arenas[directives[name].backend.value],
+                                                          layout)
+                    rec["guards_intact"] = intact
+                    if not intact:
+                        rec["correct"] = False
+                s.synchronize()
+            result["variants"][name] = rec
+        if self.time:
+            with s:
+                fns = dict(runs)
+                fns["compute_only"] = wl.compute_only(ctx, inputs)
+                fns["comm_only"] = wl.comm_only(ctx, inputs)
+                tick = cupy.zeros(1, dtype=cupy.float32)
+                p = int(tick.data.ptr)
+            samples = time_interleaved(fns, s, warmup=self.warmup, iters=self.iters,
+                                       align=lambda: ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr))
+            for name, ms in samples.items():
+                result["variants"].setdefault(name, {})["median_ms"] = median(ms)
+        s.synchronize()
+        if _fingerprint(inputs) != fingerprint:
+            ctx.scratch["references"].clear()
+            for name in runs:
+                rec = result["variants"].setdefault(name, {})
+                rec["correct"], rec["inputs_intact"] = False, False
+        return result
