@@ -20,6 +20,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "Workload": "cuco.workloads", "GemmAllReduce": "cuco.workloads",
     "GemmReduceScatter": "cuco.workloads", "AllGatherGemm": "cuco.workloads",
+    "KVTransfer": "cuco.workloads", "MoE": "cuco.workloads", "CPAttention": "cuco.workloads",
+    "PipelineWorkload": "cuco.workloads", "PipelineCase": "cuco.workloads",
     "Evaluator": "cuco.evaluate", "EvalResult": "cuco.evaluate",
     "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
     "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",

@@ -34,7 +34,9 @@ from cuco.runtime import dtypes
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
-from cuco.workloads.pipeline import MAX_FLAGS, THREADS, PipelineWorkload, Runner, flag_plan_check
+from cuco.workloads.pipeline import (
+    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
+)
 from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
 
@@ -133,7 +135,7 @@ class CPAttention(PipelineWorkload):
                      ctype=CTYPES[self.dtype], n_chunks=n, chunk_rows=rows,
                      row_bytes=self.row_elems * self.esz, heads=s.heads, head_dim=s.head_dim,
                      causal=s.causal, comm_ctas=d.comm_ctas, threads=THREADS,
-                     max_ranks=MAX_RANKS, name=d.full_name)
+                     max_ranks=MAX_RANKS, open_slot=OPEN_SLOT, name=d.full_name)
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
         name = f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
         return KernelSource(name, src, needs, ("comm_kernel", "init_acc", "merge_partial",
@@ -347,7 +349,7 @@ class CPRunner(Runner):
         me, W = ctx.rank, wl.world_size
         # arrival counters restart at zero, then every sender may write into our slots
         cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags, 0, W * self.n * 8, s.ptr)
-        open_slot = np.int32(MAX_RANKS * self.n + me)
+        open_slot = np.int32(OPEN_SLOT + me)
         for r in range(W):
             if r != me:
                 self.f["set_peer_flag"]((1,), (1,), (*a.args(ctx), flags, open_slot, np.int32(r), e),

@@ -36,7 +36,7 @@ from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
 from cuco.workloads.pipeline import (
-    MAX_FLAGS, THREADS, PipelineWorkload, Runner, flag_plan_check,
+    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
 )
 from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
@@ -139,7 +139,7 @@ class KVTransfer(PipelineWorkload):
         src = render("kv_transfer.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], n_chunks=n,
                      chunk_bytes=rows * self.shape.kv_dim * self.esz, comm_ctas=d.comm_ctas,
-                     threads=THREADS, name=d.full_name)
+                     threads=THREADS, open_slot=OPEN_SLOT, name=d.full_name)
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
         name = f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
         return KernelSource(name, src, needs, ("comm_kernel", "set_own_flag", "set_peer_flag",
@@ -319,7 +319,7 @@ class KVRunner(Runner):
         if not self.prefill:
             # arrival counters restart at zero each call, before the cache is opened
             cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags + self.n * 8, 0, self.n * 8, s.ptr)
-            self.set_peer((1,), (1,), (*a.args(ctx), flags, np.int32(2 * self.n), np.int32(peer), e),
+            self.set_peer((1,), (1,), (*a.args(ctx), flags, np.int32(OPEN_SLOT), np.int32(peer), e),
                           stream=s)
             self.wait((1,), (256,), (*a.args(ctx), flags, np.int32(self.n), np.int32(self.n),
                                      np.uint64(self.target_per_call)), stream=s)

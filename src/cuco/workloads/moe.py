@@ -40,7 +40,7 @@ from cuco.runtime import dtypes
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
-from cuco.workloads.pipeline import MAX_FLAGS, THREADS, PipelineWorkload, Runner
+from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner
 from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
 Routing = Literal["skewed", "one_expert", "empty_experts"]
@@ -169,7 +169,8 @@ class MoE(PipelineWorkload):
         src = render("moe.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], experts=self.shape.experts,
                      experts_per_rank=self.local_experts, groups=g, row_bytes=self.row_bytes,
-                     max_ranks=MAX_RANKS, threads=THREADS, name=d.full_name)
+                     max_ranks=MAX_RANKS, threads=THREADS, open_slot=OPEN_SLOT,
+                     name=d.full_name)
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
         name = f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
         return KernelSource(name, src, needs, ("share_counts", "dispatch_kernel", "combine_kernel",
@@ -523,7 +524,7 @@ class MoERunner(Runner):
         cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags, 0, 2 * G * 8 * 8, st.ptr)
         k_ret = G * 8  # must match kRet = kGroups * kMaxRanks of the template (8 ranks)
         for r in range(W):
-            self.f["set_peer_flag"]((1,), (1,), (*args, flags, np.int32(2 * k_ret + G + me),
+            self.f["set_peer_flag"]((1,), (1,), (*args, flags, np.int32(OPEN_SLOT + me),
                                                  np.int32(r), e), stream=st)
         order, counts = wl.sort_pairs(self.inputs)
         self.b["send"].reshape(wl.pairs, H)[...] = self.inputs["x"][order // s.topk]

@@ -40,6 +40,10 @@ from cuco.workloads.side_stream import (
 THREADS = 512
 #: Flag slots a pipeline arena holds (chunks x ranks of the finest plan allowed).
 MAX_FLAGS = 1 << 16
+#: Where every variant's "rank r started this call" flags live: the same slots for all
+#: variants, since a peer may already be in its next call (with another variant) when it
+#: raises it; every other slot is written only after this handshake.
+OPEN_SLOT = MAX_FLAGS - 8
 #: Baselines every pipeline job times besides the variants.
 BASELINES = ("host_nccl", "compute_only", "comm_only")
 
@@ -149,9 +153,9 @@ class PipelineWorkload(ABC):
 
 
 def flag_plan_check(n_flags: int, what: str) -> None:
-    if n_flags > MAX_FLAGS:
+    if n_flags > OPEN_SLOT:
         raise DirectiveError([f"chunk_bytes: {what} needs {n_flags} flags, more than "
-                              f"{MAX_FLAGS}; choose a larger chunk_bytes"])
+                              f"{OPEN_SLOT}; choose a larger chunk_bytes"])
 
 
 @dataclass
