@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
-from cuco.kernels import Compiler
+from cuco.benchmarks.variants import compile_variants
 from cuco.workloads.pipeline import BASELINES, PipelineWorkload
 
 #: NVSHMEM symmetric heap for the largest arena (MoE prefill: ~1.5 GB).
@@ -38,21 +38,9 @@ class PipelineBench:
     timeout_s: float = 580.0
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
-        from cuco.workloads.jobs import VariantSpec
-        comp = Compiler(arch=arch)
-        todo, owners = [], []
-        for wl in self.workloads:
-            for d in wl.grid():
-                src = wl.render(d)
-                todo.append((src.name, src.source, src.needs))
-                owners.append((wl.label, d))
-        specs: dict[str, list] = {wl.label: [] for wl in self.workloads}
-        for (label, d), r in zip(owners, comp.compile_many(todo)):
-            if hasattr(r, "path"):
-                specs[label].append(VariantSpec(d.full_name, d.to_json(), str(r.path)))
-            else:
-                self.console.print(f"[red]{label} {d.full_name} does not compile[/]: {r}")
-        return specs
+        specs = compile_variants([(wl.label, d, wl.render(d))
+                                  for wl in self.workloads for d in wl.grid()], self.console, arch)
+        return {wl.label: specs.get(wl.label, []) for wl in self.workloads}
 
     def run(self) -> Path:
         from cuco.runtime import WorkerGroup

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
+from cuco.benchmarks.variants import compile_variants
 from cuco.design import Directives, Problem
 from cuco.design.tiles import chunk_sizes
-from cuco.kernels import Compiler
 from cuco.kernels.tp import render_tp
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
@@ -66,22 +66,8 @@ class TPBench:
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
         """Render and compile every variant of every case (parallel, cached)."""
-        from cuco.workloads.jobs import VariantSpec
-        comp = Compiler(arch=arch)
-        todo, owners = [], []
-        for p in self.problems():
-            for d in grid(p):
-                src, _ = render_tp(p, d)
-                todo.append((src.name, src.source, src.needs))
-                owners.append((p.label, d))
-        built = comp.compile_many(todo)
-        specs: dict[str, list] = {}
-        for (label, d), r in zip(owners, built):
-            if hasattr(r, "path"):
-                specs.setdefault(label, []).append(VariantSpec(d.full_name, d.to_json(), str(r.path)))
-            else:
-                self.console.print(f"[red]{label} {d.full_name} does not compile[/]: {r}")
-        return specs
+        return compile_variants([(p.label, d, render_tp(p, d)[0])
+                                 for p in self.problems() for d in grid(p)], self.console, arch)
 
     def run(self) -> Path:
         from cuco.runtime import WorkerGroup

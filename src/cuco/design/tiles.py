@@ -97,10 +97,15 @@ class ChunkPlan:
 def chunk_sizes(problem: Problem, parts=(4, 8, 16), floor_log2: int = 12) -> list[int]:
     """Powers of two cutting each rank's output into about ``parts`` chunks (ascending
     ``parts`` give descending sizes; duplicates dropped), none below ``2**floor_log2``."""
-    out_bytes = problem.output_bytes_per_rank()
+    return sizes_cutting(problem.output_bytes_per_rank(), parts, floor_log2)
+
+
+def sizes_cutting(total_bytes: int, parts=(4, 8, 16), floor_log2: int = 12) -> list[int]:
+    """Powers of two cutting ``total_bytes`` into about ``parts`` pieces (see
+    :func:`chunk_sizes`)."""
     picks: list[int] = []
     for n in parts:
-        c = 1 << max(floor_log2, (out_bytes // n).bit_length() - 1)
+        c = 1 << max(floor_log2, (total_bytes // n).bit_length() - 1)
         if c not in picks:
             picks.append(c)
     return picks

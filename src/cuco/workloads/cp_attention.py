@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, _largest_divisor
+from cuco.design.tiles import ROW_ALIGN, _largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem, ShapeError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
@@ -143,20 +143,9 @@ class CPAttention(PipelineWorkload):
 
     def grid(self) -> list[Directives]:
         shard_bytes = self.shard * self.row_elems * self.esz
-        sizes = sorted({1 << max(12, (shard_bytes // p).bit_length() - 1) for p in (1, 2, 4)},
-                       reverse=True)
-        out = []
-        for chunk in sizes:
-            for backend, issuer, ctas in (("lsa", "warp", 8), ("lsa", "cta", 16),
-                                          ("lsa", "warp", 32), ("nvshmem", "cta", 16)):
-                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
-                               issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas)
-                try:
-                    self.render(d)
-                except DirectiveError:
-                    continue
-                out.append(d)
-        return out
+        return self.grid_of(sizes_cutting(shard_bytes, (1, 2, 4)),
+                            [("lsa", "warp", 8), ("lsa", "cta", 16), ("lsa", "warp", 32),
+                             ("nvshmem", "cta", 16)])
 
     def tolerance(self) -> tuple[float, float]:
         """Flash attention rounds P to the dtype before P @ V and the output once; a

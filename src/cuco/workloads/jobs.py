@@ -75,6 +75,60 @@ def guarded_output(n: int, dtype: str):
     return padded[g:g + n], outer
 
 
+def judge(ctx, job, runs: dict, targets: dict, runners: dict, layout, outer, check_fn, dtype: str,
+          timed: dict, inputs, fingerprint) -> dict[str, Any]:
+    """Check (``job.check``) and time (``job.time``) every program of a job on this rank.
+
+    ``runs``/``targets``: each program and where its output lands; ``runners``: the
+    fused variants among them, ``{name: (runner, arena)}`` (their arena data is poisoned
+    and their compute stream stalled by ``job.stress_us`` while checked); ``outer``: the
+    guard pages around the host program's output; ``check_fn(output)`` compares every
+    element; ``timed``: makers of the extra programs timed beside them (the halves of
+    the bound). A change of the inputs' fingerprint fails every program.
+    """
+    import cupy
+    s = ctx.stream
+    result: dict[str, Any] = {"rank": ctx.rank, "variants": {}}
+    for name, fn in runs.items():
+        rec: dict[str, Any] = {}
+        if job.check:
+            runner, arena = runners.get(name, (None, None))
+            with s:
+                dtypes.poison(targets[name], dtype)
+                if runner is not None:
+                    poison_arena(arena, layout, dtype, s)
+                    runner.stress_us = job.stress_us
+                fn()
+                if runner is not None:
+                    runner.stress_us = 0.0
+                rec.update(check_fn(targets[name]))
+                intact = all(bool((part == CANARY).all()) for part in outer)
+                if runner is not None:
+                    intact = intact and guards_intact(arena, layout)
+                rec["guards_intact"] = intact
+                if not intact:
+                    rec["correct"] = False
+            s.synchronize()
+        result["variants"][name] = rec
+    if job.time:
+        with s:
+            fns = dict(runs)
+            fns.update({k: make() for k, make in timed.items()})
+            tick = cupy.zeros(1, dtype=cupy.float32)
+            p = int(tick.data.ptr)
+        samples = time_interleaved(fns, s, warmup=job.warmup, iters=job.iters,
+                                   align=lambda: ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr))
+        for name, ms in samples.items():
+            result["variants"].setdefault(name, {})["median_ms"] = median(ms)
+    s.synchronize()
+    if _fingerprint(inputs) != fingerprint:  # someone wrote to the inputs: nobody passes
+        ctx.scratch["references"].clear()
+        for name in runs:
+            rec = result["variants"].setdefault(name, {})
+            rec["correct"], rec["inputs_intact"] = False, False
+    return result
+
+
 @dataclass
 class VariantSpec:
     """A compiled candidate: its name, directives (JSON) and cubin path."""
@@ -102,8 +156,6 @@ class WorkloadCase:
     stress_us: float = STRESS_US
 
     def __call__(self, ctx) -> dict[str, Any]:
-        import cupy
-
         cls = self.workload_cls or get(self.family)
         wl = cls(self.m, self.n, self.k, ctx.world_size, self.dtype)
         s = ctx.stream
@@ -125,42 +177,9 @@ class WorkloadCase:
                 runner = SideStreamRunner(ctx, wl, d, v.cubin, arenas[d.backend.value], inputs, out)
                 runs[v.name], targets[v.name] = runner, runner.output
                 arena_of[v.name], runners[v.name] = arenas[d.backend.value], runner
-        result: dict[str, Any] = {"rank": ctx.rank, "variants": {}}
-        for name, fn in runs.items():
-            rec: dict[str, Any] = {}
-            if self.check:
-                with s:
-                    dtypes.poison(targets[name], self.dtype)
-                    if name in runners:
-                        poison_arena(arena_of[name], layout, self.dtype, s)
-                        runners[name].stress_us = self.stress_us
-                    fn()
-                    if name in runners:
-                        runners[name].stress_us = 0.0
-                    rec.update(compare(targets[name], ref, self.dtype, rtol, atol))
-                    intact = all(bool((part == CANARY).all()) for part in outer)
-                    if name in arena_of:
-                        intact = intact and guards_intact(arena_of[name], layout)
-                    rec["guards_intact"] = intact
-                    if not intact:
-                        rec["correct"] = False
-                s.synchronize()
-            result["variants"][name] = rec
-        if self.time:
-            with s:
-                fns = dict(runs)
-                fns["gemm_only"] = wl.gemm_only(ctx, inputs)
-                fns["comm_only"] = wl.comm_only(ctx, inputs)
-                tick = cupy.zeros(1, dtype=cupy.float32)
-                p = int(tick.data.ptr)
-            samples = time_interleaved(fns, s, warmup=self.warmup, iters=self.iters,
-                                       align=lambda: ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr))
-            for name, ms in samples.items():
-                result["variants"].setdefault(name, {})["median_ms"] = median(ms)
-        s.synchronize()
-        if _fingerprint(inputs) != fingerprint:  # someone wrote to the inputs: nobody passes
-            ctx.scratch["references"].clear()
-            for name in runs:
-                rec = result["variants"].setdefault(name, {})
-                rec["correct"], rec["inputs_intact"] = False, False
-        return result
+        timed = {"gemm_only": lambda: wl.gemm_only(ctx, inputs),
+                 "comm_only": lambda: wl.comm_only(ctx, inputs)}
+        runners_on = {n: (r, arena_of[n]) for n, r in runners.items()}
+        return judge(ctx, self, runs, targets, runners_on, layout, outer,
+                     lambda got: compare(got, ref, self.dtype, rtol, atol), self.dtype, timed,
+                     inputs, fingerprint)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, _largest_divisor
+from cuco.design.tiles import ROW_ALIGN, _largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError, ShapeError
 from cuco.kernels.collectives import KernelSource
 from cuco.kernels.render import CTYPES, render
@@ -146,16 +146,9 @@ class KVTransfer(PipelineWorkload):
                                                "wait_flags"))
 
     def grid(self) -> list[Directives]:
-        out = []
-        layer = self.layer_bytes
-        sizes = sorted({1 << max(12, (layer // p).bit_length() - 1) for p in (1, 4)}, reverse=True)
-        for chunk in sizes:
-            for backend, issuer in (("lsa", "warp"), ("lsa", "cta"), ("nvshmem", "cta")):
-                for ctas in (2, 8):
-                    out.append(Directives(backend=backend, placement="side_stream",
-                                          sync_scope="chunk", issuer=issuer, chunk_bytes=chunk,
-                                          comm_ctas=ctas))
-        return [d for d in out if _renders(self, d)]
+        return self.grid_of(sizes_cutting(self.layer_bytes, (1, 4)),
+                            [(b, i, c) for b, i in (("lsa", "warp"), ("lsa", "cta"),
+                                                    ("nvshmem", "cta")) for c in (2, 8)])
 
     def tolerance(self) -> tuple[float, float]:
         """One GEMM output rounded once to the dtype (K = hidden, fp32 accumulation)."""
@@ -268,14 +261,6 @@ class KVTransfer(PipelineWorkload):
 
     def fused(self, ctx, d: Directives, cubin: str, arena, inputs: Buffers, out) -> Runner:
         return KVRunner(ctx, self, d, cubin, arena, inputs)
-
-
-def _renders(wl: PipelineWorkload, d: Directives) -> bool:
-    try:
-        wl.render(d)
-    except DirectiveError:
-        return False
-    return True
 
 
 class KVRunner(Runner):

@@ -33,13 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.errors import DirectiveError, ShapeError
+from cuco.errors import ShapeError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
+from cuco.design.tiles import sizes_cutting
 from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner
 from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
@@ -178,21 +179,8 @@ class MoE(PipelineWorkload):
                                                "set_peer_flag"))
 
     def grid(self) -> list[Directives]:
-        expected = self.pairs * self.row_bytes
-        sizes = sorted({1 << max(12, (expected // p).bit_length() - 1) for p in (1, 4, 16)},
-                       reverse=True)
-        out = []
-        for chunk in sizes:
-            for backend, issuer, ctas in (("lsa", "warp", 16), ("lsa", "cta", 32),
-                                          ("nvshmem", "warp", 16)):
-                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
-                               issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas)
-                try:
-                    self.render(d)
-                except DirectiveError:
-                    continue
-                out.append(d)
-        return out
+        return self.grid_of(sizes_cutting(self.pairs * self.row_bytes, (1, 4, 16)),
+                            [("lsa", "warp", 16), ("lsa", "cta", 32), ("nvshmem", "warp", 16)])
 
     def tolerance(self) -> tuple[float, float]:
         """The activation and each expert's output are rounded to the dtype once, the
@@ -344,7 +332,7 @@ class MoE(PipelineWorkload):
     def host_sequence(self, ctx, inputs: Buffers, out):
         import cupy
         s, W, E, el = self.shape, self.world_size, self.shape.experts, self.local_experts
-        H, T, K = s.hidden, s.tokens, s.topk
+        H, K = s.hidden, s.topk
         esz = DTYPE_BYTES[self.dtype]
         b = self._buffers(ctx)
         rows = self.max_recv_rows
@@ -502,7 +490,7 @@ class MoERunner(Runner):
         new.discard(0)
         if not new:
             return
-        s, esz = wl.shape, DTYPE_BYTES[wl.dtype]
+        s = wl.shape
         x, h, y = self.recv, int(self.b["h"].data.ptr), int(self.b["y"].data.ptr)
         w1, w2 = int(self.inputs["w1"].data.ptr), int(self.inputs["w2"].data.ptr)
         for n in sorted(new):

@@ -27,14 +27,10 @@ from pydantic import BaseModel
 from cuco.design import Directives
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import KernelSource
-from cuco.runtime import dtypes
 from cuco.runtime.checking import compare
-from cuco.runtime.timing import median, time_interleaved
 from cuco.workloads.base import EPS, Buffers
-from cuco.workloads.jobs import VariantSpec, _fingerprint, guarded_output, inputs_and_reference
-from cuco.workloads.side_stream import (
-    CANARY, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
-)
+from cuco.workloads.jobs import VariantSpec, guarded_output, inputs_and_reference, judge
+from cuco.workloads.side_stream import ArenaLayout, prepare_arenas
 
 #: Threads per CTA of every pipeline communication kernel.
 THREADS = 512
@@ -89,6 +85,21 @@ class PipelineWorkload(ABC):
     @abstractmethod
     def grid(self) -> list[Directives]:
         """The directive points a benchmark sweeps (all valid for this shape)."""
+
+    def grid_of(self, chunk_bytes: list[int], points) -> list[Directives]:
+        """Side-stream directives for every chunk size and ``(backend, issuer, comm_ctas)``
+        point, less those this shape cannot render."""
+        out = []
+        for chunk in chunk_bytes:
+            for backend, issuer, ctas in points:
+                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                               issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas)
+                try:
+                    self.render(d)
+                except DirectiveError:
+                    continue
+                out.append(d)
+        return out
 
     def tolerance(self) -> tuple[float, float]:
         """``(rtol, atol_factor)`` as in :meth:`cuco.workloads.Workload.tolerance`."""
@@ -172,8 +183,6 @@ class PipelineCase:
     stress_us: float = 20.0
 
     def __call__(self, ctx) -> dict[str, Any]:
-        import cupy
-
         wl, s = self.workload, ctx.stream
         with s:
             inputs, ref, fingerprint = inputs_and_reference(ctx, wl, type(wl), self.seed)
@@ -191,44 +200,8 @@ class PipelineCase:
                 d = directives[v.name]
                 r = wl.fused(ctx, d, v.cubin, arenas[d.backend.value], inputs, out)
                 runs[v.name], targets[v.name], runners[v.name] = r, r.output, r
-        result: dict[str, Any] = {"rank": ctx.rank, "variants": {}}
-        for name, fn in runs.items():
-            rec: dict[str, Any] = {}
-            if self.check:
-                with s:
-                    dtypes.poison(targets[name], wl.dtype)
-                    runner = runners.get(name)
-                    if runner is not None:
-                        poison_arena(arenas[directives[name].backend.value], layout, wl.dtype, s)
-                        runner.stress_us = self.stress_us
-                    fn()
-                    if runner is not None:
-                        runner.stress_us = 0.0
-                    rec.update(wl.compare(targets[name], ref))
-                    intact = all(bool((part == CANARY).all()) for part in outer)
-                    if runner is not None:
-                        intact = intact and guards_intact(arenas[directives[name].backend.value],
-                                                          layout)
-                    rec["guards_intact"] = intact
-                    if not intact:
-                        rec["correct"] = False
-                s.synchronize()
-            result["variants"][name] = rec
-        if self.time:
-            with s:
-                fns = dict(runs)
-                fns["compute_only"] = wl.compute_only(ctx, inputs)
-                fns["comm_only"] = wl.comm_only(ctx, inputs)
-                tick = cupy.zeros(1, dtype=cupy.float32)
-                p = int(tick.data.ptr)
-            samples = time_interleaved(fns, s, warmup=self.warmup, iters=self.iters,
-                                       align=lambda: ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr))
-            for name, ms in samples.items():
-                result["variants"].setdefault(name, {})["median_ms"] = median(ms)
-        s.synchronize()
-        if _fingerprint(inputs) != fingerprint:
-            ctx.scratch["references"].clear()
-            for name in runs:
-                rec = result["variants"].setdefault(name, {})
-                rec["correct"], rec["inputs_intact"] = False, False
-        return result
+        timed = {"compute_only": lambda: wl.compute_only(ctx, inputs),
+                 "comm_only": lambda: wl.comm_only(ctx, inputs)}
+        runners_on = {n: (r, arenas[directives[n].backend.value]) for n, r in runners.items()}
+        return judge(ctx, self, runs, targets, runners_on, layout, outer,
+                     lambda got: wl.compare(got, ref), wl.dtype, timed, inputs, fingerprint)
