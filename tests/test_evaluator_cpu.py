@@ -66,7 +66,7 @@ def test_compile_errors_come_back_short(ev):
 
 def test_invalid_directives_and_missing_template(ev):
     r = ev.evaluate(Directives(placement="epilogue"))
-    assert r.status == "invalid" and "only placement=side_stream" in r.error
+    assert r.status == "invalid" and "set sync_scope=chunk" in r.error
     r = ev.evaluate(D.replace(chunk_bytes=64 << 20))
     assert r.status == "invalid" and "chunk_bytes" in r.error
 

@@ -47,7 +47,7 @@ def test_plans_that_cannot_exist_are_refused():
 
 def test_render_refuses_what_has_no_template():
     p = Problem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2)
-    with pytest.raises(DirectiveError, match="only placement=side_stream"):
+    with pytest.raises(DirectiveError, match="one flag per output tile"):
         render_tp(p, Directives(placement="epilogue"))
     with pytest.raises(DirectiveError, match="not a tensor-parallel family"):
         render_tp(Problem(workload="moe", m=8, n=8, k=8, world_size=2), side())

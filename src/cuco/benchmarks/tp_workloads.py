@@ -23,21 +23,45 @@ from cuco import results
 from cuco.benchmarks.variants import compile_variants
 from cuco.design import Directives, Problem
 from cuco.design.tiles import chunk_sizes
-from cuco.kernels.tp import render_tp
+from cuco.kernels.tp import IN_KERNEL, render_tp
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 
 
-def grid(problem: Problem) -> list[Directives]:
+PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
+
+
+def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int = 256,
+              stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2) -> Directives:
+    """An ``epilogue``/``dedicated_ctas`` point: tile 128 x ``tile_n`` x 64, one tile per flag."""
+    return Directives(backend=backend, placement=placement, sync_scope="chunk", issuer=issuer,
+                      tile_m=128, tile_n=tile_n, tile_k=64, stages=stages, comm_ctas=comm_ctas,
+                      chunk_bytes=128 * tile_n * dtype_bytes)
+
+
+#: The in-kernel point whose GEMM alone is timed beside it (``profile.gemm_only.*`` rows).
+PROFILED = in_kernel("epilogue")
+
+
+def grid(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> list[Directives]:
     out = []
-    for chunk in chunk_sizes(problem, (4, 8, 16)):  # about 4, 8 and 16 chunks per rank
-        for issuer in ("thread", "warp", "cta"):
-            for ctas in (16, 32, 64):
+    if "side_stream" in placements:
+        for chunk in chunk_sizes(problem, (4, 8, 16)):  # about 4, 8 and 16 chunks per rank
+            # the side-stream points that won in earlier sweeps of all 3 issuers x 16/32/64 CTAs
+            for issuer, ctas in (("cta", 32), ("cta", 64), ("warp", 64), ("thread", 64)):
                 out.append(Directives(backend="lsa", placement="side_stream", sync_scope="chunk",
                                       issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas))
-        out.append(Directives(backend="nvshmem", placement="side_stream", sync_scope="chunk",
-                              issuer="cta", chunk_bytes=chunk, comm_ctas=32))
+            out.append(Directives(backend="nvshmem", placement="side_stream", sync_scope="chunk",
+                                  issuer="cta", chunk_bytes=chunk, comm_ctas=32))
+    esz = problem.dtype_bytes
+    if "epilogue" in placements:
+        for backend, issuer in (("lsa", "cta"), ("lsa", "warp"), ("lsa", "thread"), ("nvshmem", "cta")):
+            out.append(in_kernel("epilogue", backend, issuer, dtype_bytes=esz))
+        out.append(in_kernel("epilogue", tile_n=128, stages=4, dtype_bytes=esz))
+    if "dedicated_ctas" in placements:
+        for backend, ctas in (("lsa", 8), ("lsa", 16), ("nvshmem", 16)):
+            out.append(in_kernel("dedicated_ctas", backend, comm_ctas=ctas, dtype_bytes=esz))
     valid = []
     for d in out:
         try:
@@ -59,6 +83,7 @@ class TPBench:
     name: str = "tp_workloads"
     console: Console = field(default_factory=Console)
     peers: bool = True
+    placements: tuple[str, ...] = PLACEMENTS
 
     def problems(self) -> list[Problem]:
         return [Problem(workload=f, m=m, n=n, k=k, world_size=self.world_size)
@@ -66,8 +91,10 @@ class TPBench:
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
         """Render and compile every variant of every case (parallel, cached)."""
-        return compile_variants([(p.label, d, render_tp(p, d)[0])
-                                 for p in self.problems() for d in grid(p)], self.console, arch)
+        points = [(p.label, d, render_tp(p, d)[0]) for p in self.problems() for d in grid(p, self.placements)]
+        if set(self.placements) & set(IN_KERNEL):  # profile: the fused kernel's GEMM, no communication
+            points += [(p.label, PROFILED, render_tp(p, PROFILED, gemm_only=True)[0]) for p in self.problems()]
+        return compile_variants(points, self.console, arch)
 
     def run(self) -> Path:
         from cuco.runtime import WorkerGroup
@@ -125,6 +152,8 @@ class TPBench:
                    "peers": {"torch_fused_ms": None},
                    # faster than max(GEMM alone, collective alone): a measurement defect
                    "suspect": name not in ("gemm_only", "comm_only") and m["ms"] < 0.98 * bound}
+            if name.startswith("profile."):  # not the workload's output: a time, not a candidate
+                row.update(role="profile", correct=None, suspect=False)
             out.append(row)
         return out
 
@@ -142,7 +171,10 @@ class TPBench:
     @staticmethod
     def _summary(rows: list[dict]) -> dict[str, Any]:
         best: dict[str, dict] = {}
+        profile: dict[str, float] = {}
         for r in rows:
+            if r["variant"].startswith("profile."):
+                profile[r["case"]] = r["ms"]
             if r["variant"] in ("host_nccl", "gemm_only", "comm_only", "*") or not r.get("correct") \
                     or r.get("suspect"):
                 continue
@@ -152,7 +184,8 @@ class TPBench:
                        "bound_ms": r["bound_ms"], "speedup": r["speedup"],
                        "overlap_eff": r["overlap_eff"],
                        "torch_fused_ms": (r.get("peers") or {}).get("torch_fused_ms"),
-                       "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused")}
+                       "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused"),
+                       "vendor_gemm_ms": r["gemm_ms"], "in_kernel_gemm_ms": profile.get(case)}
                 for case, r in best.items()}
 
     def _print(self, summary: dict[str, Any]) -> None:

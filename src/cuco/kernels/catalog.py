@@ -35,6 +35,25 @@ def tp_sources() -> list[KernelSource]:
     return out
 
 
+def in_kernel_sources() -> list[KernelSource]:
+    """The one-kernel placements (CUTLASS mainloop): each workload with epilogue and
+    dedicated_ctas, both backends and every issuer among them, at a small shape."""
+    from cuco.benchmarks.tp_workloads import in_kernel
+    from cuco.design import Problem
+    from cuco.kernels.tp import TP_FAMILIES, render_tp
+
+    picks = {"gemm_allreduce": (("epilogue", "lsa", "cta"), ("dedicated_ctas", "nvshmem", "warp")),
+             "gemm_reducescatter": (("epilogue", "nvshmem", "thread"), ("dedicated_ctas", "lsa", "cta")),
+             "allgather_gemm": (("epilogue", "lsa", "warp"), ("dedicated_ctas", "nvshmem", "thread"))}
+    out = []
+    for fam in TP_FAMILIES:
+        problem = Problem(workload=fam, m=1024, n=1024, k=1024, world_size=2)
+        for placement, backend, issuer in picks[fam]:
+            d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0)
+            out.append(render_tp(problem, d)[0])
+    return out
+
+
 def pipeline_sources() -> list[KernelSource]:
     """KV transfer, MoE and context-parallel attention: every backend and issuer at a
     small shape."""
@@ -57,7 +76,7 @@ def pipeline_sources() -> list[KernelSource]:
 
 
 def everything() -> list[KernelSource]:
-    return [*all_sources(), probe_source(), *tp_sources(), *pipeline_sources()]
+    return [*all_sources(), probe_source(), *tp_sources(), *in_kernel_sources(), *pipeline_sources()]
 
 
 def template_of(source: KernelSource) -> str:
@@ -71,6 +90,8 @@ def template_of(source: KernelSource) -> str:
     for family in ("kv_transfer", "moe", "cp_attention"):
         if source.name.startswith(family + "."):
             return f"{family}.cu.j2"
+    if ".epilogue." in source.name or ".dedicated_ctas." in source.name:
+        return "tp_fused.cu.j2"
     if "side_stream" in source.name:
         return "tp_side_stream.cu.j2"
     return f"{source.name}.cu.j2"

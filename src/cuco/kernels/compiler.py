@@ -83,7 +83,18 @@ class CompiledKernel:
 
     @property
     def rdc(self) -> bool:
-        return "nvshmem" in self.needs
+        return "nvshmem" in self.needs and not self.launcher
+
+    @property
+    def launcher(self) -> bool:
+        """A shared object with a host launch function (CUTLASS kernels), not a cubin."""
+        return is_launcher(self.needs)
+
+
+def is_launcher(needs: Sequence[str]) -> bool:
+    """Sources that use CUTLASS are built as shared objects: CUTLASS builds its TMA
+    descriptors in host code, which then launches the kernel on the caller's stream."""
+    return "cutlass" in needs
 
 
 @dataclass
@@ -144,10 +155,12 @@ class Compiler:
 
     # ---- compilation ----------------------------------------------------------------
     def compile(self, source: str, *, needs: Sequence[str] = ("nccl",), name: str = "kernel") -> CompiledKernel:
-        """Source -> cubin (``-rdc`` + device link against NVSHMEM when needed)."""
+        """Source -> cubin (``-rdc`` + device link against NVSHMEM when needed), or a shared
+        object with a host launcher for sources that use CUTLASS (see :func:`is_launcher`)."""
         needs = tuple(sorted(set(needs)))
-        key = self.cache_key(source, needs, "cubin")
-        out = self.cache_dir / f"{_safe(name)}-{key}.cubin"
+        kind = "launcher" if is_launcher(needs) else "cubin"
+        key = self.cache_key(source, needs, kind)
+        out = self.cache_dir / f"{_safe(name)}-{key}.{'so' if kind == 'launcher' else 'cubin'}"
         if out.exists():
             return CompiledKernel(out, key, self.arch, needs, 0.0, True)
         t0 = time.perf_counter()
@@ -156,7 +169,10 @@ class Compiler:
             src.write_text(source)
             cubin = Path(tmp) / "out.cubin"
             nvcc = str(toolchain.find_nvcc())
-            if "nvshmem" in needs:
+            if kind == "launcher":  # peers are reached through pointers: no NVSHMEM device link
+                log = self._run([nvcc, *self.base_flags(needs), "-shared", "-Xcompiler", "-fPIC",
+                                 str(src), "-o", str(cubin)])
+            elif "nvshmem" in needs:
                 lib = toolchain.nvshmem()
                 obj = Path(tmp) / "out.o"
                 log = self._run([nvcc, *self.base_flags(needs), "-rdc=true", "-c", str(src),

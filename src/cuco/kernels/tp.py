@@ -1,46 +1,129 @@
 """Render fused kernels for the tensor-parallel workloads from :class:`Directives`.
 
-Only ``placement=side_stream`` has a template so far (vendor GEMM per chunk on
-one stream, a persistent communication kernel on another): LSA and NVSHMEM in
-``tp_side_stream.cu.j2``, GIN (put-only, for ranks on different hosts) in
-``tp_side_stream_gin.cu.j2``. Other placements are refused with a message.
+Three templates:
+
+* ``placement=side_stream`` (``tp_side_stream.cu.j2``; GIN in ``tp_side_stream_gin.cu.j2``):
+  vendor GEMM per chunk on one stream, a persistent communication kernel on another.
+* ``placement=epilogue`` and ``dedicated_ctas`` (``tp_fused.cu.j2``): ONE persistent kernel
+  whose GEMM mainloop is CUTLASS's Hopper collective (TMA + wgmma); each output tile is
+  moved by the compute CTA itself (epilogue) or by CTAs of the same kernel reserved for
+  communication (dedicated_ctas), with a flag per tile. These are built as shared objects
+  (CUTLASS builds the TMA descriptors on the host) and need ``sync_scope=chunk``, one
+  output tile per flag (``chunk_bytes`` = the tile's bytes) and a tile_m of 128 or 256.
 """
 
 from __future__ import annotations
 
 from cuco.design import Directives, Problem
+from cuco.design.dimensions import format_bytes
+from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 
 THREADS = 512
-#: Flag slots per source rank (the most chunks a plan may have).
-FLAG_STRIDE = 4096
+#: Flag slots per source rank: side-stream chunks, or fused tiles (at most half of them).
+FLAG_STRIDE = 16384
 TP_FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+IN_KERNEL = ("epilogue", "dedicated_ctas")
+CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 
 
-def supported(d: Directives) -> list[str]:
-    """Why ``d`` has no template yet (empty when it has one)."""
+def local_gemm(problem: Problem) -> tuple[int, int, int]:
+    """``(rows of C, cols of C, K)`` of the GEMM one rank runs in a fused kernel."""
+    w = problem.world_size
+    if problem.workload == "allgather_gemm":
+        return problem.m, problem.n // w, problem.k
+    return problem.m, problem.n, problem.k // w
+
+
+def fused_tiles(problem: Problem, d: Directives) -> int:
+    m, n, _ = local_gemm(problem)
+    return (m // d.tile_m) * (n // d.tile_n)
+
+
+def supported(problem: Problem, d: Directives) -> list[str]:
+    """Why ``d`` has no template for ``problem`` (empty when it has one)."""
+    if d.placement.value not in IN_KERNEL:
+        return []
     out = []
-    if d.placement.value != "side_stream":
-        out.append(f"placement: only placement=side_stream has a fused template for the "
-                   f"tensor-parallel workloads so far, not {d.placement.value}")
+    p = d.placement.value
+    if d.backend.value == "gin":
+        out.append(f"backend: placement={p} has lsa and nvshmem templates; gin runs with "
+                   "placement=side_stream only")
+    if problem.dtype not in CUTLASS_TYPES:
+        out.append(f"dtype: placement={p} runs a CUTLASS bf16/fp16 mainloop, not {problem.dtype}")
+    if d.sync_scope.value != "chunk":
+        out.append(f"sync_scope: placement={p} raises one flag per output tile; set "
+                   "sync_scope=chunk")
+    if d.chunk_schedule.value != "direct":
+        out.append(f"chunk_schedule: placement={p} sends each tile straight to its owner; set "
+                   "chunk_schedule=direct")
+    if d.tile_m not in (128, 256):
+        out.append(f"tile_m: placement={p} uses two consumer warpgroups of 64+ rows; choose "
+                   "tile_m 128 or 256")
+    smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
+    if smem > SMEM_LIMIT_BYTES - 1024:
+        fit = (SMEM_LIMIT_BYTES - 1024 - d.tile_m * (d.tile_n + 8) * problem.dtype_bytes) \
+            // smem_bytes(d.tile_m, d.tile_n, d.tile_k, 1)
+        out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
+                   f"{d.stages} mainloop stages ({smem // 1024} KiB > {SMEM_LIMIT_BYTES // 1024 - 1} KiB); "
+                   + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile"))
+    tile_bytes = d.tile_m * d.tile_n * problem.dtype_bytes
+    if d.chunk_bytes != tile_bytes:
+        out.append(f"chunk_bytes: placement={p} moves one {d.tile_m}x{d.tile_n} output tile "
+                   f"per flag; set chunk_bytes={format_bytes(tile_bytes)} ({tile_bytes})")
+    m, n, k = local_gemm(problem)
+    w = problem.world_size
+    if m % (w * d.tile_m):
+        out.append(f"tile_m: each rank's block of {m // w} rows must be a multiple of "
+                   f"tile_m={d.tile_m}; choose M a multiple of {w * d.tile_m} or a smaller tile_m")
+    if n % d.tile_n or k % d.tile_k:
+        out.append(f"tile_n/tile_k: the local GEMM {m}x{n}x{k} does not tile by "
+                   f"{d.tile_n} (N) and {d.tile_k} (K)")
+    elif not out and fused_tiles(problem, d) > FLAG_STRIDE // 2 - 1:
+        out.append(f"tile_n: {fused_tiles(problem, d)} output tiles exceed the "
+                   f"{FLAG_STRIDE // 2 - 1} flag slots; choose larger tiles")
+    if p == "dedicated_ctas" and d.comm_ctas > 32:
+        out.append("comm_ctas: keep comm_ctas <= 32 so most SMs run the GEMM")
     return out
 
 
-def render_tp(problem: Problem, d: Directives) -> tuple[KernelSource, ChunkPlan]:
-    """Kernel source and chunk plan of one fused variant; raises :class:`DirectiveError`."""
+def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
+              ) -> tuple[KernelSource, ChunkPlan | None]:
+    """Kernel source and chunk plan (None for in-kernel placements, whose unit is a tile)
+    of one fused variant; raises :class:`DirectiveError`.
+
+    ``gemm_only=True`` (in-kernel placements; profiling) renders the same kernel with its
+    communication left out: its time is the GEMM's inside the fused kernel, and its output
+    is not the workload's."""
     if problem.workload not in TP_FAMILIES:
         raise DirectiveError([f"workload: {problem.workload} is not a tensor-parallel family "
                               f"({', '.join(TP_FAMILIES)})"])
     d.check(problem)
-    bad = supported(d)
+    bad = supported(problem, d)
     if bad:
         raise DirectiveError(bad)
+    name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
+    if d.placement.value in IN_KERNEL:
+        m, n, k = local_gemm(problem)
+        src = render("tp_fused.cu.j2", workload=problem.workload, placement=d.placement.value,
+                     backend=d.backend.value, issuer=d.issuer.value, ctype=CTYPES[problem.dtype],
+                     cutlass_type=CUTLASS_TYPES[problem.dtype], world=problem.world_size,
+                     m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
+                     stages=d.stages, comm_ctas=d.comm_ctas if d.placement.value == "dedicated_ctas" else 0,
+                     max_ranks=MAX_RANKS, flag_stride=FLAG_STRIDE, name=d.full_name,
+                     gemm_only=gemm_only)
+        if gemm_only:
+            name = "profile.gemm_only." + name
+        needs = ("cutlass", "nccl") if d.backend.value == "lsa" else ("cutlass", "nvshmem")
+        return KernelSource(name, src, needs, ("cuco_fused_launch",)), None
+    if gemm_only:
+        raise ValueError("gemm_only renders in-kernel placements only")
     plan = ChunkPlan.for_problem(problem, d)
-    if plan.n_chunks > FLAG_STRIDE:
-        raise DirectiveError([f"chunk_bytes: {plan.n_chunks} chunks exceed {FLAG_STRIDE}; "
+    if plan.n_chunks >= FLAG_STRIDE // 2:
+        raise DirectiveError([f"chunk_bytes: {plan.n_chunks} chunks exceed {FLAG_STRIDE // 2 - 1}; "
                               "choose a larger chunk_bytes"])
     template = "tp_side_stream_gin.cu.j2" if d.backend.value == "gin" else "tp_side_stream.cu.j2"
     src = render(template, workload=problem.workload, backend=d.backend.value,
@@ -48,6 +131,4 @@ def render_tp(problem: Problem, d: Directives) -> tuple[KernelSource, ChunkPlan]
                  comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
                  flag_stride=FLAG_STRIDE, name=d.full_name)
     needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-    name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
     return KernelSource(name, src, needs, ("comm_kernel", "signal_chunk", "wait_chunk")), plan
-

@@ -46,6 +46,8 @@ def shim(arch: str = "sm_90a") -> ctypes.CDLL:
     s.cuco_nvshmem_malloc.restype = ctypes.c_void_p
     s.cuco_nvshmem_malloc.argtypes = [ctypes.c_size_t]
     s.cuco_nvshmem_free.argtypes = [ctypes.c_void_p]
+    s.cuco_nvshmem_ptr.restype = ctypes.c_void_p
+    s.cuco_nvshmem_ptr.argtypes = [ctypes.c_void_p, ctypes.c_int]
     s.cuco_nvshmem_cumodule_init.argtypes = [ctypes.c_void_p]
     s.cuco_nvshmem_init.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     s.cuco_nvshmem_get_uid.argtypes = [ctypes.c_void_p]
@@ -111,6 +113,15 @@ class Nvshmem:
             raise NvshmemError(f"nvshmemx_cumodule_init failed (code {rc}); was the cubin "
                                "device-linked against libnvshmem_device?")
         self._modules.add(module_ptr)
+
+    def peer_ptr(self, ptr: int, pe: int) -> int:
+        """This PE's load/store address of symmetric ``ptr`` on ``pe`` (``nvshmem_ptr``)."""
+        out = self._s.cuco_nvshmem_ptr(ptr, pe)
+        if not out:
+            raise NvshmemError(f"PE {pe} is not reachable by loads and stores from PE "
+                               f"{self.rank} (nvshmem_ptr returned null): in-kernel "
+                               "placements need NVLink peers")
+        return out
 
     def barrier_all(self) -> None:
         self._s.cuco_nvshmem_barrier_all()

@@ -69,6 +69,27 @@ class WorkerContext:
             self._modules[key] = mod
         return mod.get_function(name)
 
+    def launcher(self, path: str | Path):
+        """A fused kernel built as a shared object (:func:`cuco.kernels.compiler.is_launcher`),
+        loaded once per process; its module is loaded now (``cuco_fused_setup``), never
+        first inside a call while a peer's kernel spins."""
+        key = str(path)
+        lib = self._modules.get(key)
+        if lib is None:
+            import ctypes
+            lib = ctypes.CDLL(key)
+            c = ctypes
+            lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p,
+                                              c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
+                                              *([c.c_ulonglong] * 5), c.c_uint]
+            lib.cuco_fused_launch.restype = c.c_int
+            rc = lib.cuco_fused_setup(self.device)
+            if rc != 0:
+                raise RuntimeError(f"{Path(key).name}: loading the fused kernel failed (CUDA "
+                                   f"error {rc}); was it built for this GPU's arch?")
+            self._modules[key] = lib
+        return lib
+
 
 def _has_nvshmem(cubin: str) -> bool:
     """A cubin device-linked against libnvshmem_device carries its state symbols."""

@@ -48,10 +48,12 @@ class ArenaLayout:
     def for_workload(cls, wl: Workload) -> "ArenaLayout":
         esz = 2 if wl.dtype in ("bf16", "fp16") else 4
         m, n, k, w = wl.m, wl.n, wl.k, wl.world_size
+        # p: this rank's partial (side stream) or staged tiles (dedicated_ctas); o: the
+        # all-reduced output; r: receive slots of the in-kernel placements, [src][M/w][N]
         if wl.pattern_name == "gemm_allreduce":
-            regions = {"p": m * n * esz, "o": m * n * esz}
+            regions = {"p": m * n * esz, "o": m * n * esz, "r": m * n * esz}
         elif wl.pattern_name == "gemm_reducescatter":
-            regions = {"p": m * n * esz}
+            regions = {"p": m * n * esz, "r": m * n * esz}
         else:
             regions = {"xf": m * k * esz}
         return cls.build(regions, w * FLAG_STRIDE * 8, w * MAX_CTAS * 8)

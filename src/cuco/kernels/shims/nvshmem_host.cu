@@ -25,6 +25,8 @@ extern "C" int cuco_nvshmem_init(int rank, int nranks, const void* uid) {
 
 extern "C" void* cuco_nvshmem_malloc(size_t bytes) { return nvshmem_malloc(bytes); }
 extern "C" void cuco_nvshmem_free(void* p) { nvshmem_free(p); }
+// where this PE reaches `p` of PE `pe` by loads and stores (null: not by NVLink)
+extern "C" void* cuco_nvshmem_ptr(void* p, int pe) { return nvshmem_ptr(p, pe); }
 extern "C" int cuco_nvshmem_cumodule_init(void* module) { return nvshmemx_cumodule_init((CUmodule)module); }
 extern "C" int cuco_nvshmem_my_pe() { return nvshmem_my_pe(); }
 extern "C" int cuco_nvshmem_n_pes() { return nvshmem_n_pes(); }

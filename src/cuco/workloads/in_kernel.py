@@ -1,0 +1,67 @@
+"""Launch an ``epilogue`` or ``dedicated_ctas`` fused variant inside a worker.
+
+One call is one launch of one persistent kernel (CUTLASS mainloop, communication
+in the same kernel) on ``ctx.stream``; the kernel is a shared object whose host
+function builds the TMA descriptors (:mod:`cuco.kernels.tp`). Buffers that peers
+write live in the symmetric arena, like the side-stream variants'.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from cuco.design import Directives
+from cuco.workloads.base import Buffers, Workload
+from cuco.workloads.side_stream import Arena, ArenaLayout, _arena_view
+
+
+def sm_count() -> int:
+    import cupy
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+class InKernelRunner:
+    """``runner()`` performs one fused call of one in-kernel variant on ``ctx.stream``."""
+
+    def __init__(self, ctx, wl: Workload, d: Directives, library: str, arena: Arena,
+                 inputs: Buffers, out):
+        if type(wl).chunk_epilogue is not Workload.chunk_epilogue:
+            raise ValueError(f"{type(wl).__name__} adds a chunk_epilogue (Python, between chunks): "
+                             f"placement={d.placement.value} runs the whole GEMM in one kernel; "
+                             "use placement=side_stream")
+        self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
+        self.pattern = wl.pattern_name
+        #: > 0 during correctness runs: publishers sleep this long before every third
+        #: tile, so a reader that skips a flag wait meets NaN poison.
+        self.stress_us = 0.0
+        self.layout = lay = ArenaLayout.for_workload(wl)
+        self.lib = ctx.launcher(library)
+        self.grid = sm_count()  # persistent: one CTA per SM (the tile buffers fill its smem)
+        if d.placement.value == "dedicated_ctas" and d.comm_ctas >= self.grid:
+            raise ValueError(f"comm_ctas={d.comm_ctas} leaves no SM of {self.grid} for the GEMM")
+        self.inputs, self.out = inputs, out
+        if self.pattern == "gemm_allreduce":
+            rows, cols = wl.output_shape()
+            self.output = _arena_view(arena, lay.data["o"], rows * cols, wl.dtype)
+        else:
+            self.output = out
+        w = ctx.world_size
+        if arena.backend == "nvshmem":
+            bases = [ctx.nvshmem.peer_ptr(arena.ptr, r) for r in range(w)]
+            self.a0 = self.a1 = None
+        else:  # LSA: the kernel maps peers through the window; only our base is used here
+            bases = [arena.ptr if r == ctx.rank else 0 for r in range(w)]
+            self.a0, self.a1 = ctx.devcomm.ptr, arena.window.handle
+        self.bases = (ctypes.c_void_p * w)(*bases)
+        data = lay.data["xf"] if self.pattern == "allgather_gemm" else lay.data["r"]
+        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.flags)
+
+    def __call__(self) -> None:
+        ctx, a = self.ctx, self.arena
+        a.epoch += 1
+        rc = self.lib.cuco_fused_launch(
+            ctx.device, ctx.stream.ptr, self.grid, int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr),
+            int(self.out.data.ptr), self.a0, self.a1, self.bases, ctx.rank, *self.offsets, a.epoch,
+            int(self.stress_us * 1000))
+        if rc != 0:
+            raise RuntimeError(f"fused kernel launch failed with CUDA error {rc}")

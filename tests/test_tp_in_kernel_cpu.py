@@ -1,0 +1,66 @@
+"""The in-kernel placements (epilogue, dedicated_ctas): what renders, what is refused and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco.benchmarks.tp_workloads import SHAPES, grid, in_kernel
+from cuco.design import Directives, Problem
+from cuco.errors import DirectiveError
+from cuco.kernels import evolve
+from cuco.kernels.tp import IN_KERNEL, render_tp
+
+FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_benchmark_points_render_one_kernel_with_cutlass(family):
+    from cuco.evaluate.static import static_violations
+    for m, k, n in SHAPES:
+        p = Problem(workload=family, m=m, n=n, k=k, world_size=2)
+        points = [d for d in grid(p) if d.placement.value in IN_KERNEL]
+        assert {d.placement.value for d in points} == set(IN_KERNEL)
+        for d in points:
+            src, plan = render_tp(p, d)
+            assert plan is None and "cutlass" in src.needs
+            assert "KernelTmaWarpSpecializedCooperative" in src.source
+            assert f"constexpr int kTileM = 128, kTileN = {d.tile_n}" in src.source
+            assert static_violations(src.source) == []
+            names = set(evolve.blocks(src.source))
+            expected = {"push_x", "store_tile"} if family == "allgather_gemm" else {"push_partial", "reduce_own"}
+            assert names == expected, names
+            if d.placement.value == "dedicated_ctas":
+                assert f"constexpr int kCommCtas = {d.comm_ctas};" in src.source
+
+
+def test_world_size_and_shape_reach_the_kernel():
+    p = Problem(workload="gemm_reducescatter", m=4096, n=2048, k=8192, world_size=4)
+    src, _ = render_tp(p, in_kernel("epilogue"))
+    assert "constexpr int kW = 4;" in src.source
+    assert "constexpr int kM = 4096, kN = 2048, kK = 2048;" in src.source  # K split over 4 ranks
+    ag = Problem(workload="allgather_gemm", m=4096, n=2048, k=8192, world_size=8)
+    src, _ = render_tp(ag, in_kernel("dedicated_ctas", comm_ctas=8))
+    assert "constexpr int kM = 4096, kN = 256, kK = 8192;" in src.source  # N split over 8 ranks
+
+
+@pytest.mark.parametrize("change,field,fix", [
+    ({"backend": "gin"}, "backend", "gin runs with placement=side_stream only"),
+    ({"sync_scope": "kernel"}, "sync_scope", "set sync_scope=chunk"),
+    ({"chunk_bytes": 1 << 20}, "chunk_bytes", "set chunk_bytes=64K"),
+    ({"tile_m": 64, "chunk_bytes": 32 << 10}, "tile_m", "choose tile_m 128 or 256"),
+    ({"stages": 4}, "stages", "set stages=3"),
+    ({"chunk_schedule": "ring"}, "chunk_schedule", "set chunk_schedule=direct"),
+])
+def test_refusals_name_the_dimension_and_the_fix(change, field, fix):
+    p = Problem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2,
+                has_network=change.get("backend") == "gin")
+    d = Directives(**{**in_kernel("epilogue").model_dump(), **change})
+    with pytest.raises(DirectiveError) as err:
+        render_tp(p, d)
+    assert any(line.startswith(field) and fix in line for line in err.value.problems), err.value
+
+
+def test_a_block_of_rows_that_does_not_tile_is_refused():
+    p = Problem(workload="gemm_reducescatter", m=384, n=1024, k=1024, world_size=2)  # 192 rows/rank
+    with pytest.raises(DirectiveError, match="multiple of tile_m=128; choose M a multiple of 256"):
+        render_tp(p, in_kernel("epilogue"))
