@@ -25,12 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--placements", default=",".join(PLACEMENTS),
                     help="which placements' grids to sweep (side_stream,epilogue,dedicated_ctas)")
+    ap.add_argument("--quick", action="store_true", help="one issuer per placement (short GPU sessions)")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch's fused ops")
     args = ap.parse_args(argv)
     shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     bench = TPBench(world_size=args.world_size, shapes=shapes, families=tuple(args.families.split(",")),
                     iters=args.iters, out_dir=args.out_dir, name=args.name,
-                    peers=not args.no_peers, placements=tuple(args.placements.split(",")))
+                    peers=not args.no_peers, placements=tuple(args.placements.split(",")), quick=args.quick)
     if visible_gpus() < args.world_size:
         specs = bench.compile_all("sm_90a")
         print(f"compiled {sum(len(v) for v in specs.values())} variants for {len(specs)} cases")

@@ -44,23 +44,29 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
 PROFILED = in_kernel("epilogue")
 
 
-def grid(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> list[Directives]:
+def grid(problem: Problem, placements: tuple[str, ...] = PLACEMENTS, quick: bool = False) -> list[Directives]:
+    """The directive grid of one case; ``quick``: one issuer per placement (what a short
+    GPU session can compile and run for all nine pairs)."""
     out = []
     if "side_stream" in placements:
         for chunk in chunk_sizes(problem, (4, 8, 16)):  # about 4, 8 and 16 chunks per rank
             # the side-stream points that won in earlier sweeps of all 3 issuers x 16/32/64 CTAs
-            for issuer, ctas in (("cta", 32), ("cta", 64), ("warp", 64), ("thread", 64)):
+            pts = (("cta", 64),) if quick else (("cta", 32), ("cta", 64), ("warp", 64), ("thread", 64))
+            for issuer, ctas in pts:
                 out.append(Directives(backend="lsa", placement="side_stream", sync_scope="chunk",
                                       issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas))
-            out.append(Directives(backend="nvshmem", placement="side_stream", sync_scope="chunk",
-                                  issuer="cta", chunk_bytes=chunk, comm_ctas=32))
+            if not quick:
+                out.append(Directives(backend="nvshmem", placement="side_stream", sync_scope="chunk",
+                                      issuer="cta", chunk_bytes=chunk, comm_ctas=32))
     esz = problem.dtype_bytes
     if "epilogue" in placements:
-        for backend, issuer in (("lsa", "cta"), ("lsa", "warp"), ("lsa", "thread"), ("nvshmem", "cta")):
+        pts = (("lsa", "cta"), ("nvshmem", "cta")) if quick else (
+            ("lsa", "cta"), ("lsa", "warp"), ("lsa", "thread"), ("nvshmem", "cta"))
+        for backend, issuer in pts:
             out.append(in_kernel("epilogue", backend, issuer, dtype_bytes=esz))
         out.append(in_kernel("epilogue", tile_n=128, stages=4, dtype_bytes=esz))
     if "dedicated_ctas" in placements:
-        for backend, ctas in (("lsa", 8), ("lsa", 16), ("nvshmem", 16)):
+        for backend, ctas in ((("lsa", 16),) if quick else (("lsa", 8), ("lsa", 16), ("nvshmem", 16))):
             out.append(in_kernel("dedicated_ctas", backend, comm_ctas=ctas, dtype_bytes=esz))
     valid = []
     for d in out:
@@ -84,6 +90,7 @@ class TPBench:
     console: Console = field(default_factory=Console)
     peers: bool = True
     placements: tuple[str, ...] = PLACEMENTS
+    quick: bool = False
 
     def problems(self) -> list[Problem]:
         return [Problem(workload=f, m=m, n=n, k=k, world_size=self.world_size)
@@ -91,7 +98,7 @@ class TPBench:
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
         """Render and compile every variant of every case (parallel, cached)."""
-        points = [(p.label, d, render_tp(p, d)[0]) for p in self.problems() for d in grid(p, self.placements)]
+        points = [(p.label, d, render_tp(p, d)[0]) for p in self.problems() for d in grid(p, self.placements, self.quick)]
         if set(self.placements) & set(IN_KERNEL):  # profile: the fused kernel's GEMM, no communication
             points += [(p.label, PROFILED, render_tp(p, PROFILED, gemm_only=True)[0]) for p in self.problems()]
         return compile_variants(points, self.console, arch)
@@ -121,6 +128,10 @@ class TPBench:
                     continue
                 rows.extend(self._rows(p, merge_ranks(res.results)))
                 self.console.print(f"{p.label}: done")
+                # a run cut short still leaves every finished case on disk
+                results.write(self.name, rows, device=device, world_size=self.world_size,
+                              out_dir=self.out_dir, extra={"compile_s": round(compile_s, 1),
+                                                           "partial": True, "summary": self._summary(rows)})
         finally:
             group.close()
         if self.peers:

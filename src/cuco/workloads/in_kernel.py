@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 
 from cuco.design import Directives
+from cuco.kernels.tp import FLAG_STRIDE
 from cuco.workloads.base import Buffers, Workload
 from cuco.workloads.side_stream import Arena, ArenaLayout, _arena_view
 
@@ -54,7 +55,9 @@ class InKernelRunner:
             self.a0, self.a1 = ctx.devcomm.ptr, arena.window.handle
         self.bases = (ctypes.c_void_p * w)(*bases)
         data = lay.data["xf"] if self.pattern == "allgather_gemm" else lay.data["r"]
-        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.flags)
+        # the second half of the flag area: the side-stream variants' counters live in the first
+        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0),
+                        lay.flags + w * FLAG_STRIDE * 8)
 
     def __call__(self) -> None:
         ctx, a = self.ctx, self.arena

@@ -56,7 +56,9 @@ class ArenaLayout:
             regions = {"p": m * n * esz, "r": m * n * esz}
         else:
             regions = {"xf": m * k * esz}
-        return cls.build(regions, w * FLAG_STRIDE * 8, w * MAX_CTAS * 8)
+        # flags: the side-stream variants' (chunk counters) first, then the in-kernel variants'
+        # (epoch-valued): a counter and an epoch never share a slot across variants of one job
+        return cls.build(regions, 2 * w * FLAG_STRIDE * 8, w * MAX_CTAS * 8)
 
     @classmethod
     def build(cls, regions: dict[str, int], flag_bytes: int, bar_bytes: int) -> "ArenaLayout":
