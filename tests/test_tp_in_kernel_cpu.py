@@ -64,3 +64,52 @@ def test_a_block_of_rows_that_does_not_tile_is_refused():
     p = Problem(workload="gemm_reducescatter", m=384, n=1024, k=1024, world_size=2)  # 192 rows/rank
     with pytest.raises(DirectiveError, match="multiple of tile_m=128; choose M a multiple of 256"):
         render_tp(p, in_kernel("epilogue"))
+
+
+HARNESS = """
+#include <cstdio>
+constexpr int kW = {{ w }}, kBlockMT = {{ bmt }}, kNT = {{ nt }}, kBlockTiles = kBlockMT * kNT;
+{% include "_raster.cu.j2" %}
+int main() {
+  for (int me = 0; me < kW; ++me)
+    for (int i = 0; i < kW * kBlockTiles; ++i) {
+      int blk, mt, nt;
+      tile_of(i, me, blk, mt, nt);
+      std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
+    }
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["gemm_reducescatter", "allgather_gemm"])
+@pytest.mark.parametrize("w,bmt,nt,group", [(2, 16, 112, 8), (4, 5, 3, 4), (8, 2, 7, 16), (2, 3, 4, 1)])
+def test_tile_order_is_a_bijection_in_block_order(tmp_path, workload, w, bmt, nt, group):
+    """The kernel's own tile_of, compiled by nvcc for the host and run for every tile."""
+    import subprocess
+
+    from cuco.kernels import toolchain
+    from cuco.kernels.render import environment
+    src = environment().from_string(HARNESS).render(w=w, bmt=bmt, nt=nt, workload=workload,
+                                                    raster_group=group)
+    (tmp_path / "order.cu").write_text(src)
+    subprocess.run([str(toolchain.find_nvcc()), "-std=c++17", str(tmp_path / "order.cu"), "-o",
+                    str(tmp_path / "order")], check=True, capture_output=True)
+    lines = subprocess.run([str(tmp_path / "order")], check=True, capture_output=True,
+                           text=True).stdout.split("\n")
+    rows = [tuple(map(int, ln.split())) for ln in lines if ln]
+    per_tile = bmt * nt
+    g = min(group, bmt)
+    for me in range(w):
+        mine = [r for r in rows if r[0] == me]
+        assert sorted((b, m, n) for _, _, b, m, n in mine) == \
+            sorted((b, m, n) for b in range(w) for m in range(bmt) for n in range(nt))
+        for _, i, b, m, n in mine:
+            step = i // per_tile  # reductions: peers' blocks first and own last; all-gather: own first
+            assert b == ((me + step) % w if workload == "allgather_gemm" else (me + 1 + step) % w)
+            j = i % per_tile
+            if group == 1:
+                assert (m, n) == (j // nt, j % nt)  # row by row
+            else:
+                first = j // (g * nt) * g
+                assert first <= m < first + g  # one wave stays inside its group of m-tiles

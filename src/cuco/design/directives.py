@@ -13,6 +13,7 @@ from cuco.errors import DirectiveError
 
 TILE_MN = (64, 128, 256)
 TILE_K = (32, 64, 128)
+RASTER_GROUPS = (1, 4, 8, 16)
 
 
 def check_field(field: str, v: int) -> int:
@@ -23,6 +24,8 @@ def check_field(field: str, v: int) -> int:
         )
     if field in ("tile_m", "tile_n") and v not in TILE_MN:
         raise ValueError(f"{field}={v} is not supported; choose one of {TILE_MN}")
+    if field == "raster_group" and v not in RASTER_GROUPS:
+        raise ValueError(f"raster_group={v} is not supported; choose one of {RASTER_GROUPS}")
     if field == "tile_k" and v not in TILE_K:
         raise ValueError(f"tile_k={v} is not supported; choose one of {TILE_K}")
     return v
@@ -53,11 +56,18 @@ class Directives(BaseModel):
     stages: int = Field(default=4, ge=2, le=8, description="mainloop pipeline stages")
     comm_ctas: int = Field(default=0, ge=0, le=64, description="CTAs reserved for communication")
     chunk_schedule: ChunkSchedule = ChunkSchedule.DIRECT
+    raster_group: int = Field(default=1, description="in-kernel placements: m-tiles a CTA wave "
+                              "walks down before moving along N (1: row by row)")
 
     @field_validator("chunk_bytes")
     @classmethod
     def _chunk(cls, v: int) -> int:
         return check_field("chunk_bytes", v)
+
+    @field_validator("raster_group")
+    @classmethod
+    def _raster(cls, v: int) -> int:
+        return check_field("raster_group", v)
 
     @field_validator("tile_m", "tile_n", "tile_k")
     @classmethod
@@ -96,6 +106,8 @@ class Directives(BaseModel):
         extra = f"t{self.tile_m}x{self.tile_n}x{self.tile_k}.s{self.stages}"
         if self.comm_ctas:
             extra += f".cc{self.comm_ctas}"
+        if self.raster_group != 1:
+            extra += f".g{self.raster_group}"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def to_json(self) -> str:

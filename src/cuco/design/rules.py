@@ -55,6 +55,11 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "
             "per-chunk or per-CTA sync; set sync_scope=chunk or cta, or chunk_schedule=direct"
         )
+    if placement == "side_stream" and d.get("raster_group", 1) != 1:
+        out.append(
+            "raster_group: placement=side_stream runs a vendor GEMM per chunk; raster_group "
+            "orders the tiles of the in-kernel placements only; set raster_group=1"
+        )
     need = smem_bytes(tm, tn, tk, stages)
     if need > SMEM_LIMIT_BYTES:
         fit = SMEM_LIMIT_BYTES // smem_bytes(tm, tn, tk, 1)

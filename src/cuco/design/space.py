@@ -26,7 +26,7 @@ FIELDS: tuple[str, ...] = tuple(Directives.model_fields)
 
 #: Fields whose choices are ordered, so a small mutation moves to a neighbour.
 ORDINAL: frozenset[str] = frozenset(
-    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas"}
+    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group"}
 )
 
 DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
@@ -40,6 +40,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "tile_k": (64,),
     "stages": (3, 4),
     "comm_ctas": (0, 4, 8, 16),
+    "raster_group": (1,),
     "chunk_schedule": tuple(ChunkSchedule),
 }
 

@@ -112,7 +112,7 @@ def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
                      backend=d.backend.value, issuer=d.issuer.value, ctype=CTYPES[problem.dtype],
                      cutlass_type=CUTLASS_TYPES[problem.dtype], world=problem.world_size,
                      m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
-                     stages=d.stages, comm_ctas=d.comm_ctas if d.placement.value == "dedicated_ctas" else 0,
+                     stages=d.stages, raster_group=d.raster_group, comm_ctas=d.comm_ctas if d.placement.value == "dedicated_ctas" else 0,
                      max_ranks=MAX_RANKS, flag_stride=FLAG_STRIDE, name=d.full_name,
                      gemm_only=gemm_only)
         if gemm_only:
