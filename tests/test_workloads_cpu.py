@@ -6,6 +6,7 @@ import pytest
 
 from cuco import ShapeError
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter, get
+from cuco.kernels.tp import FLAG_STRIDE
 from cuco.workloads.side_stream import ArenaLayout
 
 
@@ -44,7 +45,9 @@ def test_arena_layout_is_page_aligned_and_disjoint():
     lay = ArenaLayout.for_workload(GemmAllReduce(8192, 8192, 8192, 2))
     region = 8192 * 8192 * 2
     assert lay.data["p"] == 0 and lay.guards[0] == region and lay.data["o"] == region + 4096
-    assert lay.guards[1] == lay.data["o"] + region and lay.flags == lay.guards[1] + 4096
+    assert lay.guards[1] == lay.data["o"] + region and lay.data["r"] == lay.guards[1] + 4096
+    assert lay.guards[2] == lay.data["r"] + region and lay.flags == lay.guards[2] + 4096
+    assert lay.bar - lay.flags >= 2 * 2 * FLAG_STRIDE * 8  # side-stream counters, then in-kernel epochs
     assert lay.bar > lay.flags
     assert all(v % 4096 == 0 for v in (*lay.data.values(), *lay.guards, lay.flags, lay.bar, lay.size))
     ag = ArenaLayout.for_workload(AllGatherGemm(2048, 4096, 4096, 2))

@@ -93,6 +93,10 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
     d = Directives(**cand.directives)
     from cuco.kernels.tp import render_tp
     src, plan = render_tp(problem, d)
+    if plan is None:
+        raise CucoError(f"candidate {candidate_id} has placement={d.placement.value}: its kernel is a "
+                        "shared object launched by cuco's workers; exporting it as a callable is not "
+                        "built yet (export a side_stream candidate)")
     source = cand.source or src.source
     comp = Compiler(arch=arch)
     built = comp.compile(source, needs=src.needs, name=src.name)

@@ -196,7 +196,7 @@ class TPBench:
                        "overlap_eff": r["overlap_eff"],
                        "torch_fused_ms": (r.get("peers") or {}).get("torch_fused_ms"),
                        "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused"),
-                       "vendor_gemm_ms": r["gemm_ms"], "in_kernel_gemm_ms": profile.get(case)}
+                       "vendor_gemm_ms": r.get("gemm_ms"), "in_kernel_gemm_ms": profile.get(case)}
                 for case, r in best.items()}
 
     def _print(self, summary: dict[str, Any]) -> None:

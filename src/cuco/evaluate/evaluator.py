@@ -129,7 +129,10 @@ class Evaluator:
         return p.model_copy(update={"m": 256 * w, "n": 512 * w, "k": 512 * w})
 
     def small_directives(self, d: Directives, small: Problem) -> Directives:
-        """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile)."""
+        """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile);
+        in-kernel placements move one tile per flag, so they keep their chunk."""
+        if d.placement.value in ("epilogue", "dedicated_ctas"):
+            return d
         fit = small.output_bytes_per_rank() // 4
         chunk = d.chunk_bytes
         while chunk > fit and chunk > (1 << 15):
