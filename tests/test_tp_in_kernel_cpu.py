@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cuco.benchmarks.tp_workloads import SHAPES, grid, in_kernel
+from cuco.benchmarks.tp_workloads import SHAPES, grid
 from cuco.design import Directives, Problem
 from cuco.errors import DirectiveError
 from cuco.kernels import evolve
-from cuco.kernels.tp import IN_KERNEL, render_tp
+from cuco.kernels.tp import IN_KERNEL, in_kernel, render_tp
 
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 

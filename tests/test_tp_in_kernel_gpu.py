@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cuco.benchmarks.tp_workloads import in_kernel
 from cuco.design import Problem
 from cuco.kernels import Compiler
-from cuco.kernels.tp import render_tp
+from cuco.kernels.tp import in_kernel, render_tp
 
 pytestmark = pytest.mark.gpu(count=2)
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
-from cuco.benchmarks.variants import compile_variants
+from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.workloads.pipeline import BASELINES, PipelineWorkload
 
 #: NVSHMEM symmetric heap for the largest arena (MoE prefill: ~1.5 GB).
@@ -43,33 +43,16 @@ class PipelineBench:
         return {wl.label: specs.get(wl.label, []) for wl in self.workloads}
 
     def run(self) -> Path:
-        from cuco.runtime import WorkerGroup
-        from cuco.runtime.collective_ops import merge_ranks
         from cuco.workloads.pipeline import PipelineCase
 
         t0 = time.perf_counter()
         specs = self.compile_all()
         compile_s = time.perf_counter() - t0
-        rows: list[dict[str, Any]] = []
-        group = WorkerGroup(self.world_size, nvshmem=True,
-                            env={"NVSHMEM_SYMMETRIC_SIZE": str(HEAP_BYTES)})
-        group.start()
-        device = results.device_label(group.infos)
-        try:
-            for wl in self.workloads:
-                case = PipelineCase(wl, specs[wl.label], iters=self.iters, warmup=self.warmup)
-                t1 = time.perf_counter()
-                res = group.run(case, timeout=self.timeout_s)
-                if not res.ok:
-                    self.console.print(f"[red]{wl.label}: {res.status}[/]\n{res.error_text()[-3000:]}")
-                    rows.append({"case": wl.label, "variant": "*", "status": res.status,
-                                 "error": res.error_text()[-2000:], "correct": False})
-                    continue
-                rows.extend(self.rows(wl, merge_ranks(res.results)))
-                self.console.print(f"{wl.label}: {len(specs[wl.label])} variants, "
-                                   f"{time.perf_counter() - t1:.0f} s")
-        finally:
-            group.close()
+        rows, device = run_cases(
+            [(wl.label, PipelineCase(wl, specs[wl.label], iters=self.iters, warmup=self.warmup),
+              lambda merged, wl=wl: self.rows(wl, merged)) for wl in self.workloads],
+            world_size=self.world_size, heap_bytes=HEAP_BYTES, timeout_s=self.timeout_s,
+            console=self.console)
         summary = self.summary(rows)
         path = results.write(self.name, rows, device=device, world_size=self.world_size,
                              out_dir=self.out_dir,

@@ -20,24 +20,16 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
-from cuco.benchmarks.variants import compile_variants
+from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.design import Directives, Problem
 from cuco.design.tiles import chunk_sizes
-from cuco.kernels.tp import IN_KERNEL, render_tp
+from cuco.kernels.tp import IN_KERNEL, in_kernel, render_tp
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 
 
 PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
-
-
-def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int = 256,
-              stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2) -> Directives:
-    """An ``epilogue``/``dedicated_ctas`` point: tile 128 x ``tile_n`` x 64, one tile per flag."""
-    return Directives(backend=backend, placement=placement, sync_scope="chunk", issuer=issuer,
-                      tile_m=128, tile_n=tile_n, tile_k=64, stages=stages, comm_ctas=comm_ctas,
-                      chunk_bytes=128 * tile_n * dtype_bytes)
 
 
 #: The in-kernel point whose GEMM alone is timed beside it (``profile.gemm_only.*`` rows).
@@ -104,36 +96,24 @@ class TPBench:
         return compile_variants(points, self.console, arch)
 
     def run(self) -> Path:
-        from cuco.runtime import WorkerGroup
-        from cuco.runtime.collective_ops import merge_ranks
         from cuco.workloads.jobs import WorkloadCase
 
         t0 = time.perf_counter()
         specs = self.compile_all()
         compile_s = time.perf_counter() - t0
-        rows: list[dict[str, Any]] = []
-        group = WorkerGroup(self.world_size, nvshmem=True,
-                            env={"NVSHMEM_SYMMETRIC_SIZE": str(2 << 30)})
-        group.start()
-        device = results.device_label(group.infos)
-        try:
-            for p in self.problems():
-                case = WorkloadCase(p.workload, p.m, p.n, p.k, variants=specs.get(p.label, []),
-                                    iters=self.iters, warmup=self.warmup)
-                res = group.run(case, timeout=580)
-                if not res.ok:
-                    self.console.print(f"[red]{p.label}: {res.status}[/]\n{res.error_text()[-3000:]}")
-                    rows.append({"case": p.label, "variant": "*", "status": res.status,
-                                 "error": res.error_text()[-2000:], "correct": False})
-                    continue
-                rows.extend(self._rows(p, merge_ranks(res.results)))
-                self.console.print(f"{p.label}: done")
-                # a run cut short still leaves every finished case on disk
-                results.write(self.name, rows, device=device, world_size=self.world_size,
-                              out_dir=self.out_dir, extra={"compile_s": round(compile_s, 1),
-                                                           "partial": True, "summary": self._summary(rows)})
-        finally:
-            group.close()
+
+        def checkpoint(rows: list[dict], device: str) -> None:
+            """A run cut short still leaves every finished case on disk."""
+            results.write(self.name, rows, device=device, world_size=self.world_size,
+                          out_dir=self.out_dir, extra={"compile_s": round(compile_s, 1),
+                                                       "partial": True, "summary": self._summary(rows)})
+
+        rows, device = run_cases(
+            [(p.label, WorkloadCase(p.workload, p.m, p.n, p.k, variants=specs.get(p.label, []),
+                                    iters=self.iters, warmup=self.warmup),
+              lambda merged, p=p: self._rows(p, merged)) for p in self.problems()],
+            world_size=self.world_size, heap_bytes=2 << 30, timeout_s=580, console=self.console,
+            checkpoint=checkpoint)
         if self.peers:
             self._add_peers(rows)
         summary = self._summary(rows)

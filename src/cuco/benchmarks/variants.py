@@ -1,6 +1,11 @@
-"""Compile a benchmark's directive grids into the variant specs its jobs take."""
+"""What the benchmarks share: compiling their directive grids into the variant specs their
+jobs take, and running those jobs case by case on one worker group."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -24,3 +29,35 @@ def compile_variants(points: list[tuple[str, Directives, KernelSource]], console
         else:
             console.print(f"[red]{label} {d.full_name} does not compile[/]: {r}")
     return specs
+
+
+def run_cases(cases: list[tuple[str, Any, Callable[[dict], list[dict]]]], *, world_size: int,
+              heap_bytes: int, timeout_s: float, console: Console,
+              checkpoint: Callable[[list[dict], str], None] | None = None) -> tuple[list[dict], str]:
+    """Run each ``(label, job, rows_of)`` on one worker group (NVSHMEM on); ``rows_of`` turns
+    the merged ranks into result rows, a failed job leaves one ``variant="*"`` row saying why.
+    ``checkpoint(rows, device)`` runs after every finished case. Returns ``(rows, device)``."""
+    from cuco import results
+    from cuco.runtime import WorkerGroup
+    from cuco.runtime.collective_ops import merge_ranks
+
+    rows: list[dict[str, Any]] = []
+    group = WorkerGroup(world_size, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(heap_bytes)})
+    group.start()
+    device = results.device_label(group.infos)
+    try:
+        for label, job, rows_of in cases:
+            t0 = time.perf_counter()
+            res = group.run(job, timeout=timeout_s)
+            if not res.ok:
+                console.print(f"[red]{label}: {res.status}[/]\n{res.error_text()[-3000:]}")
+                rows.append({"case": label, "variant": "*", "status": res.status,
+                             "error": res.error_text()[-2000:], "correct": False})
+                continue
+            rows.extend(rows_of(merge_ranks(res.results)))
+            console.print(f"{label}: {len(job.variants)} variants, {time.perf_counter() - t0:.0f} s")
+            if checkpoint is not None:
+                checkpoint(rows, device)
+    finally:
+        group.close()
+    return rows, device

@@ -37,7 +37,7 @@ from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
 from cuco.kernels import evolve
-from cuco.kernels.tp import render_tp
+from cuco.kernels.tp import IN_KERNEL, render_tp
 from cuco.runtime.collective_ops import merge_ranks
 from cuco.workloads import Workload
 from cuco.workloads.base import REGISTRY, get
@@ -131,7 +131,7 @@ class Evaluator:
     def small_directives(self, d: Directives, small: Problem) -> Directives:
         """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile);
         in-kernel placements move one tile per flag, so they keep their chunk."""
-        if d.placement.value in ("epilogue", "dedicated_ctas"):
+        if d.placement.value in IN_KERNEL:
             return d
         fit = small.output_bytes_per_rank() // 4
         chunk = d.chunk_bytes

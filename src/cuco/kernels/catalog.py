@@ -38,9 +38,8 @@ def tp_sources() -> list[KernelSource]:
 def in_kernel_sources() -> list[KernelSource]:
     """The one-kernel placements (CUTLASS mainloop): each workload with epilogue and
     dedicated_ctas, both backends and every issuer among them, at a small shape."""
-    from cuco.benchmarks.tp_workloads import in_kernel
     from cuco.design import Problem
-    from cuco.kernels.tp import TP_FAMILIES, render_tp
+    from cuco.kernels.tp import TP_FAMILIES, in_kernel, render_tp
 
     picks = {"gemm_allreduce": (("epilogue", "lsa", "cta"), ("dedicated_ctas", "nvshmem", "warp")),
              "gemm_reducescatter": (("epilogue", "nvshmem", "thread"), ("dedicated_ctas", "lsa", "cta")),

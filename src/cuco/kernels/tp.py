@@ -30,6 +30,14 @@ IN_KERNEL = ("epilogue", "dedicated_ctas")
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 
 
+def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int = 256,
+              stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2) -> Directives:
+    """An ``epilogue``/``dedicated_ctas`` point: tile 128 x ``tile_n`` x 64, one tile per flag."""
+    return Directives(backend=backend, placement=placement, sync_scope="chunk", issuer=issuer,
+                      tile_m=128, tile_n=tile_n, tile_k=64, stages=stages, comm_ctas=comm_ctas,
+                      chunk_bytes=128 * tile_n * dtype_bytes)
+
+
 def local_gemm(problem: Problem) -> tuple[int, int, int]:
     """``(rows of C, cols of C, K)`` of the GEMM one rank runs in a fused kernel."""
     w = problem.world_size

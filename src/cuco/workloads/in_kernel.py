@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 
 from cuco.design import Directives
-from cuco.kernels.tp import FLAG_STRIDE
 from cuco.workloads.base import Buffers, Workload
 from cuco.workloads.side_stream import Arena, ArenaLayout, _arena_view
 
@@ -55,9 +54,7 @@ class InKernelRunner:
             self.a0, self.a1 = ctx.devcomm.ptr, arena.window.handle
         self.bases = (ctypes.c_void_p * w)(*bases)
         data = lay.data["xf"] if self.pattern == "allgather_gemm" else lay.data["r"]
-        # the second half of the flag area: the side-stream variants' counters live in the first
-        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0),
-                        lay.flags + w * FLAG_STRIDE * 8)
+        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.in_kernel_flags)
 
     def __call__(self) -> None:
         ctx, a = self.ctx, self.arena

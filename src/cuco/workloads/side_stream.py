@@ -76,6 +76,12 @@ class ArenaLayout:
         return cls(data, flags, bar, off, tuple(guards))
 
     @property
+    def in_kernel_flags(self) -> int:
+        """Second half of the flag area: the in-kernel variants' epoch flags (the side-stream
+        variants' chunk counters use the first half; one job may run both)."""
+        return self.flags + (self.bar - self.flags) // 2
+
+    @property
     def sync_bytes(self) -> int:
         """Flags and barrier slots: zeroed before a job's first fused call."""
         return self.size - self.flags
