@@ -29,7 +29,7 @@ from cuco.errors import DirectiveError
 from cuco.kernels.collectives import KernelSource
 from cuco.runtime.checking import compare
 from cuco.workloads.base import EPS, Buffers
-from cuco.workloads.jobs import VariantSpec, guarded_output, inputs_and_reference, judge
+from cuco.workloads.jobs import STRESS_US, VariantSpec, guarded_output, inputs_and_reference, judge
 from cuco.workloads.side_stream import ArenaLayout, prepare_arenas
 
 #: Threads per CTA of every pipeline communication kernel.
@@ -180,7 +180,7 @@ class PipelineCase:
     time: bool = True
     warmup: int = 3
     iters: int = 20
-    stress_us: float = 20.0
+    stress_us: float = STRESS_US
 
     def __call__(self, ctx) -> dict[str, Any]:
         wl, s = self.workload, ctx.stream
