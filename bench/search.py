@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reach", type=float, default=0.01)
     ap.add_argument("--kill-resume", action="store_true")
+    ap.add_argument("--placements", default="side_stream",
+                    help="placements of the space (the recorded run: side_stream; the in-kernel "
+                         "ones add 144 CUTLASS builds to the grid)")
     ap.add_argument("--out-dir", default="bench/results")
     a = ap.parse_args(argv)
     m, k, n = (int(v) for v in a.shape.split("x"))
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     wl = get(a.family)(m, n, k, 2)
     group = WorkerGroup(2, nvshmem=True).start()
     ev = Evaluator(wl, group=group, compiler=Compiler(), timing_iters=a.iters)
-    space = gpu_space(wl.problem)
+    space = gpu_space(wl.problem, tuple(a.placements.split(",")))
     t0 = time.perf_counter()
     grid = grid_sweep(ev, space, a.iters)
     grid_s = time.perf_counter() - t0
@@ -175,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         entries[key] = entry
     device = results.device_label(group.infos)
     group.close()
-    extra = {"workload": wl.label, "space_size": space.size, "grid_seconds": round(grid_s, 1),
+    extra = {"workload": wl.label, "placements": a.placements, "space_size": space.size, "grid_seconds": round(grid_s, 1),
              "grid_best_speedup": gbest["speedup"], "grid_best_variant": gbest["variant"],
              "best_speedup": entries["two_phase"]["best_speedup"],
              "evaluations_to_reach_grid_best": entries["two_phase"]["evaluations_to_reach_grid_best"],
              "reach_tolerance": a.reach, **entries}
     if a.kill_resume:
-        extra["kill_resume"] = kill_resume(a.family, a.shape, 24, workdir)
+        extra["kill_resume"] = kill_resume(a.family, a.shape, 24, workdir, ("--placements", a.placements))
     rows = [{"case": wl.label, **r} for r in grid]
     path = results.write(f"search_{a.family}", rows, device=device, world_size=2,
                          out_dir=a.out_dir, extra=extra)

@@ -92,3 +92,14 @@ def test_fastpath_says_what_it_needs(tmp_path):
     assert r.returncode == 1 and "GPU(s) visible but the fast path needs 2" in r.stdout
     r = cuco("fastpath", "--shape", "8192x8192", "--db", str(tmp_path / "c.db"))
     assert r.returncode == 2 and "is not MxKxN" in r.stdout
+
+
+def test_search_placements_narrow_the_space_and_bad_ones_are_named(tmp_path):
+    db = tmp_path / "c.db"
+    r = cuco("search", "--dry-run", "--placements", "epilogue,bogus", "--db", str(db))
+    assert r.returncode == 2 and "choose among side_stream, epilogue, dedicated_ctas" in r.stdout
+    r = cuco("search", "--dry-run", "--placements", "side_stream", "--budget", "10", "--islands", "2",
+             "--shape", "2048x4096x4096", "--db", str(db))
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {c.directives["placement"] for c in CandidateDB(db).candidates()}
+    assert got == {"side_stream"}

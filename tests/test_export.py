@@ -30,6 +30,11 @@ def test_round_trip(searched):
     assert again.manifest == art.manifest
     assert again.directives == res.best.directives and again.problem.m == 2048
     assert again.cubin.read_bytes()[:4] == b"\x7fELF"
+    # the in-kernel placements ship the shared object that launches their one kernel
+    in_kernel = again.directives.placement.value != "side_stream"
+    assert again.manifest["launcher"] is in_kernel
+    assert again.cubin.name == ("kernel.so" if in_kernel else "kernel.cubin")
+    assert (again.manifest["plan"] is None) is in_kernel
     assert "EVOLVE-BLOCK-START" in again.source
     assert again.manifest["evaluation"]["model"] is True  # a dry-run score says so
     assert again.speedup == pytest.approx(res.best.score)

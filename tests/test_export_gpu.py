@@ -1,6 +1,6 @@
-"""An exported GEMM+AllReduce kernel called from torch on 2 GPUs: the answer matches
-torch's GEMM + all-reduce, and its time is within 5 % of the time the evaluator
-recorded for it in the database."""
+"""An exported GEMM+AllReduce kernel (side-stream, and the one-kernel epilogue) called from
+torch on 2 GPUs: the answer matches torch's GEMM + all-reduce, and its time is within 5 % of
+the time the evaluator recorded for it in the database."""
 
 from __future__ import annotations
 
@@ -15,15 +15,18 @@ import pytest
 from cuco import CandidateDB, Directives
 from cuco.evaluate import Evaluator
 from cuco.export import export
+from cuco.kernels.tp import in_kernel
 from cuco.workloads import GemmAllReduce
 
 pytestmark = pytest.mark.gpu(count=2)
 SCRIPT = Path(__file__).parent / "gpu_scripts" / "torch_call.py"
-D = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=32,
-               chunk_bytes=4 << 20)
+SIDE = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=32,
+                  chunk_bytes=4 << 20)
+ONE_KERNEL = in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8)
 
 
-def test_exported_kernel_from_torch_is_right_and_as_fast(gpu_group, tmp_path):
+@pytest.mark.parametrize("D", [SIDE, ONE_KERNEL], ids=["side_stream", "epilogue"])
+def test_exported_kernel_from_torch_is_right_and_as_fast(gpu_group, tmp_path, D):
     pytest.importorskip("torch")
     wl = GemmAllReduce(8192, 8192, 8192, 2)
     db = CandidateDB(tmp_path / "c.db")

@@ -134,7 +134,7 @@ def test_diffs_apply_inside_blocks_only():
 
 def test_recorded_llm_search_rejects_bad_replies_and_accounts_cost(tmp_path):
     db = CandidateDB(tmp_path / "c.db")
-    space = gpu_space(P)
+    space = gpu_space(P, ("side_stream",))  # the recorded replies edit the side-stream blocks
     client = RecordedClient([{"text": GOOD, "prompt_tokens": 2000, "completion_tokens": 100,
                               "model": "gpt-4o"},
                              {"text": "I cannot help", "model": "gpt-4o"},

@@ -61,10 +61,34 @@ def test_render_refuses_what_has_no_template():
 def test_every_point_of_the_gpu_search_space_renders(family):
     p = Problem(workload=family, m=2048, n=4096, k=4096, world_size=2)
     g = list(gpu_space(p).enumerate())
-    assert g and all(d.placement.value == "side_stream" for d in g)
+    assert {d.placement.value for d in g} == {"side_stream", "epilogue", "dedicated_ctas"}
     assert len({d.full_name for d in g}) == len(g)
     for d in g:
         render_tp(p, d)  # raises if the search could propose a point with no kernel
+    assert {d.comm_warps for d in g if d.placement.value != "side_stream"} == {0, 3}
+    assert {(d.raster_group, d.comm_warps) for d in g if d.placement.value == "side_stream"} == {(1, 0)}
+    only = gpu_space(p, ("side_stream",))
+    assert only.size == sum(d.placement.value == "side_stream" for d in g)
+
+
+def test_a_workload_with_a_python_chunk_epilogue_searches_side_stream_only():
+    from cuco.workloads import GemmAllReduce, register
+    from cuco.workloads.base import REGISTRY
+
+    class Scaled(GemmAllReduce):
+        family = "scaled_allreduce_space_test"
+        pattern = "gemm_allreduce"
+
+        def chunk_epilogue(self, ctx, inputs, ptr, row0, rows, stream):
+            pass
+
+    register(Scaled)
+    try:
+        p = Problem(workload="gemm_allreduce", m=2048, n=4096, k=4096, world_size=2)
+        assert {d.placement.value for d in gpu_space(p.model_copy(update={"workload": Scaled.family})).enumerate()} \
+            == {"side_stream"}
+    finally:
+        REGISTRY.pop(Scaled.family)
 
 
 def test_chunk_sizes_are_powers_of_two_cutting_the_output():

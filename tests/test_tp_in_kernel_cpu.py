@@ -60,6 +60,28 @@ def test_refusals_name_the_dimension_and_the_fix(change, field, fix):
     assert any(line.startswith(field) and fix in line for line in err.value.problems), err.value
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_comm_warps_take_the_epilogue_off_the_consumers(family):
+    """With comm_warps the consumers only stage each tile and hand it over (FULL), waiting
+    only for the comm warps to free the stage (EMPTY); without, they run the epilogue."""
+    p = Problem(workload=family, m=1024, n=1024, k=1024, world_size=2)
+    handed, own = (render_tp(p, in_kernel("epilogue", comm_warps=w))[0].source for w in (3, 0))
+    consumers = handed[handed.index("// ---- consumers"):handed.index("// ---- host side")]
+    assert "tile_epilogue" not in consumers and "NamedBarrier::arrive(kHandoff, kBarFull)" in consumers
+    assert "tile_epilogue<kCommThreads>" in handed and "constexpr int kCommWarps = 3;" in handed
+    assert "warpgroup_reg_dealloc<56>" in handed and "warpgroup_reg_alloc<224>" in handed
+    assert "tile_epilogue<kMmaThreads>" in own and "kBarFull" not in own.split("// ---- the kernel")[1]
+    assert "warpgroup_reg_alloc<232>" in own
+
+
+def test_comm_warps_are_an_in_kernel_tunable():
+    with pytest.raises(DirectiveError, match="comm_warps: placement=side_stream .* set comm_warps=0"):
+        Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, comm_warps=2)
+    with pytest.raises(ValueError, match="comm_warps"):
+        in_kernel("epilogue", comm_warps=4)  # the producer warpgroup has 3 spare warps
+    assert in_kernel("epilogue", comm_warps=3, raster_group=8).full_name.endswith(".g8.cw3.direct")
+
+
 def test_a_block_of_rows_that_does_not_tile_is_refused():
     p = Problem(workload="gemm_reducescatter", m=384, n=1024, k=1024, world_size=2)  # 192 rows/rank
     with pytest.raises(DirectiveError, match="multiple of tile_m=128; choose M a multiple of 256"):

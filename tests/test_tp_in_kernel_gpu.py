@@ -19,7 +19,11 @@ def grid():
     return [in_kernel("epilogue", "lsa", "cta"), in_kernel("epilogue", "lsa", "thread"),
             in_kernel("epilogue", "nvshmem", "warp"), in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=4),
             in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4),
-            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2)]
+            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2),
+            # the epilogue handed to spare producer warps; grouped tile orders
+            in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=4),
+            in_kernel("epilogue", "nvshmem", "thread", comm_warps=1, raster_group=16),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, raster_group=8)]
 
 
 def build(problem, points, edit=None):
@@ -49,14 +53,16 @@ def test_in_kernel_grid_is_correct(gpu_group, family, shape):
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
 
 
-def test_a_reduction_that_skips_its_flag_wait_is_caught(gpu_group):
-    """The owner reads its peers' partials without waiting for their flags: the stressed
-    correctness run must see NaN poison (or a stale partial) and fail it."""
+@pytest.mark.parametrize("comm_warps", [0, 3])
+def test_a_reduction_that_skips_its_flag_wait_is_caught(gpu_group, comm_warps):
+    """The owner reads its peers' partials without waiting for their flags (in the consumer
+    warpgroups or in the comm warps): the stressed correctness run must see NaN poison (or
+    a stale partial) and fail it."""
     from cuco.runtime.collective_ops import merge_ranks
     from cuco.workloads.jobs import WorkloadCase
 
     m, n, k = 1024, 1024, 2048
-    d = in_kernel("epilogue", "lsa", "cta")
+    d = in_kernel("epilogue", "lsa", "cta", comm_warps=comm_warps)
     cheat = "  wait_peers<N>(p, me, [&](int r) { return partial_slot(r, t); });\n"
     specs = build(Problem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
                   edit=lambda s: s.replace(cheat, "  group_sync<N>();\n"))

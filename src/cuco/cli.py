@@ -157,6 +157,8 @@ def search(
     llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
     cluster: Optional[str] = typer.Option(None, help="Ray address (ray://host:10001), or 'local'"),
     hosts: int = typer.Option(2, help="cluster hosts (one actor each)"),
+    placements: str = typer.Option("side_stream,epilogue,dedicated_ctas",
+                                   help="placements to search (comma-separated)"),
     db: str = DB_OPTION,
 ) -> None:
     """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
@@ -193,7 +195,8 @@ def search(
             result = run_search(workload, m, n, k, world_size, db=db, budget=budget,
                                 islands=islands, seed=seed, proposer=proposer, dry_run=dry_run,
                                 resume=resume, on_progress=show, llm=llm,
-                                cluster=cluster, hosts=hosts)
+                                cluster=cluster, hosts=hosts,
+                                placements=_placements(placements))
     except KeyboardInterrupt:
         console.print("[yellow]stopped; resume with[/] cuco search --resume <run id> "
                       "(see `cuco db ls`)")
@@ -217,6 +220,17 @@ def _shape(shape: str) -> tuple[int, int, int]:
         console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
         raise typer.Exit(2) from None
     return m, k, n
+
+
+def _placements(text: str) -> tuple[str, ...]:
+    """``--placements a,b`` -> a tuple, or exit 2 naming the placements there are."""
+    from cuco.agents.api import PLACEMENTS
+    picked = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in picked if p not in PLACEMENTS]
+    if bad or not picked:
+        console.print(f"[red]--placements {text!r}: choose among {', '.join(PLACEMENTS)}[/]")
+        raise typer.Exit(2)
+    return picked
 
 
 @app.command()

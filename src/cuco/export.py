@@ -28,7 +28,6 @@ from filelock import FileLock
 
 from cuco.db import CandidateDB
 from cuco.design import Directives, Problem
-from cuco.design.tiles import ChunkPlan
 from cuco.errors import CucoError
 from cuco.kernels import Compiler, toolchain
 
@@ -93,16 +92,15 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
     d = Directives(**cand.directives)
     from cuco.kernels.tp import render_tp
     src, plan = render_tp(problem, d)
-    if plan is None:
-        raise CucoError(f"candidate {candidate_id} has placement={d.placement.value}: its kernel is a "
-                        "shared object launched by cuco's workers; exporting it as a callable is not "
-                        "built yet (export a side_stream candidate)")
     source = cand.source or src.source
     comp = Compiler(arch=arch)
     built = comp.compile(source, needs=src.needs, name=src.name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(built.path, out / "kernel.cubin")
+    # in-kernel placements (plan None) are shared objects: their host function builds
+    # CUTLASS's TMA descriptors and launches the one persistent kernel
+    binary = "kernel.so" if plan is None else "kernel.cubin"
+    shutil.copyfile(built.path, out / binary)
     (out / "kernel.cu").write_text(source)
     versions = toolchain.library_versions()
     manifest = {
@@ -110,10 +108,11 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "workload": problem.workload, "problem": problem.model_dump(),
         "directives": json.loads(d.to_json()), "variant": d.full_name,
-        "plan": {"rows": plan.rows, "chunks": plan.n_chunks, "chunk_bytes": plan.chunk_bytes},
+        "plan": None if plan is None else {"rows": plan.rows, "chunks": plan.n_chunks,
+                                           "chunk_bytes": plan.chunk_bytes},
         "arch": comp.arch, "world_size": problem.world_size, "needs": list(src.needs),
         "versions": {k: versions.get(k) for k in ("nccl", "nvshmem", "nvcc")},
-        "kernels": list(src.functions), "cubin": "kernel.cubin", "source": "kernel.cu",
+        "kernels": list(src.functions), "cubin": binary, "launcher": plan is None, "source": "kernel.cu",
         "candidate_id": candidate_id, "db": db.url,
         "evaluation": {"status": ev.status, "time_ms": ev.time_ms, "speedup": ev.speedup,
                        "overlap_eff": ev.overlap_eff, "bound_ms": ev.bound_ms,
@@ -157,7 +156,7 @@ def load(path: str | Path, *, world_size: int | None = None, shape: tuple[int, i
                             "bake their chunk plan in, so tune this shape")
     if check_versions:
         installed = toolchain.library_versions()
-        for lib in manifest["needs"]:
+        for lib in (n for n in manifest["needs"] if n in ("nccl", "nvshmem")):  # CUTLASS: headers, built in
             got, built = installed.get(lib), manifest["versions"].get(lib)
             if got != built:
                 wheel = {"nccl": "nvidia-nccl-cu13", "nvshmem": "nvidia-nvshmem-cu13"}[lib]

@@ -1,9 +1,11 @@
 """An exported kernel as a callable: ``y = cuco.load(path).bind_torch()(x, w)``.
 
 The call runs in the caller's process on the caller's stream, with the same
-launch code the evaluator timed (:class:`cuco.workloads.side_stream.SideStreamRunner`):
-the artifact's cubin, a symmetric arena registered with cuco's own NCCL
-communicator, cuBLAS chunks on the current stream. With torch, the communicator
+launch code the evaluator timed (:class:`cuco.workloads.side_stream.SideStreamRunner`:
+the artifact's cubin and cuBLAS chunks on the current stream; for the in-kernel
+placements :class:`cuco.workloads.in_kernel.InKernelRunner`: the artifact's shared
+object launches one persistent kernel), with a symmetric arena registered with cuco's
+own NCCL communicator. With torch, the communicator
 is made from an existing ``torch.distributed`` group (rank 0's NCCL id goes
 round through the group); with CuPy, the caller passes the id.
 
@@ -106,6 +108,8 @@ class FusedCall:
         """``x @ w`` fused with the collective; returns the same kind as ``x``."""
         import cupy
 
+        from cuco.kernels.tp import IN_KERNEL
+        from cuco.workloads.in_kernel import InKernelRunner
         from cuco.workloads.side_stream import SideStreamRunner
 
         is_torch = type(x).__module__.startswith("torch")
@@ -132,9 +136,11 @@ class FusedCall:
         else:
             dest = dtypes.empty(rows * cols, dt)
         inputs = {"x": xs, "w": ws}
-        if self.runner is None:
-            self.runner = SideStreamRunner(self.ctx, self.workload, self.artifact.directives,
-                                           str(self.artifact.cubin), self.arena, inputs, dest)
+        if self.runner is None:  # the launch code the evaluator timed, for this placement
+            runner = InKernelRunner if self.artifact.directives.placement.value in IN_KERNEL \
+                else SideStreamRunner
+            self.runner = runner(self.ctx, self.workload, self.artifact.directives,
+                                 str(self.artifact.cubin), self.arena, inputs, dest)
         self.runner.inputs, self.runner.out = inputs, dest
         with stream:
             self.runner()

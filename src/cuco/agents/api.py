@@ -7,17 +7,65 @@ from typing import Any
 from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
 from cuco.agents.proposers import OfflineProposer, TPEProposer
 from cuco.db import CandidateDB
-from cuco.design import DesignSpace, Problem
+from cuco.design import DesignSpace, Directives, Problem
 from cuco.design.tiles import chunk_sizes
 
 
-def gpu_space(problem: Problem) -> DesignSpace:
-    """The points that have a fused template today (side_stream; tiles and stages unused)."""
-    chunks = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
-    return DesignSpace(problem, backend=["lsa", "nvshmem"], placement=["side_stream"],
-                       sync_scope=["chunk"], chunk_bytes=chunks, tile_m=[128], tile_n=[128],
-                       tile_k=[64], stages=[4], comm_ctas=[8, 16, 32, 64],
+PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
+
+
+def gpu_space(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> DesignSpace:
+    """The points that have a fused template, for ``problem``.
+
+    ``side_stream``: vendor GEMM per chunk (tile fields unused, kept at 128x128x64, 4
+    stages); chunk sizes of 2 to 32 chunks per rank, 8 to 64 communication CTAs.
+    ``epilogue`` / ``dedicated_ctas``: the one-kernel CUTLASS templates, one output tile per
+    flag, tiles 128x128 (4 stages) or 128x256 (3), row-by-row or grouped tile order, the
+    epilogue on the consumers or on 3 spare producer warps, 8 or 16 communication CTAs.
+    A workload whose Python ``chunk_epilogue`` runs between chunks gets ``side_stream`` only.
+    """
+    from cuco.kernels import tp
+
+    if _has_chunk_epilogue(problem.workload):
+        placements = tuple(p for p in placements if p not in tp.IN_KERNEL)
+    if not placements:
+        raise ValueError(f"no placement has a template for {problem.workload}; use side_stream")
+    side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
+    in_kernel = [p for p in placements if p in tp.IN_KERNEL]
+    tiles = sorted({128 * tn * problem.dtype_bytes for tn in (128, 256)}) if in_kernel else []
+    comm = ([8, 16, 32, 64] if "side_stream" in placements else []) + ([0] if "epilogue" in placements else []) \
+        + ([8, 16] if "dedicated_ctas" in placements else [])
+
+    def templates(values, prob) -> list[str]:
+        """What the templates add to the design rules: side_stream's chunk sizes and its
+        unused tile fields fixed (no duplicate points); the in-kernel refusals."""
+        if values["placement"].value == "side_stream":
+            out = []
+            if values["chunk_bytes"] not in side:
+                out.append("chunk_bytes: side_stream uses 2 to 32 chunks per rank")
+            if (values["tile_n"], values["stages"]) != (128, 4) or values["comm_ctas"] < 8:
+                out.append("tile_n: side_stream runs a vendor GEMM; its tile fields stay 128x128x64, 4 stages")
+            return out
+        if values["placement"].value == "dedicated_ctas" and values["comm_ctas"] > 16:
+            return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
+        if (values["tile_n"], values["stages"]) not in ((128, 4), (256, 3)):
+            return ["stages: the in-kernel tiles are 128x128 with 4 stages or 128x256 with 3"]
+        return tp.supported(prob, Directives.model_construct(**values))
+
+    return DesignSpace(problem, rules=templates, backend=["lsa", "nvshmem"], placement=list(placements),
+                       sync_scope=["chunk"], chunk_bytes=sorted({*side, *tiles}), tile_m=[128],
+                       tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
+                       stages=[3, 4] if in_kernel else [4], comm_ctas=sorted(set(comm)),
+                       issuer=["thread", "warp", "cta"],
+                       raster_group=[1, 8] if in_kernel else [1], comm_warps=[0, 3] if in_kernel else [0],
                        chunk_schedule=["direct"])
+
+
+def _has_chunk_epilogue(workload: str) -> bool:
+    """A registered workload that adds Python work between chunks (in-kernel cannot run it)."""
+    from cuco.workloads import REGISTRY, Workload
+    cls = REGISTRY.get(workload)
+    return cls is not None and getattr(cls, "chunk_epilogue", None) is not Workload.chunk_epilogue
 
 
 def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
@@ -25,13 +73,14 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
            seed: int = 0, proposer: str = "offline", dry_run: bool = False,
            resume: int | None = None, evaluator: Any = None, on_progress=None,
            llm: str | None = None, cluster: str | None = None, hosts: int = 2,
-           **agent_kw) -> SearchResult:
+           placements: tuple[str, ...] = PLACEMENTS, **agent_kw) -> SearchResult:
     """Search fused kernels for one workload and shape; results land in ``db``.
 
     ``dry_run=True`` scores an analytic model instead of GPUs (no GPU needed);
     otherwise a worker group of ``world_size`` GPUs is started and closed.
     ``llm="openai:MODEL" | "anthropic:MODEL" | "compat:URL|MODEL"`` adds LLM edits of the
-    kernels' EVOLVE-BLOCKs (the key comes from the environment).
+    kernels' EVOLVE-BLOCKs (the key comes from the environment). ``placements`` narrows
+    :func:`gpu_space` (e.g. ``("side_stream",)`` where CUTLASS's Hopper kernels cannot run).
     """
     store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     problem = Problem(workload=workload, m=m, n=n, k=k, world_size=world_size)
@@ -56,7 +105,7 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
             from cuco.workloads import get
             group = WorkerGroup(world_size, nvshmem=True).start()
             evaluator = Evaluator(get(workload)(m, n, k, world_size), group=group)
-    space = agent_kw.pop("space", None) or gpu_space(problem)
+    space = agent_kw.pop("space", None) or gpu_space(problem, tuple(placements))
     prop = TPEProposer(space, seed) if proposer == "tpe" else OfflineProposer(space)
     agent = EvolutionAgent(evaluator, store, space=space, islands=islands, seed=seed,
                            budget=Budget(evaluations=budget), proposer=prop,
@@ -100,7 +149,8 @@ def fastpath(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
         from cuco.workloads import get
         group = WorkerGroup(world_size, nvshmem=True).start()
         evaluator = Evaluator(get(workload)(m, n, k, world_size), group=group)
-    agent = FastPathAgent(evaluator, store, space=gpu_space(problem))
+    # the fast path's baseline: the side-stream template (vendor GEMM, no CUTLASS needed)
+    agent = FastPathAgent(evaluator, store, space=gpu_space(problem, ("side_stream",)))
     run_id = store.create_run(f"{workload}-fastpath", workload, problem=problem.model_dump(),
                               config={"route": "llm" if client else "template", "llm": llm})
     try:

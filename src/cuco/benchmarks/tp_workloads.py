@@ -32,8 +32,11 @@ FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
 
 
-#: The in-kernel point whose GEMM alone is timed beside it (``profile.gemm_only.*`` rows).
-PROFILED = in_kernel("epilogue")
+#: In-kernel points whose GEMM alone is timed beside them (``profile.gemm_only.*`` rows): the
+#: consumers' own epilogue in row-by-row order, and the epilogue handed to comm warps in
+#: row-by-row and grouped (8 m-tiles) order.
+PROFILED = (in_kernel("epilogue"), in_kernel("epilogue", comm_warps=3),
+            in_kernel("epilogue", comm_warps=3, raster_group=8))
 
 
 def grid(problem: Problem, placements: tuple[str, ...] = PLACEMENTS, quick: bool = False) -> list[Directives]:
@@ -52,14 +55,23 @@ def grid(problem: Problem, placements: tuple[str, ...] = PLACEMENTS, quick: bool
                                       issuer="cta", chunk_bytes=chunk, comm_ctas=32))
     esz = problem.dtype_bytes
     if "epilogue" in placements:
-        pts = (("lsa", "cta"), ("nvshmem", "cta")) if quick else (
-            ("lsa", "cta"), ("lsa", "warp"), ("lsa", "thread"), ("nvshmem", "cta"))
-        for backend, issuer in pts:
-            out.append(in_kernel("epilogue", backend, issuer, dtype_bytes=esz))
-        out.append(in_kernel("epilogue", tile_n=128, stages=4, dtype_bytes=esz))
+        # (backend, issuer, tile_n, stages, raster_group, comm_warps)
+        pts = [("nvshmem", "cta", 256, 3, 1, 0), ("nvshmem", "cta", 256, 3, 1, 3),
+               ("nvshmem", "cta", 256, 3, 8, 3), ("lsa", "cta", 256, 3, 8, 3),
+               ("lsa", "cta", 128, 4, 8, 3)]
+        if not quick:
+            pts += [("nvshmem", "cta", 256, 3, 16, 3), ("lsa", "cta", 256, 3, 1, 0), ("lsa", "warp", 256, 3, 8, 3),
+                    ("lsa", "thread", 256, 3, 8, 3), ("nvshmem", "cta", 256, 3, 4, 3),
+                    ("nvshmem", "cta", 256, 3, 8, 1), ("lsa", "cta", 128, 4, 1, 0)]
+        for backend, issuer, tile_n, stages, group, warps in pts:
+            out.append(in_kernel("epilogue", backend, issuer, tile_n=tile_n, stages=stages,
+                                 dtype_bytes=esz, raster_group=group, comm_warps=warps))
     if "dedicated_ctas" in placements:
-        for backend, ctas in ((("lsa", 16),) if quick else (("lsa", 8), ("lsa", 16), ("nvshmem", 16))):
-            out.append(in_kernel("dedicated_ctas", backend, comm_ctas=ctas, dtype_bytes=esz))
+        pts = [("lsa", 16, 8, 3)] if quick else [("lsa", 16, 8, 3), ("lsa", 8, 8, 3), ("lsa", 16, 1, 0),
+                                                 ("nvshmem", 16, 8, 3)]
+        for backend, ctas, group, warps in pts:
+            out.append(in_kernel("dedicated_ctas", backend, comm_ctas=ctas, dtype_bytes=esz,
+                                 raster_group=group, comm_warps=warps))
     valid = []
     for d in out:
         try:
@@ -92,7 +104,8 @@ class TPBench:
         """Render and compile every variant of every case (parallel, cached)."""
         points = [(p.label, d, render_tp(p, d)[0]) for p in self.problems() for d in grid(p, self.placements, self.quick)]
         if set(self.placements) & set(IN_KERNEL):  # profile: the fused kernel's GEMM, no communication
-            points += [(p.label, PROFILED, render_tp(p, PROFILED, gemm_only=True)[0]) for p in self.problems()]
+            points += [(p.label, d, render_tp(p, d, gemm_only=True)[0])
+                       for p in self.problems() for d in PROFILED]
         return compile_variants(points, self.console, arch)
 
     def run(self) -> Path:
@@ -162,10 +175,10 @@ class TPBench:
     @staticmethod
     def _summary(rows: list[dict]) -> dict[str, Any]:
         best: dict[str, dict] = {}
-        profile: dict[str, float] = {}
+        profile: dict[str, dict[str, float]] = {}
         for r in rows:
             if r["variant"].startswith("profile."):
-                profile[r["case"]] = r["ms"]
+                profile.setdefault(r["case"], {})[r["variant"].split(".", 2)[2]] = r["ms"]
             if r["variant"] in ("host_nccl", "gemm_only", "comm_only", "*") or not r.get("correct") \
                     or r.get("suspect"):
                 continue
@@ -176,7 +189,10 @@ class TPBench:
                        "overlap_eff": r["overlap_eff"],
                        "torch_fused_ms": (r.get("peers") or {}).get("torch_fused_ms"),
                        "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused"),
-                       "vendor_gemm_ms": r.get("gemm_ms"), "in_kernel_gemm_ms": profile.get(case)}
+                       "vendor_gemm_ms": r.get("gemm_ms"),
+                       # the fastest in-kernel GEMM without communication, and each one timed
+                       "in_kernel_gemm_ms": min(profile[case].values()) if case in profile else None,
+                       "in_kernel_gemm": profile.get(case, {})}
                 for case, r in best.items()}
 
     def _print(self, summary: dict[str, Any]) -> None:

@@ -58,6 +58,9 @@ class Directives(BaseModel):
     chunk_schedule: ChunkSchedule = ChunkSchedule.DIRECT
     raster_group: int = Field(default=1, description="in-kernel placements: m-tiles a CTA wave "
                               "walks down before moving along N (1: row by row)")
+    comm_warps: int = Field(default=0, ge=0, le=3, description="in-kernel placements: spare "
+                            "producer warps that run each tile's epilogue while the consumer "
+                            "warpgroups compute the next tile (0: the consumers run it)")
 
     @field_validator("chunk_bytes")
     @classmethod
@@ -108,6 +111,8 @@ class Directives(BaseModel):
             extra += f".cc{self.comm_ctas}"
         if self.raster_group != 1:
             extra += f".g{self.raster_group}"
+        if self.comm_warps:
+            extra += f".cw{self.comm_warps}"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def to_json(self) -> str:

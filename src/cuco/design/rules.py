@@ -60,6 +60,11 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "raster_group: placement=side_stream runs a vendor GEMM per chunk; raster_group "
             "orders the tiles of the in-kernel placements only; set raster_group=1"
         )
+    if placement == "side_stream" and d.get("comm_warps", 0):
+        out.append(
+            "comm_warps: placement=side_stream moves chunks from a kernel of its own; comm_warps "
+            "hands the tiles of the in-kernel placements to spare warps only; set comm_warps=0"
+        )
     need = smem_bytes(tm, tn, tk, stages)
     if need > SMEM_LIMIT_BYTES:
         fit = SMEM_LIMIT_BYTES // smem_bytes(tm, tn, tk, 1)

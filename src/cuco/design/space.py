@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, KIB, MIB, Placement, SyncScope
@@ -26,7 +26,7 @@ FIELDS: tuple[str, ...] = tuple(Directives.model_fields)
 
 #: Fields whose choices are ordered, so a small mutation moves to a neighbour.
 ORDINAL: frozenset[str] = frozenset(
-    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group"}
+    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group", "comm_warps"}
 )
 
 DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
@@ -41,10 +41,14 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "stages": (3, 4),
     "comm_ctas": (0, 4, 8, 16),
     "raster_group": (1,),
+    "comm_warps": (0,),
     "chunk_schedule": tuple(ChunkSchedule),
 }
 
 RngLike = random.Random | int | None
+#: Extra rules a caller adds to a space (e.g. which points have a kernel template): the
+#: values of one point and the space's problem in, one line per broken rule out.
+Rules = Callable[[Mapping[str, Any], "Problem | None"], list[str]]
 
 
 def as_rng(rng: Any) -> random.Random:
@@ -67,13 +71,15 @@ class DesignSpace:
     True
     """
 
-    def __init__(self, problem: Problem | None = None, **choices: Sequence[Any]):
+    def __init__(self, problem: Problem | None = None, *, rules: Rules | None = None,
+                 **choices: Sequence[Any]):
         unknown = set(choices) - set(FIELDS)
         if unknown:
             raise DirectiveError(
                 [f"{u}: not a dimension or tunable; known: {', '.join(FIELDS)}" for u in sorted(unknown)]
             )
         self.problem = problem
+        self.rules = rules
         self.choices: dict[str, tuple[Any, ...]] = {}
         for f in FIELDS:
             raw = choices.get(f, DEFAULT_CHOICES[f])
@@ -90,10 +96,17 @@ class DesignSpace:
         self._size: int | None = None
 
     # ---- membership and validity ------------------------------------------------
+    def _broken(self, values: Mapping[str, Any]) -> list[str]:
+        """The design rules and this space's own ``rules`` that ``values`` breaks."""
+        out = violations(values, self.problem)
+        if self.rules is not None and not out:
+            out = list(self.rules(values, self.problem))
+        return out
+
     def violations(self, d: Directives | Mapping[str, Any]) -> list[str]:
         """Rules broken by ``d`` (for this space's problem), plus choices outside the grid."""
         values = d.__dict__ if isinstance(d, Directives) else dict(d)
-        out = violations(values, self.problem)
+        out = self._broken(values)
         for f in FIELDS:
             if values[f] not in self.choices[f]:
                 shown = ", ".join(str(getattr(c, "value", c)) for c in self.choices[f])
@@ -116,7 +129,7 @@ class DesignSpace:
     def _valid_dicts(self) -> Iterator[dict[str, Any]]:
         for combo in itertools.product(*(self.choices[f] for f in FIELDS)):
             values = dict(zip(FIELDS, combo))
-            if not violations(values, self.problem):
+            if not self._broken(values):
                 yield values
 
     def enumerate(self) -> Iterator[Directives]:
@@ -145,7 +158,7 @@ class DesignSpace:
         r = as_rng(rng)
         for _ in range(10_000):
             values = {f: r.choice(self.choices[f]) for f in FIELDS}
-            if not violations(values, self.problem):
+            if not self._broken(values):
                 return Directives.model_construct(**values)
         points = list(self._valid_dicts())
         if not points:
@@ -210,6 +223,14 @@ class DesignSpace:
             values["comm_ctas"] = 0
         if values["placement"] == Placement.SIDE_STREAM and SyncScope.CHUNK in self.choices["sync_scope"]:
             values["sync_scope"] = SyncScope.CHUNK
+        if values["placement"] == Placement.SIDE_STREAM:  # tile order and comm warps: in-kernel only
+            for f, neutral in (("raster_group", 1), ("comm_warps", 0)):
+                if neutral in self.choices[f]:
+                    values[f] = neutral
+        elif self.problem is not None:  # in-kernel placements move one output tile per flag
+            tile = values["tile_m"] * values["tile_n"] * self.problem.dtype_bytes
+            if tile in self.choices["chunk_bytes"]:
+                values["chunk_bytes"] = tile
 
     def crossover(self, a: Directives, b: Directives, rng: RngLike = None) -> Directives:
         """A valid child taking each field from ``a`` or ``b``."""

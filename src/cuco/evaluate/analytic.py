@@ -46,6 +46,20 @@ class AnalyticEvaluator:
         factor = {"gemm_allreduce": 2 * (w - 1) / w, "gemm_reducescatter": (w - 1) / w,
                   "allgather_gemm": (w - 1) / w}.get(p.workload, 1.0)
         t_comm = factor * out / (mc.link_gbs * 1e9) * 1e3
+        host = t_gemm + t_comm + 2 * mc.launch_us * 1e-3
+        if d.placement.value in ("epilogue", "dedicated_ctas"):  # one kernel, a flag per tile
+            tiles = max(1, (p.m * p.n // (w if p.workload == "allgather_gemm" else 1)) // (d.tile_m * d.tile_n))
+            if d.placement.value == "dedicated_ctas":
+                gemm_slow = t_gemm * SMS / (SMS - d.comm_ctas)
+                comm_eff = t_comm / min(1.0, 0.2 + d.comm_ctas / 32)
+            else:  # the epilogue stalls wgmma unless spare warps run it
+                gemm_slow = t_gemm * (1.04 if d.comm_warps else 1.2)
+                comm_eff = t_comm
+            gemm_slow *= 1.0 if d.raster_group > 1 else 1.05  # row by row re-reads the weight
+            issuer = {"cta": 1.0, "warp": 1.02, "thread": 1.05}[d.issuer.value]
+            t = max(gemm_slow, comm_eff * issuer) + max(gemm_slow, comm_eff) / tiles * SMS / 8 \
+                + mc.sync_us * 1e-3 + {"lsa": 0.0, "nvshmem": 0.005, "gin": 0.02}[d.backend.value]
+            return t, host, t_gemm, t_comm
         plan = ChunkPlan.for_problem(p, d)
         comm_share = min(1.0, d.comm_ctas / 32) if d.comm_ctas else 0.5
         gemm_slow = t_gemm * (1 + (d.comm_ctas / SMS if d.comm_ctas else 0.15))
@@ -55,7 +69,7 @@ class AnalyticEvaluator:
         tail = max(gemm_slow, comm_eff) / plan.n_chunks
         t = max(gemm_slow, comm_eff * issuer) + tail + plan.n_chunks * sync * mc.sync_us * 1e-3
         t += {"lsa": 0.0, "nvshmem": 0.01, "gin": 0.02}[d.backend.value]
-        return t, t_gemm + t_comm + 2 * mc.launch_us * 1e-3, t_gemm, t_comm
+        return t, host, t_gemm, t_comm
 
     def evaluate(self, cand: Candidate | Directives) -> EvalResult:
         from cuco.evaluate.evaluator import store_result

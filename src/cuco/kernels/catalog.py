@@ -41,14 +41,17 @@ def in_kernel_sources() -> list[KernelSource]:
     from cuco.design import Problem
     from cuco.kernels.tp import TP_FAMILIES, in_kernel, render_tp
 
-    picks = {"gemm_allreduce": (("epilogue", "lsa", "cta"), ("dedicated_ctas", "nvshmem", "warp")),
-             "gemm_reducescatter": (("epilogue", "nvshmem", "thread"), ("dedicated_ctas", "lsa", "cta")),
-             "allgather_gemm": (("epilogue", "lsa", "warp"), ("dedicated_ctas", "nvshmem", "thread"))}
+    # (placement, backend, issuer, comm_warps, raster_group): both epilogue owners (the
+    # consumers, spare producer warps) and both tile orders are among them
+    picks = {"gemm_allreduce": (("epilogue", "lsa", "cta", 3, 8), ("dedicated_ctas", "nvshmem", "warp", 0, 1)),
+             "gemm_reducescatter": (("epilogue", "nvshmem", "thread", 0, 1), ("dedicated_ctas", "lsa", "cta", 1, 4)),
+             "allgather_gemm": (("epilogue", "lsa", "warp", 2, 16), ("dedicated_ctas", "nvshmem", "thread", 0, 1))}
     out = []
     for fam in TP_FAMILIES:
         problem = Problem(workload=fam, m=1024, n=1024, k=1024, world_size=2)
-        for placement, backend, issuer in picks[fam]:
-            d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0)
+        for placement, backend, issuer, warps, group in picks[fam]:
+            d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
+                          comm_warps=warps, raster_group=group)
             out.append(render_tp(problem, d)[0])
     return out
 

@@ -31,11 +31,13 @@ CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 
 
 def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int = 256,
-              stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2) -> Directives:
+              stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2, raster_group: int = 1,
+              comm_warps: int = 0) -> Directives:
     """An ``epilogue``/``dedicated_ctas`` point: tile 128 x ``tile_n`` x 64, one tile per flag."""
     return Directives(backend=backend, placement=placement, sync_scope="chunk", issuer=issuer,
                       tile_m=128, tile_n=tile_n, tile_k=64, stages=stages, comm_ctas=comm_ctas,
-                      chunk_bytes=128 * tile_n * dtype_bytes)
+                      chunk_bytes=128 * tile_n * dtype_bytes, raster_group=raster_group,
+                      comm_warps=comm_warps)
 
 
 def local_gemm(problem: Problem) -> tuple[int, int, int]:
@@ -120,7 +122,8 @@ def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
                      backend=d.backend.value, issuer=d.issuer.value, ctype=CTYPES[problem.dtype],
                      cutlass_type=CUTLASS_TYPES[problem.dtype], world=problem.world_size,
                      m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
-                     stages=d.stages, raster_group=d.raster_group, comm_ctas=d.comm_ctas if d.placement.value == "dedicated_ctas" else 0,
+                     stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
+                     comm_ctas=d.comm_ctas if d.placement.value == "dedicated_ctas" else 0,
                      max_ranks=MAX_RANKS, flag_stride=FLAG_STRIDE, name=d.full_name,
                      gemm_only=gemm_only)
         if gemm_only:
