@@ -2,6 +2,8 @@
 
     python bench/search.py                                   # GEMM+AllReduce 8192^3, 2 GPUs
     python bench/search.py --family gemm_reducescatter --budget 60 --kill-resume
+    python bench/search.py --placements side_stream,epilogue,dedicated_ctas --no-grid \
+        --shape 2048x4096x4096 --budget 32 --name search_in_kernel   # step 2 only
 
 1. Grid: every point of the GPU design space compiled, checked and timed
    interleaved with the host-driven program in one run -> ``grid_best_speedup``.
@@ -33,6 +35,7 @@ from cuco.agents.api import gpu_space
 from cuco.agents.evolution import Budget, EvolutionAgent
 from cuco.agents.proposers import OfflineProposer
 from cuco.agents.schedule import SinglePhase, TwoPhaseSchedule
+from cuco.design import Directives
 from cuco.evaluate import Evaluator
 from cuco.kernels import Compiler
 from cuco.runtime import WorkerGroup, visible_gpus
@@ -99,7 +102,6 @@ def run_search(ev: Evaluator, db: CandidateDB, space, schedule, budget: int, see
 
 def reach(trace, target: float, best_name: str, tol: float) -> tuple[int | None, int | None]:
     within = next((i for i, _, s, _ in trace if s is not None and s >= target * (1 - tol)), None)
-    from cuco.design import Directives
     same = next((i for i, d, s, _ in trace if s is not None and Directives(**d).full_name == best_name), None)
     return within, same
 
@@ -150,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--reach", type=float, default=0.01)
     ap.add_argument("--kill-resume", action="store_true")
+    ap.add_argument("--no-grid", action="store_true",
+                    help="skip the grid sweep and the single-phase run: the two-phase search only "
+                         "(for spaces whose grid is too long to build, e.g. with the in-kernel placements)")
+    ap.add_argument("--name", default=None, help="result name (default search_<family>)")
     ap.add_argument("--placements", default="side_stream",
                     help="placements of the space (the recorded run: side_stream; the in-kernel "
                          "ones add 144 CUTLASS builds to the grid)")
@@ -165,16 +171,22 @@ def main(argv: list[str] | None = None) -> int:
     ev = Evaluator(wl, group=group, compiler=Compiler(), timing_iters=a.iters)
     space = gpu_space(wl.problem, tuple(a.placements.split(",")))
     t0 = time.perf_counter()
-    grid = grid_sweep(ev, space, a.iters)
+    grid = [] if a.no_grid else grid_sweep(ev, space, a.iters)
     grid_s = time.perf_counter() - t0
     ok = [r for r in grid if r["speedup"]]
-    gbest = max(ok, key=lambda r: r["speedup"])
+    gbest = max(ok, key=lambda r: r["speedup"]) if ok else {"speedup": None, "variant": None}
     entries = {}
-    for key, schedule in (("two_phase", TwoPhaseSchedule()), ("single_phase", SinglePhase())):
+    schedules = (("two_phase", TwoPhaseSchedule()),) if a.no_grid else \
+        (("two_phase", TwoPhaseSchedule()), ("single_phase", SinglePhase()))
+    for key, schedule in schedules:
         entry = run_search(ev, CandidateDB(workdir / f"{key}.db"), space, schedule, a.budget, a.seed)
-        within, same = reach(entry.pop("_trace"), gbest["speedup"], gbest["variant"], a.reach)
+        trace = entry.pop("_trace")
+        within, same = reach(trace, gbest["speedup"], gbest["variant"], a.reach) if ok else (None, None)
         entry["evaluations_to_reach_grid_best"] = within
         entry["evaluations_to_grid_best_directive"] = same
+        # what the search judged, in order: the placements it found fast
+        entry["trace"] = [{"evaluation": i, "variant": Directives(**d).full_name, "speedup": sp,
+                           "status": st} for i, d, sp, st in trace]
         entries[key] = entry
     device = results.device_label(group.infos)
     group.close()
@@ -185,11 +197,14 @@ def main(argv: list[str] | None = None) -> int:
              "reach_tolerance": a.reach, **entries}
     if a.kill_resume:
         extra["kill_resume"] = kill_resume(a.family, a.shape, 24, workdir, ("--placements", a.placements))
-    rows = [{"case": wl.label, **r} for r in grid]
-    path = results.write(f"search_{a.family}", rows, device=device, world_size=2,
+    # the grid's rows; without a grid, the two-phase search's evaluations in the order judged
+    rows = [{"case": wl.label, **r} for r in grid] if grid else \
+        [{"case": wl.label, **t} for t in entries["two_phase"]["trace"]]
+    path = results.write(a.name or f"search_{a.family}", rows, device=device, world_size=2,
                          out_dir=a.out_dir, extra=extra)
-    print(f"grid: {len(ok)}/{len(grid)} correct, best {gbest['speedup']:.3f} ({gbest['variant']}) "
-          f"in {grid_s:.0f} s")
+    if ok:
+        print(f"grid: {len(ok)}/{len(grid)} correct, best {gbest['speedup']:.3f} ({gbest['variant']}) "
+              f"in {grid_s:.0f} s")
     for key, e in entries.items():
         print(f"{key:13} best {e['best_speedup']:.3f} after {e['evaluations']} evals, reached grid best "
               f"(within {a.reach:.0%}) at {e['evaluations_to_reach_grid_best']}, "

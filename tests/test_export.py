@@ -19,7 +19,9 @@ from cuco.export import ArtifactMismatch, export, load
 def searched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exp")
     db = CandidateDB(tmp / "c.db")
-    res = search("gemm_allreduce", 2048, 4096, 4096, 2, db=db, budget=15, dry_run=True, islands=2)
+    # side-stream candidates: a cubin each, built in seconds (in-kernel ones: see below)
+    res = search("gemm_allreduce", 2048, 4096, 4096, 2, db=db, budget=15, dry_run=True, islands=2,
+                 placements=("side_stream",))
     return db, res, tmp
 
 
@@ -30,14 +32,24 @@ def test_round_trip(searched):
     assert again.manifest == art.manifest
     assert again.directives == res.best.directives and again.problem.m == 2048
     assert again.cubin.read_bytes()[:4] == b"\x7fELF"
-    # the in-kernel placements ship the shared object that launches their one kernel
-    in_kernel = again.directives.placement.value != "side_stream"
-    assert again.manifest["launcher"] is in_kernel
-    assert again.cubin.name == ("kernel.so" if in_kernel else "kernel.cubin")
-    assert (again.manifest["plan"] is None) is in_kernel
+    assert again.manifest["launcher"] is False and again.cubin.name == "kernel.cubin"
     assert "EVOLVE-BLOCK-START" in again.source
     assert again.manifest["evaluation"]["model"] is True  # a dry-run score says so
     assert again.speedup == pytest.approx(res.best.score)
+
+
+@pytest.mark.slow
+def test_an_in_kernel_candidate_exports_the_shared_object_that_launches_it(tmp_path):
+    db = CandidateDB(tmp_path / "c.db")
+    res = search("gemm_allreduce", 2048, 4096, 4096, 2, db=db, budget=6, dry_run=True, islands=2,
+                 placements=("epilogue",))
+    art = export(db, res.best.candidate_id, tmp_path / "art", arch="sm_90a")
+    again = load(art.path, world_size=2, shape=(2048, 4096, 4096), arch="sm_90a")
+    assert again.directives.placement.value == "epilogue"
+    assert again.manifest["launcher"] is True and again.manifest["plan"] is None
+    assert again.cubin.name == "kernel.so" and again.cubin.read_bytes()[:4] == b"\x7fELF"
+    assert "cuco_fused_launch" in again.manifest["kernels"] and "cutlass" in again.manifest["needs"]
+    assert b"cuco_fused_launch" in again.cubin.read_bytes()  # the host entry point is exported
 
 
 def test_every_mismatch_is_named(searched):
@@ -72,7 +84,7 @@ TUNE = textwrap.dedent("""
     import sys
     from cuco.export import tune
     art = tune("gemm_reducescatter", 2048, 4096, 4096, 2, cache_dir=sys.argv[1], budget=12,
-               dry_run=True, arch="sm_90a")
+               dry_run=True, arch="sm_90a", placements=("side_stream",))
     print(art.path, art.manifest["candidate_id"])
 """)
 

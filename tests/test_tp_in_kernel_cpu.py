@@ -135,3 +135,19 @@ def test_tile_order_is_a_bijection_in_block_order(tmp_path, workload, w, bmt, nt
             else:
                 first = j // (g * nt) * g
                 assert first <= m < first + g  # one wave stays inside its group of m-tiles
+
+
+@pytest.mark.slow
+def test_world_sizes_4_and_8_compile_with_comm_warps():
+    """The reduction's batched loads (kU units x kW-1 peers) and the X pushes to every peer
+    at the world sizes no machine here has: nvcc must build them."""
+    from cuco.kernels import Compiler
+    points = [(Problem(workload="gemm_allreduce", m=2048, n=1024, k=4096, world_size=4),
+               in_kernel("epilogue", "lsa", "warp", comm_warps=3, raster_group=4)),
+              (Problem(workload="allgather_gemm", m=2048, n=2048, k=1024, world_size=8),
+               in_kernel("epilogue", "nvshmem", "cta", comm_warps=2))]
+    sources = [render_tp(p, d)[0] for p, d in points]
+    assert "constexpr int kW = 8;" in sources[1].source
+    built = Compiler(arch="sm_90a").compile_many([(s.name, s.source, s.needs) for s in sources])
+    for b in built:
+        assert hasattr(b, "path") and b.path.read_bytes()[:4] == b"\x7fELF", str(b)

@@ -188,6 +188,7 @@ class TPBench:
                        "bound_ms": r["bound_ms"], "speedup": r["speedup"],
                        "overlap_eff": r["overlap_eff"],
                        "torch_fused_ms": (r.get("peers") or {}).get("torch_fused_ms"),
+                       "torch_gemm_ms": (r.get("peers") or {}).get("torch_gemm_ms"),
                        "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused"),
                        "vendor_gemm_ms": r.get("gemm_ms"),
                        # the fastest in-kernel GEMM without communication, and each one timed
