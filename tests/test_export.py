@@ -85,6 +85,7 @@ TUNE = textwrap.dedent("""
     from cuco.export import tune
     art = tune("gemm_reducescatter", 2048, 4096, 4096, 2, cache_dir=sys.argv[1], budget=12,
                dry_run=True, arch="sm_90a", placements=("side_stream",))
+    assert art.directives.backend.value == "lsa"  # callable outside cuco's workers
     print(art.path, art.manifest["candidate_id"])
 """)
 

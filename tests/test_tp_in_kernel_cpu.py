@@ -137,17 +137,12 @@ def test_tile_order_is_a_bijection_in_block_order(tmp_path, workload, w, bmt, nt
                 assert first <= m < first + g  # one wave stays inside its group of m-tiles
 
 
-@pytest.mark.slow
-def test_world_sizes_4_and_8_compile_with_comm_warps():
-    """The reduction's batched loads (kU units x kW-1 peers) and the X pushes to every peer
-    at the world sizes no machine here has: nvcc must build them."""
-    from cuco.kernels import Compiler
-    points = [(Problem(workload="gemm_allreduce", m=2048, n=1024, k=4096, world_size=4),
-               in_kernel("epilogue", "lsa", "warp", comm_warps=3, raster_group=4)),
-              (Problem(workload="allgather_gemm", m=2048, n=2048, k=1024, world_size=8),
-               in_kernel("epilogue", "nvshmem", "cta", comm_warps=2))]
-    sources = [render_tp(p, d)[0] for p, d in points]
-    assert "constexpr int kW = 8;" in sources[1].source
-    built = Compiler(arch="sm_90a").compile_many([(s.name, s.source, s.needs) for s in sources])
-    for b in built:
-        assert hasattr(b, "path") and b.path.read_bytes()[:4] == b"\x7fELF", str(b)
+def test_ci_builds_comm_warp_kernels_at_world_sizes_4_and_8():
+    """The reduction's batched loads (kU units x kW-1 peers) and the X pushes to every peer at
+    the world sizes no machine here has: the catalog that CI compiles with nvcc
+    (tests/test_kernels.py) holds them."""
+    from cuco.kernels.catalog import in_kernel_sources
+    srcs = [s.source for s in in_kernel_sources()]
+    for w, family in ((4, "gemm_allreduce"), (8, "allgather_gemm")):
+        assert any(f"constexpr int kW = {w};" in s and "constexpr int kCommWarps = 0;" not in s
+                   and f"cuco: {family}" in s for s in srcs), (w, family)

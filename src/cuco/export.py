@@ -179,7 +179,8 @@ def _current_arch() -> str | None:
 def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: str | Path,
          budget: int = 50, arch: str | None = None, dry_run: bool = False, seed: int = 0,
          **search_kw) -> Artifact:
-    """The cached artifact for this workload and shape, or search, export and cache one.
+    """The cached artifact for this workload and shape, or search, export and cache one
+    (the fastest correct LSA candidate: the one a torch or CuPy caller can bind).
 
     Safe to call from every rank at once: a file lock lets one search while the
     others wait, then everyone loads the same artifact.
@@ -199,10 +200,21 @@ def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: s
         db = CandidateDB(root / "tune.db")
         result = search(workload, m, n, k, world_size, db=db, budget=budget, seed=seed,
                         dry_run=dry_run, **search_kw)
-        if result.best is None:
-            raise CucoError(f"no correct kernel found for {key} within {budget} evaluations; "
-                            "raise the budget or check `cuco report`")
+        best = _best_callable(db, result.run_id)
+        if best is None:
+            raise CucoError(f"no correct LSA kernel found for {key} within {budget} evaluations "
+                            "(only LSA kernels are callable outside cuco's workers); raise the "
+                            "budget or check `cuco report`")
         tmp = Path(tempfile.mkdtemp(prefix=key + ".", dir=root))
-        export(db, result.best.candidate_id, tmp, arch=arch)
+        export(db, best, tmp, arch=arch)
         os.replace(tmp, target)
     return load(target, world_size=world_size, shape=(m, k, n), arch=arch)
+
+
+def _best_callable(db: CandidateDB, run_id: int) -> int | None:
+    """The fastest correct candidate of a run that :class:`cuco.fused_call.FusedCall` can
+    bind (LSA; an NVSHMEM kernel needs NVSHMEM's own start-up in the caller)."""
+    scored = {e.candidate_id: e.speedup for e in db.evaluations() if e.status == "ok" and e.speedup}
+    lsa = [c.id for c in db.candidates(run_id=run_id)
+           if c.id in scored and c.directives["backend"] == "lsa"]
+    return max(lsa, key=lambda i: scored[i]) if lsa else None

@@ -41,15 +41,16 @@ def in_kernel_sources() -> list[KernelSource]:
     from cuco.design import Problem
     from cuco.kernels.tp import TP_FAMILIES, in_kernel, render_tp
 
-    # (placement, backend, issuer, comm_warps, raster_group): both epilogue owners (the
-    # consumers, spare producer warps) and both tile orders are among them
-    picks = {"gemm_allreduce": (("epilogue", "lsa", "cta", 3, 8), ("dedicated_ctas", "nvshmem", "warp", 0, 1)),
-             "gemm_reducescatter": (("epilogue", "nvshmem", "thread", 0, 1), ("dedicated_ctas", "lsa", "cta", 1, 4)),
-             "allgather_gemm": (("epilogue", "lsa", "warp", 2, 16), ("dedicated_ctas", "nvshmem", "thread", 0, 1))}
+    # (placement, backend, issuer, comm_warps, raster_group, world size): both epilogue owners
+    # (the consumers, spare producer warps), both tile orders, and world sizes 4 and 8
+    picks = {"gemm_allreduce": (("epilogue", "lsa", "warp", 3, 4, 4), ("dedicated_ctas", "nvshmem", "warp", 0, 1, 2)),
+             "gemm_reducescatter": (("epilogue", "nvshmem", "thread", 0, 1, 2), ("dedicated_ctas", "lsa", "cta", 1, 4, 2)),
+             "allgather_gemm": (("epilogue", "nvshmem", "cta", 2, 16, 8), ("dedicated_ctas", "lsa", "thread", 3, 1, 2))}
     out = []
     for fam in TP_FAMILIES:
-        problem = Problem(workload=fam, m=1024, n=1024, k=1024, world_size=2)
-        for placement, backend, issuer, warps, group in picks[fam]:
+        for placement, backend, issuer, warps, group, w in picks[fam]:
+            problem = Problem(workload=fam, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)), k=1024,
+                              world_size=w)
             d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
                           comm_warps=warps, raster_group=group)
             out.append(render_tp(problem, d)[0])
