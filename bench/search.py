@@ -3,7 +3,7 @@
     python bench/search.py                                   # GEMM+AllReduce 8192^3, 2 GPUs
     python bench/search.py --family gemm_reducescatter --budget 60 --kill-resume
     python bench/search.py --placements side_stream,epilogue,dedicated_ctas --no-grid \
-        --shape 2048x4096x4096 --budget 32 --name search_in_kernel   # step 2 only
+        --budget 32 --name search_in_kernel   # step 2 only
 
 1. Grid: every point of the GPU design space compiled, checked and timed
    interleaved with the host-driven program in one run -> ``grid_best_speedup``.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import cuco
 from cuco import CandidateDB
-from cuco.export import export, load
+from cuco.export import best_callable, export, load
 from cuco.report import write_report
 from cuco.runtime import visible_gpus
 
@@ -28,11 +28,8 @@ page = write_report(db, "example_report.html", run_id=result.run_id)
 print(f"report: open {page.resolve().as_uri()} in a browser")
 
 # the torch callable takes LSA kernels: the best one of this run
-scored = {e.candidate_id: e.speedup for e in db.evaluations() if e.status == "ok"}
-lsa = [c for c in db.candidates(run_id=result.run_id)
-       if c.id in scored and c.directives["backend"] == "lsa"]
-best = max(lsa, key=lambda c: scored[c.id])
-art = export(db, best.id, "example_artifact", arch=None if not dry else "sm_90a")
+best = best_callable(db, result.run_id)
+art = export(db, best, "example_artifact", arch=None if not dry else "sm_90a")
 again = load(art.path, world_size=2, shape=(2048, 4096, 4096), arch=art.manifest["arch"])
 print(f"artifact {again.path}: {again.manifest['variant']}, kernels {again.manifest['kernels']}")
 

@@ -200,7 +200,7 @@ def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: s
         db = CandidateDB(root / "tune.db")
         result = search(workload, m, n, k, world_size, db=db, budget=budget, seed=seed,
                         dry_run=dry_run, **search_kw)
-        best = _best_callable(db, result.run_id)
+        best = best_callable(db, result.run_id)
         if best is None:
             raise CucoError(f"no correct LSA kernel found for {key} within {budget} evaluations "
                             "(only LSA kernels are callable outside cuco's workers); raise the "
@@ -211,7 +211,7 @@ def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: s
     return load(target, world_size=world_size, shape=(m, k, n), arch=arch)
 
 
-def _best_callable(db: CandidateDB, run_id: int) -> int | None:
+def best_callable(db: CandidateDB, run_id: int) -> int | None:
     """The fastest correct candidate of a run that :class:`cuco.fused_call.FusedCall` can
     bind (LSA; an NVSHMEM kernel needs NVSHMEM's own start-up in the caller)."""
     scored = {e.candidate_id: e.speedup for e in db.evaluations() if e.status == "ok" and e.speedup}

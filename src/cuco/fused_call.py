@@ -108,9 +108,7 @@ class FusedCall:
         """``x @ w`` fused with the collective; returns the same kind as ``x``."""
         import cupy
 
-        from cuco.kernels.tp import IN_KERNEL
-        from cuco.workloads.in_kernel import InKernelRunner
-        from cuco.workloads.side_stream import SideStreamRunner
+        from cuco.workloads.in_kernel import runner_class
 
         is_torch = type(x).__module__.startswith("torch")
         dt = self.problem.dtype
@@ -137,10 +135,9 @@ class FusedCall:
             dest = dtypes.empty(rows * cols, dt)
         inputs = {"x": xs, "w": ws}
         if self.runner is None:  # the launch code the evaluator timed, for this placement
-            runner = InKernelRunner if self.artifact.directives.placement.value in IN_KERNEL \
-                else SideStreamRunner
-            self.runner = runner(self.ctx, self.workload, self.artifact.directives,
-                                 str(self.artifact.cubin), self.arena, inputs, dest)
+            d = self.artifact.directives
+            self.runner = runner_class(d)(self.ctx, self.workload, d, str(self.artifact.cubin),
+                                          self.arena, inputs, dest)
         self.runner.inputs, self.runner.out = inputs, dest
         with stream:
             self.runner()

@@ -63,9 +63,9 @@ def gpu_space(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> Des
 
 def _has_chunk_epilogue(workload: str) -> bool:
     """A registered workload that adds Python work between chunks (in-kernel cannot run it)."""
-    from cuco.workloads import REGISTRY, Workload
+    from cuco.workloads import REGISTRY
     cls = REGISTRY.get(workload)
-    return cls is not None and getattr(cls, "chunk_epilogue", None) is not Workload.chunk_epilogue
+    return cls is not None and cls.has_chunk_epilogue()
 
 
 def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,

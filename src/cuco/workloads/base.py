@@ -138,6 +138,12 @@ class Workload(ABC):
         before the communication may read them. None for the built-ins; a user
         workload adds bias, activation, scaling here (and in its host sequence)."""
 
+    @classmethod
+    def has_chunk_epilogue(cls) -> bool:
+        """Whether this workload adds Python work between chunks (the one-kernel
+        placements cannot run it)."""
+        return cls.chunk_epilogue is not Workload.chunk_epilogue
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.label}, world_size={self.world_size})"
 

@@ -12,7 +12,14 @@ import ctypes
 
 from cuco.design import Directives
 from cuco.workloads.base import Buffers, Workload
-from cuco.workloads.side_stream import Arena, ArenaLayout, _arena_view
+from cuco.workloads.side_stream import Arena, ArenaLayout, SideStreamRunner, _arena_view
+
+
+def runner_class(d: Directives) -> type:
+    """The launch code of ``d``'s placement: :class:`InKernelRunner` for the one-kernel
+    placements, :class:`~cuco.workloads.side_stream.SideStreamRunner` otherwise."""
+    from cuco.kernels.tp import IN_KERNEL
+    return InKernelRunner if d.placement.value in IN_KERNEL else SideStreamRunner
 
 
 def sm_count() -> int:
@@ -25,7 +32,7 @@ class InKernelRunner:
 
     def __init__(self, ctx, wl: Workload, d: Directives, library: str, arena: Arena,
                  inputs: Buffers, out):
-        if type(wl).chunk_epilogue is not Workload.chunk_epilogue:
+        if wl.has_chunk_epilogue():
             raise ValueError(f"{type(wl).__name__} adds a chunk_epilogue (Python, between chunks): "
                              f"placement={d.placement.value} runs the whole GEMM in one kernel; "
                              "use placement=side_stream")

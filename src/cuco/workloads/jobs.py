@@ -24,11 +24,10 @@ from cuco.design import Directives
 from cuco.runtime import dtypes
 from cuco.runtime.checking import compare
 from cuco.runtime.timing import median, time_interleaved
-from cuco.kernels.tp import IN_KERNEL
 from cuco.workloads.base import get
-from cuco.workloads.in_kernel import InKernelRunner
+from cuco.workloads.in_kernel import runner_class
 from cuco.workloads.side_stream import (
-    CANARY, GUARD_BYTES, ArenaLayout, SideStreamRunner, guards_intact, poison_arena, prepare_arenas,
+    CANARY, GUARD_BYTES, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
 )
 
 BASELINES = ("host_nccl", "gemm_only", "comm_only")
@@ -176,8 +175,7 @@ class WorkloadCase:
             layout = ArenaLayout.for_workload(wl)
             for v in self.variants:
                 d = directives[v.name]
-                kind = InKernelRunner if d.placement.value in IN_KERNEL else SideStreamRunner
-                runner = kind(ctx, wl, d, v.cubin, arenas[d.backend.value], inputs, out)
+                runner = runner_class(d)(ctx, wl, d, v.cubin, arenas[d.backend.value], inputs, out)
                 runs[v.name], targets[v.name] = runner, runner.output
                 arena_of[v.name], runners[v.name] = arenas[d.backend.value], runner
         timed = {"gemm_only": lambda: wl.gemm_only(ctx, inputs),
