@@ -24,6 +24,7 @@ from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.design import Directives, Problem
 from cuco.design.tiles import chunk_sizes
 from cuco.kernels.tp import IN_KERNEL, in_kernel, render_tp
+from cuco.runtime.peaks import below_floor
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
@@ -154,8 +155,9 @@ class TPBench:
                    "correct": m.get("correct", None), "bad_elements": m.get("bad_elements"),
                    "rel_l2_error": m.get("rel_l2_error"), "backend": backend,
                    "peers": {"torch_fused_ms": None},
-                   # faster than max(GEMM alone, collective alone): a measurement defect
-                   "suspect": name not in ("gemm_only", "comm_only") and m["ms"] < 0.98 * bound}
+                   "floor_ms": m.get("floor_ms"),
+                   # faster than the physical floor: it did less than the workload asks
+                   "suspect": below_floor(m)}
             if name.startswith("profile."):  # not the workload's output: a time, not a candidate
                 row.update(role="profile", correct=None, suspect=False)
             out.append(row)

@@ -5,11 +5,18 @@ EVOLVE-BLOCKs) -> ``compile`` (cached, parallel for batches) -> ``small``
 (correctness at a small shape, the candidate's block edits spliced into the
 template rendered for it) -> ``full`` (correctness at the target shape on two
 fresh seeds) -> ``timing`` (interleaved with the host-driven program, the GEMM
-alone and the collective alone) -> score. Every correctness run poisons the
-outputs with NaN, surrounds them with guard pages and compares every element
-with an fp32 reference. A time below the bound ``max(t_gemm, t_comm)`` is a
-defect: the candidate is ``suspect`` and scores nothing. A hang or a crash
-costs a respawn of the worker group, never the search.
+alone and the collective alone) -> score.
+
+What the score rests on (:mod:`cuco.workloads.jobs`): every call of every stage, timed
+ones included, is verified element by element against an fp32 reference; each job
+holds three input sets in different buffers and never gives a call the set that last
+wrote a buffer it shares, so a stale output is wrong; checked calls (outputs and
+arena poisoned with a pattern drawn per call, stressed from outside the kernel, guard
+pages around every output) sit at random places among the timed ones; the first
+epoch of a job is random; the kernel's arguments are the same in checked and timed
+calls. A time below the physical floor (:mod:`cuco.runtime.peaks`) is ``suspect``
+and scores nothing. A hang or a crash costs a respawn of the worker group, never
+the search.
 
 Two places to extend. The *workload* (a :class:`cuco.workloads.Workload`
 subclass) owns what is computed: inputs, the higher-precision reference, the
@@ -39,13 +46,12 @@ from cuco.kernels import Compiler
 from cuco.kernels import evolve
 from cuco.kernels.tp import IN_KERNEL, render_tp
 from cuco.runtime.collective_ops import merge_ranks
+from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import REGISTRY, get
 from cuco.workloads.jobs import VariantSpec, WorkloadCase
 
 STAGES = ("static", "compile", "small", "full", "timing", "scored")
-#: A candidate faster than this share of the bound is physically implausible.
-SUSPECT_BELOW = 0.98
 
 
 @dataclass
@@ -112,6 +118,10 @@ class Evaluator:
         self.run_id = run_id
         self.warm = False
         self.warmup_timeout_s = 600.0
+        #: Seconds spent verifying (checked calls, device counts of timed calls) and in all
+        #: GPU stages, over this evaluator's life: their ratio is the verification overhead.
+        self.verify_s = 0.0
+        self.gpu_s = 0.0
 
     # ---- hooks ------------------------------------------------------------------------
     def template(self, problem: Problem, d: Directives) -> tuple[str, tuple[str, ...]]:
@@ -141,7 +151,7 @@ class Evaluator:
 
     def case(self, problem: Problem, spec: VariantSpec, *, seed: int, time_it: bool) -> WorkloadCase:
         return WorkloadCase(problem.workload, problem.m, problem.n, problem.k, problem.dtype,
-                            variants=[spec], seed=seed, time=time_it, check=True,
+                            variants=[spec], seed=seed, time=time_it,
                             iters=self.timing_iters, workload_cls=self._user_class())
 
     def _user_class(self) -> type | None:
@@ -203,7 +213,11 @@ class Evaluator:
     def _run(self, job, timeout: float, stage: str) -> tuple[EvalResult | None, dict | None]:
         if not self.warm or self.group.respawns != self._respawns:
             self.warm_up()
+        t0 = time.perf_counter()
         res = self.group.run(job, timeout=timeout)
+        self.gpu_s += time.perf_counter() - t0
+        if res.ok:
+            self.verify_s += max(r.get("verify_s", 0.0) for r in res.results)
         if res.status in ("hang", "crash"):
             return EvalResult(res.status, stage, res.error_text()[-4000:],
                               extra={"respawn_s": res.respawn_s}), None
@@ -220,7 +234,15 @@ class Evaluator:
                 why = "wrote outside its outputs (a guard page changed)"
             else:
                 why = f"{rec.get('bad_elements')} elements differ from the reference"
-            return EvalResult("wrong", stage, why, max_error=rec.get("rel_l2_error"))
+                call = rec.get("failed_call")
+                if call:
+                    kind = "a checked (poisoned, stressed)" if call["checked"] else (
+                        "a timed" if call["iteration"] >= 0 else "a warm-up")
+                    why = (f"{kind} call, iteration {call['iteration']} on input set "
+                           f"{call['input_set']}, rank {call['rank']}: {call['bad_elements']} elements "
+                           "differ from the reference")
+            return EvalResult("wrong", stage, why, max_error=rec.get("rel_l2_error"),
+                              extra={"failed_call": rec.get("failed_call")})
         return None
 
     def evaluate(self, cand: Candidate | Directives, source: str | None = None) -> EvalResult:
@@ -296,20 +318,28 @@ class Evaluator:
                                  self.timeouts.timing, "timing")
         if fail or (fail := self._check(merged, "candidate", "timing")):
             return fail
+        if not merged["host_nccl"].get("correct"):
+            return EvalResult("error", "timing", "the host-driven program's output was wrong in "
+                              f"the timing job: {merged['host_nccl']}")
         t = merged["candidate"]["ms"]
         host = merged["host_nccl"]["ms"]
         bound = max(merged["gemm_only"]["ms"], merged["comm_only"]["ms"])
+        floor = merged["candidate"].get("floor_ms", 0.0)
         result = EvalResult("ok", "scored", None, max_error=worst,
                             rank_times_ms=merged["candidate"]["rank_ms"], time_ms=t,
                             baseline_ms=host, bound_ms=bound, speedup=host / t,
                             overlap_eff=bound / t,
                             extra={"gemm_ms": merged["gemm_only"]["ms"],
                                    "comm_ms": merged["comm_only"]["ms"],
+                                   "floor_ms": floor,
+                                   "calls_verified": merged["candidate"].get("calls_verified"),
                                    "compile_s": built["compile_s"]})
-        if t < SUSPECT_BELOW * bound:
+        if below_floor(merged["candidate"]):
             result.status, result.stage_reached = "suspect", "timing"
-            result.error = (f"{t:.4f} ms is below the bound {bound:.4f} ms (max of GEMM alone and "
-                            "collective alone): faster than the hardware allows; not scored")
+            result.error = (f"{t:.4f} ms is below the physical floor {floor:.4f} ms (this rank's "
+                            "GEMM at the measured peak rate, its bytes through HBM and over the "
+                            "links at their measured rates, with headroom): it cannot have done "
+                            "the work; not scored")
         return result
 
     def _store(self, cand: Candidate, r: EvalResult) -> None:

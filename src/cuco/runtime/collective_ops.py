@@ -265,5 +265,13 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             for flag in ("guards_intact", "inputs_intact"):
                 if any(flag in r for r in recs):
                     m[flag] = all(r.get(flag, True) for r in recs)
+            failed = [r["failed_call"] for r in recs if r.get("failed_call")]
+            if failed:  # the earliest failing call of any rank
+                m["failed_call"] = min(failed, key=lambda c: (c["iteration"], c["rank"]))
+            if any("floor_ms" in r for r in recs):  # the most generous rank's floor
+                m["floor_ms"] = min(r.get("floor_ms", 0.0) for r in recs)
+            for count in ("calls_verified", "calls_checked"):
+                if any(count in r for r in recs):
+                    m[count] = min(r.get(count, 0) for r in recs)
         out[name] = m
     return out

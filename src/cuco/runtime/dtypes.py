@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 STORAGE = {"bf16": "uint16", "fp16": "float16", "fp32": "float32"}
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 NAN_BITS = {"bf16": 0x7FC0}
@@ -42,3 +44,39 @@ def poison(x, dtype: str) -> None:
         x.fill(NAN_BITS["bf16"])
     else:
         x.fill(float("nan"))
+
+
+#: NaN bit layouts: (exponent all ones, mantissa bits).
+_NAN_LAYOUT = {"bf16": (0x7F80, 7), "fp16": (0x7C00, 10), "fp32": (0x7F800000, 23)}
+
+
+@dataclass(frozen=True)
+class Poison:
+    """One call's poison: a NaN of random sign and payload, or random bytes.
+
+    Checked calls draw a new one each time, so a kernel cannot tell a checked call
+    by recognising a fixed pattern in its outputs (NaN, or one bit pattern): with
+    random bytes the outputs hold ordinary numbers that are simply wrong.
+    """
+
+    kind: str  # "nan" | "bytes"
+    bits: int = 0  # the NaN's bit pattern ("nan")
+    seed: int = 0  # the bytes' seed ("bytes")
+
+    @classmethod
+    def draw(cls, rng, dtype: str) -> "Poison":
+        if rng.random() < 0.5:
+            return cls("bytes", seed=rng.randrange(1 << 31))
+        exp, mant_bits = _NAN_LAYOUT[dtype]
+        payload = rng.randrange(1, 1 << mant_bits)  # non-zero: NaN, never infinity
+        sign = (1 << (8 * ITEMSIZE[dtype] - 1)) if rng.random() < 0.5 else 0
+        return cls("nan", bits=sign | exp | payload)
+
+    def apply(self, x) -> None:
+        """Overwrite every element of the storage array ``x``."""
+        import cupy
+        if self.kind == "nan":
+            x.view(cupy.uint16 if x.itemsize == 2 else cupy.uint32).fill(self.bits)
+        else:
+            raw = cupy.random.RandomState(self.seed).randint(0, 256, size=x.nbytes, dtype=cupy.uint8)
+            x.view(cupy.uint8)[...] = raw.reshape(x.view(cupy.uint8).shape)

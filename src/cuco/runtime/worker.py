@@ -81,7 +81,7 @@ class WorkerContext:
             c = ctypes
             lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p,
                                               c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
-                                              *([c.c_ulonglong] * 5), c.c_uint]
+                                              *([c.c_ulonglong] * 5)]
             lib.cuco_fused_launch.restype = c.c_int
             rc = lib.cuco_fused_setup(self.device)
             if rc != 0:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from cuco.design import Problem
 from cuco.design.problem import Dtype
+from cuco.runtime.peaks import Work
 
 EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 
@@ -94,6 +95,17 @@ class Workload(ABC):
     def flops_per_rank(self) -> int:
         m, n, k = self.local_gemm()
         return 2 * m * n * k
+
+    def link_bytes_per_rank(self) -> int:
+        """Bytes each rank must receive from its peers in one call (0: unknown)."""
+        return 0
+
+    def work(self) -> Work:
+        """What one rank must do in one call: its GEMM, each operand and result through
+        HBM once, and what it receives (the physical floor of :mod:`cuco.evaluate.floor`)."""
+        m, n, k = self.local_gemm()
+        esz = self.problem.dtype_bytes
+        return Work(self.flops_per_rank(), (m * k + k * n + m * n) * esz, self.link_bytes_per_rank())
 
     def tolerance(self) -> tuple[float, float]:
         """``(rtol, atol_factor)``: an element passes if

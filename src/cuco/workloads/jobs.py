@@ -1,40 +1,60 @@
-"""The job that checks and times fused variants of a workload on every rank.
+"""The job that verifies and times fused variants of a workload on every rank.
 
-Each rank draws its inputs from the seed, computes the fp32 reference (fp32
-GEMM + fp32 NCCL collective), poisons the output with NaN before every
-correctness run and compares every element; then it times the host-driven
-program, the GEMM alone, the collective alone and every variant interleaved in
-one loop. The parent merges ranks (max time, worst error).
+Each rank draws :data:`~cuco.workloads.schedule.N_SETS` input sets from the job's seed
+(different buffers, different values) and their fp32 references (fp32 GEMM + fp32
+NCCL collective). One schedule (:mod:`cuco.workloads.schedule`) orders every call of
+every program; *every* call is verified against its input set's reference: checked
+calls (outputs and the arena's data poisoned with a pattern drawn per call, the call
+stressed from outside the kernel, guard pages checked) in full on the host, all others
+by a count of the elements out of tolerance on the device, after the call's closing
+event. Timing jobs place the checked calls at random among the timed ones; the epoch a
+job starts from is random. So a kernel cannot tell a checked call from a timed one, and
+one that reuses a stale result or skips work when timed is wrong. The parent merges
+ranks (max time, worst error).
 
-Inputs and reference of a seed are kept in the worker across jobs (a search
-checks many candidates on the same seeds), with a fingerprint of the inputs: a
-candidate that writes to its inputs is wrong, and the entry is dropped.
-During correctness runs the arena's data regions are poisoned too and the
-compute stream sleeps before each chunk, so a candidate that reads a chunk
-before its flag says so fails every time, not some of the time.
+Inputs and reference of a seed are kept in the worker across jobs (a search checks
+many candidates on the same seeds), with a fingerprint of the inputs: a candidate that
+writes to its inputs is wrong, and the entry is dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from cuco.design import Directives
-from cuco.runtime import dtypes
 from cuco.runtime.checking import compare
-from cuco.runtime.timing import median, time_interleaved
-from cuco.workloads.base import get
+from cuco.runtime.peaks import MeasurePeaks, physical_floor_ms
+from cuco.runtime.timing import median, spin
+from cuco.workloads.base import Buffers, get
 from cuco.workloads.in_kernel import runner_class
+from cuco.workloads.schedule import N_SETS, Call, make_schedule, set_seed
 from cuco.workloads.side_stream import (
     CANARY, GUARD_BYTES, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
 )
+from cuco.runtime import dtypes
 
-BASELINES = ("host_nccl", "gemm_only", "comm_only")
-#: Microseconds the compute stream sleeps before each chunk in correctness runs.
+#: Microseconds the compute stream sleeps before each chunk in checked calls.
 STRESS_US = 20.0
-#: Seeds whose inputs and reference a worker keeps.
-CACHED_SEEDS = 6
+#: Seeds whose inputs and reference a worker keeps (three jobs of N_SETS sets, and more).
+CACHED_SEEDS = 4 * N_SETS
+#: Iterations of each verified program checked (poisoned, stressed) in a timing job.
+N_CHECKED = 4
+
+
+def fresh_seed() -> int:
+    """A job's schedule seed (order, checked positions, poison, stress, first epoch)."""
+    import secrets
+    return secrets.randbits(48)
+
+
+def first_epoch(schedule_seed: int) -> int:
+    """The epoch a job's first call carries: random per job, the same on every rank."""
+    return 1 + random.Random(schedule_seed ^ 0x5EED).randrange(1 << 40)
 
 
 def _fingerprint(inputs) -> tuple:
@@ -76,57 +96,155 @@ def guarded_output(n: int, dtype: str):
     return padded[g:g + n], outer
 
 
-def judge(ctx, job, runs: dict, targets: dict, runners: dict, layout, outer, check_fn, dtype: str,
-          timed: dict, inputs, fingerprint) -> dict[str, Any]:
-    """Check (``job.check``) and time (``job.time``) every program of a job on this rank.
+@dataclass
+class InputSet:
+    """One of a job's input sets on this rank: inputs, fp32 reference, fingerprint and
+    the absolute tolerance (``atol_factor * max|ref|``)."""
 
-    ``runs``/``targets``: each program and where its output lands; ``runners``: the
-    fused variants among them, ``{name: (runner, arena)}`` (their arena data is poisoned
-    and their compute stream stalled by ``job.stress_us`` while checked); ``outer``: the
-    guard pages around the host program's output; ``check_fn(output)`` compares every
-    element; ``timed``: makers of the extra programs timed beside them (the halves of
-    the bound). A change of the inputs' fingerprint fails every program.
+    inputs: Buffers
+    ref: Any
+    fingerprint: tuple
+    atol: float
+
+
+def input_sets(ctx, wl, cls: type, seed: int, atol_factor: float) -> list[InputSet]:
+    """The job's :data:`~cuco.workloads.schedule.N_SETS` input sets, each with its own seed
+    and buffers (cached per worker like any seed)."""
+    out = []
+    for j in range(N_SETS):
+        inputs, ref, fp = inputs_and_reference(ctx, wl, cls, set_seed(seed, j))
+        out.append(InputSet(inputs, ref, fp, atol_factor * float(abs(ref).max())))
+    return out
+
+
+@dataclass
+class Program:
+    """A program a job verifies: one callable per input set and where each lands.
+
+    A fused variant has one output buffer for all sets (``outputs`` repeats it), its
+    runners (one per set, whose ``stress_us`` checked calls raise) and its arena; a
+    program's ``shares`` name the buffers it shares with other programs (the arena).
+    """
+
+    calls: list[Callable[[], None]]
+    outputs: list[Any]
+    guards: tuple = ()
+    runners: list[Any] = field(default_factory=list)
+    arena: Any = None
+    shares: tuple[str, ...] = ()
+
+
+def _failure(call: Call, bad: int, rank: int) -> dict[str, Any]:
+    return {"iteration": call.iteration, "input_set": call.input_set, "checked": call.checked,
+            "bad_elements": int(bad), "rank": rank}
+
+
+def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[], Callable[[], None]]],
+          sets: list[InputSet], rtol: float, dtype: str, layout, floor_ms: float = 0.0) -> dict[str, Any]:
+    """Verify and time every program of a job on this rank, in the order of one schedule.
+
+    Every call of every program is verified against the fp32 reference of its input
+    set: checked calls (outputs and arena poisoned with a pattern drawn per call, the
+    call stressed from outside, guards checked) by a full comparison on the host, all
+    other calls by a count of the elements out of tolerance on the device, enqueued
+    after the call's closing event so it costs no measured time. ``extras`` (makers of
+    the halves of the bound) are only timed. A change of any input set's fingerprint
+    fails every program. A program's first failing call is reported (iteration, input
+    set, checked or timed, elements that differ). ``floor_ms``: the physical floor of one
+    call (:func:`cuco.runtime.peaks.physical_floor_ms`), reported with every program.
     """
     import cupy
+    from cuco.runtime.checking import count_bad_async
     s = ctx.stream
-    result: dict[str, Any] = {"rank": ctx.rank, "variants": {}}
-    for name, fn in runs.items():
-        rec: dict[str, Any] = {}
-        if job.check:
-            runner, arena = runners.get(name, (None, None))
-            with s:
-                dtypes.poison(targets[name], dtype)
+    if "hog_stream" not in ctx.scratch:
+        ctx.scratch["hog_stream"] = cupy.cuda.Stream(non_blocking=True)
+    hog_stream = ctx.scratch["hog_stream"]
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    fns = {name: make() for name, make in extras.items()} if job.time else {}
+    schedule = make_schedule({n: p.shares for n, p in programs.items()}, list(fns),
+                             seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
+                             iters=job.iters, n_checked=job.n_checked, world_size=ctx.world_size,
+                             sms=sms, dtype=dtype)
+    recs: dict[str, dict[str, Any]] = {
+        n: {"correct": True, "bad_elements": 0, "rel_l2_error": 0.0, "guards_intact": True,
+            "calls_verified": 0, "calls_checked": 0, "floor_ms": floor_ms} for n in programs}
+    marks: dict[str, list[tuple]] = {n: [] for n in [*programs, *fns]}
+    counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
+    verify_marks: list[tuple] = []
+    check_s = 0.0
+    with s:
+        tick = cupy.zeros(1, dtype=cupy.float32)
+        p = int(tick.data.ptr)
+        for idx, call in enumerate(schedule):
+            prog = programs.get(call.program)
+            ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr)  # every rank starts the call together
+            if call.checked:
+                t0 = time.perf_counter()
+                out, st = prog.outputs[call.input_set], sets[call.input_set]
+                call.poison.apply(out)
+                if prog.arena is not None:
+                    poison_arena(prog.arena, layout, call.poison, dtype, s)
+                runner = prog.runners[call.input_set] if prog.runners else None
                 if runner is not None:
-                    poison_arena(arena, layout, dtype, s)
                     runner.stress_us = job.stress_us
-                fn()
+                call.stress.before(ctx, s, hog_stream)
+                prog.calls[call.input_set]()
+                call.stress.after(s, hog_stream)
                 if runner is not None:
                     runner.stress_us = 0.0
-                rec.update(check_fn(targets[name]))
-                intact = all(bool((part == CANARY).all()) for part in outer)
-                if runner is not None:
-                    intact = intact and guards_intact(arena, layout)
-                rec["guards_intact"] = intact
-                if not intact:
+                got = compare(out, st.ref, dtype, rtol, st.atol)
+                intact = all(bool((g == CANARY).all()) for g in prog.guards)
+                if prog.arena is not None:
+                    intact = intact and guards_intact(prog.arena, layout)
+                rec = recs[call.program]
+                rec["calls_checked"] += 1
+                rec["calls_verified"] += 1
+                rec["rel_l2_error"] = max(rec["rel_l2_error"], got["rel_l2_error"])
+                rec["guards_intact"] = rec["guards_intact"] and intact
+                if not (got["correct"] and intact) and rec["correct"]:
                     rec["correct"] = False
-            s.synchronize()
-        result["variants"][name] = rec
-    if job.time:
-        with s:
-            fns = dict(runs)
-            fns.update({k: make() for k, make in timed.items()})
-            tick = cupy.zeros(1, dtype=cupy.float32)
-            p = int(tick.data.ptr)
-        samples = time_interleaved(fns, s, warmup=job.warmup, iters=job.iters,
-                                   align=lambda: ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr))
-        for name, ms in samples.items():
-            result["variants"].setdefault(name, {})["median_ms"] = median(ms)
-    s.synchronize()
-    if _fingerprint(inputs) != fingerprint:  # someone wrote to the inputs: nobody passes
+                    rec["bad_elements"] = got["bad_elements"]
+                    rec["failed_call"] = _failure(call, got["bad_elements"], ctx.rank)
+                s.synchronize()
+                check_s += time.perf_counter() - t0
+                continue
+            fn = prog.calls[call.input_set] if prog is not None else fns[call.program]
+            spin(s, job.busy_us)
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(s)
+            fn()
+            end.record(s)
+            if call.timed:
+                marks[call.program].append((start, end))
+            if prog is not None:
+                st = sets[call.input_set]
+                v0, v1 = cupy.cuda.Event(), cupy.cuda.Event()
+                v0.record(s)
+                count_bad_async(prog.outputs[call.input_set], st.ref, dtype, rtol, st.atol,
+                                counts[idx:idx + 1], s)
+                v1.record(s)
+                verify_marks.append((v0, v1))
+        s.synchronize()
+    bad = counts.get()
+    for idx, call in enumerate(schedule):
+        if call.checked or call.program not in programs:
+            continue
+        rec = recs[call.program]
+        rec["calls_verified"] += 1
+        if bad[idx] and rec["correct"]:
+            rec["correct"] = False
+            rec["bad_elements"] = int(bad[idx])
+            rec["failed_call"] = _failure(call, bad[idx], ctx.rank)
+    result: dict[str, Any] = {"rank": ctx.rank, "variants": recs}
+    for name, ms in marks.items():
+        if ms:
+            result["variants"].setdefault(name, {})["median_ms"] = median(
+                [cupy.cuda.get_elapsed_time(a, b) for a, b in ms])
+    result["verify_s"] = check_s + sum(cupy.cuda.get_elapsed_time(a, b) for a, b in verify_marks) / 1e3
+    if any(_fingerprint(st.inputs) != st.fingerprint for st in sets):  # inputs written: nobody passes
         ctx.scratch["references"].clear()
-        for name in runs:
-            rec = result["variants"].setdefault(name, {})
-            rec["correct"], rec["inputs_intact"] = False, False
+        for name in programs:
+            recs[name]["correct"], recs[name]["inputs_intact"] = False, False
     return result
 
 
@@ -148,39 +266,45 @@ class WorkloadCase:
     dtype: str = "bf16"
     variants: list[VariantSpec] = field(default_factory=list)
     seed: int = 1
-    check: bool = True
+    #: False: a check-only job (every program once per input set, every call checked)
     time: bool = True
     warmup: int = 5
     iters: int = 30
+    n_checked: int = N_CHECKED
+    busy_us: float = 40.0
     #: A user workload class (sent with the job); None: the registry's ``family``.
     workload_cls: type | None = None
     stress_us: float = STRESS_US
+    schedule_seed: int = field(default_factory=fresh_seed)
 
     def __call__(self, ctx) -> dict[str, Any]:
         cls = self.workload_cls or get(self.family)
         wl = cls(self.m, self.n, self.k, ctx.world_size, self.dtype)
         s = ctx.stream
         rtol, atol_f = wl.tolerance()
+        t0 = time.perf_counter()
         with s:
-            inputs, ref, fingerprint = inputs_and_reference(ctx, wl, cls, self.seed)
-            atol = atol_f * float(abs(ref).max())
+            sets = input_sets(ctx, wl, cls, self.seed, atol_f)
             rows, cols = wl.output_shape()
-            out, outer = guarded_output(rows * cols, self.dtype)
             directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
-            arenas = prepare_arenas(ctx, ArenaLayout.for_workload(wl), {d.backend.value for d in directives.values()}) \
-                if self.variants else {}
-            runs = {"host_nccl": wl.host_sequence(ctx, inputs, out)}
-            targets = {"host_nccl": out}
-            arena_of, runners = {}, {}
             layout = ArenaLayout.for_workload(wl)
+            arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},
+                                    first_epoch(self.schedule_seed)) if self.variants else {}
+            out, outer = guarded_output(rows * cols, self.dtype)
+            programs = {"host_nccl": Program([wl.host_sequence(ctx, st.inputs, out) for st in sets],
+                                             [out] * N_SETS, outer)}
             for v in self.variants:
                 d = directives[v.name]
-                runner = runner_class(d)(ctx, wl, d, v.cubin, arenas[d.backend.value], inputs, out)
-                runs[v.name], targets[v.name] = runner, runner.output
-                arena_of[v.name], runners[v.name] = arenas[d.backend.value], runner
-        timed = {"gemm_only": lambda: wl.gemm_only(ctx, inputs),
-                 "comm_only": lambda: wl.comm_only(ctx, inputs)}
-        runners_on = {n: (r, arena_of[n]) for n, r in runners.items()}
-        return judge(ctx, self, runs, targets, runners_on, layout, outer,
-                     lambda got: compare(got, ref, self.dtype, rtol, atol), self.dtype, timed,
-                     inputs, fingerprint)
+                arena = arenas[d.backend.value]
+                out_v, outer_v = guarded_output(rows * cols, self.dtype)
+                runners = [runner_class(d)(ctx, wl, d, v.cubin, arena, st.inputs, out_v) for st in sets]
+                own = runners[0].output is out_v
+                programs[v.name] = Program(runners, [r.output for r in runners], outer_v if own else (),
+                                           runners, arena, (f"arena:{arena.backend}",))
+        setup_s = time.perf_counter() - t0
+        extras = {"gemm_only": lambda: wl.gemm_only(ctx, sets[0].inputs),
+                  "comm_only": lambda: wl.comm_only(ctx, sets[0].inputs)}
+        floor = physical_floor_ms(wl.work(), MeasurePeaks()(ctx))
+        result = judge(ctx, self, programs, extras, sets, rtol, self.dtype, layout, floor)
+        result["setup_s"] = setup_s
+        return result

@@ -29,7 +29,11 @@ from cuco.errors import DirectiveError
 from cuco.kernels.collectives import KernelSource
 from cuco.runtime.checking import compare
 from cuco.workloads.base import EPS, Buffers
-from cuco.workloads.jobs import STRESS_US, VariantSpec, guarded_output, inputs_and_reference, judge
+from cuco.workloads.jobs import (
+    N_CHECKED, STRESS_US, Program, VariantSpec, first_epoch, fresh_seed, guarded_output, input_sets,
+    judge,
+)
+from cuco.workloads.schedule import N_SETS
 from cuco.workloads.side_stream import ArenaLayout, prepare_arenas
 
 #: Threads per CTA of every pipeline communication kernel.
@@ -171,37 +175,44 @@ def flag_plan_check(n_flags: int, what: str) -> None:
 
 @dataclass
 class PipelineCase:
-    """Check and time a pipeline workload's variants on every rank (one job)."""
+    """Verify and time a pipeline workload's variants on every rank (one job; see
+    :func:`cuco.workloads.jobs.judge`)."""
 
     workload: PipelineWorkload
     variants: list[VariantSpec] = field(default_factory=list)
     seed: int = 1
-    check: bool = True
+    #: False: a check-only job (every program once per input set, every call checked)
     time: bool = True
     warmup: int = 3
     iters: int = 20
+    n_checked: int = N_CHECKED
+    busy_us: float = 40.0
     stress_us: float = STRESS_US
+    schedule_seed: int = field(default_factory=fresh_seed)
 
     def __call__(self, ctx) -> dict[str, Any]:
         wl, s = self.workload, ctx.stream
+        rtol, atol_f = wl.tolerance()
         with s:
-            inputs, ref, fingerprint = inputs_and_reference(ctx, wl, type(wl), self.seed)
-            out, outer = guarded_output(wl.output_elems(), wl.dtype)
+            sets = input_sets(ctx, wl, type(wl), self.seed, atol_f)
             directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
             layout = wl.layout()
-            arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()}) \
-                if self.variants else {}
-            runs: dict[str, Callable[[], None]] = {"host_nccl": wl.host_sequence(ctx, inputs, out)}
-            targets: dict[str, Any] = {"host_nccl": out}
-            for name, (fn, target) in wl.baselines(ctx, inputs).items():
-                runs[name], targets[name] = fn, target
-            runners: dict[str, Runner] = {}
+            arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},
+                                    first_epoch(self.schedule_seed)) if self.variants else {}
+            out, outer = guarded_output(wl.output_elems(), wl.dtype)
+            programs = {"host_nccl": Program([wl.host_sequence(ctx, st.inputs, out) for st in sets],
+                                             [out] * N_SETS, outer)}
+            per_set = [wl.baselines(ctx, st.inputs) for st in sets]
+            for name in per_set[0]:
+                programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set])
             for v in self.variants:
                 d = directives[v.name]
-                r = wl.fused(ctx, d, v.cubin, arenas[d.backend.value], inputs, out)
-                runs[v.name], targets[v.name], runners[v.name] = r, r.output, r
-        timed = {"compute_only": lambda: wl.compute_only(ctx, inputs),
-                 "comm_only": lambda: wl.comm_only(ctx, inputs)}
-        runners_on = {n: (r, arenas[directives[n].backend.value]) for n, r in runners.items()}
-        return judge(ctx, self, runs, targets, runners_on, layout, outer,
-                     lambda got: wl.compare(got, ref), wl.dtype, timed, inputs, fingerprint)
+                arena = arenas[d.backend.value]
+                out_v, outer_v = guarded_output(wl.output_elems(), wl.dtype)
+                runners = [wl.fused(ctx, d, v.cubin, arena, st.inputs, out_v) for st in sets]
+                own = runners[0].output is out_v
+                programs[v.name] = Program(runners, [r.output for r in runners], outer_v if own else (),
+                                           runners, arena, (f"arena:{arena.backend}",))
+        extras = {"compute_only": lambda: wl.compute_only(ctx, sets[0].inputs),
+                  "comm_only": lambda: wl.comm_only(ctx, sets[0].inputs)}
+        return judge(ctx, self, programs, extras, sets, rtol, wl.dtype, layout)

@@ -119,9 +119,12 @@ class Arena:
             ctx.nvshmem.free(self.ptr)
 
 
-def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str]) -> dict[str, Arena]:
-    """Arenas for this job, flags zeroed, guards filled; collective (every rank calls it
-    in step). An arena is kept across jobs and grown when a layout needs more."""
+def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: int = 1) -> dict[str, Arena]:
+    """Arenas for this job, flags zeroed, guards filled, the next call's epoch
+    ``first_epoch`` (random per job in the evaluator's jobs, so no kernel can count on a
+    job's first call carrying epoch 1); collective (every rank calls it in step, with
+    the same ``first_epoch``). An arena is kept across jobs and grown when a layout
+    needs more."""
     import cupy
     arenas = ctx.scratch.setdefault("arenas", {})
     for b in sorted(backends):
@@ -133,7 +136,7 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str]) -> dict[str, Ar
         cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, layout.sync_bytes, ctx.stream.ptr)
         for g in layout.guards:
             cupy.cuda.runtime.memsetAsync(a.ptr + g, CANARY, GUARD_BYTES, ctx.stream.ptr)
-        a.epoch = 0
+        a.epoch = first_epoch - 1  # runners raise it before each call
         a.counts[:] = 0
     # no peer may flag into our arena before it is zeroed: a collective orders that
     one = cupy.ones(1, dtype=cupy.float32)
@@ -246,16 +249,15 @@ def _arena_view(arena: Arena, offset: int, n: int, dtype: str):
     return cupy.ndarray((n,), dtype=dtypes.STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
-def poison_arena(arena: Arena, layout: ArenaLayout, dtype: str, stream) -> None:
-    """NaN over every data region of the arena (partials, gathered inputs, outputs):
-    a candidate that reads a region before its producer wrote it this call reads
-    NaN, never a correct value left over from an earlier call."""
+def poison_arena(arena: Arena, layout: ArenaLayout, poison, dtype: str, stream) -> None:
+    """``poison`` (a :class:`cuco.runtime.dtypes.Poison`) over every data region of the
+    arena (partials, gathered inputs, outputs): a candidate that reads a region before
+    its producer wrote it this call reads poison, never a value left by an earlier call."""
     from cuco.runtime import dtypes
     esz = dtypes.ITEMSIZE[dtype]
-    ends = list(layout.guards)
-    for (name, off), end in zip(sorted(layout.data.items(), key=lambda kv: kv[1]), ends):
+    for (name, off), end in zip(sorted(layout.data.items(), key=lambda kv: kv[1]), layout.guards):
         with stream:
-            dtypes.poison(_arena_view(arena, off, (end - off) // esz, dtype), dtype)
+            poison.apply(_arena_view(arena, off, (end - off) // esz, dtype))
 
 
 def guards_intact(arena: Arena, layout: ArenaLayout) -> bool:

@@ -57,6 +57,11 @@ class _RowParallel(Workload):
 class GemmAllReduce(_RowParallel):
     family = "gemm_allreduce"
 
+    def link_bytes_per_rank(self) -> int:
+        """Reduce-scatter then all-gather of the M x N result: 2 (w-1)/w of it."""
+        w = self.world_size
+        return 2 * (w - 1) * self.m * self.n * self.problem.dtype_bytes // w
+
     def output_shape(self) -> tuple[int, int]:
         return self.m, self.n
 
@@ -85,6 +90,11 @@ class GemmAllReduce(_RowParallel):
 @register
 class GemmReduceScatter(_RowParallel):
     family = "gemm_reducescatter"
+
+    def link_bytes_per_rank(self) -> int:
+        """(w-1)/w of the M x N partial sums."""
+        w = self.world_size
+        return (w - 1) * self.m * self.n * self.problem.dtype_bytes // w
 
     def output_shape(self) -> tuple[int, int]:
         return self.m // self.world_size, self.n
@@ -123,6 +133,11 @@ class AllGatherGemm(Workload):
 
     def local_gemm(self) -> tuple[int, int, int]:
         return self.m, self.n // self.world_size, self.k
+
+    def link_bytes_per_rank(self) -> int:
+        """Every peer's M/w x K rows of X."""
+        w = self.world_size
+        return (w - 1) * self.m * self.k * self.problem.dtype_bytes // w
 
     def output_shape(self) -> tuple[int, int]:
         return self.m, self.n // self.world_size

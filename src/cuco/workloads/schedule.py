@@ -1,0 +1,92 @@
+"""The order of one job's calls: which program, on which input set, checked or timed.
+
+Pure Python, the same on every rank (drawn from the job's seed), tested on the CPU.
+What it guarantees to the verification in :mod:`cuco.workloads.jobs`:
+
+* **a stale output is wrong.** Each job holds :data:`N_SETS` input sets in different
+  buffers with different values. A call never uses the input set that last wrote any
+  buffer it shares (its output, its arena); so a program that skips work and leaves a
+  buffer as an earlier call left it leaves the result of other inputs there.
+* **checked calls hide among timed ones.** In a timing job, a few iterations of every
+  verified program, drawn at random, are *checked* (outputs and arena poisoned with a
+  pattern drawn per call, the call stressed from outside); the others are timed. All
+  calls are verified; only timed calls enter the median.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from cuco.runtime.dtypes import Poison
+from cuco.runtime.stress import Stress
+
+#: Input sets per job: with a program's own buffers and one shared arena, a set that
+#: wrote neither last always exists.
+N_SETS = 3
+
+
+@dataclass(frozen=True)
+class Call:
+    program: str
+    iteration: int  # negative: warm-up
+    input_set: int
+    checked: bool
+    timed: bool
+    poison: Poison | None = None
+    stress: Stress | None = None
+
+
+def set_seed(seed: int, input_set: int) -> int:
+    """The seed of one of a job's input sets."""
+    return seed * N_SETS + input_set
+
+
+def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, seed: int,
+                  check_only: bool, warmup: int, iters: int, n_checked: int, world_size: int,
+                  sms: int, dtype: str) -> list[Call]:
+    """Every call of one job in order.
+
+    ``verified``: the programs whose outputs are checked, each with the keys of the
+    buffers it shares with others (its own name is added); ``extras``: programs only
+    timed (the halves of the bound), always on input set 0. ``check_only``: every
+    verified program runs once per input set, every call checked. Otherwise ``warmup``
+    rounds of every program (verified, not timed), then ``iters`` rounds in rotating
+    order, ``n_checked`` of each verified program's iterations checked.
+    """
+    rng = random.Random(seed)
+    last: dict[str, int] = {}
+
+    def pick(name: str) -> int:
+        keys = (f"program:{name}", *verified[name])
+        taken = {last[k] for k in keys if k in last}
+        s = rng.choice([i for i in range(N_SETS) if i not in taken])
+        for k in keys:
+            last[k] = s
+        return s
+
+    def checked(name: str, it: int) -> Call:
+        return Call(name, it, pick(name), True, False, Poison.draw(rng, dtype),
+                    Stress.draw(rng, world_size, sms))
+
+    calls: list[Call] = []
+    if check_only:
+        names = list(verified)
+        for it in range(N_SETS):
+            rng.shuffle(names)
+            calls.extend(checked(n, it) for n in names)
+        return calls
+    if iters <= n_checked:
+        raise ValueError(f"iters={iters} leaves no timed call beside {n_checked} checked ones")
+    names = [*verified, *extras]
+    checked_at = {n: set(rng.sample(range(iters), n_checked)) for n in verified}
+    for it in range(-warmup, iters):
+        r = it % len(names)
+        for name in names[r:] + names[:r]:
+            if name not in verified:
+                calls.append(Call(name, it, 0, False, it >= 0))
+            elif it >= 0 and it in checked_at[name]:
+                calls.append(checked(name, it))
+            else:
+                calls.append(Call(name, it, pick(name), False, it >= 0))
+    return calls
