@@ -16,6 +16,9 @@ def _gpus() -> int:
 
 
 GPUS = _gpus()
+#: World size of the evaluator's GPU tests: 2 ranks where there are 2 GPUs, else 1 (the
+#: verification, the planted kernels and the timed-call tells do not need peers).
+TEST_WORLD = min(GPUS, 2) or 1
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
-"""Planted kernels (2 GPUs): every one is rejected with the right status, and the
-evaluator (and its worker group) survive each."""
+"""Planted side-stream kernels: every one is rejected with the right status, and the
+evaluator (and its worker group) survive each; kernels that behave differently when
+timed score nothing. Two ranks where there are two GPUs, else one."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from cuco import CandidateDB, Directives
 from cuco.evaluate import Evaluator, StageTimeouts
 from cuco.kernels import evolve
 from cuco.workloads import GemmAllReduce
+from conftest import TEST_WORLD
 
-pytestmark = pytest.mark.gpu(count=2)
+pytestmark = pytest.mark.gpu(count=1)
 
 D = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
 STORE = "for (int r = 0; r < W; ++r) cuco::store16(a.at(o_off, r) + byte, v);"
@@ -34,9 +36,9 @@ PLANTED = {
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
     from cuco.runtime import WorkerGroup
-    group = WorkerGroup(2).start()
+    group = WorkerGroup(TEST_WORLD).start()
     db = CandidateDB(tmp_path_factory.mktemp("db") / "c.db")
-    e = Evaluator(GemmAllReduce(1024, 1024, 2048, 2), group=group, db=db,
+    e = Evaluator(GemmAllReduce(1024, 1024, 2048, TEST_WORLD), group=group, db=db,
                   timeouts=StageTimeouts(small=20, full=60, timing=120), timing_iters=10)
     yield e
     group.close()
@@ -59,6 +61,8 @@ def test_unedited_template_scores(ev):
 
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_planted_kernel_is_rejected(ev, name):
+    if name == "wrong_answer" and TEST_WORLD == 1:
+        pytest.skip("one rank: its own partial is the reduction")
     line, status = PLANTED[name]
     r = ev.evaluate(D, plant(ev, line))
     assert r.status == status, (name, r.status, r.stage_reached, r.error)
@@ -94,7 +98,7 @@ def test_writing_to_the_inputs_is_wrong(ev):
     """The compute stream's inputs are not the candidate's to change (they are
     cached across candidates); AllGather+GEMM's comm kernel gets X itself."""
     from cuco.workloads import AllGatherGemm
-    ag = Evaluator(AllGatherGemm(1024, 1024, 2048, 2), group=ev.group, timeouts=ev.timeouts,
+    ag = Evaluator(AllGatherGemm(1024, 1024, 2048, TEST_WORLD), group=ev.group, timeouts=ev.timeouts,
                    timing_iters=5)
     src, _ = ag.template(ag.problem, D)
     body = evolve.blocks(src)["chunk_allgather"]
@@ -121,3 +125,51 @@ def test_write_outside_outputs_hits_a_guard(ev):
     assert stray != body
     r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": stray}))
     assert r.status == "wrong" and "guard" in r.error
+
+
+# Kernels that skip work when they believe they are timed. Each passed the old evaluator
+# (checked calls were the first of a job, NaN-poisoned with one bit pattern; timed calls
+# were never checked): the unit is reduced and stored only when the tell says "checked".
+OLD = "cuco::load16(a.at(o_off, me) + byte)"
+TELLS = {
+    # the output still holds NaN poison: a checked call
+    "output_is_nan": f"const uint4 old = {OLD}; if ((old.x & 0x7F80u) != 0x7F80u) return;",
+    # the checker's one bit pattern
+    "poison_bit_pattern": f"const uint4 old = {OLD}; if (old.x != 0x7FC07FC0u) return;",
+    # a job's first calls carry small epochs
+    "small_epoch": "if (epoch > 3) return;",
+    # the output already holds a finite value: stale output reused
+    "output_already_written": f"const uint4 old = {OLD}; if (old.x == old.x && (old.x & 0x7F80u) != 0x7F80u) return;",
+}
+
+
+@pytest.mark.parametrize("tell", list(TELLS))
+def test_a_kernel_that_behaves_differently_when_timed_scores_nothing(ev, tell):
+    src, _ = ev.template(ev.problem, D)
+    body = evolve.blocks(src)["chunk_allreduce"]
+    anchor = "const size_t byte = (base + i) * 16;"
+    cheat = body.replace(anchor, anchor + " " + TELLS[tell])
+    assert cheat != body
+    r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": cheat}))
+    assert r.status in ("wrong", "suspect"), (tell, r.status, r.stage_reached, r.error)
+    assert r.score == 0.0
+    if r.status == "wrong":  # the verdict says which call, which input set, how many elements
+        assert "input set" in r.error and "elements differ" in r.error, r.error
+        assert r.extra["failed_call"]["bad_elements"] > 0
+    stored = ev.db.evaluations()[-1]  # stored like any other verdict
+    assert stored.extra.get("failed_call") == r.extra.get("failed_call")
+    assert stored.status == r.status and stored.error == r.error
+    assert ev.evaluate(D).status == "ok"
+
+
+def test_a_kernel_that_drops_precision_is_wrong(ev):
+    """Each reduced bf16 loses its lowest mantissa bit (as compressed communication would):
+    inside the element-wise tolerance, but twice as far from the reference as the host."""
+    src, _ = ev.template(ev.problem, D)
+    body = evolve.blocks(src)["chunk_allreduce"]
+    old = "const uint4 v = reduce_peers(a, p_off, byte);"
+    lossy = body.replace(old, "uint4 v = reduce_peers(a, p_off, byte); v.x &= 0xFFFEFFFEu; "
+                         "v.y &= 0xFFFEFFFEu; v.z &= 0xFFFEFFFEu; v.w &= 0xFFFEFFFEu;")
+    assert lossy != body
+    r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": lossy}))
+    assert r.status == "wrong" and r.score == 0.0, (r.status, r.error)

@@ -132,3 +132,48 @@ def test_in_kernel_arguments_carry_nothing_check_only(placement):
     params = launch[:launch.index(")")]
     # 15 arguments, the last the epoch: the same in a checked call as in a timed one
     assert params.count(",") == 14 and params.rstrip().endswith("unsigned long long epoch")
+
+
+# What an edited EVOLVE-BLOCK may not contain (each one an attack seen in practice: the
+# brace escape ran host code inside the judging process from an in-kernel .so).
+ESCAPES = {
+    "brace_escape": "  }\n  extern \"C\" void evil() {}\n  void reopen() {\n",
+    "define": "#define cta_barrier(...) ((void)0)\n",
+    "digraph_define": "%:define X 1\n",
+    "static_device_memo": "static __device__ uint4 memo[1024];\n",
+    "asm_timer": "long long t; asm volatile(\"mov.u64 %0, %%global\" \"timer;\" : \"=l\"(t));\n",
+    "clock": "long long t = clock();\n",
+    "chrono": "auto t = cuda::std::chrono::system_clock::now();\n",
+    "sreg": "unsigned t = cuda::ptx::get_sreg_smid();\n",
+    "open_comment": "int x = 0; /* swallow the frozen code up to the next block\n",
+    "raw_string": "auto s = R\"(x)\";\n",
+    "include": "#include \"cuda/../../../etc/os-release\"\n",
+    "goto": "goto done;\n",
+    "unbalanced_paren": "if (x) { y(); ) \n",
+    "continuation": "int x = 1; \\\n",
+}
+
+
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_an_edit_that_reaches_past_its_block_is_refused(name):
+    from cuco.kernels import evolve
+    p = Problem(workload="gemm_allreduce", m=1024, n=1024, k=2048, world_size=2)
+    from cuco.design import Directives
+    d = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
+    src = render_tp(p, d)[0].source
+    body = evolve.blocks(src)["chunk_allreduce"]
+    bad = evolve.splice(src, {"chunk_allreduce": ESCAPES[name] + body})
+    problems = evolve.edit_violations(src, bad)
+    assert problems and all("chunk_allreduce" in x for x in problems), problems
+
+
+def test_every_template_block_is_confined():
+    """The blocks our own templates ship pass the rule edits must pass."""
+    from cuco.kernels import evolve
+    from cuco.kernels.catalog import everything
+    seen = 0
+    for src in everything():
+        for name, body in evolve.blocks(src.source).items():
+            assert evolve.body_violations(body) == [], (src.name, name)
+            seen += 1
+    assert seen > 20

@@ -49,7 +49,7 @@ from cuco.runtime.collective_ops import merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import REGISTRY, get
-from cuco.workloads.jobs import VariantSpec, WorkloadCase
+from cuco.workloads.jobs import ACCURACY_SLACK, VariantSpec, WorkloadCase
 
 STAGES = ("static", "compile", "small", "full", "timing", "scored")
 
@@ -232,6 +232,11 @@ class Evaluator:
                 why = "wrote to its inputs (their fingerprint changed)"
             elif rec.get("guards_intact") is False:
                 why = "wrote outside its outputs (a guard page changed)"
+            elif rec.get("less_accurate_than_host") is not None:
+                why = (f"relative L2 error {rec.get('rel_l2_error'):.3g} is more than "
+                       f"{ACCURACY_SLACK:g}x the host program's {rec['less_accurate_than_host']:.3g} on the "
+                       "same inputs: it loses precision the workload does not allow (e.g. it "
+                       "compresses what it sends)")
             else:
                 why = f"{rec.get('bad_elements')} elements differ from the reference"
                 call = rec.get("failed_call")

@@ -49,7 +49,61 @@ def edit_violations(template: str, candidate: str) -> list[str]:
         line = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         return [f"evolve: the frozen code outside EVOLVE-BLOCKs was changed (first at line "
                 f"{line + 1}); edit only inside the blocks"]
-    return []
+    return [f"evolve: block {name}: {why}" for name, body in cb.items() if body != tb[name]
+            for why in body_violations(body)]
+
+
+#: Words an edited block may not contain, and why: each would let a block reach past
+#: its own statements (host code, globals that outlive a call, the preprocessor) or read
+#: what tells a checked call from a timed one (clocks, the SM a CTA runs on).
+_FORBIDDEN_WORDS = {
+    "extern": "declares what the block was not given", "__attribute__": "host or linker attributes",
+    "asm": "inline PTX (clocks, SM ids, anything)", "static": "state that outlives a call",
+    "template": "declarations outside the block's statements", "namespace": "declarations outside the block",
+    "__global__": "a new kernel", "__host__": "host code", "__device__": "a device global or function",
+    "__constant__": "a device global", "__managed__": "managed memory", "goto": "jumps out of the block",
+    "_Pragma": "the preprocessor", "clock": "reading clocks", "clock64": "reading clocks",
+    "chrono": "reading clocks", "globaltimer": "reading clocks", "sreg": "special registers (clocks, SM ids)",
+    "smid": "the SM a CTA runs on", "ptx": "special registers through cuda::ptx",
+}
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_PAIRS = {"}": "{", ")": "(", "]": "["}
+
+
+def body_violations(body: str) -> list[str]:
+    """Why an edited block body is not confined to its own statements.
+
+    A body is spliced between frozen lines; if it could close the function around it,
+    open a comment or a string that swallows frozen code, define a macro, or declare
+    globals and host code, it would change what the frozen code means (the host code
+    of an in-kernel candidate runs inside the judging process). So: comments must close
+    in the body, no string or character literals, no preprocessor line or line
+    continuation, no digraphs, brackets balanced and never closing what the body did
+    not open, and none of :data:`_FORBIDDEN_WORDS`.
+    """
+    out: list[str] = []
+    code = re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", " ", body, flags=re.S))
+    if "/*" in code or "*/" in code:
+        out.append("a comment that does not close inside the block")
+    if '"' in code or "'" in code:
+        out.append("string or character literals (nothing a block computes needs one)")
+    if re.search(r"^\s*(#|%:)", code, re.M) or "\\\n" in code:
+        out.append("a preprocessor line or a line continuation")
+    if re.search(r"<%|%>|<:|:>|%:", code):
+        out.append("digraphs (<% %> <: :> %:)")
+    depth: list[str] = []
+    for ch in re.sub(r"[^{}()\[\]]", "", code):
+        if ch in "{([":
+            depth.append(ch)
+        elif not depth or depth.pop() != _PAIRS[ch]:
+            out.append(f"'{ch}' closes what the block did not open")
+            break
+    else:
+        if depth:
+            out.append(f"'{depth[-1]}' opened and not closed inside the block")
+    for word in sorted(set(_WORD.findall(code)) & set(_FORBIDDEN_WORDS)):
+        out.append(f"'{word}': {_FORBIDDEN_WORDS[word]}")
+    return out
 
 
 def splice(template: str, bodies: dict[str, str]) -> str:

@@ -262,6 +262,9 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             m["correct"] = all(r.get("correct", True) for r in recs)
             m["bad_elements"] = sum(r.get("bad_elements", 0) for r in recs)
             m["rel_l2_error"] = max(r.get("rel_l2_error", 0.0) for r in recs)
+            worse = [r["less_accurate_than_host"] for r in recs if r.get("less_accurate_than_host") is not None]
+            if worse:
+                m["less_accurate_than_host"] = max(worse)
             for flag in ("guards_intact", "inputs_intact"):
                 if any(flag in r for r in recs):
                     m[flag] = all(r.get(flag, True) for r in recs)

@@ -7,10 +7,12 @@ What it guarantees to the verification in :mod:`cuco.workloads.jobs`:
   buffers with different values. A call never uses the input set that last wrote any
   buffer it shares (its output, its arena); so a program that skips work and leaves a
   buffer as an earlier call left it leaves the result of other inputs there.
-* **checked calls hide among timed ones.** In a timing job, a few iterations of every
-  verified program, drawn at random, are *checked* (outputs and arena poisoned with a
-  pattern drawn per call, the call stressed from outside); the others are timed. All
-  calls are verified; only timed calls enter the median.
+* **checked calls hide among timed ones.** Before every call of a verified program its
+  outputs and arena are poisoned with a pattern drawn per call (so nothing a call finds
+  there is left from an earlier one, and poison is no tell). In a timing job, a few
+  iterations of every verified program, drawn at random, are *checked* (stressed from
+  outside the kernel, compared in full on the host); the others are timed. All calls are
+  verified; only timed calls enter the median.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class Call:
     input_set: int
     checked: bool
     timed: bool
-    poison: Poison | None = None
-    stress: Stress | None = None
+    poison: Poison | None = None  # every verified call's; None for the bound's halves
+    stress: Stress | None = None  # checked calls only
 
 
 def set_seed(seed: int, input_set: int) -> int:
@@ -69,6 +71,9 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
         return Call(name, it, pick(name), True, False, Poison.draw(rng, dtype),
                     Stress.draw(rng, world_size, sms))
 
+    def timed(name: str, it: int) -> Call:
+        return Call(name, it, pick(name), False, it >= 0, Poison.draw(rng, dtype))
+
     calls: list[Call] = []
     if check_only:
         names = list(verified)
@@ -88,5 +93,5 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
             elif it >= 0 and it in checked_at[name]:
                 calls.append(checked(name, it))
             else:
-                calls.append(Call(name, it, pick(name), False, it >= 0))
+                calls.append(timed(name, it))
     return calls
