@@ -250,7 +250,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
     host = recs.get("host_nccl")
     if host is not None and host["correct"]:  # no less accurate than the host program
         limit = ACCURACY_SLACK * max(host["rel_l2_error"], EPS[dtype] / 4)
-        for name, rec in recs.items():
+        for name in programs:
+            rec = recs[name]
             if rec["correct"] and rec["rel_l2_error"] > limit:
                 rec["correct"], rec["less_accurate_than_host"] = False, host["rel_l2_error"]
     if any(_fingerprint(st.inputs) != st.fingerprint or _fingerprint({"ref": st.ref}) != st.ref_fingerprint
