@@ -2,10 +2,14 @@
 
     python bench/evaluator.py                       # GEMM+AllReduce 8192^3, 2 GPUs, 24 candidates
     python bench/evaluator.py --ray                 # and the same batch through the Ray backend
+    python bench/evaluator.py --world-size 1 --name evaluator_w1   # one GPU (no peers)
 
 Every candidate is a distinct directive point compiled from scratch (an empty
 compile cache), then checked (small shape, two seeds at full shape) and timed
-against the host-driven program in the same run. The batch API compiles on all
+against the host-driven program in the same run. Every call of every stage is verified
+(timed calls on the device, after their closing event); ``verification_overhead`` is
+the share of the local batch's wall time spent verifying (checked calls in full on the
+host, device counts of every other call). The batch API compiles on all
 cores while the GPUs check the candidates already built. With ``--ray`` the
 same candidates go through :class:`cuco.cluster.RayBackend` (one actor owning
 the GPUs, its own empty compile cache), for the time per candidate of both.
@@ -63,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--out-dir", default="bench/results")
+    ap.add_argument("--name", default="evaluator", help="result file bench/results/<name>.json")
     a = ap.parse_args(argv)
     m, k, n = (int(v) for v in a.shape.split("x"))
     w = a.world_size
@@ -80,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ev.evaluate(points[0])
     warm_s = time.perf_counter() - t0
+    verify0 = ev.verify_s
     t0 = time.perf_counter()
     local = ev.evaluate_many([Candidate(d) for d in points[1:]])
     local_s = time.perf_counter() - t0
+    verify_s = ev.verify_s - verify0
     ev.group.close()
     entries = {"local": _summary(local, local_s)}
     entries["local"]["first_candidate_s_with_warm_up"] = round(warm_s, 2)
@@ -101,15 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         backend.close()
         entries["ray"] = _summary(remote, ray_s)
         entries["ray_over_local_time_per_candidate"] = round(ray_s / local_s, 3)
-    path = results.write("evaluator", rows, device=device, world_size=w, out_dir=a.out_dir,
+    path = results.write(a.name, rows, device=device, world_size=w, out_dir=a.out_dir,
                          extra={"workload": wl.label, "fresh_compile_each": True,
                                 "candidates_per_min": entries["local"]["candidates_per_min"],
+                                "verification_overhead": round(verify_s / local_s, 4),
+                                "verify_s": round(verify_s, 2),
                                 "backends": entries})
     print(f"{'backend':8} {'cands':>5} {'ok':>3} {'s/cand':>7} {'cand/min':>8} {'gpu s':>6} {'compile s':>9}")
     for name, e in entries.items():
         if isinstance(e, dict):
             print(f"{name:8} {e['candidates']:5d} {e['scored_ok']:3d} {e['seconds_per_candidate']:7.2f} "
                   f"{e['candidates_per_min']:8.1f} {e['median_gpu_stage_s']:6.2f} {e['median_compile_s']:9.2f}")
+    print(f"verification: {verify_s:.1f} s of {local_s:.1f} s ({verify_s / local_s:.1%})")
     print(f"wrote {path}")
     return 0
 
