@@ -334,7 +334,7 @@ def library_versions() -> dict[str, str]:
     for name, fn in (("nccl", nccl), ("nvshmem", nvshmem), ("cutlass", cutlass)):
         try:
             out[name] = fn().version
-        except LibraryNotFound:
+        except (LibraryNotFound, LibraryConflict):  # raised where that library is needed
             out[name] = ""
     try:
         out["nvcc"] = nvcc_version()
