@@ -9,8 +9,8 @@ from cuco.design import (
     Backend, ChunkSchedule, DesignSpace, Directives, Issuer, Placement, Problem, SyncScope,
 )
 from cuco.errors import (
-    CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryNotFound, NoGPUError,
-    ShapeError, TooFewGPUsError,
+    CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryConflict, LibraryNotFound,
+    NoGPUError, ShapeError, TooFewGPUsError,
 )
 
 __version__ = "0.1.0"
@@ -62,6 +62,6 @@ def search(*args, **kwargs):
 __all__ = [
     "Backend", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "CucoError",
     "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem", "Evaluation", "Issuer",
-    "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
+    "LibraryConflict", "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
     "TooFewGPUsError", "__version__", "fastpath", "load", "search", "tune", *sorted(_LAZY),
 ]

@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from cuco.errors import CucoError
 from cuco.kernels import toolchain
@@ -27,6 +28,70 @@ def _lib_check(name: str, fn, fix: str) -> Check:
         return Check(name, "missing", str(exc).partition("; ")[0], fix)
     where = f"headers {lib.include}" + (f", libs {lib.lib}" if lib.lib else "")
     return Check(name, "ok", f"{lib.version} ({where})")
+
+
+def _split(exc: CucoError) -> tuple[str, str]:
+    """A cuco message as (what is wrong, the fix)."""
+    text = str(exc)
+    if " Fix: " in text:
+        detail, _, fix = text.partition(" Fix: ")
+        return detail, fix
+    detail, _, fix = text.partition("; ")
+    return detail, fix
+
+
+def nccl_checks(worker: bool = True) -> list[Check]:
+    """Which NCCL cuco builds against and loads, in this process and in a worker.
+
+    This process is not made to load NCCL (a doctor should change nothing); the worker
+    (a CPU-only :class:`~cuco.runtime.WorkerGroup` of one, which needs no GPU) loads it
+    and reports the file it mapped and ``ncclGetVersion``."""
+    try:
+        inst = toolchain.nccl()
+    except CucoError as exc:
+        detail, fix = _split(exc)
+        return [Check("NCCL (device API)", "missing", detail,
+                      fix or "pip install 'nvidia-nccl-cu13>=2.28.9'")]
+    out = [Check("NCCL (device API)", "ok", f"{inst.version} from {inst.origin}: headers "
+                 f"{inst.include}, library {inst.so}")]
+    loaded = toolchain.loaded_nccl()
+    if loaded:  # choose_nccl refused any other
+        out.append(Check("NCCL in this process", "ok",
+                         f"{toolchain.loaded_version(loaded[0]) or '?'} already loaded from "
+                         f"{loaded[0]}: the one cuco uses", required=False))
+    else:
+        out.append(Check("NCCL in this process", "ok", f"none loaded yet; cuco would load "
+                         f"{inst.so} ({inst.version})", required=False))
+    if worker:
+        out.append(_worker_nccl_check(inst))
+    return out
+
+
+def _worker_nccl_check(inst: toolchain.NcclInstall) -> Check:
+    from cuco.runtime import WorkerGroup
+    from cuco.runtime.nccl import in_process_job
+
+    name = "NCCL in a worker"
+    try:
+        with WorkerGroup(1, gpu=False, start_timeout_s=60) as group:
+            res = group.run(in_process_job, timeout=60)
+    except CucoError as exc:
+        detail, fix = _split(exc)
+        return Check(name, "missing", f"worker did not start: {detail}", fix)
+    if not res.ok:
+        err = res.errors[0] or res.status
+        first = err.strip().splitlines()[0] if err.strip() else res.status
+        return Check(name, "missing", first[:400],
+                     "run `python -c 'from cuco.runtime import nccl; print(nccl.in_process())'` "
+                     "to see the whole error")
+    got = res.results[0]
+    same = bool(got["so"]) and toolchain.same_library(Path(got["so"]), inst.so)
+    detail = f"pid {got['pid']} loads {got['so']} ({got['version']}, from {got['origin']})"
+    if same and got["version"] == inst.version:
+        return Check(name, "ok", detail + ": same as this process")
+    return Check(name, "warn", detail + f" but this process uses {inst.so} ({inst.version})",
+                 "give every process the same CUCO_NCCL_HOME (or none), and let torch load "
+                 "its NCCL before cuco in the process that has it")
 
 
 def gpu_check() -> list[Check]:
@@ -57,7 +122,24 @@ def gpu_check() -> list[Check]:
     return out
 
 
-def run_checks() -> list[Check]:
+def _torch_nccl_check() -> list[Check]:
+    """After ``import torch``: the libnccl it mapped, and whether cuco would use the same."""
+    loaded = toolchain.loaded_nccl()
+    if not loaded:
+        return []
+    where = ", ".join(f"{p} ({toolchain.loaded_version(p) or '?'})" for p in loaded)
+    try:
+        toolchain.nccl.cache_clear()  # choose again, now that torch is in
+        inst = toolchain.nccl()
+    except CucoError as exc:
+        detail, fix = _split(exc)
+        return [Check("NCCL beside torch", "missing", detail, fix)]
+    return [Check("NCCL beside torch", "ok", f"torch loaded {where}; cuco uses the same "
+                  f"({inst.origin})", required=False)]
+
+
+def run_checks(worker: bool = True) -> list[Check]:
+    """Every check; ``worker=False`` skips starting a worker process (NCCL there)."""
     checks = [Check("python", "ok", f"{platform.python_version()} ({sys.executable})")]
     try:
         nvcc = toolchain.find_nvcc()
@@ -65,8 +147,7 @@ def run_checks() -> list[Check]:
     except CucoError as exc:
         detail, _, fix = str(exc).partition("; ")
         checks.append(Check("nvcc", "missing", detail, fix))
-    checks.append(_lib_check("NCCL (device API)", toolchain.nccl,
-                             "pip install 'nvidia-nccl-cu13>=2.28.9'"))
+    checks.extend(nccl_checks(worker=worker))
     checks.append(_lib_check("NVSHMEM", toolchain.nvshmem, "pip install nvidia-nvshmem-cu13"))
     checks.append(_lib_check("CUTLASS/CuTe headers", toolchain.cutlass, "pip install nvidia-cutlass"))
     try:
@@ -78,6 +159,7 @@ def run_checks() -> list[Check]:
     try:
         import torch  # noqa: F401  (optional extra)
         checks.append(Check("torch (optional)", "ok", torch.__version__, required=False))
+        checks.extend(_torch_nccl_check())
     except ImportError:
         checks.append(Check("torch (optional)", "warn", "not installed",
                             "pip install 'cuco[torch]' for PyTorch peers and export", required=False))

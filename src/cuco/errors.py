@@ -47,6 +47,11 @@ class LibraryNotFound(EnvironmentProblem):
     """nvcc, NCCL, NVSHMEM or CUTLASS could not be located."""
 
 
+class LibraryConflict(EnvironmentProblem):
+    """Two copies of one library would meet in a process (e.g. torch's libnccl and
+    another NCCL cuco was pointed at), or a library's headers and binary disagree."""
+
+
 class CompileError(CucoError):
     """nvcc rejected a kernel; ``summary`` holds the lines that matter."""
 

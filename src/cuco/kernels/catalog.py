@@ -100,15 +100,25 @@ def template_of(source: KernelSource) -> str:
     return f"{source.name}.cu.j2"
 
 
-def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
-    """Compile every kernel and both host shims; ``{name: 'ok' | error summary}``."""
-    comp = Compiler(arch=arch)
-    srcs = everything()
+def nccl_sources(*, cutlass: bool = False) -> list[KernelSource]:
+    """Every rendered source that includes the NCCL device API (LSA and GIN); the
+    CUTLASS-based in-kernel ones only with ``cutlass=True`` (slow to build)."""
+    return [s for s in everything() if "nccl" in s.needs and (cutlass or "cutlass" not in s.needs)]
+
+
+SHIMS = {"nccl_devcomm": ("nccl", "libnccl.so.2"), "nvshmem_host": ("nvshmem", "libnvshmem_host.so.3")}
+
+
+def compile_report(sources: list[KernelSource], arch: str = "sm_90a",
+                   shims: tuple[str, ...] = tuple(SHIMS), compiler: Compiler | None = None) -> dict[str, str]:
+    """Compile ``sources`` and the named host shims; ``{name: 'ok' | error summary}``.
+    NCCL's headers and library come from one installation (:func:`toolchain.nccl`)."""
+    comp = compiler or Compiler(arch=arch)
     report: dict[str, str] = {}
-    for s, r in zip(srcs, comp.compile_many([(s.name, s.source, s.needs) for s in srcs])):
+    for s, r in zip(sources, comp.compile_many([(s.name, s.source, s.needs) for s in sources])):
         report[s.name] = "ok" if hasattr(r, "path") else str(r)
-    for shim, need, lib_name in (("nccl_devcomm", "nccl", "libnccl.so.2"),
-                                 ("nvshmem_host", "nvshmem", "libnvshmem_host.so.3")):
+    for shim in shims:
+        need, lib_name = SHIMS[shim]
         try:
             lib = getattr(toolchain, need)()
             comp.build_shared((SHIM_DIR / f"{shim}.cu").read_text(), name=shim, needs=(need,),
@@ -117,3 +127,8 @@ def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             report[f"shim:{shim}"] = str(exc)
     return report
+
+
+def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
+    """Compile every kernel and both host shims; ``{name: 'ok' | error summary}``."""
+    return compile_report(everything(), arch)

@@ -2,9 +2,11 @@
 
 Kernels must be built against the headers of the very library loaded at run
 time (NCCL's device-API structs change between releases), so the NCCL found
-here is, in order: one already mapped into this process (e.g. by torch), the
-``nvidia-nccl-cu13`` wheel, then ``$NCCL_HOME``. Two different NCCLs in one
-process are refused.
+here is, in order: one already mapped into this process (e.g. by torch),
+``$CUCO_NCCL_HOME``, the ``nvidia-nccl-cu13`` wheel, then ``$NCCL_HOME`` — and
+its headers and ``libnccl.so.2`` always come from the same root
+(:class:`NcclInstall`). Two different NCCLs in one process are refused
+(:class:`~cuco.errors.LibraryConflict`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuco.errors import LibraryNotFound, NoGPUError
+from cuco.errors import LibraryConflict, LibraryNotFound, NoGPUError
 
 
 @dataclass(frozen=True)
@@ -99,36 +101,167 @@ def nvcc_version() -> str:
     return m.group(2) if m else "unknown"
 
 
-@functools.lru_cache(maxsize=None)
-def nccl() -> Library:
-    """The NCCL to build against and load (see module docstring for the order)."""
-    wheel = _wheel_dir("nvidia.nccl")
-    roots: list[Path] = []
-    mapped = _mapped_libs(r"^libnccl\.so")
-    for lib in mapped:
-        root = lib.parent.parent
-        if (root / "include" / "nccl.h").exists():
-            roots.append(root)
-    if wheel is not None:
-        roots.append(wheel)
-    if os.environ.get("NCCL_HOME"):
-        roots.append(Path(os.environ["NCCL_HOME"]))
-    for root in roots:
-        header = root / "include" / "nccl.h"
-        if header.exists() and (root / "include" / "nccl_device.h").exists():
-            major, minor, patch = _defines(header, ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"))
-            lib = root / "lib"
-            if mapped and not any(m.parent == lib.resolve() for m in mapped):
-                raise LibraryNotFound(
-                    f"this process already loaded {sorted(map(str, mapped))} but its headers "
-                    f"were not found next to it; two NCCLs in one process break. Install the "
-                    f"matching nvidia-nccl-cu13 wheel or set NCCL_HOME to that NCCL's root"
-                )
-            return Library("nccl", root / "include", lib, f"{major}.{minor}.{patch}")
+@dataclass(frozen=True)
+class NcclInstall(Library):
+    """One NCCL installation: the headers kernels and the host shim are compiled
+    against and the ``libnccl.so.2`` loaded at run time, taken from the same root so
+    that they cannot disagree. ``version`` is read from ``include/nccl.h``;
+    :func:`cuco.runtime.nccl.library` checks the loaded binary reports the same.
+    ``origin`` says why this one was chosen (``loaded``, ``CUCO_NCCL_HOME``,
+    ``wheel``, ``NCCL_HOME``)."""
+
+    so: Path
+    origin: str
+
+    def describe(self) -> str:
+        return f"NCCL {self.version} at {self.so}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {**super().as_dict(), "so": str(self.so), "origin": self.origin}
+
+
+#: Where ``libnccl.so.2`` sits below an installation's root.
+_LIB_DIRS = ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
+
+
+def same_library(a: Path, b: Path) -> bool:
+    """The test the dynamic loader applies: one device and inode is one library."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def loaded_nccl() -> list[Path]:
+    """The distinct ``libnccl`` files mapped into this process now (e.g. by torch)."""
+    out: list[Path] = []
+    for p in sorted(_mapped_libs(r"^libnccl\.so")):
+        if not any(same_library(p, q) for q in out):
+            out.append(p)
+    return out
+
+
+def loaded_version(so: Path) -> str:
+    """``ncclGetVersion`` of a libnccl this process has loaded already, as ``2.28.9``.
+    Opened with ``RTLD_NOLOAD``, so it never maps a second copy; '' if it is not loaded."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL(str(so), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return ""
+    v = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(v)) != 0:
+        return ""
+    return version_string(v.value)
+
+
+def version_string(code: int) -> str:
+    """NCCL's integer version (``NCCL_VERSION_CODE``, 22809) as ``2.28.9``."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"  # before 2.9
+
+
+def nccl_install_at(root: Path, origin: str) -> NcclInstall | None:
+    """The installation under ``root`` (a directory with ``include/`` and ``lib/``, such
+    as a wheel's ``nvidia/nccl``; an unpacked wheel's top directory also works), or
+    None where it lacks the device-API headers or the library."""
+    root = Path(root)
+    for r in (root, root / "nvidia" / "nccl"):
+        header = r / "include" / "nccl.h"
+        if not (header.exists() and (r / "include" / "nccl_device.h").exists()):
+            continue
+        for sub in _LIB_DIRS:
+            so = r / sub / "libnccl.so.2"
+            if so.exists():
+                major, minor, patch = _defines(header, ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"))
+                return NcclInstall("nccl", r / "include", so.parent, f"{major}.{minor}.{patch}",
+                                   so, origin)
+    return None
+
+
+def _install_of_loaded(so: Path) -> NcclInstall | None:
+    """The installation a mapped libnccl belongs to: headers beside its lib directory."""
+    for root in (so.parent.parent, so.parent.parent.parent):
+        inst = nccl_install_at(root, "loaded")
+        if inst is not None and same_library(inst.so, so):
+            return inst
+    return None
+
+
+def _conflict(loaded: Path, chosen: NcclInstall, fix: str) -> LibraryConflict:
+    v = loaded_version(loaded) or "unknown version"
+    return LibraryConflict(
+        f"this process already loaded NCCL {v} from {loaded} (typically through `import torch`) "
+        f"and cuco would load {chosen.describe()} (from {chosen.origin}); two NCCLs in one "
+        f"process break (one SONAME, two copies of global state). Fix: {fix}, or run cuco's "
+        f"work in a process that has not loaded {loaded} (cuco's worker processes load only "
+        f"the NCCL cuco chooses)")
+
+
+def choose_nccl(loaded: list[Path], explicit: str | None, wheel: Path | None,
+                home: str | None) -> NcclInstall:
+    """Which NCCL to build against and load, from what this process has mapped
+    (``loaded``), ``$CUCO_NCCL_HOME`` (``explicit``), the ``nvidia-nccl-cu13`` wheel and
+    ``$NCCL_HOME``, in that order. Refuses (:class:`LibraryConflict`) a choice that would
+    put a second NCCL beside one already loaded."""
+    if len(loaded) > 1:
+        listed = ", ".join(f"{p} ({loaded_version(p) or '?'})" for p in loaded)
+        raise LibraryConflict(
+            f"this process has already loaded {len(loaded)} different NCCL libraries: {listed}; "
+            "whichever each caller binds to, they break each other. Fix: make every component "
+            "use one NCCL (torch's nvidia-nccl-cu13 wheel), e.g. unset LD_PRELOAD / "
+            "LD_LIBRARY_PATH entries that point at another libnccl")
+    if explicit:
+        inst = nccl_install_at(Path(explicit), "CUCO_NCCL_HOME")
+        if inst is None:
+            raise LibraryNotFound(
+                f"CUCO_NCCL_HOME={explicit} holds no NCCL with the device API (it needs "
+                "include/nccl.h, include/nccl_device.h and lib/libnccl.so.2); point it at such "
+                "a root, e.g. an unpacked nvidia-nccl-cu13 wheel's nvidia/nccl directory, or "
+                "unset it")
+        if loaded and not same_library(loaded[0], inst.so):
+            raise _conflict(loaded[0], inst, "unset CUCO_NCCL_HOME to use the loaded NCCL, or point "
+                            f"it at the loaded one's root ({loaded[0].parent.parent})")
+        return inst
+    if loaded:
+        inst = _install_of_loaded(loaded[0])
+        if inst is None:
+            v = loaded_version(loaded[0]) or "?"
+            raise LibraryNotFound(
+                f"this process already loaded NCCL {v} from {loaded[0]} but its headers "
+                f"(include/nccl.h, include/nccl_device.h) were not found next to it; kernels "
+                f"must be built against the headers of the NCCL loaded. Install them (e.g. "
+                f"`pip install nvidia-nccl-cu13=={v}` unpacked elsewhere) and set "
+                f"CUCO_NCCL_HOME to that root, or load cuco before the library that loaded it")
+        return inst
+    for root, origin in ((wheel, "wheel"), (Path(home) if home else None, "NCCL_HOME")):
+        if root is not None:
+            inst = nccl_install_at(root, origin)
+            if inst is not None:
+                return inst
     raise LibraryNotFound(
         "NCCL with the device API (nccl_device.h, NCCL >= 2.28.9) not found; run "
-        "`pip install 'nvidia-nccl-cu13>=2.28.9'` or set NCCL_HOME"
+        "`pip install 'nvidia-nccl-cu13>=2.28.9'` or set CUCO_NCCL_HOME"
     )
+
+
+@functools.lru_cache(maxsize=None)
+def nccl() -> NcclInstall:
+    """The NCCL to build against and load (see :func:`choose_nccl` for the order).
+    Cached per process: :func:`check_nccl_loadable` re-checks at load time."""
+    return choose_nccl(loaded_nccl(), os.environ.get("CUCO_NCCL_HOME"),
+                       _wheel_dir("nvidia.nccl"), os.environ.get("NCCL_HOME"))
+
+
+def check_nccl_loadable(inst: NcclInstall) -> None:
+    """Right before loading ``inst``: refuse if another libnccl got mapped since it was
+    chosen (``nccl()`` is cached; torch may have been imported in between)."""
+    for other in loaded_nccl():
+        if not same_library(other, inst.so):
+            raise _conflict(other, inst, "let whatever loads it (e.g. `import torch`) run before "
+                            "cuco first compiles or loads a kernel, so cuco picks it up; unset "
+                            "CUCO_NCCL_HOME if it names another NCCL")
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,7 +334,7 @@ def library_versions() -> dict[str, str]:
     for name, fn in (("nccl", nccl), ("nvshmem", nvshmem), ("cutlass", cutlass)):
         try:
             out[name] = fn().version
-        except LibraryNotFound:
+        except (LibraryNotFound, LibraryConflict):  # raised where that library is needed
             out[name] = ""
     try:
         out["nvcc"] = nvcc_version()

@@ -11,7 +11,7 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
-from cuco.errors import CucoError, LibraryNotFound
+from cuco.errors import CucoError, LibraryConflict, LibraryNotFound
 from cuco.kernels import toolchain
 from cuco.kernels.compiler import SHIM_DIR, Compiler
 
@@ -33,11 +33,26 @@ class _UniqueId(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
-    lib = toolchain.nccl()
-    path = lib.lib / "libnccl.so.2"
-    if not path.exists():
-        raise LibraryNotFound(f"{path} missing; reinstall with `pip install --force-reinstall nvidia-nccl-cu13`")
-    cdll = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    """The ``libnccl.so.2`` of :func:`cuco.kernels.toolchain.nccl`, loaded once per process
+    (``RTLD_GLOBAL``, so the device-communicator shim binds to the same copy). Refuses
+    (:class:`~cuco.errors.LibraryConflict`) where another libnccl is already mapped, and
+    where the loaded binary's version is not that of the headers kernels are built with."""
+    inst = toolchain.nccl()
+    if not inst.so.exists():
+        raise LibraryNotFound(f"{inst.so} missing; reinstall with `pip install --force-reinstall "
+                              "nvidia-nccl-cu13` or point CUCO_NCCL_HOME at a complete NCCL")
+    toolchain.check_nccl_loadable(inst)
+    cdll = ctypes.CDLL(str(inst.so), mode=ctypes.RTLD_GLOBAL)
+    v = ctypes.c_int()
+    if cdll.ncclGetVersion(ctypes.byref(v)) != 0:
+        raise LibraryConflict(f"ncclGetVersion failed in {inst.so}; is it a real libnccl?")
+    got = toolchain.version_string(v.value)
+    if got != inst.version:
+        raise LibraryConflict(
+            f"{inst.so} reports NCCL {got} but the headers beside it ({inst.include}) are "
+            f"{inst.version}; kernels built against them would misread the device structs. "
+            "Fix: reinstall that NCCL so headers and library match (`pip install "
+            "--force-reinstall nvidia-nccl-cu13`), or point CUCO_NCCL_HOME at a consistent root")
     vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     cdll.ncclGetErrorString.restype = ctypes.c_char_p
     cdll.ncclGetLastError.restype = ctypes.c_char_p
@@ -69,6 +84,25 @@ def version() -> int:
     v = ctypes.c_int()
     check(library().ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
     return v.value
+
+
+def in_process() -> dict[str, str]:
+    """Load cuco's NCCL here (no GPU needed) and say which one this process now has:
+    ``so`` (the file mapped, as /proc/self/maps names it), ``version`` (``ncclGetVersion``),
+    ``headers`` (the include directory kernels are built against), ``origin``, ``pid``."""
+    import os
+
+    inst = toolchain.nccl()
+    library()
+    mapped = toolchain.loaded_nccl()
+    return {"so": str(mapped[0]) if mapped else "", "version": toolchain.version_string(version()),
+            "headers": str(inst.include), "header_version": inst.version, "origin": inst.origin,
+            "pid": str(os.getpid())}
+
+
+def in_process_job(ctx: object) -> dict[str, str]:
+    """:func:`in_process` as a worker job (``WorkerGroup(1, gpu=False).run(in_process_job)``)."""
+    return in_process()
 
 
 def get_unique_id() -> bytes:

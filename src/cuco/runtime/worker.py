@@ -131,9 +131,10 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
                 conn.send(("ids", ids))
             ids = conn.recv()
             if options.nccl:
-                from cuco.runtime.nccl import Communicator, version
+                from cuco.runtime.nccl import Communicator, in_process, version
                 ctx.comm = Communicator(ids["nccl"], rank, world_size)
                 info["nccl_version"] = version()
+                info["nccl_library"] = in_process()["so"]  # the libnccl this worker mapped
             if options.nvshmem:
                 from cuco.runtime.nvshmem import Nvshmem
                 ctx.nvshmem = Nvshmem(ids["nvshmem"], rank, world_size, options.arch)
