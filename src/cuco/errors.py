@@ -42,6 +42,10 @@ class InputError(CucoError):
     anything is opened, compiled or started."""
 
 
+class ArchError(InputError, ValueError):
+    """A GPU architecture name nvcc cannot take."""
+
+
 class UnknownId(InputError, KeyError):
     """A run or candidate id that the database does not hold (still a ``KeyError``)."""
 

@@ -85,6 +85,13 @@ class Run:
     updated_at: float
 
 
+def best_first(speedup: float | None, candidate_id: int) -> tuple[float, int]:
+    """The one order of scored candidates everywhere (CLI, report, export, search result):
+    highest speedup first, ties to the earliest candidate. :meth:`CandidateDB.best` sorts
+    the same way in SQL."""
+    return (-(speedup or 0.0), candidate_id)
+
+
 def _url(target: str | os.PathLike[str]) -> str:
     text = os.fspath(target)
     if "://" in text:
@@ -373,7 +380,8 @@ class CandidateDB:
         q = self._scored().where(S.candidates.c.workload == workload)
         if run_id is not None:
             q = q.where(S.candidates.c.run_id == run_id)
-        q = q.order_by(S.evaluations.c.speedup.desc(), S.evaluations.c.id).limit(1)
+        # best_first's order: speedup descending, then the earliest candidate
+        q = q.order_by(S.evaluations.c.speedup.desc(), S.candidates.c.id, S.evaluations.c.id).limit(1)
         with self._read() as conn:
             row = conn.execute(q).mappings().first()
         if row is None:

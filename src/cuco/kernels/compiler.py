@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuco.errors import CompileError
+from cuco.errors import ArchError, CompileError
 from cuco.kernels import toolchain
 
 INCLUDE_DIR = Path(__file__).parent / "include"
@@ -65,7 +65,8 @@ def gencode(arch: str) -> list[str]:
     """``sm_90a`` -> ``-gencode=arch=compute_90a,code=sm_90a`` (works where -arch=sm_90a trips)."""
     m = re.fullmatch(r"sm_(\d+[a-z]?)", arch)
     if not m:
-        raise ValueError(f"arch {arch!r} is not of the form sm_90a / sm_90 / sm_100a")
+        raise ArchError(f"arch {arch!r} is not of the form sm_90a / sm_90 / sm_100a (cuco's "
+                        "kernels target Hopper, sm_90a)", param="arch", fix="sm_90a")
     return [f"-gencode=arch=compute_{m.group(1)},code={arch}"]
 
 
