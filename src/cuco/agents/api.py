@@ -19,7 +19,8 @@ PROPOSERS = ("offline", "tpe")
 
 def check_search(workload: str, m: int, n: int, k: int, world_size: int, *, budget: int = 1,
                  islands: int = 1, proposer: str = "offline", llm: str | None = None,
-                 placements: tuple[str, ...] = PLACEMENTS, hosts: int = 1) -> Problem:
+                 placements: tuple[str, ...] = PLACEMENTS, hosts: int = 1,
+                 space: bool = True) -> Problem:
     """The problem of a search, or :class:`~cuco.errors.InputError` naming the argument to
     change. Every entry point (``search``, ``fastpath``, ``tune``, the CLI) calls this before
     it opens a database or starts a GPU."""
@@ -41,6 +42,8 @@ def check_search(workload: str, m: int, n: int, k: int, world_size: int, *, budg
     if llm is not None:
         from cuco.llm.base import check_llm_spec
         check_llm_spec(llm)
+    if space:  # a shape no template fits is refused here, naming the dimension
+        gpu_space(problem, placements).sample(0)
     return problem
 
 
@@ -114,7 +117,8 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
     :func:`gpu_space` (e.g. ``("side_stream",)`` where CUTLASS's Hopper kernels cannot run).
     """
     problem = check_search(workload, m, n, k, world_size, budget=budget, islands=islands,
-                           proposer=proposer, llm=llm, placements=placements, hosts=hosts)
+                           proposer=proposer, llm=llm, placements=placements, hosts=hosts,
+                           space="space" not in agent_kw)
     store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     client = None
     if llm is not None:  # fail on a missing key before any GPU is started
@@ -165,7 +169,7 @@ def fastpath(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
     """
     from cuco.agents.fastpath import FastPathAgent
 
-    problem = check_search(workload, m, n, k, world_size, llm=llm)
+    problem = check_search(workload, m, n, k, world_size, llm=llm, placements=("side_stream",))
     check_count("max_rounds", max_rounds, "rounds", 6)
     if llm is not None and not host_program:
         raise InputError("the LLM route needs the host program (host_program=...); without "

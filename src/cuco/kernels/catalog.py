@@ -100,12 +100,29 @@ def template_of(source: KernelSource) -> str:
     return f"{source.name}.cu.j2"
 
 
-def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
-    """Compile every kernel and both host shims; ``{name: 'ok' | error summary}``."""
+def representative() -> list[KernelSource]:
+    """A subset of :func:`everything` that still renders every template and both kernel
+    kinds (cubin and CUTLASS launcher): one source per template, in-kernel placements
+    included once per placement. The default test run compiles this; CI's full step and
+    ``cuco kernels check`` compile everything."""
+    picked: dict[str, KernelSource] = {}
+    for s in everything():
+        key = template_of(s)
+        if key == "tp_fused.cu.j2":
+            key += ".dedicated_ctas" if ".dedicated_ctas." in s.name else ".epilogue"
+        picked.setdefault(key, s)
+    return list(picked.values())
+
+
+def compile_everything(arch: str = "sm_90a", *, sources: list[KernelSource] | None = None,
+                       on_done=None) -> dict[str, str]:
+    """Compile every kernel (or ``sources``) and both host shims on all cores;
+    ``{name: 'ok' | error summary}``. ``on_done(name, ok)`` after each one (progress)."""
     comp = Compiler(arch=arch)
-    srcs = everything()
+    srcs = everything() if sources is None else sources
     report: dict[str, str] = {}
-    for s, r in zip(srcs, comp.compile_many([(s.name, s.source, s.needs) for s in srcs])):
+    done = None if on_done is None else (lambda name, r: on_done(name, hasattr(r, "path")))
+    for s, r in zip(srcs, comp.compile_many([(s.name, s.source, s.needs) for s in srcs], on_done=done)):
         report[s.name] = "ok" if hasattr(r, "path") else str(r)
     for shim, need, lib_name in (("nccl_devcomm", "nccl", "libnccl.so.2"),
                                  ("nvshmem_host", "nvshmem", "libnvshmem_host.so.3")):
@@ -116,4 +133,11 @@ def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
             report[f"shim:{shim}"] = "ok"
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             report[f"shim:{shim}"] = str(exc)
+        if on_done is not None:
+            on_done(f"shim:{shim}", report[f"shim:{shim}"] == "ok")
     return report
+
+
+def catalog_size(sources: list[KernelSource] | None = None) -> int:
+    """How many items :func:`compile_everything` builds (kernels and the two shims)."""
+    return len(everything() if sources is None else sources) + 2

@@ -188,14 +188,18 @@ class Compiler:
         return CompiledKernel(out, key, self.arch, needs, time.perf_counter() - t0, False, log)
 
     def compile_many(self, sources: Sequence[tuple[str, str, Sequence[str]]], *,
-                     workers: int | None = None) -> list[CompiledKernel | CompileError]:
-        """Compile ``(name, source, needs)`` triples on all cores; errors are returned, not raised."""
+                     workers: int | None = None, on_done=None) -> list[CompiledKernel | CompileError]:
+        """Compile ``(name, source, needs)`` triples on all cores; errors are returned, not raised.
+        ``on_done(name, result)`` is called as each one finishes (progress bars)."""
         def one(item: tuple[str, str, Sequence[str]]) -> CompiledKernel | CompileError:
             name, src, needs = item
             try:
-                return self.compile(src, needs=needs, name=name)
+                out: CompiledKernel | CompileError = self.compile(src, needs=needs, name=name)
             except CompileError as exc:
-                return exc
+                out = exc
+            if on_done is not None:
+                on_done(name, out)
+            return out
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2) as pool:
             return list(pool.map(one, sources))
 
