@@ -284,6 +284,7 @@ def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: s
         raise typer.Exit(2) from None
     with CandidateDB(db) as store:
         best = store.best(workload, run_id=result.run_id)
+    console.print()
     console.print(f"run {result.run_id}: {result.evaluations} evaluations, stopped by "
                   f"{result.stopped}; phase switch at generation {result.phase_switch_generation}")
     if best:
@@ -315,6 +316,65 @@ def _placements(text: str) -> tuple[str, ...]:
         console.print(f"[red]error:[/] --placements {text!r}: choose among {', '.join(PLACEMENTS)}")
         raise typer.Exit(2)
     return picked
+
+
+@app.command()
+def demo(
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for the database, report and "
+                                       "artifact (default: a new temporary folder)"),
+    budget: int = typer.Option(0, help="evaluations (default: 16 on GPUs, 48 in a dry run)"),
+    world_size: int = typer.Option(2, help="GPUs (ranks)"),
+) -> None:
+    """The main job: search GEMM+AllReduce 8192^3, write a report, pack and compile the winner.
+
+    On a machine with WORLD_SIZE Hopper GPUs the search is real (every candidate compiled,
+    checked and timed; minutes). Without them it is a clearly labelled dry run of the
+    analytic model, and the winner is compiled for sm_90a to prove it builds (under two
+    minutes on 2 cores). Exits 0 either way.
+    """
+    import tempfile
+
+    from cuco.agents.api import check_search
+    from cuco.design import check_count
+    from cuco.export import export
+    from cuco.report import write_report
+    from cuco.runtime import visible_gpus
+
+    gpus = visible_gpus()
+    check_count("world_size", world_size, "GPUs (ranks)", 2)
+    real = gpus >= world_size
+    budget = budget or (16 if real else 48)
+    m = n = k = 8192
+    check_search("gemm_allreduce", m, n, k, world_size, budget=budget, islands=2)
+    folder = out or Path(tempfile.mkdtemp(prefix="cuco-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    db = str(folder / "cuco.db")
+    if real:
+        console.print(f"[bold]{gpus} GPU(s): a real search[/] of gemm_allreduce 8192x8192x8192 on "
+                      f"{world_size} of them, {budget} evaluations (each compiled, checked, timed)")
+    else:
+        console.print(f"[bold yellow]DRY RUN[/]: {gpus} GPU(s) visible, {world_size} needed to "
+                      "measure. Searching the analytic model instead: its speedups are predictions, "
+                      "not measurements, and no kernel is run or checked. The winner is then compiled "
+                      "for Hopper (sm_90a) to show that it builds.", soft_wrap=True)
+    result, best = _run_search("gemm_allreduce", m, n, k, world_size, db=db, budget=budget,
+                               dry_run=not real, islands=2)
+    with console.status("writing the report..."):
+        report_path = write_report(db, folder / "report.html", result.run_id)
+    console.print(f"report: {report_path}")
+    if best is None:
+        console.print("[yellow]no correct candidate to export[/]")
+        return
+    arch = None if real else "sm_90a"
+    from cuco.db import CandidateDB
+    with console.status(f"compiling the winner (candidate {best[0].id}) for "
+                        f"{arch or 'this GPU'} with nvcc (about a minute)..."):
+        art = export(CandidateDB(db), best[0].id, folder / "artifact", arch=arch)
+    console.print(f"artifact: {art.path} ({art.manifest['variant']}, {art.manifest['arch']}, "
+                  f"speedup {art.speedup_text()})")
+    if not real:
+        console.print("[yellow]dry run done: numbers above are the analytic model's. On a machine "
+                      f"with {world_size} Hopper GPUs, `cuco demo` measures them.[/]", soft_wrap=True)
 
 
 @app.command()
