@@ -22,9 +22,7 @@ REPRESENTATIVE = representative()
 
 
 def test_the_subset_covers_every_template():
-    assert {template_of(s) for s in REPRESENTATIVE} == set(templates())
-    assert {p for p in ("epilogue", "dedicated_ctas") if any(f".{p}." in s.name for s in REPRESENTATIVE)} \
-        == {"epilogue", "dedicated_ctas"}
+    assert sorted(template_of(s) for s in REPRESENTATIVE) == sorted(templates())
 
 
 @pytest.mark.parametrize("source", REPRESENTATIVE, ids=[s.name.split(".M")[0] for s in REPRESENTATIVE])

@@ -101,16 +101,13 @@ def template_of(source: KernelSource) -> str:
 
 
 def representative() -> list[KernelSource]:
-    """A subset of :func:`everything` that still renders every template and both kernel
-    kinds (cubin and CUTLASS launcher): one source per template, in-kernel placements
-    included once per placement. The default test run compiles this; CI's full step and
-    ``cuco kernels check`` compile everything."""
+    """A subset of :func:`everything` that still compiles every template and both kernel
+    kinds (cubin and CUTLASS launcher): one source per template (for the one-kernel
+    template, the epilogue placement with spare comm warps). The default test run compiles
+    this; CI's second step (``cuco kernels check``) compiles everything."""
     picked: dict[str, KernelSource] = {}
     for s in everything():
-        key = template_of(s)
-        if key == "tp_fused.cu.j2":
-            key += ".dedicated_ctas" if ".dedicated_ctas." in s.name else ".epilogue"
-        picked.setdefault(key, s)
+        picked.setdefault(template_of(s), s)
     return list(picked.values())
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from cuco.design import Problem, check_workload, register_workload
-from cuco.errors import InputError
+from cuco.errors import UnknownId
 from cuco.design.problem import Dtype
 
 EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
@@ -168,5 +168,6 @@ def get(family: str) -> type[Workload]:
     try:
         return REGISTRY[family]
     except KeyError:
-        raise InputError(f"workload {family!r} has no registered class here; decorate it with "
-                         f"@cuco.workloads.register (registered: {', '.join(sorted(REGISTRY))})") from None
+        raise UnknownId(f"unknown workload {family!r} for the evaluator: no Workload class is "
+                        "registered for it (a pipeline workload, or a class without "
+                        f"@cuco.workloads.register); registered: {', '.join(sorted(REGISTRY))}") from None
