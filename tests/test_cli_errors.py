@@ -194,6 +194,10 @@ def test_dry_run_is_labelled_as_the_model(tmp_path):
              "--placements", "side_stream", "--db", str(tmp_path / "c.db"))
     out = refused(r, 0, "DRY RUN, analytic model", "scored by model", "(analytic model, not measured)")
     assert "correct" not in out
+    page = tmp_path / "r.html"
+    refused(cuco("report", str(tmp_path / "c.db"), "-o", str(page)), 0, "wrote")
+    html = page.read_text()
+    assert "analytic model (dry run)" in html and "(model)" in html
 
 
 def test_ties_break_the_same_way_everywhere(tmp_path):
