@@ -17,10 +17,16 @@ from cuco.export import best_callable, export, load
 from cuco.report import write_report
 from cuco.runtime import visible_gpus
 
+def progress(summary):  # one line per generation of the search
+    print(f"  generation {summary['generation']}: {summary['evaluations']}/24 evaluations, "
+          f"best {summary['best']:.3f}{' (model)' if dry else ''}", flush=True)
+
+
 dry = visible_gpus() < 2
+print("searching " + ("the analytic model (dry run: no 2 GPUs here)" if dry else "on 2 GPUs"), flush=True)
 db = CandidateDB("example.db")
 result = cuco.search("gemm_allreduce", m=2048, n=4096, k=4096, world_size=2, db=db,
-                     budget=24, islands=2, seed=0, dry_run=dry)
+                     budget=24, islands=2, seed=0, dry_run=dry, on_progress=progress)
 print(f"{'predicted (no GPUs)' if dry else 'measured'}: best speedup {result.best.score:.3f} "
       f"with {result.best.directives.full_name}")
 
@@ -29,6 +35,7 @@ print(f"report: open {page.resolve().as_uri()} in a browser")
 
 # the torch callable takes LSA kernels: the best one of this run
 best = best_callable(db, result.run_id)
+print(f"exporting candidate {best}: compiling it with nvcc (about a minute)...", flush=True)
 art = export(db, best, "example_artifact", arch=None if not dry else "sm_90a")
 again = load(art.path, world_size=2, shape=(2048, 4096, 4096), arch=art.manifest["arch"])
 print(f"artifact {again.path}: {again.manifest['variant']}, kernels {again.manifest['kernels']}")

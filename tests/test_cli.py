@@ -72,7 +72,7 @@ def test_db_ls_and_show(tmp_path):
     r = cuco("db", "show", str(a), "--db", str(path), "--source")
     assert "__global__ void k(){}" in r.stdout
     r = cuco("db", "show", "42", "--db", str(path))
-    assert r.returncode == 1 and "no candidate 42" in r.stdout
+    assert r.returncode == 2 and "no candidate 42" in r.stdout
 
 
 def test_db_commands_explain_a_missing_database(tmp_path):

@@ -25,6 +25,54 @@ console = Console()
 DB_OPTION = typer.Option(os.environ.get("CUCO_DB", "cuco.db"), "--db",
                          help="database file or SQLAlchemy URL (env CUCO_DB)")
 
+# How the commands spell the Python arguments an error names (``CucoError.param``).
+FLAGS = {"workload": "--workload", "world_size": "--world-size", "budget": "--budget",
+         "islands": "--islands", "proposer": "--proposer", "llm": "--llm", "hosts": "--hosts",
+         "placements": "--placements", "arch": "--arch", "output": "-o", "max_rounds": "--rounds",
+         "db": "--db"}
+_context: dict = {}  # what the running command parsed (its shape), for spelling fixes
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", envvar="CUCO_DEBUG",
+                                        help="show the Python traceback of an error (env CUCO_DEBUG=1)")) -> None:
+    _context["debug"] = debug
+
+
+def _spell(exc) -> str:
+    """An error's message with its fix written as this command's flag."""
+    from cuco.errors import CucoError, DirectiveError
+
+    if isinstance(exc, DirectiveError):
+        return "invalid directives: " + "; ".join(exc.problems)
+    if not isinstance(exc, CucoError) or exc.param is None or exc.fix is None:
+        return str(exc)
+    if exc.param in ("m", "n", "k") and "shape" in _context:
+        m, k, n = _context["shape"]
+        dims = {"m": m, "k": k, "n": n, exc.param: exc.fix}
+        return exc.render("--shape").replace(f"--shape {exc.fix}",
+                                             f"--shape {dims['m']}x{dims['k']}x{dims['n']}")
+    return exc.render(FLAGS.get(exc.param, "--" + exc.param.replace("_", "-")))
+
+
+def _fail(exc: BaseException) -> int:
+    """One red line for an error; its exit status (2: fix the command, 1: the machine/data)."""
+    from cuco.errors import CucoError, DirectiveError, InputError
+
+    if isinstance(exc, (InputError, DirectiveError)):
+        code = 2
+    elif isinstance(exc, CucoError):
+        code = 1
+    elif isinstance(exc, OSError):
+        code = 1
+    else:
+        console.print(f"[red]internal error: {escape(type(exc).__name__)}: {escape(str(exc))}[/]; "
+                      "rerun with --debug for the traceback and report it")
+        return 1
+    text = " ".join(_spell(exc).split())  # one line
+    console.print(f"[red]error:[/] {escape(text)}", soft_wrap=True)
+    return code
+
 
 @app.command()
 def doctor() -> None:
@@ -79,11 +127,7 @@ def db_show(candidate_id: int, db: str = DB_OPTION,
 
     _require_db(db)
     with CandidateDB(db) as store:
-        try:
-            cand = store.candidate(candidate_id)
-        except KeyError as exc:
-            console.print(f"[red]{exc.args[0]}[/]")
-            raise typer.Exit(1) from None
+        cand = store.candidate(candidate_id)
         console.print(f"[bold]candidate {cand.id}[/] workload={cand.workload} origin={cand.origin} "
                       f"run={cand.run_id} island={cand.island} generation={cand.generation}")
         console.print(f"parents: {cand.parents or '-'}  lineage: "
@@ -121,18 +165,16 @@ def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def _require_db(db: str) -> None:
+def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
     if "://" not in db and not Path(db).exists():
-        console.print(f"[red]no candidate database at {db}[/]; pass --db PATH or set CUCO_DB")
+        console.print(f"[red]error:[/] no candidate database at {escape(db)}; {how}", soft_wrap=True)
         raise typer.Exit(1)
 
 
 @kernels_app.command("check")
 def kernels_check(arch: str = typer.Option("sm_90a", help="target when there is no GPU")) -> None:
     """Render and compile every kernel template and host shim (no GPU needed)."""
-    from cuco.kernels.catalog import compile_everything
-
-    report = compile_everything(arch)
+    report = _compile_catalog(arch)
     table = Table(title=f"kernels compiled for {arch}")
     table.add_column("kernel")
     table.add_column("result", overflow="fold")
@@ -141,6 +183,24 @@ def kernels_check(arch: str = typer.Option("sm_90a", help="target when there is 
     console.print(table)
     if any(v != "ok" for v in report.values()):
         raise typer.Exit(1)
+
+
+def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
+    """``compile_everything`` on every core with a progress bar (minutes on a laptop)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cuco.kernels import Compiler
+    from cuco.kernels.catalog import catalog_size, compile_everything
+
+    Compiler(arch=arch)  # a bad --arch is refused before anything is rendered
+    cores = os.cpu_count() or 1
+    with Progress(TextColumn("[bold]compiling kernels for {task.fields[arch]}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
+                  console=console, transient=False) as bar:
+        task = bar.add_task("compile", total=catalog_size(sources), arch=f"{arch} on {cores} core(s)",
+                            last="")
+        return compile_everything(arch, sources=sources, on_done=lambda name, ok: bar.update(
+            task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0]))
 
 
 @app.command()
@@ -162,26 +222,44 @@ def search(
     db: str = DB_OPTION,
 ) -> None:
     """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
-    from rich.live import Live
-
-    from cuco.agents.api import search as run_search
-    from cuco.errors import CucoError
+    from cuco.agents.api import check_search
     from cuco.runtime import visible_gpus
 
     m, k, n = _shape(shape)
+    picked = _placements(placements)
+    check_search(workload, m, n, k, world_size, budget=budget, islands=islands, proposer=proposer,
+                 llm=llm, placements=picked, hosts=hosts)
+    if resume is not None:
+        _require_db(db, "--resume continues a run of an existing database: pass its --db")
     if not dry_run and cluster is None and visible_gpus() < world_size:
-        console.print(f"[red]{visible_gpus()} GPU(s) visible but the search needs {world_size}[/]; "
-                      "run on a GPU machine, or add --dry-run to search an analytic model")
+        console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs {world_size}; "
+                      "run on a GPU machine, or add --dry-run to search an analytic model", soft_wrap=True)
         raise typer.Exit(1)
-    state: dict = {}
+    _run_search(workload, m, n, k, world_size, db=db, budget=budget, islands=islands, seed=seed,
+                proposer=proposer, dry_run=dry_run, resume=resume, llm=llm, cluster=cluster,
+                hosts=hosts, placements=picked)
+
+
+def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: str, budget: int,
+                dry_run: bool, resume: Optional[int] = None, **kw):
+    """A search with its live table; returns (result, best (candidate, evaluation) or None).
+    Dry runs are labelled as the analytic model everywhere they show a number."""
+    from rich.live import Live
+
+    from cuco.agents.api import search as run_search
+    from cuco.db import CandidateDB
+    from cuco.errors import UnknownId
+
+    label = f"{workload} {m}x{k}x{n} w={world_size}"
+    checked = "scored by model" if dry_run else "correct"
     live = Live(Table(), console=console, refresh_per_second=4)
 
     def show(summary: dict) -> None:
-        state.update(summary)
-        t = Table(title=f"{workload} {shape} w={world_size}: generation {summary['generation']} "
-                        f"({summary['phase']}), {summary['evaluations']}/{budget} evaluations, "
-                        f"{60 * summary['evaluations'] / max(summary['elapsed_s'], 1e-9):.0f}/min")
-        for col in ("island", "members", "best speedup", "mean", "correct"):
+        t = Table(title=("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
+                  + f"{label}: generation {summary['generation']} "
+                  f"({summary['phase']}), {summary['evaluations']}/{budget} evaluations, "
+                  f"{60 * summary['evaluations'] / max(summary['elapsed_s'], 1e-9):.0f}/min")
+        for col in ("island", "members", "best speedup" + (" (model)" if dry_run else ""), "mean", checked):
             t.add_column(col)
         for isl in summary["islands"]:
             t.add_row(str(isl["island"]), str(isl["size"]), f"{isl['best']:.3f}",
@@ -193,23 +271,29 @@ def search(
     try:
         with live:
             result = run_search(workload, m, n, k, world_size, db=db, budget=budget,
-                                islands=islands, seed=seed, proposer=proposer, dry_run=dry_run,
-                                resume=resume, on_progress=show, llm=llm,
-                                cluster=cluster, hosts=hosts,
-                                placements=_placements(placements))
+                                dry_run=dry_run, resume=resume, on_progress=show, **kw)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; resume with[/] cuco search --resume <run id> "
                       "(see `cuco db ls`)")
         raise typer.Exit(130) from None
-    except CucoError as exc:
-        console.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
-    best = result.best
+    except UnknownId as exc:
+        if resume is None:
+            raise
+        console.print(f"[red]error:[/] {escape(str(exc))}; pass --resume one of those run ids "
+                      "(and the same --db)", soft_wrap=True)
+        raise typer.Exit(2) from None
+    with CandidateDB(db) as store:
+        best = store.best(workload, run_id=result.run_id)
+    console.print()
     console.print(f"run {result.run_id}: {result.evaluations} evaluations, stopped by "
                   f"{result.stopped}; phase switch at generation {result.phase_switch_generation}")
     if best:
-        console.print(f"best: candidate {best.candidate_id} {best.directives.full_name} "
-                      f"speedup {best.score:.3f}" + (" (analytic model)" if dry_run else ""))
+        cand, ev = best
+        from cuco.design import Directives
+        console.print(f"best: candidate {cand.id} {Directives(**cand.directives).full_name} "
+                      f"speedup {ev.speedup:.3f}"
+                      + (" (analytic model, not measured)" if dry_run else " (measured)"))
+    return result, best
 
 
 def _shape(shape: str) -> tuple[int, int, int]:
@@ -217,8 +301,9 @@ def _shape(shape: str) -> tuple[int, int, int]:
     try:
         m, k, n = (int(v) for v in shape.lower().split("x"))
     except ValueError:
-        console.print(f"[red]--shape {shape!r} is not MxKxN (e.g. 8192x8192x8192)[/]")
+        console.print(f"[red]error:[/] --shape {shape!r} is not MxKxN; use --shape 8192x8192x8192")
         raise typer.Exit(2) from None
+    _context["shape"] = (m, k, n)
     return m, k, n
 
 
@@ -228,9 +313,68 @@ def _placements(text: str) -> tuple[str, ...]:
     picked = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in picked if p not in PLACEMENTS]
     if bad or not picked:
-        console.print(f"[red]--placements {text!r}: choose among {', '.join(PLACEMENTS)}[/]")
+        console.print(f"[red]error:[/] --placements {text!r}: choose among {', '.join(PLACEMENTS)}")
         raise typer.Exit(2)
     return picked
+
+
+@app.command()
+def demo(
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for the database, report and "
+                                       "artifact (default: a new temporary folder)"),
+    budget: int = typer.Option(0, help="evaluations (default: 16 on GPUs, 48 in a dry run)"),
+    world_size: int = typer.Option(2, help="GPUs (ranks)"),
+) -> None:
+    """The main job: search GEMM+AllReduce 8192^3, write a report, pack and compile the winner.
+
+    On a machine with WORLD_SIZE Hopper GPUs the search is real (every candidate compiled,
+    checked and timed; minutes). Without them it is a clearly labelled dry run of the
+    analytic model, and the winner is compiled for sm_90a to prove it builds (under two
+    minutes on 2 cores). Exits 0 either way.
+    """
+    import tempfile
+
+    from cuco.agents.api import check_search
+    from cuco.design import check_count
+    from cuco.export import export
+    from cuco.report import write_report
+    from cuco.runtime import visible_gpus
+
+    gpus = visible_gpus()
+    check_count("world_size", world_size, "GPUs (ranks)", 2)
+    real = gpus >= world_size
+    budget = budget or (16 if real else 48)
+    m = n = k = 8192
+    check_search("gemm_allreduce", m, n, k, world_size, budget=budget, islands=2)
+    folder = out or Path(tempfile.mkdtemp(prefix="cuco-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    db = str(folder / "cuco.db")
+    if real:
+        console.print(f"[bold]{gpus} GPU(s): a real search[/] of gemm_allreduce 8192x8192x8192 on "
+                      f"{world_size} of them, {budget} evaluations (each compiled, checked, timed)")
+    else:
+        console.print(f"[bold yellow]DRY RUN[/]: {gpus} GPU(s) visible, {world_size} needed to "
+                      "measure. Searching the analytic model instead: its speedups are predictions, "
+                      "not measurements, and no kernel is run or checked. The winner is then compiled "
+                      "for Hopper (sm_90a) to show that it builds.", soft_wrap=True)
+    result, best = _run_search("gemm_allreduce", m, n, k, world_size, db=db, budget=budget,
+                               dry_run=not real, islands=2)
+    with console.status("writing the report..."):
+        report_path = write_report(db, folder / "report.html", result.run_id)
+    console.print(f"report: {report_path}")
+    if best is None:
+        console.print("[yellow]no correct candidate to export[/]")
+        return
+    arch = None if real else "sm_90a"
+    from cuco.db import CandidateDB
+    with console.status(f"compiling the winner (candidate {best[0].id}) for "
+                        f"{arch or 'this GPU'} with nvcc (about a minute)..."):
+        art = export(CandidateDB(db), best[0].id, folder / "artifact", arch=arch)
+    console.print(f"artifact: {art.path} ({art.manifest['variant']}, {art.manifest['arch']}, "
+                  f"speedup {art.speedup_text()})")
+    if not real:
+        console.print("[yellow]dry run done: numbers above are the analytic model's. On a machine "
+                      f"with {world_size} Hopper GPUs, `cuco demo` measures them.[/]", soft_wrap=True)
 
 
 @app.command()
@@ -245,11 +389,14 @@ def fastpath(
     db: str = DB_OPTION,
 ) -> None:
     """First correct device-initiated kernel: template route, or --llm with --host-program."""
+    from cuco.agents.api import check_search
     from cuco.agents.api import fastpath as run_fastpath
-    from cuco.errors import CucoError
+    from cuco.design import check_count
     from cuco.runtime import visible_gpus
 
     m, k, n = _shape(shape)
+    check_search(workload, m, n, k, world_size, llm=llm, placements=("side_stream",))
+    check_count("max_rounds", rounds, "rounds", 6)
     if llm and host_program is None:
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
         raise typer.Exit(2)
@@ -257,12 +404,8 @@ def fastpath(
         console.print(f"[red]{visible_gpus()} GPU(s) visible but the fast path needs {world_size}[/] "
                       "(it proves its kernel correct on them)")
         raise typer.Exit(1)
-    try:
-        res = run_fastpath(workload, m, n, k, world_size, db=db, llm=llm, max_rounds=rounds,
-                           host_program=host_program.read_text() if host_program else None)
-    except (CucoError, ValueError) as exc:
-        console.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
+    res = run_fastpath(workload, m, n, k, world_size, db=db, llm=llm, max_rounds=rounds,
+                       host_program=host_program.read_text() if host_program else None)
     for what, status in res.tried:
         console.print(f"  {what}: {status}")
     if res.result is None:
@@ -279,10 +422,15 @@ def report(db: str = typer.Argument(..., help="candidate database file or SQLAlc
     """Write a self-contained HTML report (plots inline, no network)."""
     from cuco.report import write_report
 
-    _require_db(db)
+    _require_db(db, "give the database path as the first argument: cuco report PATH -o report.html")
+    if not output.parent.is_dir():  # before the database is opened
+        write_report(db, output, run)  # refuses with the fix
     from cuco.db import CandidateDB
     with CandidateDB(db) as store:
-        path = write_report(store, output, run)
+        if run is not None:
+            store.run(run)  # an unknown --run is refused here, with the way to list them
+        with console.status("rendering the report (plots)..."):
+            path = write_report(store, output, run)
     console.print(f"wrote {path}")
 
 
@@ -292,17 +440,17 @@ def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--outp
                db: str = DB_OPTION) -> None:
     """Pack a scored candidate as an artifact directory (cubin, source, manifest)."""
     from cuco.db import CandidateDB
-    from cuco.errors import CucoError
     from cuco.export import export
+    from cuco.kernels import Compiler
 
+    if arch is not None:
+        Compiler(arch=arch)  # a bad --arch is refused before the database is opened
     _require_db(db)
-    try:
+    with console.status(f"exporting candidate {candidate_id}: compiling its kernel with nvcc "
+                        "(about a minute for the one-kernel CUTLASS placements)..."):
         art = export(CandidateDB(db), candidate_id, output, arch=arch)
-    except (CucoError, KeyError) as exc:
-        console.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
     console.print(f"wrote {art.path}: {art.manifest['variant']} for {art.manifest['arch']}, "
-                  f"speedup {art.speedup}")
+                  f"speedup {art.speedup_text()}")
 
 
 @bench_app.command("collectives")
@@ -328,7 +476,21 @@ def bench_collectives(
 
 
 def main() -> None:
-    app()
+    """The ``cuco`` command: a CucoError (or an OS error) is one line, never a traceback,
+    unless ``--debug`` / ``CUCO_DEBUG=1``."""
+    import sys
+    debug = "--debug" in sys.argv[1:] or os.environ.get("CUCO_DEBUG", "") not in ("", "0")
+    try:
+        app(prog_name="cuco")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        raise SystemExit(130) from None
+    except BaseException as exc:  # noqa: BLE001 - the last line of defence for a CLI user
+        if debug:
+            raise
+        raise SystemExit(_fail(exc)) from None
 
 
 if __name__ == "__main__":

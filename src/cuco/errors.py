@@ -12,7 +12,42 @@ from __future__ import annotations
 
 
 class CucoError(Exception):
-    """Base class of every error cuco raises on purpose."""
+    """Base class of every error cuco raises on purpose.
+
+    An error that one argument can fix names it: ``param`` (as the Python API spells it)
+    and ``fix`` (the value to pass instead; ``guess`` when it is a close match of what was
+    typed). ``str(err)`` spells the fix as a Python argument (``budget=100``);
+    ``err.render("--budget")`` as a command-line flag (``--budget 100``).
+    """
+
+    def __init__(self, message: str = "", *, param: str | None = None, fix: object = None,
+                 guess: bool = False):
+        self.message, self.param, self.fix, self.guess = message, param, fix, guess
+        super().__init__(self.render())
+
+    def render(self, flag: str | None = None) -> str:
+        """The message, its fix spelled as ``flag VALUE`` (a CLI flag) or ``param=VALUE``."""
+        if self.param is None or self.fix is None:
+            return self.message
+        spelled = f"{flag} {self.fix}" if flag else f"{self.param}={self.fix!r}"
+        return (f"{self.message}; did you mean {spelled}?" if self.guess
+                else f"{self.message}; use {spelled}")
+
+    def __str__(self) -> str:  # never KeyError's repr
+        return self.args[0] if len(self.args) == 1 and isinstance(self.args[0], str) else super().__str__()
+
+
+class InputError(CucoError):
+    """An argument cuco refuses (an unknown name, a count below 1, ...); raised before
+    anything is opened, compiled or started."""
+
+
+class ArchError(InputError, ValueError):
+    """A GPU architecture name nvcc cannot take."""
+
+
+class UnknownId(InputError, KeyError):
+    """A run or candidate id that the database does not hold (still a ``KeyError``)."""
 
 
 class DirectiveError(CucoError):
@@ -27,7 +62,7 @@ class DirectiveError(CucoError):
         super().__init__("invalid directives:\n  - " + "\n  - ".join(self.problems))
 
 
-class ShapeError(CucoError):
+class ShapeError(InputError):
     """A problem shape that the world size or a tile does not divide."""
 
 

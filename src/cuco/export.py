@@ -27,7 +27,8 @@ from typing import Any
 from filelock import FileLock
 
 from cuco.db import CandidateDB
-from cuco.design import Directives, Problem
+from cuco.db.candidate_db import best_first
+from cuco.design import Directives, Problem, check_count
 from cuco.errors import CucoError
 from cuco.kernels import Compiler, toolchain
 
@@ -64,6 +65,17 @@ class Artifact:
     @property
     def speedup(self) -> float | None:
         return self.manifest["evaluation"].get("speedup")
+
+    @property
+    def is_model(self) -> bool:
+        """Whether the speedup is the analytic model's prediction (a dry run), not measured."""
+        return bool(self.manifest["evaluation"].get("model"))
+
+    def speedup_text(self) -> str:
+        """The speedup as people read it: ``1.46x (measured)`` or ``1.49x (model)``."""
+        if self.speedup is None:
+            return "no speedup recorded"
+        return f"{self.speedup:.3f}x ({'model' if self.is_model else 'measured'})"
 
     def bind_torch(self, group=None):
         """The kernel as ``call(x, w)`` on torch tensors; every rank of ``group`` calls this."""
@@ -132,6 +144,11 @@ def load(path: str | Path, *, world_size: int | None = None, shape: tuple[int, i
     ``shape`` is the global ``(M, K, N)`` the caller will use; ``arch`` defaults to the
     GPU's (``$CUCO_ARCH`` without one).
     """
+    if world_size is not None:
+        check_count("world_size", world_size, "GPUs (ranks)", 2)
+    if shape is not None:
+        for name, v in zip("mkn", shape):
+            check_count(name, v, "rows or columns", 8192)
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.exists():
@@ -187,8 +204,11 @@ def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: s
     Safe to call from every rank at once: a file lock lets one search while the
     others wait, then everyone loads the same artifact.
     """
-    from cuco.agents.api import search
+    from cuco.agents.api import check_search, search
 
+    check_search(workload, m, n, k, world_size, budget=budget,
+                 **{a: search_kw[a] for a in ("islands", "proposer", "llm", "placements", "hosts")
+                    if a in search_kw})
     arch = arch or _current_arch() or "sm_90a"
     versions = toolchain.library_versions()
     key = (f"{workload}-M{m}K{k}N{n}-w{world_size}-{arch}-nccl{versions.get('nccl')}"
@@ -219,4 +239,4 @@ def best_callable(db: CandidateDB, run_id: int) -> int | None:
     scored = {e.candidate_id: e.speedup for e in db.evaluations() if e.status == "ok" and e.speedup}
     lsa = [c.id for c in db.candidates(run_id=run_id)
            if c.id in scored and c.directives["backend"] == "lsa"]
-    return max(lsa, key=lambda i: scored[i]) if lsa else None
+    return min(lsa, key=lambda i: best_first(scored[i], i)) if lsa else None

@@ -2,16 +2,49 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
 from cuco.agents.proposers import OfflineProposer, TPEProposer
 from cuco.db import CandidateDB
-from cuco.design import DesignSpace, Directives, Problem
+from cuco.design import DesignSpace, Directives, Problem, check_count, check_workload
+from cuco.errors import InputError
 from cuco.design.tiles import chunk_sizes
 
 
 PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
+PROPOSERS = ("offline", "tpe")
+
+
+def check_search(workload: str, m: int, n: int, k: int, world_size: int, *, budget: int = 1,
+                 islands: int = 1, proposer: str = "offline", llm: str | None = None,
+                 placements: tuple[str, ...] = PLACEMENTS, hosts: int = 1,
+                 space: bool = True) -> Problem:
+    """The problem of a search, or :class:`~cuco.errors.InputError` naming the argument to
+    change. Every entry point (``search``, ``fastpath``, ``tune``, the CLI) calls this before
+    it opens a database or starts a GPU."""
+    check_workload(workload)
+    check_count("world_size", world_size, "GPUs (ranks)", 2)
+    problem = Problem(workload=workload, m=m, n=n, k=k, world_size=world_size)
+    check_count("budget", budget, "evaluations", 100)
+    check_count("islands", islands, "islands", 4)
+    check_count("hosts", hosts, "cluster hosts", 2)
+    if proposer not in PROPOSERS:
+        close = difflib.get_close_matches(str(proposer), PROPOSERS, n=1)
+        raise InputError(f"unknown proposer {proposer!r}; the proposers are {', '.join(PROPOSERS)}",
+                         param="proposer", fix=close[0] if close else "offline", guess=bool(close))
+    placements = tuple(placements)
+    bad = [p for p in placements if p not in PLACEMENTS]
+    if bad or not placements:
+        raise InputError(f"placements {','.join(placements) or '(none)'}: choose among "
+                         f"{', '.join(PLACEMENTS)}", param="placements", fix=",".join(PLACEMENTS))
+    if llm is not None:
+        from cuco.llm.base import check_llm_spec
+        check_llm_spec(llm)
+    if space:  # a shape no template fits is refused here, naming the dimension
+        gpu_space(problem, placements).sample(0)
+    return problem
 
 
 def gpu_space(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> DesignSpace:
@@ -29,7 +62,8 @@ def gpu_space(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> Des
     if _has_chunk_epilogue(problem.workload):
         placements = tuple(p for p in placements if p not in tp.IN_KERNEL)
     if not placements:
-        raise ValueError(f"no placement has a template for {problem.workload}; use side_stream")
+        raise InputError(f"no placement has a template for {problem.workload}", param="placements",
+                         fix="side_stream")
     side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
     in_kernel = [p for p in placements if p in tp.IN_KERNEL]
     tiles = sorted({128 * tn * problem.dtype_bytes for tn in (128, 256)}) if in_kernel else []
@@ -82,8 +116,10 @@ def search(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
     kernels' EVOLVE-BLOCKs (the key comes from the environment). ``placements`` narrows
     :func:`gpu_space` (e.g. ``("side_stream",)`` where CUTLASS's Hopper kernels cannot run).
     """
+    problem = check_search(workload, m, n, k, world_size, budget=budget, islands=islands,
+                           proposer=proposer, llm=llm, placements=placements, hosts=hosts,
+                           space="space" not in agent_kw)
     store = db if isinstance(db, CandidateDB) else CandidateDB(db)
-    problem = Problem(workload=workload, m=m, n=n, k=k, world_size=world_size)
     client = None
     if llm is not None:  # fail on a missing key before any GPU is started
         from cuco.llm import make_client
@@ -133,11 +169,12 @@ def fastpath(workload: str, m: int, n: int, k: int, world_size: int = 2, *,
     """
     from cuco.agents.fastpath import FastPathAgent
 
-    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
-    problem = Problem(workload=workload, m=m, n=n, k=k, world_size=world_size)
+    problem = check_search(workload, m, n, k, world_size, llm=llm, placements=("side_stream",))
+    check_count("max_rounds", max_rounds, "rounds", 6)
     if llm is not None and not host_program:
-        raise ValueError("the LLM route needs the host program (host_program=...); without "
+        raise InputError("the LLM route needs the host program (host_program=...); without "
                          "--llm the template route needs none")
+    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     client = None
     if llm is not None:  # a missing key fails before any GPU starts
         from cuco.llm import make_client

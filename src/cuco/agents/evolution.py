@@ -24,6 +24,7 @@ from cuco.agents.population import SELECTIONS, Individual, Island, Selection
 from cuco.agents.proposers import OfflineProposer, Proposal, Proposer
 from cuco.agents.schedule import TwoPhaseSchedule
 from cuco.agents.topology import TOPOLOGIES
+from cuco.db.candidate_db import best_first
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Directives
 from cuco.evaluate.evaluator import Candidate, EvalResult, store_result
@@ -217,8 +218,8 @@ class EvolutionAgent:
             self.db.update_run(run_id, status="interrupted")
             raise
         self.db.update_run(run_id, status="done")
-        best = max((m for isl in self.islands for m in isl.members if m.ok),
-                   key=lambda m: m.score, default=None)
+        best = min((m for isl in self.islands for m in isl.members if m.ok),
+                   key=lambda m: best_first(m.score, m.candidate_id), default=None)
         return SearchResult(run_id, best, self.evaluated, self.history, self.phase_switch, stopped)
 
     def _seed(self, run_id: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select, update
 
 from cuco.db import schema as S
-from cuco.errors import DatabaseError
+from cuco.errors import DatabaseError, UnknownId
 
 #: Evaluation statuses. Only ``ok`` scores.
 STATUSES = ("ok", "invalid", "compile_error", "wrong", "hang", "crash", "suspect",
@@ -85,6 +85,13 @@ class Run:
     updated_at: float
 
 
+def best_first(speedup: float | None, candidate_id: int) -> tuple[float, int]:
+    """The one order of scored candidates everywhere (CLI, report, export, search result):
+    highest speedup first, ties to the earliest candidate. :meth:`CandidateDB.best` sorts
+    the same way in SQL."""
+    return (-(speedup or 0.0), candidate_id)
+
+
 def _url(target: str | os.PathLike[str]) -> str:
     text = os.fspath(target)
     if "://" in text:
@@ -110,6 +117,12 @@ class CandidateDB:
     def __init__(self, target: str | os.PathLike[str] = "cuco.db", *, timeout_s: float = 60.0):
         self.url = "sqlite://" if os.fspath(target) == ":memory:" else _url(target)
         self.is_sqlite = self.url.startswith("sqlite")
+        if self.is_sqlite and self.url != "sqlite://":
+            folder = Path(self.url.removeprefix("sqlite:///")).parent
+            if not folder.is_dir():
+                raise DatabaseError(f"cannot create candidate database {os.fspath(target)}: the "
+                                    f"directory {folder} does not exist; create it (mkdir -p "
+                                    f"{folder}) or choose a database in an existing directory")
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"timeout": timeout_s, "check_same_thread": False}
@@ -179,7 +192,10 @@ class CandidateDB:
         except DatabaseError:
             raise
         except Exception as exc:
-            raise DatabaseError(f"cannot open candidate database {self.url!r}: {exc}") from exc
+            why = getattr(exc, "orig", None) or exc  # the driver's words, not SQLAlchemy's wrapper
+            raise DatabaseError(f"cannot open candidate database {self.url}: {why}; it is not a "
+                                "cuco database or it is damaged: choose another database, or move "
+                                "this file away to start a new one") from exc
 
     @property
     def schema_version(self) -> int:
@@ -215,7 +231,7 @@ class CandidateDB:
         with self._read() as conn:
             row = conn.execute(select(S.runs).where(S.runs.c.id == run_id)).mappings().first()
         if row is None:
-            raise KeyError(f"no run {run_id} in {self.url}; list them with `cuco db ls`")
+            raise UnknownId(f"no run {run_id} in {self.url}; list the runs with `cuco db ls`")
         return Run(**row)
 
     def runs(self) -> list[Run]:
@@ -243,7 +259,8 @@ class CandidateDB:
             row = conn.execute(select(S.candidates).where(
                 S.candidates.c.id == candidate_id)).mappings().first()
         if row is None:
-            raise KeyError(f"no candidate {candidate_id} in {self.url}")
+            raise UnknownId(f"no candidate {candidate_id} in {self.url}; list the runs with `cuco db ls` "
+                           "and a run's candidates in `cuco report`")
         return Candidate(**row)
 
     def candidates(self, *, run_id: int | None = None, workload: str | None = None) -> list[Candidate]:
@@ -363,7 +380,8 @@ class CandidateDB:
         q = self._scored().where(S.candidates.c.workload == workload)
         if run_id is not None:
             q = q.where(S.candidates.c.run_id == run_id)
-        q = q.order_by(S.evaluations.c.speedup.desc(), S.evaluations.c.id).limit(1)
+        # best_first's order: speedup descending, then the earliest candidate
+        q = q.order_by(S.evaluations.c.speedup.desc(), S.candidates.c.id, S.evaluations.c.id).limit(1)
         with self._read() as conn:
             row = conn.execute(q).mappings().first()
         if row is None:

@@ -6,11 +6,12 @@ The design layer knows shapes but not how to compute them; workloads
 
 from __future__ import annotations
 
+import difflib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cuco.errors import ShapeError
+from cuco.errors import InputError, ShapeError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -23,6 +24,37 @@ SPLIT_DIM: dict[str, str] = {
     "allgather_gemm": "n",
 }
 
+# Every workload name cuco knows: the built-in families, and each user ``Workload``
+# subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).
+WORKLOADS: set[str] = {*SPLIT_DIM, "moe", "kv_transfer", "cp_attention"}
+
+
+def register_workload(name: str) -> None:
+    """Make ``name`` a known workload (``cuco.workloads.Workload`` subclasses do this)."""
+    WORKLOADS.add(name)
+
+
+def check_workload(name: str) -> str:
+    """``name`` if it is a known workload, else :class:`InputError` with the closest
+    match. The one check every entry point (Problem, search, tune, export, the CLI) uses."""
+    if name in WORKLOADS:
+        return name
+    close = difflib.get_close_matches(str(name), sorted(WORKLOADS), n=1, cutoff=0.6)
+    known = ", ".join(sorted(WORKLOADS))
+    if close:
+        raise InputError(f"unknown workload {name!r} (known: {known})", param="workload",
+                         fix=close[0], guess=True)
+    raise InputError(f"unknown workload {name!r}; choose one of {known}", param="workload",
+                     fix=sorted(SPLIT_DIM)[1])
+
+
+def check_count(param: str, value: int, what: str, example: int) -> int:
+    """``value`` if it is an integer >= 1, else :class:`InputError` naming ``param``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{param} {value!r} is not a number of {what} (it must be >= 1)",
+                         param=param, fix=example)
+    return value
+
 
 class Problem(BaseModel):
     """A workload family with its global GEMM shape, dtype and world size."""
@@ -30,14 +62,32 @@ class Problem(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     workload: str = Field(description="workload family, e.g. 'gemm_allreduce'")
-    m: int = Field(gt=0)
-    n: int = Field(gt=0)
-    k: int = Field(gt=0)
-    world_size: int = Field(ge=1)
+    m: int
+    n: int
+    k: int
+    world_size: int
     dtype: Dtype = "bf16"
     has_network: bool = Field(
         default=False, description="ranks span hosts (GIN needs a network)"
     )
+
+    @field_validator("workload")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return check_workload(v)
+
+    @field_validator("m", "n", "k")
+    @classmethod
+    def _positive_dim(cls, v: int, info) -> int:
+        if v < 1:
+            raise ShapeError(f"{info.field_name.upper()}={v} is not a matrix dimension (it must be "
+                             f">= 1)", param=info.field_name, fix=8192)
+        return v
+
+    @field_validator("world_size")
+    @classmethod
+    def _ranks(cls, v: int) -> int:
+        return check_count("world_size", v, "GPUs (ranks)", 2)
 
     @model_validator(mode="after")
     def _divides(self) -> "Problem":
@@ -45,16 +95,16 @@ class Problem(BaseModel):
         w = self.world_size
         dims = {"m": self.m, "n": self.n, "k": self.k}
         if split is not None and dims[split] % w:
+            fix = dims[split] - dims[split] % w or w
             raise ShapeError(
                 f"{self.workload}: {split.upper()}={dims[split]} is split over "
                 f"{w} ranks but is not divisible by {w}; choose {split.upper()} a "
-                f"multiple of {w} (e.g. {dims[split] - dims[split] % w or w})"
-            )
+                f"multiple of {w} (e.g. {fix})", param=split, fix=fix)
         if self.workload in ("gemm_reducescatter", "allgather_gemm") and self.m % w:
+            fix = self.m - self.m % w or w
             raise ShapeError(
                 f"{self.workload}: M={self.m} rows are scattered/gathered over {w} "
-                f"ranks but M is not divisible by {w}; choose M a multiple of {w}"
-            )
+                f"ranks but M is not divisible by {w}; choose M a multiple of {w}", param="m", fix=fix)
         return self
 
     @property

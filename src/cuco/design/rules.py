@@ -84,15 +84,22 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
     rows, cols = problem.output_shape_per_rank()
     k_local = problem.k // problem.world_size if problem.workload in (
         "gemm_allreduce", "gemm_reducescatter") else problem.k
-    for name, tile, extent, label in (
-        ("tile_m", tm, rows, "M"), ("tile_n", tn, cols, "N per rank"),
-        ("tile_k", tk, k_local, "K per rank"),
+    w = problem.world_size
+    for name, tile, extent, dim, per in (
+        ("tile_m", tm, rows, "M", 1),
+        ("tile_n", tn, cols, "N", w if cols != problem.n else 1),
+        ("tile_k", tk, k_local, "K", w if k_local != problem.k else 1),
     ):
+        label = dim if per == 1 else f"{dim} per rank"
         if extent % tile:
             ok = [t for t in (64, 128, 256) if extent % t == 0] if name != "tile_k" else [
                 t for t in (32, 64, 128) if extent % t == 0]
-            fix = f"choose {name} from {ok}" if ok else f"pad {label} to a multiple of 64"
-            out.append(f"{name}: {name}={tile} does not divide {label}={extent}; {fix}")
+            step = tile * per
+            whole = extent * per
+            near = sorted({v for v in (whole - whole % step, whole - whole % step + step) if v > 0})
+            fix = (f"choose {dim} a multiple of {step} (e.g. {' or '.join(map(str, near))})"
+                   + (f", or {name} from {ok}" if ok else ""))
+            out.append(f"{name}: {label}={extent} is not a multiple of {name}={tile}; {fix}")
     tile_bytes = tm * tn * problem.dtype_bytes
     out_bytes = problem.output_bytes_per_rank()
     if chunk < tile_bytes:

@@ -20,7 +20,7 @@ from typing import Annotated
 from cuco.design.directives import Directives, check_field
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
-from cuco.errors import DirectiveError
+from cuco.errors import CucoError, DirectiveError, ShapeError
 
 FIELDS: tuple[str, ...] = tuple(Directives.model_fields)
 
@@ -132,6 +132,22 @@ class DesignSpace:
             if not self._broken(values):
                 yield values
 
+    def _empty(self) -> CucoError:
+        """Why no point is valid: the rules its closest points break. A shape that no tile
+        divides is a :class:`ShapeError` naming the dimension and what to choose."""
+        closest: list[str] | None = None
+        for combo in itertools.product(*(self.choices[f] for f in FIELDS)):
+            bad = self._broken(dict(zip(FIELDS, combo)))
+            if closest is None or len(bad) < len(closest):
+                closest = bad
+        closest = closest or []
+        where = f" for {self.problem.label} on {self.problem.world_size} ranks" if self.problem else ""
+        if closest and all(b.startswith(("tile_m:", "tile_n:", "tile_k:")) for b in closest):
+            return ShapeError(f"no kernel of this design space fits {self.problem.label if self.problem else 'the shape'}: "
+                              + "; ".join(b.split(": ", 1)[1] for b in closest))
+        return DirectiveError([f"the design space has no valid point{where}; its closest points "
+                               "break these rules (widen the choices they name):", *closest])
+
     def enumerate(self) -> Iterator[Directives]:
         """Every valid point, in a fixed order."""
         for values in self._valid_dicts():
@@ -162,7 +178,7 @@ class DesignSpace:
                 return Directives.model_construct(**values)
         points = list(self._valid_dicts())
         if not points:
-            raise DirectiveError(["the design space has no valid point; widen its choices"])
+            raise self._empty()
         return Directives.model_construct(**r.choice(points))
 
     def default(self) -> Directives:
@@ -176,7 +192,7 @@ class DesignSpace:
 
         best = min(self._valid_dicts(), key=rank, default=None)
         if best is None:
-            raise DirectiveError(["the design space has no valid point; widen its choices"])
+            raise self._empty()
         return Directives.model_construct(**best)
 
     def _step(self, f: str, current: Any, r: random.Random, strength: float) -> Any:

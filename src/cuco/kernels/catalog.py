@@ -106,16 +106,30 @@ def nccl_sources(*, cutlass: bool = False) -> list[KernelSource]:
     return [s for s in everything() if "nccl" in s.needs and (cutlass or "cutlass" not in s.needs)]
 
 
+def representative() -> list[KernelSource]:
+    """A subset of :func:`everything` that still compiles every template and both kernel
+    kinds (cubin and CUTLASS launcher): one source per template (for the one-kernel
+    template, the epilogue placement with spare comm warps). The default test run compiles
+    this; CI's second step (``cuco kernels check``) compiles everything."""
+    picked: dict[str, KernelSource] = {}
+    for s in everything():
+        picked.setdefault(template_of(s), s)
+    return list(picked.values())
+
+
 SHIMS = {"nccl_devcomm": ("nccl", "libnccl.so.2"), "nvshmem_host": ("nvshmem", "libnvshmem_host.so.3")}
 
 
 def compile_report(sources: list[KernelSource], arch: str = "sm_90a",
-                   shims: tuple[str, ...] = tuple(SHIMS), compiler: Compiler | None = None) -> dict[str, str]:
-    """Compile ``sources`` and the named host shims; ``{name: 'ok' | error summary}``.
-    NCCL's headers and library come from one installation (:func:`toolchain.nccl`)."""
+                   shims: tuple[str, ...] = tuple(SHIMS), compiler: Compiler | None = None,
+                   on_done=None) -> dict[str, str]:
+    """Compile ``sources`` and the named host shims on all cores; ``{name: 'ok' | error
+    summary}``; ``on_done(name, ok)`` after each kernel (progress). NCCL's headers and
+    library come from one installation (:func:`toolchain.nccl`)."""
     comp = compiler or Compiler(arch=arch)
     report: dict[str, str] = {}
-    for s, r in zip(sources, comp.compile_many([(s.name, s.source, s.needs) for s in sources])):
+    done = None if on_done is None else (lambda name, r: on_done(name, hasattr(r, "path")))
+    for s, r in zip(sources, comp.compile_many([(s.name, s.source, s.needs) for s in sources], on_done=done)):
         report[s.name] = "ok" if hasattr(r, "path") else str(r)
     for shim in shims:
         need, lib_name = SHIMS[shim]
@@ -126,9 +140,17 @@ def compile_report(sources: list[KernelSource], arch: str = "sm_90a",
             report[f"shim:{shim}"] = "ok"
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             report[f"shim:{shim}"] = str(exc)
+        if on_done is not None:
+            on_done(f"shim:{shim}", report[f"shim:{shim}"] == "ok")
     return report
 
 
-def compile_everything(arch: str = "sm_90a") -> dict[str, str]:
-    """Compile every kernel and both host shims; ``{name: 'ok' | error summary}``."""
-    return compile_report(everything(), arch)
+def compile_everything(arch: str = "sm_90a", *, sources: list[KernelSource] | None = None,
+                       on_done=None) -> dict[str, str]:
+    """Compile every kernel (or ``sources``) and both host shims; ``{name: 'ok' | error summary}``."""
+    return compile_report(everything() if sources is None else sources, arch, on_done=on_done)
+
+
+def catalog_size(sources: list[KernelSource] | None = None) -> int:
+    """How many items :func:`compile_everything` builds (kernels and the two shims)."""
+    return len(everything() if sources is None else sources) + len(SHIMS)

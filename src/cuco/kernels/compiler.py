@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuco.errors import CompileError
+from cuco.errors import ArchError, CompileError
 from cuco.kernels import toolchain
 
 INCLUDE_DIR = Path(__file__).parent / "include"
@@ -65,7 +65,8 @@ def gencode(arch: str) -> list[str]:
     """``sm_90a`` -> ``-gencode=arch=compute_90a,code=sm_90a`` (works where -arch=sm_90a trips)."""
     m = re.fullmatch(r"sm_(\d+[a-z]?)", arch)
     if not m:
-        raise ValueError(f"arch {arch!r} is not of the form sm_90a / sm_90 / sm_100a")
+        raise ArchError(f"arch {arch!r} is not of the form sm_90a / sm_90 / sm_100a (cuco's "
+                        "kernels target Hopper, sm_90a)", param="arch", fix="sm_90a")
     return [f"-gencode=arch=compute_{m.group(1)},code={arch}"]
 
 
@@ -187,14 +188,18 @@ class Compiler:
         return CompiledKernel(out, key, self.arch, needs, time.perf_counter() - t0, False, log)
 
     def compile_many(self, sources: Sequence[tuple[str, str, Sequence[str]]], *,
-                     workers: int | None = None) -> list[CompiledKernel | CompileError]:
-        """Compile ``(name, source, needs)`` triples on all cores; errors are returned, not raised."""
+                     workers: int | None = None, on_done=None) -> list[CompiledKernel | CompileError]:
+        """Compile ``(name, source, needs)`` triples on all cores; errors are returned, not raised.
+        ``on_done(name, result)`` is called as each one finishes (progress bars)."""
         def one(item: tuple[str, str, Sequence[str]]) -> CompiledKernel | CompileError:
             name, src, needs = item
             try:
-                return self.compile(src, needs=needs, name=name)
+                out: CompiledKernel | CompileError = self.compile(src, needs=needs, name=name)
             except CompileError as exc:
-                return exc
+                out = exc
+            if on_done is not None:
+                on_done(name, out)
+            return out
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2) as pool:
             return list(pool.map(one, sources))
 

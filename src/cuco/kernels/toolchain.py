@@ -308,12 +308,13 @@ def gpu_compute_capability(device: int = 0) -> tuple[int, int]:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver, no libcuda, no device
         raise NoGPUError(
-            f"no CUDA GPU visible ({exc.__class__.__name__}: {exc}); run on a machine with an "
-            "NVIDIA GPU, or pass arch='sm_90a' to compile without one"
-        ) from None
+            f"no CUDA GPU visible ({exc.__class__.__name__}: {exc}) to take the target arch "
+            "from; run on a machine with an NVIDIA GPU, or name the arch to compile without one",
+            param="arch", fix="sm_90a") from None
     if n == 0:
-        raise NoGPUError("no CUDA GPU visible; run on a machine with an NVIDIA GPU, or pass "
-                         "arch='sm_90a' to compile without one")
+        raise NoGPUError("no CUDA GPU visible to take the target arch from; run on a machine "
+                         "with an NVIDIA GPU, or name the arch to compile without one",
+                         param="arch", fix="sm_90a")
     import cupy
     props = cupy.cuda.runtime.getDeviceProperties(device)
     return int(props["major"]), int(props["minor"])

@@ -6,11 +6,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cuco.errors import CucoError
+from cuco.errors import CucoError, InputError
 
 
 class MissingAPIKey(CucoError):
     """A real LLM client was asked for without its key."""
+
+
+class LLMSpecError(InputError, ValueError):
+    """An LLM spec that names no known provider or no model."""
 
 
 class LLMError(CucoError):
@@ -60,20 +64,38 @@ class PriceTable:
         return (reply.prompt_tokens * price[0] + reply.completion_tokens * price[1]) / 1e6
 
 
-def make_client(spec: str, **kw) -> LLMClient:
-    """``openai:MODEL``, ``anthropic:MODEL`` or ``compat:BASE_URL|MODEL`` (OpenAI-compatible)."""
-    provider, _, rest = spec.partition(":")
-    if provider == "openai":
-        from cuco.llm.clients import OpenAIClient
-        return OpenAIClient(rest, **kw)
-    if provider == "anthropic":
-        from cuco.llm.clients import AnthropicClient
-        return AnthropicClient(rest, **kw)
+LLM_PROVIDERS = ("openai", "anthropic", "compat")
+
+
+def check_llm_spec(spec: str) -> tuple[str, str, str]:
+    """``(provider, base_url, model)`` of an LLM spec, or :class:`LLMSpecError` with the
+    form to write. The one check of a spec; :func:`make_client` and ``cuco.search`` use it."""
+    provider, _, rest = str(spec).partition(":")
+    if provider not in LLM_PROVIDERS:
+        raise LLMSpecError(f"unknown LLM provider in {spec!r}; write openai:MODEL, "
+                           "anthropic:MODEL or compat:BASE_URL|MODEL", param="llm", fix="openai:gpt-4o")
+    url = ""
+    model = rest
     if provider == "compat":
-        from cuco.llm.clients import OpenAIClient
         url, _, model = rest.rpartition("|")
         if not url or not model:
-            raise ValueError(f"{spec!r}: write compat:BASE_URL|MODEL, e.g. compat:http://127.0.0.1:8000/v1|qwen")
-        kw.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "not-needed")
-        return OpenAIClient(model, base_url=url, **kw)
-    raise ValueError(f"unknown LLM provider in {spec!r}; use openai:, anthropic: or compat:")
+            raise LLMSpecError(f"{spec!r}: write compat:BASE_URL|MODEL", param="llm",
+                               fix="'compat:http://127.0.0.1:8000/v1|qwen'")
+    if not model:
+        raise LLMSpecError(f"{spec!r} names no model; write {provider}:MODEL", param="llm",
+                           fix=f"{provider}:MODEL")
+    return provider, url, model
+
+
+def make_client(spec: str, **kw) -> LLMClient:
+    """``openai:MODEL``, ``anthropic:MODEL`` or ``compat:BASE_URL|MODEL`` (OpenAI-compatible)."""
+    provider, url, model = check_llm_spec(spec)
+    if provider == "openai":
+        from cuco.llm.clients import OpenAIClient
+        return OpenAIClient(model, **kw)
+    if provider == "anthropic":
+        from cuco.llm.clients import AnthropicClient
+        return AnthropicClient(model, **kw)
+    from cuco.llm.clients import OpenAIClient
+    kw.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "not-needed")
+    return OpenAIClient(model, base_url=url, **kw)

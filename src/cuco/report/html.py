@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from cuco.db import Candidate, CandidateDB, Evaluation, Run
+from cuco.errors import InputError
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -23,7 +24,7 @@ h1{font-size:1.6em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-t
 table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;padding:.3em .6em;
 font-size:.9em;text-align:left} th{background:#f4f4f4} pre{background:#f8f8f8;padding:.8em;
 overflow-x:auto;font-size:.8em} .add{background:#e6ffed} .del{background:#ffeef0}
-.muted{color:#777} figure{margin:1em 0} ul.lineage{font-family:monospace;font-size:.85em}
+.muted{color:#777} .model{background:#fff4d6;padding:.4em} figure{margin:1em 0} ul.lineage{font-family:monospace;font-size:.85em}
 """
 
 
@@ -49,6 +50,11 @@ class Report:
         for e in evs:
             self.latest[e.candidate_id] = e
 
+    def is_model(self, run: Run) -> bool:
+        """Whether the run's scores are analytic-model predictions (a dry run)."""
+        return any(_is_model(self.latest[c.id]) for c in self.db.candidates(run_id=run.id)
+                   if c.id in self.latest)
+
     # ---- sections -----------------------------------------------------------------------
     def best_table(self) -> str:
         rows = []
@@ -59,7 +65,7 @@ class Report:
                             "<td colspan=6 class=muted>no correct candidate</td></tr>")
                 continue
             c, e = hit
-            model = " (model)" if (e.extra or {}).get("model") else ""
+            model = " (model)" if _is_model(e) else ""
             rows.append(
                 f"<tr><td>{r.id}</td><td>{html.escape(r.workload)}</td><td>{c.id}</td>"
                 f"<td><code>{html.escape(_name(c))}</code></td><td>{_fmt(e.speedup)}{model}</td>"
@@ -100,7 +106,7 @@ class Report:
             if x:
                 ax.axvline(x, color="grey", ls=":", lw=.8)
         ax.set_xlabel("evaluation")
-        ax.set_ylabel("speedup (0 = failed)")
+        ax.set_ylabel("speedup, model (0 = failed)" if self.is_model(run) else "speedup (0 = failed)")
         ax.legend(fontsize=8, loc="lower right")
         ax.set_title(f"run {run.id}: best so far per island (dotted: migrations)")
         return f"<figure id=fitness-{run.id}>{_svg(fig)}</figure>"
@@ -144,7 +150,8 @@ class Report:
             e = self.latest.get(c.id)
             items.append(f"<li>#{c.id} gen {c.generation} island {c.island} {c.origin} "
                          f"<code>{html.escape(_name(c))}</code> → {e.status if e else '—'} "
-                         f"{_fmt(e.speedup) if e else ''} parents {c.parents or '—'}</li>")
+                         f"{_fmt(e.speedup) if e else ''}{' (model)' if e and _is_model(e) else ''} "
+                         f"parents {c.parents or '—'}</li>")
         return "<ul class=lineage>" + "".join(items) + "</ul>"
 
     def source_diff(self, run: Run) -> str:
@@ -175,12 +182,21 @@ class Report:
                  f"<p class=muted>{html.escape(self.db.url)} — {len(self.runs)} run(s)</p>",
                  "<h2>Best per workload</h2>", self.best_table()]
         for r in self.runs:
-            parts += [f"<h2 id=run-{r.id}>Run {r.id}: {html.escape(r.name)} ({r.status})</h2>",
+            model = self.is_model(r)
+            parts += [f"<h2 id=run-{r.id}>Run {r.id}: {html.escape(r.name)} ({r.status})"
+                      + (" — analytic model (dry run)" if model else "") + "</h2>",
+                      ("<p class=model><b>Dry run:</b> every speedup in this run is the analytic "
+                       "model's prediction, not a measurement; no kernel was run or checked.</p>"
+                       if model else ""),
                       f"<p class=muted>{html.escape(r.workload)} {html.escape(str(r.problem or ''))}</p>",
                       self.fitness_plot(r), self.failures(r), "<h3>LLM cost</h3>", self.llm_cost(r),
                       "<h3>Lineage of the best</h3>", self.lineage(r), self.source_diff(r)]
         parts.append("</body></html>")
         return "\n".join(parts)
+
+
+def _is_model(e: Evaluation) -> bool:
+    return bool((e.extra or {}).get("model"))
 
 
 def _name(c: Candidate) -> str:
@@ -207,7 +223,16 @@ def _source(c: Candidate | None, run: Run) -> str | None:
 
 def write_report(db: CandidateDB | str, path: str | Path, run_id: int | None = None) -> Path:
     """Render the report of ``db`` (or one run of it) to ``path``."""
-    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     out = Path(path)
-    out.write_text(Report(store, run_id).render())
+    if not out.parent.is_dir():
+        raise InputError(f"cannot write the report to {out}: the directory {out.parent} does not "
+                         "exist; create it or write the report elsewhere", param="output",
+                         fix="report.html")
+    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
+    page = Report(store, run_id).render()
+    try:
+        out.write_text(page)
+    except OSError as exc:
+        raise InputError(f"cannot write the report to {out}: {exc.strerror or exc}; write it "
+                         "elsewhere", param="output", fix="report.html") from None
     return out

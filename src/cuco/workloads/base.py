@@ -15,7 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from cuco.design import Problem
+from cuco.design import Problem, check_workload, register_workload
+from cuco.errors import UnknownId
 from cuco.design.problem import Dtype
 from cuco.runtime.peaks import Work
 
@@ -37,6 +38,11 @@ class Workload(ABC):
     #: family for the built-ins). A user workload that is "GEMM + something, then
     #: AllReduce" sets ``pattern = "gemm_allreduce"`` and adds a :meth:`chunk_epilogue`.
     pattern: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if "family" in cls.__dict__:  # a user workload's name is a known one from now on
+            register_workload(cls.family)
 
     def __init__(self, m: int, n: int, k: int, world_size: int, dtype: Dtype = "bf16"):
         self.problem = Problem(workload=self.family, m=m, n=n, k=k, world_size=world_size,
@@ -169,7 +175,11 @@ def register(cls: type[Workload]) -> type[Workload]:
 
 
 def get(family: str) -> type[Workload]:
+    """The registered class of ``family`` (an unknown name is refused with the closest one)."""
+    check_workload(family)
     try:
         return REGISTRY[family]
     except KeyError:
-        raise KeyError(f"unknown workload {family!r}; known: {sorted(REGISTRY)}") from None
+        raise UnknownId(f"unknown workload {family!r} for the evaluator: no Workload class is "
+                        "registered for it (a pipeline workload, or a class without "
+                        f"@cuco.workloads.register); registered: {', '.join(sorted(REGISTRY))}") from None

@@ -1,0 +1,224 @@
+"""Wrong input never gives a plausible number: every mistake of issue #25 is refused with
+one line that names the fix, the right exit status, and no traceback (real subprocesses,
+real SQLite files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cuco import CandidateDB, Directives
+
+
+def cuco(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    full = dict(os.environ, COLUMNS="200", **(env or {}))
+    full.pop("CUCO_DEBUG", None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "cuco.cli", *args], capture_output=True,
+                          text=True, env=full, timeout=300, cwd=cwd)
+
+
+def refused(r: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    """``r`` exited with ``code``, printed every needle, and no traceback."""
+    out = r.stdout + r.stderr
+    assert r.returncode == code, out
+    assert "Traceback" not in out and "File \"" not in out, out
+    for n in needles:
+        assert n in out, f"{n!r} not in:\n{out}"
+    return out
+
+
+@pytest.fixture
+def corrupt(tmp_path):
+    path = tmp_path / "corrupt.db"
+    path.write_bytes(b"this is not a database\n" * 200)
+    return path
+
+
+@pytest.fixture
+def scored(tmp_path):
+    """A database with one run and one candidate the analytic model scored."""
+    path = tmp_path / "scored.db"
+    with CandidateDB(path) as db:
+        from cuco.design import Problem
+        problem = Problem(workload="gemm_allreduce", m=2048, n=4096, k=4096, world_size=2)
+        run = db.create_run("t", "gemm_allreduce", problem=problem.model_dump())
+        cid = db.add_candidate("gemm_allreduce", run_id=run, directives=Directives(
+            backend="lsa", placement="side_stream", sync_scope="chunk", issuer="warp",
+            chunk_bytes=1 << 20, comm_ctas=8))
+        db.add_evaluation(cid, stage_reached="timing", status="ok", speedup=1.4, time_ms=1.0,
+                          machine="analytic-model", extra={"model": True})
+    return path, cid
+
+
+# ---- wrong input gave a result and exit 0 ------------------------------------------------
+def test_misspelt_workload_is_refused_with_the_close_match(tmp_path):
+    db = tmp_path / "c.db"
+    out = refused(cuco("search", "--workload", "gemm_alreduce", "--dry-run", "--db", str(db)), 2,
+                  "unknown workload 'gemm_alreduce'", "did you mean --workload gemm_allreduce?")
+    assert "speedup" not in out and len(out.strip().splitlines()) == 1
+    assert not db.exists()  # refused before any database is opened
+
+
+def test_unknown_workload_in_python_problem_and_search(tmp_path):
+    from cuco import Problem, search
+    from cuco.errors import InputError
+    with pytest.raises(InputError, match="unknown workload 'bogus'"):
+        Problem(workload="bogus", m=8192, n=8192, k=8192, world_size=2)
+    with pytest.raises(InputError, match="did you mean workload='allgather_gemm'"):
+        search("allgather_gem", 8192, 8192, 8192, 2, db=tmp_path / "c.db", dry_run=True, budget=4)
+    assert not (tmp_path / "c.db").exists()
+
+
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_budget_below_one(tmp_path, value):
+    refused(cuco("search", "--dry-run", "--budget", value, "--db", str(tmp_path / "c.db")), 2,
+            f"budget {value} is not a number of evaluations", "use --budget 100")
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_unknown_proposer(tmp_path):
+    refused(cuco("search", "--dry-run", "--proposer", "bogus", "--db", str(tmp_path / "c.db")), 2,
+            "unknown proposer 'bogus'", "offline, tpe", "--proposer offline")
+    refused(cuco("search", "--dry-run", "--proposer", "tpee", "--db", str(tmp_path / "c.db")), 2,
+            "did you mean --proposer tpe?")
+
+
+def test_zero_islands(tmp_path):
+    refused(cuco("search", "--dry-run", "--islands", "0", "--db", str(tmp_path / "c.db")), 2,
+            "islands 0 is not a number of islands", "--islands 4")
+
+
+def test_unknown_llm_spec(tmp_path):
+    refused(cuco("search", "--dry-run", "--llm", "gpt4", "--db", str(tmp_path / "c.db")), 2,
+            "unknown LLM provider in 'gpt4'", "--llm openai:")
+
+
+# ---- tracebacks where a message belongs ----------------------------------------------------
+@pytest.mark.parametrize("cmd", [["db", "ls", "--db"], ["db", "show", "1", "--db"], ["report"]])
+def test_corrupt_database(corrupt, tmp_path, cmd):
+    args = [*cmd, str(corrupt)] + (["-o", str(tmp_path / "r.html")] if cmd == ["report"] else [])
+    refused(cuco(*args), 1, "file is not a database", "not a cuco database")
+
+
+def test_debug_keeps_the_traceback(corrupt):
+    r = cuco("db", "ls", "--db", str(corrupt), env={"CUCO_DEBUG": "1"})
+    assert r.returncode != 0 and "Traceback" in r.stdout + r.stderr
+    r = cuco("--debug", "db", "ls", "--db", str(corrupt))
+    assert r.returncode != 0 and "DatabaseError" in r.stdout + r.stderr
+
+
+def test_world_size_zero_and_zero_dimension(tmp_path):
+    refused(cuco("search", "--dry-run", "--world-size", "0", "--db", str(tmp_path / "c.db")), 2,
+            "world_size 0 is not a number of GPUs", "--world-size 2")
+    refused(cuco("search", "--dry-run", "--shape", "0x8192x8192", "--db", str(tmp_path / "c.db")), 2,
+            "M=0 is not a matrix dimension", "--shape 8192x8192x8192")
+
+
+def test_resume_of_an_unknown_run(tmp_path):
+    db = tmp_path / "c.db"
+    CandidateDB(db).close()
+    refused(cuco("search", "--dry-run", "--resume", "77", "--db", str(db)), 2,
+            "no run 77", "cuco db ls", "--resume")
+
+
+def test_report_into_a_missing_directory(scored, tmp_path):
+    db, _ = scored
+    refused(cuco("report", str(db), "-o", str(tmp_path / "missing_dir" / "r.html")), 2,
+            "missing_dir does not exist", "-o report.html")
+
+
+def test_report_unknown_run(scored, tmp_path):
+    db, _ = scored
+    refused(cuco("report", str(db), "--run", "9", "-o", str(tmp_path / "r.html")), 2, "no run 9")
+
+
+# ---- unclear messages ------------------------------------------------------------------------
+def test_shape_no_tile_divides_names_the_dimension(tmp_path):
+    out = refused(cuco("search", "--dry-run", "--shape", "3000x8192x8191", "--db", str(tmp_path / "c.db")),
+                  2, "M=3000 is not a multiple of tile_m=128", "2944 or 3072",
+                  "N=8191 is not a multiple of tile_n=128", "8064 or 8192")
+    assert "widen its choices" not in out
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_shape_the_world_size_does_not_divide(tmp_path):
+    refused(cuco("search", "--dry-run", "--shape", "8192x8191x8192", "--db", str(tmp_path / "c.db")), 2,
+            "K=8191 is split over 2 ranks", "--shape 8192x8190x8192")
+
+
+def test_report_of_a_missing_database_names_its_argument(tmp_path):
+    out = refused(cuco("report", str(tmp_path / "missing.db")), 1,
+                  "no candidate database", "cuco report PATH")
+    assert "--db" not in out
+
+
+def test_export_unknown_id_is_not_a_repr(scored, tmp_path):
+    db, _ = scored
+    out = refused(cuco("export", "99999", "-o", str(tmp_path / "art"), "--db", str(db)), 2,
+                  "no candidate 99999")
+    assert "'no candidate" not in out and '"no candidate' not in out
+
+
+def test_export_without_a_gpu_names_the_arch_flag(scored, tmp_path):
+    db, cid = scored
+    out = refused(cuco("export", str(cid), "-o", str(tmp_path / "art"), "--db", str(db),
+                       env={"CUDA_VISIBLE_DEVICES": "", "CUCO_ARCH": ""}), 1, "--arch sm_90a")
+    assert "arch='sm_90a'" not in out
+
+
+def test_export_bad_arch(scored, tmp_path):
+    db, cid = scored
+    refused(cuco("export", str(cid), "-o", str(tmp_path / "art"), "--db", str(db), "--arch", "hopper"),
+            2, "'hopper' is not of the form sm_90a", "--arch sm_90a")
+
+
+def test_database_in_a_missing_directory(tmp_path):
+    out = refused(cuco("search", "--dry-run", "--budget", "2", "--db", str(tmp_path / "no" / "c.db")), 1,
+                  f"the directory {tmp_path / 'no'} does not exist", "mkdir -p")
+    assert "sqlalche.me" not in out
+
+
+def test_unknown_candidate_in_db_show(scored):
+    db, _ = scored
+    refused(cuco("db", "show", "42", "--db", str(db)), 2, "no candidate 42")
+
+
+# ---- model numbers read as model numbers ------------------------------------------------------
+def test_dry_run_is_labelled_as_the_model(tmp_path):
+    r = cuco("search", "--dry-run", "--budget", "6", "--islands", "2", "--shape", "2048x4096x4096",
+             "--placements", "side_stream", "--db", str(tmp_path / "c.db"))
+    out = refused(r, 0, "DRY RUN, analytic model", "scored by model", "(analytic model, not measured)")
+    assert "correct" not in out
+    page = tmp_path / "r.html"
+    refused(cuco("report", str(tmp_path / "c.db"), "-o", str(page)), 0, "wrote")
+    html = page.read_text()
+    assert "analytic model (dry run)" in html and "(model)" in html
+
+
+def test_ties_break_the_same_way_everywhere(tmp_path):
+    from cuco.export import best_callable
+    d = dict(placement="side_stream", sync_scope="chunk", chunk_bytes=1 << 20, comm_ctas=8)
+    with CandidateDB(tmp_path / "t.db") as db:
+        run = db.create_run("t", "gemm_allreduce")
+        a = db.add_candidate("gemm_allreduce", run_id=run, directives=Directives(issuer="warp", **d))
+        b = db.add_candidate("gemm_allreduce", run_id=run, directives=Directives(issuer="cta", **d))
+        db.add_evaluation(b, stage_reached="timing", status="ok", speedup=1.25)  # judged first
+        db.add_evaluation(a, stage_reached="timing", status="ok", speedup=1.25)
+        assert db.best("gemm_allreduce", run_id=run)[0].id == a
+        assert best_callable(db, run) == a
+    r = cuco("db", "ls", "--db", str(tmp_path / "t.db"))
+    assert r.returncode == 0 and "1.250" in r.stdout
+
+
+def test_exported_speedup_says_model_or_measured(tmp_path):
+    from cuco.export import Artifact
+    model = Artifact(tmp_path, {"evaluation": {"speedup": 1.4937261, "model": True}})
+    real = Artifact(tmp_path, {"evaluation": {"speedup": 1.46, "model": False}})
+    assert model.speedup_text() == "1.494x (model)"
+    assert real.speedup_text() == "1.460x (measured)"
+    assert json.dumps(model.manifest)  # plain data
