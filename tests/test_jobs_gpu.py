@@ -46,7 +46,7 @@ def test_a_timing_job_verifies_every_call(group, family):
     merged = merge_ranks(res.results)
     for name in ("host_nccl", *(s.name for s in specs)):
         rec = merged[name]
-        assert rec["correct"], (name, rec)
+        assert rec["correct"], (name, merged)
         # every call verified: warm-up and timed ones, N_CHECKED of them in full
         assert rec["calls_verified"] == warmup + iters and rec["calls_checked"] == N_CHECKED
         assert rec["ms"] > rec["floor_ms"] > 0, (name, rec)

@@ -165,7 +165,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
         ctx.scratch["hog_stream"] = cupy.cuda.Stream(non_blocking=True)
     hog_stream = ctx.scratch["hog_stream"]
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    fns = {name: make() for name, make in extras.items()} if job.time else {}
+    with s:  # their buffers are made on the job's stream, ordered with every call
+        fns = {name: make() for name, make in extras.items()} if job.time else {}
     schedule = make_schedule({n: p.shares for n, p in programs.items()}, list(fns),
                              seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
                              iters=job.iters, n_checked=job.n_checked, world_size=ctx.world_size,
@@ -174,10 +175,10 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
         n: {"correct": True, "bad_elements": 0, "rel_l2_error": 0.0, "guards_intact": True,
             "calls_verified": 0, "calls_checked": 0, "floor_ms": floor_ms} for n in programs}
     marks: dict[str, list[tuple]] = {n: [] for n in [*programs, *fns]}
-    counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
     verify_marks: list[tuple] = []
     check_s = 0.0
-    with s:
+    with s:  # on the job's stream: zeroed before any count lands (the legacy stream is not ordered with it)
+        counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
         tick = cupy.zeros(1, dtype=cupy.float32)
         p = int(tick.data.ptr)
         for idx, call in enumerate(schedule):
