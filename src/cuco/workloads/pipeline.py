@@ -113,7 +113,7 @@ class PipelineWorkload(ABC):
     def check_directives(self, d: Directives) -> None:
         """What every pipeline template shares: a side stream driven by chunk flags."""
         bad = []
-        if d.placement.value != "side_stream":
+        if d.placement.in_kernel:
             bad.append(f"placement: {self.family} has a fused template for placement=side_stream "
                        f"only (a compute sequence and a communication kernel), not "
                        f"{d.placement.value}")
