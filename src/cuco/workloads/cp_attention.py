@@ -31,13 +31,13 @@ from cuco.errors import DirectiveError, EnvironmentProblem, ShapeError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
+from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
 from cuco.workloads.pipeline import (
     MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
 )
-from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
 
 class CPShape(BaseModel):
@@ -300,7 +300,7 @@ class CPRunner(Runner):
         self.k = wl._bhsd(inputs["k"], shard)
         self.v = wl._bhsd(inputs["v"], shard)
         n = shard * wl.row_elems
-        kvg = _arena_view(arena, self.layout.data["kvg"], wl.world_size * 2 * n, wl.dtype)
+        kvg = arena_view(arena, self.layout.data["kvg"], wl.world_size * 2 * n, wl.dtype)
         self.blocks = {}
         for src in wl.sources(ctx.rank):
             kb = wl._bhsd(kvg[2 * src * n:(2 * src + 1) * n], shard)

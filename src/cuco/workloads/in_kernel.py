@@ -11,8 +11,9 @@ from __future__ import annotations
 import ctypes
 
 from cuco.design import Directives
+from cuco.runtime.arena import Arena, ArenaLayout, arena_view
 from cuco.workloads.base import Buffers, Workload
-from cuco.workloads.side_stream import Arena, ArenaLayout, SideStreamRunner, _arena_view
+from cuco.workloads.side_stream import SideStreamRunner
 
 
 def runner_class(d: Directives) -> type:
@@ -48,7 +49,7 @@ class InKernelRunner:
         self.inputs, self.out = inputs, out
         if self.pattern == "gemm_allreduce":
             rows, cols = wl.output_shape()
-            self.output = _arena_view(arena, lay.data["o"], rows * cols, wl.dtype)
+            self.output = arena_view(arena, lay.data["o"], rows * cols, wl.dtype)
         else:
             self.output = out
         w = ctx.world_size
