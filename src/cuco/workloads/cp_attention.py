@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, _largest_divisor, sizes_cutting
+from cuco.design.tiles import ROW_ALIGN, largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem, ShapeError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
@@ -114,7 +114,7 @@ class CPAttention(PipelineWorkload):
 
     def chunk_rows(self, d: Directives) -> int:
         row_bytes = self.row_elems * self.esz
-        rows = _largest_divisor(self.shard, max(1, min(d.chunk_bytes // row_bytes, self.shard)))
+        rows = largest_divisor(self.shard, max(1, min(d.chunk_bytes // row_bytes, self.shard)))
         if rows is None:
             raise DirectiveError([f"chunk_bytes: a chunk of {d.chunk_bytes} bytes holds fewer than "
                                   f"{ROW_ALIGN} tokens of {row_bytes} bytes; choose chunk_bytes >= "

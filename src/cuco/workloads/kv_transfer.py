@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, _largest_divisor, sizes_cutting
+from cuco.design.tiles import ROW_ALIGN, largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError, ShapeError
 from cuco.kernels.collectives import KernelSource
 from cuco.kernels.render import CTYPES, render
@@ -109,7 +109,7 @@ class KVTransfer(PipelineWorkload):
 
     def chunk_rows(self, d: Directives) -> int:
         row_bytes = self.shape.kv_dim * self.esz
-        rows = _largest_divisor(self.shape.tokens, max(1, min(d.chunk_bytes // row_bytes,
+        rows = largest_divisor(self.shape.tokens, max(1, min(d.chunk_bytes // row_bytes,
                                                               self.shape.tokens)))
         if rows is None:
             raise DirectiveError([f"chunk_bytes: no chunk of at most {d.chunk_bytes} bytes holds "
