@@ -130,7 +130,7 @@ def _require_db(db: str) -> None:
 @kernels_app.command("check")
 def kernels_check(arch: str = typer.Option("sm_90a", help="target when there is no GPU")) -> None:
     """Render and compile every kernel template and host shim (no GPU needed)."""
-    from cuco.kernels.catalog import compile_everything
+    from cuco.workloads.catalog import compile_everything
 
     report = compile_everything(arch)
     table = Table(title=f"kernels compiled for {arch}")
