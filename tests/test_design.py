@@ -147,3 +147,14 @@ def test_numpy_generator_and_seed_are_deterministic():
     b = [space.sample(np.random.default_rng(5)) for _ in range(3)]
     assert a == b
     assert space.sample(11) == space.sample(11)
+
+
+def test_placement_kinds_live_on_the_enum():
+    """Which placements run inside the compute kernel, and which reserve CTAs, is said once."""
+    from cuco.design import Placement
+    from cuco.kernels.tp import IN_KERNEL
+
+    assert {p.value for p in Placement if p.in_kernel} == {"epilogue", "dedicated_ctas"}
+    assert {p.value for p in Placement if p.own_comm_ctas} == {"dedicated_ctas", "side_stream"}
+    assert set(IN_KERNEL) == {"epilogue", "dedicated_ctas"}
+    assert Placement("side_stream").in_kernel is False

@@ -6,8 +6,9 @@ import pytest
 
 from cuco.errors import CompileError
 from cuco.kernels import Compiler, render, templates
-from cuco.kernels.catalog import compile_everything, everything, representative, template_of
+from cuco.kernels.catalog import template_of
 from cuco.kernels.compiler import summarize_errors
+from cuco.workloads.catalog import compile_everything, everything, representative
 
 pytestmark = pytest.mark.slow
 

@@ -251,7 +251,8 @@ def test_doctor_names_the_nccl_of_this_process_and_of_a_worker(copy_nccl, fresh_
 @pytest.mark.parametrize("which", ["installed", "alt"])
 def test_nccl_kernels_and_shim_compile_against_the_chosen_headers(which, fresh_choice, tmp_path):
     """The devcomm shim, one LSA collective, one LSA and one GIN side-stream kernel."""
-    from cuco.kernels.catalog import compile_report, nccl_sources
+    from cuco.kernels.catalog import compile_report
+    from cuco.workloads.catalog import nccl_sources
 
     if which == "alt":
         alt = _alt_version()

@@ -170,7 +170,7 @@ def test_an_edit_that_reaches_past_its_block_is_refused(name):
 def test_every_template_block_is_confined():
     """The blocks our own templates ship pass the rule edits must pass."""
     from cuco.kernels import evolve
-    from cuco.kernels.catalog import everything
+    from cuco.workloads.catalog import everything
     seen = 0
     for src in everything():
         for name, body in evolve.blocks(src.source).items():

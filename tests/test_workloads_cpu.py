@@ -7,7 +7,7 @@ import pytest
 from cuco import ShapeError
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter, get
 from cuco.kernels.tp import FLAG_STRIDE
-from cuco.workloads.side_stream import ArenaLayout
+from cuco.runtime.arena import ArenaLayout
 
 
 def test_per_rank_shapes():
@@ -52,3 +52,14 @@ def test_arena_layout_is_page_aligned_and_disjoint():
     assert all(v % 4096 == 0 for v in (*lay.data.values(), *lay.guards, lay.flags, lay.bar, lay.size))
     ag = ArenaLayout.for_workload(AllGatherGemm(2048, 4096, 4096, 2))
     assert set(ag.data) == {"xf"} and ag.sync_bytes == ag.size - ag.flags
+
+
+def test_arena_lives_in_the_runtime_and_refuses_gin():
+    """The runtime owns the arena; the TP layout needs only numbers, and GIN is refused
+    before anything is allocated (its kernels are compile-checked only)."""
+    from cuco.runtime.arena import Arena
+
+    wl = GemmReduceScatter(4096, 2048, 1024, 2)
+    assert ArenaLayout.for_workload(wl) == ArenaLayout.for_tp("gemm_reducescatter", 4096, 2048, 1024, 2, "bf16")
+    with pytest.raises(RuntimeError, match="backend=gin kernels are rendered and compile-checked but not run"):
+        Arena(None, "gin", 1 << 20)

@@ -190,7 +190,7 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cuco.kernels import Compiler
-    from cuco.kernels.catalog import catalog_size, compile_everything
+    from cuco.workloads.catalog import catalog_size, compile_everything
 
     Compiler(arch=arch)  # a bad --arch is refused before anything is rendered
     cores = os.cpu_count() or 1

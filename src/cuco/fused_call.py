@@ -63,7 +63,7 @@ class FusedCall:
         from cuco.runtime.nccl import Communicator
         from cuco.runtime.worker import WorkerContext, WorkerOptions
         from cuco.workloads import get
-        from cuco.workloads.side_stream import ArenaLayout, prepare_arenas
+        from cuco.runtime.arena import ArenaLayout, prepare_arenas
 
         self.artifact = artifact
         d = artifact.directives

@@ -8,7 +8,7 @@ from typing import Any
 from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
 from cuco.agents.proposers import OfflineProposer, TPEProposer
 from cuco.db import CandidateDB
-from cuco.design import DesignSpace, Directives, Problem, check_count, check_workload
+from cuco.design import DesignSpace, Directives, Placement, Problem, check_count, check_workload
 from cuco.errors import InputError
 from cuco.design.tiles import chunk_sizes
 
@@ -60,12 +60,12 @@ def gpu_space(problem: Problem, placements: tuple[str, ...] = PLACEMENTS) -> Des
     from cuco.kernels import tp
 
     if _has_chunk_epilogue(problem.workload):
-        placements = tuple(p for p in placements if p not in tp.IN_KERNEL)
+        placements = tuple(p for p in placements if not Placement(p).in_kernel)
     if not placements:
         raise InputError(f"no placement has a template for {problem.workload}", param="placements",
                          fix="side_stream")
     side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
-    in_kernel = [p for p in placements if p in tp.IN_KERNEL]
+    in_kernel = [p for p in placements if Placement(p).in_kernel]
     tiles = sorted({128 * tn * problem.dtype_bytes for tn in (128, 256)}) if in_kernel else []
     comm = ([8, 16, 32, 64] if "side_stream" in placements else []) + ([0] if "epilogue" in placements else []) \
         + ([8, 16] if "dedicated_ctas" in placements else [])

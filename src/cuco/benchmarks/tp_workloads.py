@@ -21,9 +21,9 @@ from rich.table import Table
 
 from cuco import results
 from cuco.benchmarks.variants import compile_variants, run_cases
-from cuco.design import Directives, Problem
+from cuco.design import Directives, Placement, Problem
 from cuco.design.tiles import chunk_sizes
-from cuco.kernels.tp import IN_KERNEL, in_kernel, render_tp
+from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.peaks import below_floor
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
@@ -104,7 +104,7 @@ class TPBench:
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
         """Render and compile every variant of every case (parallel, cached)."""
         points = [(p.label, d, render_tp(p, d)[0]) for p in self.problems() for d in grid(p, self.placements, self.quick)]
-        if set(self.placements) & set(IN_KERNEL):  # profile: the fused kernel's GEMM, no communication
+        if any(Placement(p).in_kernel for p in self.placements):  # profile: the fused kernel's GEMM, no communication
             points += [(p.label, d, render_tp(p, d, gemm_only=True)[0])
                        for p in self.problems() for d in PROFILED]
         return compile_variants(points, self.console, arch)

@@ -222,11 +222,6 @@ class CandidateDB:
                 status="running", created_at=now, updated_at=now))
             return int(res.inserted_primary_key[0])
 
-    def set_run_status(self, run_id: int, status: str) -> None:
-        with self._write() as conn:
-            conn.execute(update(S.runs).where(S.runs.c.id == run_id)
-                         .values(status=status, updated_at=time.time()))
-
     def run(self, run_id: int) -> Run:
         with self._read() as conn:
             row = conn.execute(select(S.runs).where(S.runs.c.id == run_id)).mappings().first()

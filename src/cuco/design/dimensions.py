@@ -24,6 +24,19 @@ class Placement(str, Enum):
     DEDICATED_CTAS = "dedicated_ctas"  # CTAs of the same kernel reserved for it
     SIDE_STREAM = "side_stream"  # a separate kernel on a concurrent stream
 
+    @property
+    def in_kernel(self) -> bool:
+        """Communication runs inside the compute kernel (one CUTLASS kernel per call:
+        ``epilogue``, ``dedicated_ctas``); ``side_stream`` runs a kernel of its own beside a
+        vendor GEMM. The one place that says which placements are which."""
+        return self is not Placement.SIDE_STREAM
+
+    @property
+    def own_comm_ctas(self) -> bool:
+        """Communication runs on CTAs reserved for it, so ``comm_ctas >= 1``
+        (``dedicated_ctas``, ``side_stream``); ``epilogue``'s compute CTAs communicate."""
+        return self is not Placement.EPILOGUE
+
 
 class SyncScope(str, Enum):
     """How a consumer learns that data has arrived."""

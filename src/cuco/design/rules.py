@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cuco.design.dimensions import format_bytes
+from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.problem import Problem
 
 # Hopper: 227 KiB of shared memory per block once the dynamic limit is raised.
@@ -33,14 +33,15 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
     backend, placement = _v(d["backend"]), _v(d["placement"])
     sync, schedule = _v(d["sync_scope"]), _v(d["chunk_schedule"])
     comm_ctas, chunk = d["comm_ctas"], d["chunk_bytes"]
+    where = Placement(placement)
     tm, tn, tk, stages = d["tile_m"], d["tile_n"], d["tile_k"], d["stages"]
 
-    if placement in ("dedicated_ctas", "side_stream") and comm_ctas < 1:
+    if where.own_comm_ctas and comm_ctas < 1:
         out.append(
             f"comm_ctas: placement={placement} runs communication on CTAs of its own; "
             "set comm_ctas >= 1 (e.g. 8)"
         )
-    if placement == "epilogue" and comm_ctas != 0:
+    if not where.own_comm_ctas and comm_ctas != 0:
         out.append(
             f"comm_ctas: comm_ctas={comm_ctas} does not apply to placement=epilogue (the "
             "compute CTAs communicate); set comm_ctas=0 or another placement"
@@ -55,12 +56,12 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "
             "per-chunk or per-CTA sync; set sync_scope=chunk or cta, or chunk_schedule=direct"
         )
-    if placement == "side_stream" and d.get("raster_group", 1) != 1:
+    if not where.in_kernel and d.get("raster_group", 1) != 1:
         out.append(
             "raster_group: placement=side_stream runs a vendor GEMM per chunk; raster_group "
             "orders the tiles of the in-kernel placements only; set raster_group=1"
         )
-    if placement == "side_stream" and d.get("comm_warps", 0):
+    if not where.in_kernel and d.get("comm_warps", 0):
         out.append(
             "comm_warps: placement=side_stream moves chunks from a kernel of its own; comm_warps "
             "hands the tiles of the in-kernel placements to spare warps only; set comm_warps=0"

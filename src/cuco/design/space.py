@@ -231,15 +231,15 @@ class DesignSpace:
 
     def _repair(self, values: dict[str, Any], r: random.Random) -> None:
         """Fix the couplings a single-field change most often breaks."""
-        if values["placement"] != Placement.EPILOGUE and values["comm_ctas"] == 0:
+        if values["placement"].own_comm_ctas and values["comm_ctas"] == 0:
             nonzero = [c for c in self.choices["comm_ctas"] if c > 0]
             if nonzero:
                 values["comm_ctas"] = r.choice(nonzero)
-        if values["placement"] == Placement.EPILOGUE and 0 in self.choices["comm_ctas"]:
+        if not values["placement"].own_comm_ctas and 0 in self.choices["comm_ctas"]:
             values["comm_ctas"] = 0
         if values["placement"] == Placement.SIDE_STREAM and SyncScope.CHUNK in self.choices["sync_scope"]:
             values["sync_scope"] = SyncScope.CHUNK
-        if values["placement"] == Placement.SIDE_STREAM:  # tile order and comm warps: in-kernel only
+        if not values["placement"].in_kernel:  # tile order and comm warps: in-kernel only
             for f, neutral in (("raster_group", 1), ("comm_warps", 0)):
                 if neutral in self.choices[f]:
                     values[f] = neutral

@@ -77,7 +77,7 @@ class ChunkPlan:
         else:
             raise DirectiveError([f"workload: no chunk plan for {problem.workload!r}"])
         target = max(1, d.chunk_bytes // (row_elems * esz))
-        rows = _largest_divisor(unit, min(target, unit))
+        rows = largest_divisor(unit, min(target, unit))
         if rows is None:
             raise DirectiveError([
                 f"chunk_bytes: no chunk of at most {d.chunk_bytes} bytes cuts {unit} rows of "
@@ -111,7 +111,7 @@ def sizes_cutting(total_bytes: int, parts=(4, 8, 16), floor_log2: int = 12) -> l
     return picks
 
 
-def _largest_divisor(unit: int, cap: int) -> int | None:
+def largest_divisor(unit: int, cap: int) -> int | None:
     """Largest ``r <= cap`` dividing ``unit`` with ``r % ROW_ALIGN == 0`` (or ``r == unit``)."""
     for r in range(cap, 0, -1):
         if unit % r == 0 and (r % ROW_ALIGN == 0 or r == unit):

@@ -47,9 +47,9 @@ class AnalyticEvaluator:
                   "allgather_gemm": (w - 1) / w}.get(p.workload, 1.0)
         t_comm = factor * out / (mc.link_gbs * 1e9) * 1e3
         host = t_gemm + t_comm + 2 * mc.launch_us * 1e-3
-        if d.placement.value in ("epilogue", "dedicated_ctas"):  # one kernel, a flag per tile
+        if d.placement.in_kernel:  # one kernel, a flag per tile
             tiles = max(1, (p.m * p.n // (w if p.workload == "allgather_gemm" else 1)) // (d.tile_m * d.tile_n))
-            if d.placement.value == "dedicated_ctas":
+            if d.placement.own_comm_ctas:
                 gemm_slow = t_gemm * SMS / (SMS - d.comm_ctas)
                 comm_eff = t_comm / min(1.0, 0.2 + d.comm_ctas / 32)
             else:  # the epilogue stalls wgmma unless spare warps run it

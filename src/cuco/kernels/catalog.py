@@ -1,7 +1,9 @@
-"""Every kernel cuco ships, rendered: what ``cuco kernels check`` and CI compile.
+"""The kernels the kernel layer renders (collectives, probes, tensor-parallel layers),
+which template each source came from, and :func:`compile_report`.
 
-A template that is not reachable from :func:`everything` fails a test, so no
-template can ship without being compile-checked.
+The full catalog, with the workloads' own kernels, is :mod:`cuco.workloads.catalog`
+(what ``cuco kernels check`` and CI compile); a template not reachable from it fails
+a test.
 """
 
 from __future__ import annotations
@@ -57,29 +59,11 @@ def in_kernel_sources() -> list[KernelSource]:
     return out
 
 
-def pipeline_sources() -> list[KernelSource]:
-    """KV transfer, MoE and context-parallel attention: every backend and issuer at a
-    small shape."""
-    from cuco.design import Directives
-    from cuco.workloads.cp_attention import CPAttention
-    from cuco.workloads.kv_transfer import KVTransfer
-    from cuco.workloads.moe import MoE
-
-    workloads = (KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
-                 MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2),
-                 CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True))
-    out = []
-    for wl in workloads:
-        for backend in ("lsa", "nvshmem"):
-            for issuer in ("thread", "warp", "cta"):
-                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
-                               issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
-                out.append(wl.render(d))
-    return out
-
-
-def everything() -> list[KernelSource]:
-    return [*all_sources(), probe_source(), *tp_sources(), *in_kernel_sources(), *pipeline_sources()]
+def kernel_sources() -> list[KernelSource]:
+    """The kernels this layer renders on its own: collectives, probes, the tensor-parallel
+    layers (side stream and in-kernel). The workloads' own kernels join them in
+    :func:`cuco.workloads.catalog.everything`."""
+    return [*all_sources(), probe_source(), *tp_sources(), *in_kernel_sources()]
 
 
 def template_of(source: KernelSource) -> str:
@@ -98,23 +82,6 @@ def template_of(source: KernelSource) -> str:
     if "side_stream" in source.name:
         return "tp_side_stream.cu.j2"
     return f"{source.name}.cu.j2"
-
-
-def nccl_sources(*, cutlass: bool = False) -> list[KernelSource]:
-    """Every rendered source that includes the NCCL device API (LSA and GIN); the
-    CUTLASS-based in-kernel ones only with ``cutlass=True`` (slow to build)."""
-    return [s for s in everything() if "nccl" in s.needs and (cutlass or "cutlass" not in s.needs)]
-
-
-def representative() -> list[KernelSource]:
-    """A subset of :func:`everything` that still compiles every template and both kernel
-    kinds (cubin and CUTLASS launcher): one source per template (for the one-kernel
-    template, the epilogue placement with spare comm warps). The default test run compiles
-    this; CI's second step (``cuco kernels check``) compiles everything."""
-    picked: dict[str, KernelSource] = {}
-    for s in everything():
-        picked.setdefault(template_of(s), s)
-    return list(picked.values())
 
 
 SHIMS = {"nccl_devcomm": ("nccl", "libnccl.so.2"), "nvshmem_host": ("nvshmem", "libnvshmem_host.so.3")}
@@ -143,14 +110,3 @@ def compile_report(sources: list[KernelSource], arch: str = "sm_90a",
         if on_done is not None:
             on_done(f"shim:{shim}", report[f"shim:{shim}"] == "ok")
     return report
-
-
-def compile_everything(arch: str = "sm_90a", *, sources: list[KernelSource] | None = None,
-                       on_done=None) -> dict[str, str]:
-    """Compile every kernel (or ``sources``) and both host shims; ``{name: 'ok' | error summary}``."""
-    return compile_report(everything() if sources is None else sources, arch, on_done=on_done)
-
-
-def catalog_size(sources: list[KernelSource] | None = None) -> int:
-    """How many items :func:`compile_everything` builds (kernels and the two shims)."""
-    return len(everything() if sources is None else sources) + len(SHIMS)

@@ -32,9 +32,6 @@ class Library:
     lib: Path | None
     version: str
 
-    def as_dict(self) -> dict[str, str]:
-        return {"include": str(self.include), "lib": str(self.lib or ""), "version": self.version}
-
 
 def _wheel_dir(module: str) -> Path | None:
     try:
@@ -115,9 +112,6 @@ class NcclInstall(Library):
 
     def describe(self) -> str:
         return f"NCCL {self.version} at {self.so}"
-
-    def as_dict(self) -> dict[str, str]:
-        return {**super().as_dict(), "so": str(self.so), "origin": self.origin}
 
 
 #: Where ``libnccl.so.2`` sits below an installation's root.

@@ -15,7 +15,7 @@ Three templates:
 from __future__ import annotations
 
 from cuco.design import Directives, Problem
-from cuco.design.dimensions import format_bytes
+from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import ChunkPlan
 from cuco.errors import DirectiveError
@@ -26,7 +26,8 @@ THREADS = 512
 #: Flag slots per source rank: side-stream chunks, or fused tiles (at most half of them).
 FLAG_STRIDE = 16384
 TP_FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
-IN_KERNEL = ("epilogue", "dedicated_ctas")
+#: The in-kernel placements' names, derived from :attr:`Placement.in_kernel` (test it there).
+IN_KERNEL = tuple(p.value for p in Placement if p.in_kernel)
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 
 
@@ -55,7 +56,7 @@ def fused_tiles(problem: Problem, d: Directives) -> int:
 
 def supported(problem: Problem, d: Directives) -> list[str]:
     """Why ``d`` has no template for ``problem`` (empty when it has one)."""
-    if d.placement.value not in IN_KERNEL:
+    if not d.placement.in_kernel:
         return []
     out = []
     p = d.placement.value
@@ -116,14 +117,14 @@ def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
     if bad:
         raise DirectiveError(bad)
     name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
-    if d.placement.value in IN_KERNEL:
+    if d.placement.in_kernel:
         m, n, k = local_gemm(problem)
         src = render("tp_fused.cu.j2", workload=problem.workload, placement=d.placement.value,
                      backend=d.backend.value, issuer=d.issuer.value, ctype=CTYPES[problem.dtype],
                      cutlass_type=CUTLASS_TYPES[problem.dtype], world=problem.world_size,
                      m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                      stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
-                     comm_ctas=d.comm_ctas if d.placement.value == "dedicated_ctas" else 0,
+                     comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0,
                      max_ranks=MAX_RANKS, flag_stride=FLAG_STRIDE, name=d.full_name,
                      gemm_only=gemm_only)
         if gemm_only:

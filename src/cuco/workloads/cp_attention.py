@@ -26,18 +26,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, _largest_divisor, sizes_cutting
+from cuco.design.tiles import ROW_ALIGN, largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem, ShapeError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
+from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
 from cuco.workloads.pipeline import (
     MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
 )
-from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
 
 class CPShape(BaseModel):
@@ -114,7 +114,7 @@ class CPAttention(PipelineWorkload):
 
     def chunk_rows(self, d: Directives) -> int:
         row_bytes = self.row_elems * self.esz
-        rows = _largest_divisor(self.shard, max(1, min(d.chunk_bytes // row_bytes, self.shard)))
+        rows = largest_divisor(self.shard, max(1, min(d.chunk_bytes // row_bytes, self.shard)))
         if rows is None:
             raise DirectiveError([f"chunk_bytes: a chunk of {d.chunk_bytes} bytes holds fewer than "
                                   f"{ROW_ALIGN} tokens of {row_bytes} bytes; choose chunk_bytes >= "
@@ -300,7 +300,7 @@ class CPRunner(Runner):
         self.k = wl._bhsd(inputs["k"], shard)
         self.v = wl._bhsd(inputs["v"], shard)
         n = shard * wl.row_elems
-        kvg = _arena_view(arena, self.layout.data["kvg"], wl.world_size * 2 * n, wl.dtype)
+        kvg = arena_view(arena, self.layout.data["kvg"], wl.world_size * 2 * n, wl.dtype)
         self.blocks = {}
         for src in wl.sources(ctx.rank):
             kb = wl._bhsd(kvg[2 * src * n:(2 * src + 1) * n], shard)

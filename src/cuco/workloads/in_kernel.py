@@ -11,15 +11,15 @@ from __future__ import annotations
 import ctypes
 
 from cuco.design import Directives
+from cuco.runtime.arena import Arena, ArenaLayout, arena_view
 from cuco.workloads.base import Buffers, Workload
-from cuco.workloads.side_stream import Arena, ArenaLayout, SideStreamRunner, _arena_view
+from cuco.workloads.side_stream import SideStreamRunner
 
 
 def runner_class(d: Directives) -> type:
     """The launch code of ``d``'s placement: :class:`InKernelRunner` for the one-kernel
     placements, :class:`~cuco.workloads.side_stream.SideStreamRunner` otherwise."""
-    from cuco.kernels.tp import IN_KERNEL
-    return InKernelRunner if d.placement.value in IN_KERNEL else SideStreamRunner
+    return InKernelRunner if d.placement.in_kernel else SideStreamRunner
 
 
 def sm_count() -> int:
@@ -44,12 +44,12 @@ class InKernelRunner:
         self.layout = lay = ArenaLayout.for_workload(wl)
         self.lib = ctx.launcher(library)
         self.grid = sm_count()  # persistent: one CTA per SM (the tile buffers fill its smem)
-        if d.placement.value == "dedicated_ctas" and d.comm_ctas >= self.grid:
+        if d.placement.own_comm_ctas and d.comm_ctas >= self.grid:
             raise ValueError(f"comm_ctas={d.comm_ctas} leaves no SM of {self.grid} for the GEMM")
         self.inputs, self.out = inputs, out
         if self.pattern == "gemm_allreduce":
             rows, cols = wl.output_shape()
-            self.output = _arena_view(arena, lay.data["o"], rows * cols, wl.dtype)
+            self.output = arena_view(arena, lay.data["o"], rows * cols, wl.dtype)
         else:
             self.output = out
         w = ctx.world_size

@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuco.design import Directives
+from cuco.runtime.arena import (
+    CANARY, GUARD_BYTES, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
+)
 from cuco.runtime.checking import compare
 from cuco.runtime.peaks import MeasurePeaks, physical_floor_ms
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Buffers, get
 from cuco.workloads.in_kernel import runner_class
 from cuco.workloads.schedule import N_SETS, Call, make_schedule, set_seed
-from cuco.workloads.side_stream import (
-    CANARY, GUARD_BYTES, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
-)
 from cuco.runtime import dtypes
 
 #: Microseconds the compute stream sleeps before each chunk in checked calls.

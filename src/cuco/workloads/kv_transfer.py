@@ -27,18 +27,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuco.design import Directives
 from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, _largest_divisor, sizes_cutting
+from cuco.design.tiles import ROW_ALIGN, largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError, ShapeError
 from cuco.kernels.collectives import KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
+from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
 from cuco.workloads.pipeline import (
     MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
 )
-from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
 
 class KVShape(BaseModel):
@@ -109,7 +109,7 @@ class KVTransfer(PipelineWorkload):
 
     def chunk_rows(self, d: Directives) -> int:
         row_bytes = self.shape.kv_dim * self.esz
-        rows = _largest_divisor(self.shape.tokens, max(1, min(d.chunk_bytes // row_bytes,
+        rows = largest_divisor(self.shape.tokens, max(1, min(d.chunk_bytes // row_bytes,
                                                               self.shape.tokens)))
         if rows is None:
             raise DirectiveError([f"chunk_bytes: no chunk of at most {d.chunk_bytes} bytes holds "
@@ -274,7 +274,7 @@ class KVRunner(Runner):
         self.rows = wl.chunk_rows(d)
         self.n = wl.n_chunks(d)
         self.target_per_call = wl.signalers(d)
-        self.output = _arena_view(arena, self.layout.data["kv"], wl.cache_elems, wl.dtype)
+        self.output = arena_view(arena, self.layout.data["kv"], wl.cache_elems, wl.dtype)
         self.comm = ctx.function(cubin, "comm_kernel")
         self.set_own = ctx.function(cubin, "set_own_flag")
         self.set_peer = ctx.function(cubin, "set_peer_flag")

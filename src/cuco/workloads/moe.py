@@ -37,12 +37,12 @@ from cuco.errors import ShapeError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
+from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers
 from cuco.design.tiles import sizes_cutting
 from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner
-from cuco.workloads.side_stream import ArenaLayout, _arena_view
 
 Routing = Literal["skewed", "one_expert", "empty_experts"]
 
@@ -463,10 +463,10 @@ class MoERunner(Runner):
             "comm", cupy.cuda.Stream(non_blocking=True))
         self.b = wl._buffers(ctx)
         s = wl.shape
-        self.counts_view = _arena_view(arena, self.layout.data["counts"], 2 * wl.world_size * s.experts,
+        self.counts_view = arena_view(arena, self.layout.data["counts"], 2 * wl.world_size * s.experts,
                                        "bf16").view(cupy.int32)
         self.recv = arena.ptr + self.layout.data["recv"]
-        self.ret = _arena_view(arena, self.layout.data["ret"], wl.pairs * s.hidden, wl.dtype)
+        self.ret = arena_view(arena, self.layout.data["ret"], wl.pairs * s.hidden, wl.dtype)
         self.start = cupy.cuda.Event(disable_timing=True)
         self.done = cupy.cuda.Event(disable_timing=True)
         self.pinned = cupy.cuda.alloc_pinned_memory(wl.world_size * s.experts * 4)

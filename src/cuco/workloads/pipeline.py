@@ -6,7 +6,7 @@ inputs or outputs cross ranks piece by piece. Their fused variants share one
 shape: the compute steps are enqueued on the compute stream and raise (or wait
 for) per-chunk flags; one persistent communication kernel on a second stream
 moves each piece as soon as it exists, by LSA stores or NVSHMEM puts. Buffers
-that peers touch live in the symmetric arena (:mod:`cuco.workloads.side_stream`).
+that peers touch live in the symmetric arena (:mod:`cuco.runtime.arena`).
 
 :class:`PipelineWorkload` is what such a workload implements; :class:`PipelineCase`
 checks (NaN-poisoned outputs and arena, every element against a higher-precision
@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from cuco.design import Directives
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import KernelSource
+from cuco.runtime.arena import ArenaLayout, prepare_arenas
 from cuco.runtime.checking import compare
 from cuco.workloads.base import EPS, Buffers
 from cuco.workloads.jobs import (
@@ -34,7 +35,6 @@ from cuco.workloads.jobs import (
     judge,
 )
 from cuco.workloads.schedule import N_SETS
-from cuco.workloads.side_stream import ArenaLayout, prepare_arenas
 
 #: Threads per CTA of every pipeline communication kernel.
 THREADS = 512
@@ -113,7 +113,7 @@ class PipelineWorkload(ABC):
     def check_directives(self, d: Directives) -> None:
         """What every pipeline template shares: a side stream driven by chunk flags."""
         bad = []
-        if d.placement.value != "side_stream":
+        if d.placement.in_kernel:
             bad.append(f"placement: {self.family} has a fused template for placement=side_stream "
                        f"only (a compute sequence and a communication kernel), not "
                        f"{d.placement.value}")

@@ -4,147 +4,21 @@ One call: the communication kernel starts on a second stream; the compute
 stream runs the GEMM chunk by chunk (waiting for a chunk's arrival first for
 AllGather+GEMM, raising its flag afterwards for the reductions); the compute
 stream then waits for the communication stream. Buffers that peers read or
-write live in a symmetric arena (an NCCL window, or NVSHMEM symmetric memory).
+write live in the symmetric arena (:mod:`cuco.runtime.arena`: an NCCL window, or
+NVSHMEM symmetric memory).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from cuco.design import Directives
 from cuco.design.tiles import ChunkPlan
-from cuco.kernels.tp import FLAG_STRIDE, THREADS
+from cuco.kernels.tp import THREADS
+from cuco.runtime.arena import Arena, ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers, Workload
-
-MAX_CTAS = 1024
-#: Per-slot arrival counts the host keeps for an arena (AllGather's rolling targets).
-COUNTER_SLOTS = 4096
-PAGE = 4096
-#: A page after every data region, filled with CANARY; a candidate that writes
-#: there wrote outside its outputs.
-GUARD_BYTES = PAGE
-CANARY = 0xA5
-
-
-def _page(n: int) -> int:
-    return -(-n // PAGE) * PAGE
-
-
-@dataclass(frozen=True)
-class ArenaLayout:
-    """Offsets (bytes) of one workload's buffers in the arena."""
-
-    data: dict[str, int]
-    flags: int
-    bar: int
-    size: int
-    guards: tuple[int, ...] = ()
-
-    @classmethod
-    def for_workload(cls, wl: Workload) -> "ArenaLayout":
-        esz = 2 if wl.dtype in ("bf16", "fp16") else 4
-        m, n, k, w = wl.m, wl.n, wl.k, wl.world_size
-        # p: this rank's partial (side stream) or staged tiles (dedicated_ctas); o: the
-        # all-reduced output; r: receive slots of the in-kernel placements, [src][M/w][N]
-        if wl.pattern_name == "gemm_allreduce":
-            regions = {"p": m * n * esz, "o": m * n * esz, "r": m * n * esz}
-        elif wl.pattern_name == "gemm_reducescatter":
-            regions = {"p": m * n * esz, "r": m * n * esz}
-        else:
-            regions = {"xf": m * k * esz}
-        # flags: the side-stream variants' (chunk counters) first, then the in-kernel variants'
-        # (epoch-valued): a counter and an epoch never share a slot across variants of one job
-        return cls.build(regions, 2 * w * FLAG_STRIDE * 8, w * MAX_CTAS * 8)
-
-    @classmethod
-    def build(cls, regions: dict[str, int], flag_bytes: int, bar_bytes: int) -> "ArenaLayout":
-        """Data regions (bytes) each followed by a guard page, then flags, then barrier slots."""
-        off, data, guards = 0, {}, []
-        for name, size in regions.items():
-            data[name] = off
-            off += _page(size)
-            guards.append(off)
-            off += GUARD_BYTES
-        flags = off
-        off += _page(flag_bytes)
-        bar = off
-        off += _page(bar_bytes)
-        return cls(data, flags, bar, off, tuple(guards))
-
-    @property
-    def in_kernel_flags(self) -> int:
-        """Second half of the flag area: the in-kernel variants' epoch flags (the side-stream
-        variants' chunk counters use the first half; one job may run both)."""
-        return self.flags + (self.bar - self.flags) // 2
-
-    @property
-    def sync_bytes(self) -> int:
-        """Flags and barrier slots: zeroed before a job's first fused call."""
-        return self.size - self.flags
-
-
-class Arena:
-    """A symmetric buffer on every rank, of one backend."""
-
-    def __init__(self, ctx, backend: str, size: int):
-        if backend == "gin":
-            raise RuntimeError("backend=gin kernels are rendered and compile-checked but not run "
-                               "yet: GIN needs ranks on different hosts with a GIN-capable network "
-                               "(RDMA), and its arena carries receive slots after the barrier "
-                               "slots; use lsa or nvshmem on one host")
-        self.backend, self.size = backend, size
-        if backend == "lsa":
-            self.window = ctx.comm.alloc_window(size)
-            self.ptr = self.window.ptr
-        else:
-            if ctx.nvshmem is None:
-                raise RuntimeError("backend=nvshmem needs WorkerGroup(nvshmem=True)")
-            self.ptr = ctx.nvshmem.malloc(size)
-        self.epoch = 0
-        self.counts = np.zeros(COUNTER_SLOTS, dtype=np.int64)  # AllGather chunk counters
-
-    def args(self, ctx) -> tuple:
-        if self.backend == "lsa":
-            return (np.uint64(ctx.devcomm.ptr), np.uint64(self.window.handle))
-        return (np.uint64(self.ptr),)
-
-    def free(self, ctx) -> None:
-        if self.backend == "lsa":
-            ctx.comm.free_window(self.window)
-        else:
-            ctx.nvshmem.free(self.ptr)
-
-
-def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: int = 1) -> dict[str, Arena]:
-    """Arenas for this job, flags zeroed, guards filled, the next call's epoch
-    ``first_epoch`` (random per job in the evaluator's jobs, so no kernel can count on a
-    job's first call carrying epoch 1); collective (every rank calls it in step, with
-    the same ``first_epoch``). An arena is kept across jobs and grown when a layout
-    needs more."""
-    import cupy
-    arenas = ctx.scratch.setdefault("arenas", {})
-    for b in sorted(backends):
-        a = arenas.get(b)
-        if a is None or a.size < layout.size:
-            if a is not None:
-                a.free(ctx)
-            a = arenas[b] = Arena(ctx, b, layout.size)
-        cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, layout.sync_bytes, ctx.stream.ptr)
-        for g in layout.guards:
-            cupy.cuda.runtime.memsetAsync(a.ptr + g, CANARY, GUARD_BYTES, ctx.stream.ptr)
-        a.epoch = first_epoch - 1  # runners raise it before each call
-        a.counts[:] = 0
-    # no peer may flag into our arena before it is zeroed: a collective orders that
-    one = cupy.ones(1, dtype=cupy.float32)
-    ctx.comm.all_reduce(int(one.data.ptr), int(one.data.ptr), 1, "fp32", ctx.stream.ptr)
-    ctx.stream.synchronize()
-    if ctx.nvshmem is not None and "nvshmem" in backends:
-        ctx.nvshmem.barrier_all()
-    return {b: arenas[b] for b in backends}
 
 
 class SideStreamRunner:
@@ -172,7 +46,7 @@ class SideStreamRunner:
         # where the result lands: the all-reduced output stays in the arena (every rank's O)
         if self.pattern == "gemm_allreduce":
             rows, cols = wl.output_shape()
-            self.output = _arena_view(arena, self.layout.data["o"], rows * cols, wl.dtype)
+            self.output = arena_view(arena, self.layout.data["o"], rows * cols, wl.dtype)
         else:
             self.output = out
         self.start, self.done = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
@@ -239,33 +113,3 @@ class SideStreamRunner:
                     wl.chunk_epilogue(ctx, self.inputs, o + row * n * esz, row, plan.rows, s)
         self.done.record(cs)
         s.wait_event(self.done)
-
-
-def _arena_view(arena: Arena, offset: int, n: int, dtype: str):
-    import cupy
-    from cuco.runtime import dtypes
-    nbytes = n * dtypes.ITEMSIZE[dtype]
-    mem = cupy.cuda.UnownedMemory(arena.ptr + offset, nbytes, arena)
-    return cupy.ndarray((n,), dtype=dtypes.STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
-
-
-def poison_arena(arena: Arena, layout: ArenaLayout, poison, dtype: str, stream) -> None:
-    """``poison`` (a :class:`cuco.runtime.dtypes.Poison`) over every data region of the
-    arena (partials, gathered inputs, outputs): a candidate that reads a region before
-    its producer wrote it this call reads poison, never a value left by an earlier call."""
-    from cuco.runtime import dtypes
-    esz = dtypes.ITEMSIZE[dtype]
-    for (name, off), end in zip(sorted(layout.data.items(), key=lambda kv: kv[1]), layout.guards):
-        with stream:
-            poison.apply(_arena_view(arena, off, (end - off) // esz, dtype))
-
-
-def guards_intact(arena: Arena, layout: ArenaLayout) -> bool:
-    """Whether every guard page of the arena still holds the canary."""
-    import cupy
-    for g in layout.guards:
-        mem = cupy.cuda.UnownedMemory(arena.ptr + g, GUARD_BYTES, arena)
-        page = cupy.ndarray((GUARD_BYTES,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
-        if bool((page != CANARY).any()):
-            return False
-    return True

@@ -1,0 +1,66 @@
+"""Every kernel cuco ships, rendered: what ``cuco kernels check`` and CI compile.
+
+The kernel layer's own sources (:func:`cuco.kernels.catalog.kernel_sources`) and the
+pipeline workloads' kernels, which only the workloads can render. A template that is
+not reachable from :func:`everything` fails a test, so no template can ship without
+being compile-checked.
+"""
+
+from __future__ import annotations
+
+from cuco.design import Directives
+from cuco.kernels.catalog import SHIMS, compile_report, kernel_sources, template_of
+from cuco.kernels.collectives import KernelSource
+from cuco.workloads.cp_attention import CPAttention
+from cuco.workloads.kv_transfer import KVTransfer
+from cuco.workloads.moe import MoE
+
+
+def pipeline_sources() -> list[KernelSource]:
+    """KV transfer, MoE and context-parallel attention: every backend and issuer at a
+    small shape."""
+    workloads = (KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
+                 MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2),
+                 CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True))
+    out = []
+    for wl in workloads:
+        for backend in ("lsa", "nvshmem"):
+            for issuer in ("thread", "warp", "cta"):
+                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                               issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
+                out.append(wl.render(d))
+    return out
+
+
+def everything() -> list[KernelSource]:
+    """Every kernel cuco ships, at small shapes."""
+    return [*kernel_sources(), *pipeline_sources()]
+
+
+def nccl_sources(*, cutlass: bool = False) -> list[KernelSource]:
+    """Every rendered source that includes the NCCL device API (LSA and GIN); the
+    CUTLASS-based in-kernel ones only with ``cutlass=True`` (slow to build)."""
+    return [s for s in everything() if "nccl" in s.needs and (cutlass or "cutlass" not in s.needs)]
+
+
+def representative() -> list[KernelSource]:
+    """A subset of :func:`everything` that still compiles every template and both kernel
+    kinds (cubin and CUTLASS launcher): one source per template (for the one-kernel
+    template, the epilogue placement with spare comm warps). The default test run compiles
+    this; CI's second step (``cuco kernels check``) compiles everything."""
+    picked: dict[str, KernelSource] = {}
+    for s in everything():
+        picked.setdefault(template_of(s), s)
+    return list(picked.values())
+
+
+def compile_everything(arch: str = "sm_90a", *, sources: list[KernelSource] | None = None,
+                       on_done=None) -> dict[str, str]:
+    """Compile every kernel (or ``sources``) and both host shims on all cores;
+    ``{name: 'ok' | error summary}``; ``on_done(name, ok)`` after each (progress)."""
+    return compile_report(everything() if sources is None else sources, arch, on_done=on_done)
+
+
+def catalog_size(sources: list[KernelSource] | None = None) -> int:
+    """How many items :func:`compile_everything` builds (kernels and the host shims)."""
+    return len(everything() if sources is None else sources) + len(SHIMS)
