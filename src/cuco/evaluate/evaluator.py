@@ -44,14 +44,13 @@ from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
 from cuco.kernels import evolve
-from cuco.kernels.tp import IN_KERNEL, render_tp
+from cuco.kernels.tp import render_tp
 from cuco.runtime.collective_ops import merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import REGISTRY, get
 from cuco.workloads.jobs import ACCURACY_SLACK, VariantSpec, WorkloadCase
 
-STAGES = ("static", "compile", "small", "full", "timing", "scored")
 
 
 @dataclass
@@ -141,7 +140,7 @@ class Evaluator:
     def small_directives(self, d: Directives, small: Problem) -> Directives:
         """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile);
         in-kernel placements move one tile per flag, so they keep their chunk."""
-        if d.placement.value in IN_KERNEL:
+        if d.placement.in_kernel:
             return d
         fit = small.output_bytes_per_rank() // 4
         chunk = d.chunk_bytes
