@@ -52,7 +52,6 @@ from cuco.workloads.base import REGISTRY, get
 from cuco.workloads.jobs import ACCURACY_SLACK, VariantSpec, WorkloadCase
 
 
-
 @dataclass
 class StageTimeouts:
     """Seconds each GPU stage may take before the group is reset (``hang``)."""
