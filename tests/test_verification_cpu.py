@@ -11,7 +11,7 @@ import pytest
 from cuco.design import Problem
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.dtypes import Poison
-from cuco.runtime.peaks import Work, below_floor, physical_floor_ms
+from cuco.runtime.peaks import below_floor, physical_floor_ms
 from cuco.runtime.stress import Stress
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
 from cuco.workloads.jobs import first_epoch

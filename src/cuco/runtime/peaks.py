@@ -80,32 +80,32 @@ class MeasurePeaks:
         cached = ctx.scratch.get("peaks")
         if cached is not None:
             return cached
-        import cupy
+        s = ctx.stream
+        with s:  # each measurement's buffers are freed before the next one allocates
+            rates = {"gemm_tflops": self._gemm_tflops(s), "hbm_gbs": self._copy_gbs(s),
+                     "link_gbs": self._gather_gbs(ctx, s) if ctx.world_size > 1 else 0.0}
+        ctx.scratch["peaks"] = rates
+        return rates
 
+    def _gemm_tflops(self, s) -> float:
         from cuco.runtime import dtypes
         from cuco.runtime.cublas import gemm
-        s = ctx.stream
         n = self.gemm_size
-        with s:
-            a = dtypes.random(n * n, "bf16", 11)
-            b = dtypes.random(n * n, "bf16", 12)
-            c = dtypes.empty(n * n, "bf16")
-            ms = _best_ms(lambda: gemm(int(a.data.ptr), int(b.data.ptr), int(c.data.ptr), n, n, n, "bf16", s), s)
-            gemm_tflops = 2 * n ** 3 / ms / 1e9
-            del a, b, c
-            src = cupy.ones(self.copy_bytes, dtype=cupy.uint8)
-            dst = cupy.empty_like(src)
-            ms = _best_ms(lambda: dst.__setitem__(Ellipsis, src), s)
-            hbm_gbs = 2 * self.copy_bytes / ms / 1e6
-            del src, dst
-            link_gbs = 0.0
-            w = ctx.world_size
-            if w > 1:
-                count = self.gather_bytes // 2
-                send = cupy.ones(count, dtype=cupy.uint16)
-                recv = cupy.empty(count * w, dtype=cupy.uint16)
-                ms = _best_ms(lambda: ctx.comm.all_gather(int(send.data.ptr), int(recv.data.ptr), count,
-                                                          "bf16", s.ptr), s)
-                link_gbs = (w - 1) * self.gather_bytes / ms / 1e6
-        ctx.scratch["peaks"] = {"gemm_tflops": gemm_tflops, "hbm_gbs": hbm_gbs, "link_gbs": link_gbs}
-        return ctx.scratch["peaks"]
+        a, b = dtypes.random(n * n, "bf16", 11), dtypes.random(n * n, "bf16", 12)
+        c = dtypes.empty(n * n, "bf16")
+        ms = _best_ms(lambda: gemm(int(a.data.ptr), int(b.data.ptr), int(c.data.ptr), n, n, n, "bf16", s), s)
+        return 2 * n ** 3 / ms / 1e9
+
+    def _copy_gbs(self, s) -> float:
+        import cupy
+        src = cupy.ones(self.copy_bytes, dtype=cupy.uint8)
+        dst = cupy.empty_like(src)
+        return 2 * self.copy_bytes / _best_ms(lambda: dst.__setitem__(Ellipsis, src), s) / 1e6
+
+    def _gather_gbs(self, ctx, s) -> float:
+        import cupy
+        w, count = ctx.world_size, self.gather_bytes // 2
+        send = cupy.ones(count, dtype=cupy.uint16)
+        recv = cupy.empty(count * w, dtype=cupy.uint16)
+        ms = _best_ms(lambda: ctx.comm.all_gather(int(send.data.ptr), int(recv.data.ptr), count, "bf16", s.ptr), s)
+        return (w - 1) * self.gather_bytes / ms / 1e6

@@ -139,6 +139,25 @@ class Program:
     shares: tuple[str, ...] = ()
 
 
+def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[InputSet], elems: int,
+                 dtype: str) -> Program:
+    """A host-driven program, one callable per input set, all writing one guarded output."""
+    out, outer = guarded_output(elems, dtype)
+    return Program([make(st.inputs, out) for st in sets], [out] * len(sets), outer)
+
+
+def variant_program(make: Callable[[Buffers, Any], Any], arena, sets: list[InputSet], elems: int,
+                    dtype: str) -> Program:
+    """A fused variant: ``make(inputs, out)`` builds its runner for one input set; every
+    runner writes the same output (a guarded buffer of its own, or the arena's), so what
+    one set's call left there is wrong for the next call's set."""
+    out, outer = guarded_output(elems, dtype)
+    runners = [make(st.inputs, out) for st in sets]
+    own = runners[0].output is out
+    return Program(runners, [r.output for r in runners], outer if own else (), runners, arena,
+                   (f"arena:{arena.backend}",))
+
+
 def _failure(call: Call, bad: int, rank: int) -> dict[str, Any]:
     return {"iteration": call.iteration, "input_set": call.input_set, "checked": call.checked,
             "bad_elements": int(bad), "rank": rank}
@@ -297,7 +316,6 @@ class WorkloadCase:
         wl = cls(self.m, self.n, self.k, ctx.world_size, self.dtype)
         s = ctx.stream
         rtol, atol_f = wl.tolerance()
-        t0 = time.perf_counter()
         with s:
             sets = input_sets(ctx, wl, cls, self.seed, atol_f)
             rows, cols = wl.output_shape()
@@ -305,21 +323,15 @@ class WorkloadCase:
             layout = ArenaLayout.for_workload(wl)
             arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},
                                     first_epoch(self.schedule_seed)) if self.variants else {}
-            out, outer = guarded_output(rows * cols, self.dtype)
-            programs = {"host_nccl": Program([wl.host_sequence(ctx, st.inputs, out) for st in sets],
-                                             [out] * N_SETS, outer)}
+            programs = {"host_nccl": host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets,
+                                                  rows * cols, self.dtype)}
             for v in self.variants:
                 d = directives[v.name]
                 arena = arenas[d.backend.value]
-                out_v, outer_v = guarded_output(rows * cols, self.dtype)
-                runners = [runner_class(d)(ctx, wl, d, v.cubin, arena, st.inputs, out_v) for st in sets]
-                own = runners[0].output is out_v
-                programs[v.name] = Program(runners, [r.output for r in runners], outer_v if own else (),
-                                           runners, arena, (f"arena:{arena.backend}",))
-        setup_s = time.perf_counter() - t0
+                programs[v.name] = variant_program(
+                    lambda x, o, d=d, v=v, a=arena: runner_class(d)(ctx, wl, d, v.cubin, a, x, o),
+                    arena, sets, rows * cols, self.dtype)
         extras = {"gemm_only": lambda: wl.gemm_only(ctx, sets[0].inputs),
                   "comm_only": lambda: wl.comm_only(ctx, sets[0].inputs)}
         floor = physical_floor_ms(wl.work(), MeasurePeaks()(ctx))
-        result = judge(ctx, self, programs, extras, sets, rtol, self.dtype, layout, floor)
-        result["setup_s"] = setup_s
-        return result
+        return judge(ctx, self, programs, extras, sets, rtol, self.dtype, layout, floor)

@@ -31,10 +31,9 @@ from cuco.runtime.arena import ArenaLayout, prepare_arenas
 from cuco.runtime.checking import compare
 from cuco.workloads.base import EPS, Buffers
 from cuco.workloads.jobs import (
-    N_CHECKED, STRESS_US, Program, VariantSpec, first_epoch, fresh_seed, guarded_output, input_sets,
-    judge,
+    N_CHECKED, STRESS_US, Program, VariantSpec, first_epoch, fresh_seed, host_program, input_sets,
+    judge, variant_program,
 )
-from cuco.workloads.schedule import N_SETS
 
 #: Threads per CTA of every pipeline communication kernel.
 THREADS = 512
@@ -199,20 +198,17 @@ class PipelineCase:
             layout = wl.layout()
             arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},
                                     first_epoch(self.schedule_seed)) if self.variants else {}
-            out, outer = guarded_output(wl.output_elems(), wl.dtype)
-            programs = {"host_nccl": Program([wl.host_sequence(ctx, st.inputs, out) for st in sets],
-                                             [out] * N_SETS, outer)}
+            programs = {"host_nccl": host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets,
+                                                  wl.output_elems(), wl.dtype)}
             per_set = [wl.baselines(ctx, st.inputs) for st in sets]
             for name in per_set[0]:
                 programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set])
             for v in self.variants:
                 d = directives[v.name]
                 arena = arenas[d.backend.value]
-                out_v, outer_v = guarded_output(wl.output_elems(), wl.dtype)
-                runners = [wl.fused(ctx, d, v.cubin, arena, st.inputs, out_v) for st in sets]
-                own = runners[0].output is out_v
-                programs[v.name] = Program(runners, [r.output for r in runners], outer_v if own else (),
-                                           runners, arena, (f"arena:{arena.backend}",))
+                programs[v.name] = variant_program(
+                    lambda x, o, d=d, v=v, a=arena: wl.fused(ctx, d, v.cubin, a, x, o),
+                    arena, sets, wl.output_elems(), wl.dtype)
         extras = {"compute_only": lambda: wl.compute_only(ctx, sets[0].inputs),
                   "comm_only": lambda: wl.comm_only(ctx, sets[0].inputs)}
         return judge(ctx, self, programs, extras, sets, rtol, wl.dtype, layout)
