@@ -195,6 +195,7 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
             "calls_verified": 0, "calls_checked": 0, "floor_ms": floor_ms} for n in programs}
     marks: dict[str, list[tuple]] = {n: [] for n in [*programs, *fns]}
     verify_marks: list[tuple] = []
+    failures: dict[str, list[tuple[int, Call, int]]] = {}  # program -> (schedule index, call, bad)
     check_s = 0.0
     with s:  # on the job's stream: zeroed before any count lands (the legacy stream is not ordered with it)
         counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
@@ -227,10 +228,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
                 rec["calls_verified"] += 1
                 rec["rel_l2_error"] = max(rec["rel_l2_error"], got["rel_l2_error"])
                 rec["guards_intact"] = rec["guards_intact"] and intact
-                if not (got["correct"] and intact) and rec["correct"]:
-                    rec["correct"] = False
-                    rec["bad_elements"] = got["bad_elements"]
-                    rec["failed_call"] = _failure(call, got["bad_elements"], ctx.rank)
+                if not (got["correct"] and intact):
+                    failures.setdefault(call.program, []).append((idx, call, got["bad_elements"]))
                 s.synchronize()
                 check_s += time.perf_counter() - t0
                 continue
@@ -255,12 +254,12 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
     for idx, call in enumerate(schedule):
         if call.checked or call.program not in programs:
             continue
-        rec = recs[call.program]
-        rec["calls_verified"] += 1
-        if bad[idx] and rec["correct"]:
-            rec["correct"] = False
-            rec["bad_elements"] = int(bad[idx])
-            rec["failed_call"] = _failure(call, bad[idx], ctx.rank)
+        recs[call.program]["calls_verified"] += 1
+        if bad[idx]:
+            failures.setdefault(call.program, []).append((idx, call, int(bad[idx])))
+    for name, failed in failures.items():  # the first failing call in the schedule's order
+        idx, call, n_bad = min(failed, key=lambda f: f[0])
+        recs[name].update(correct=False, bad_elements=n_bad, failed_call=_failure(call, n_bad, ctx.rank))
     result: dict[str, Any] = {"rank": ctx.rank, "variants": recs}
     for name, ms in marks.items():
         if ms:
