@@ -95,3 +95,9 @@ def test_unknown_template_variable_raises():
     import jinja2
     with pytest.raises(jinja2.UndefinedError):
         render("collectives_lsa.cu.j2")  # ctype and max_ranks missing
+
+
+def test_an_nvcc_that_cannot_start_is_a_compile_error(tmp_path):
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    with pytest.raises(CompileError, match="could not start .*nvcc --version"):
+        comp._run([str(tmp_path / "no-such-nvcc"), "--version"])

@@ -8,6 +8,7 @@ lines that say what is wrong before it reaches a proposer or a person.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -223,14 +224,27 @@ class Compiler:
         return out
 
     def _run(self, cmd: list[str]) -> str:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"nvcc ran past {self.timeout_s:.0f} s", "", cmd) from None
+        for attempt in range(SPAWN_TRIES):
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                raise CompileError(f"nvcc ran past {self.timeout_s:.0f} s", "", cmd) from None
+            except OSError as exc:  # starting nvcc failed, not nvcc: transient when many threads fork
+                if exc.errno not in _TRANSIENT_SPAWN or attempt == SPAWN_TRIES - 1:
+                    raise CompileError(f"could not start {cmd[0]}: {exc.strerror}; check that nvcc "
+                                       "runs (`nvcc --version`)", "", cmd) from None
+                time.sleep(0.2 * (attempt + 1))
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             raise CompileError(summarize_errors(log), log, cmd)
         return log
+
+
+#: Attempts to start nvcc: forking from many compile threads at once has failed with
+#: EFAULT / EAGAIN / ENOMEM on a loaded 2-core machine (seen once in a CI-like run).
+SPAWN_TRIES = 4
+_TRANSIENT_SPAWN = {errno.EFAULT, errno.EAGAIN, errno.ENOMEM}
 
 
 def _safe(name: str) -> str:
