@@ -10,9 +10,9 @@ alone and the collective alone) -> score.
 What the score rests on (:mod:`cuco.workloads.jobs`): every call of every stage, timed
 ones included, is verified element by element against an fp32 reference; each job
 holds three input sets in different buffers and never gives a call the set that last
-wrote a buffer it shares, so a stale output is wrong; checked calls (outputs and
-arena poisoned with a pattern drawn per call, stressed from outside the kernel, guard
-pages around every output) sit at random places among the timed ones; the first
+wrote a buffer it shares, so a stale output is wrong; outputs and arena are poisoned
+before every call with a pattern drawn for it; checked calls (stressed from outside the
+kernel, compared on the host, guard pages read) sit at random places among the timed ones; the first
 epoch of a job is random; the kernel's arguments are the same in checked and timed
 calls. A time below the physical floor (:mod:`cuco.runtime.peaks`) is ``suspect``
 and scores nothing. A hang or a crash costs a respawn of the worker group, never
@@ -116,10 +116,9 @@ class Evaluator:
         self.run_id = run_id
         self.warm = False
         self.warmup_timeout_s = 600.0
-        #: Seconds spent verifying (checked calls, device counts of timed calls) and in all
-        #: GPU stages, over this evaluator's life: their ratio is the verification overhead.
+        #: Seconds spent verifying (checked calls, device counts of the others) over this
+        #: evaluator's life, slowest rank per job (``bench/evaluator.py``'s overhead).
         self.verify_s = 0.0
-        self.gpu_s = 0.0
 
     # ---- hooks ------------------------------------------------------------------------
     def template(self, problem: Problem, d: Directives) -> tuple[str, tuple[str, ...]]:
@@ -211,9 +210,7 @@ class Evaluator:
     def _run(self, job, timeout: float, stage: str) -> tuple[EvalResult | None, dict | None]:
         if not self.warm or self.group.respawns != self._respawns:
             self.warm_up()
-        t0 = time.perf_counter()
         res = self.group.run(job, timeout=timeout)
-        self.gpu_s += time.perf_counter() - t0
         if res.ok:
             self.verify_s += max(r.get("verify_s", 0.0) for r in res.results)
         if res.status in ("hang", "crash"):

@@ -54,9 +54,9 @@ _NAN_LAYOUT = {"bf16": (0x7F80, 7), "fp16": (0x7C00, 10), "fp32": (0x7F800000, 2
 class Poison:
     """One call's poison: a NaN of random sign and payload, or random bytes.
 
-    Checked calls draw a new one each time, so a kernel cannot tell a checked call
-    by recognising a fixed pattern in its outputs (NaN, or one bit pattern): with
-    random bytes the outputs hold ordinary numbers that are simply wrong.
+    Every verified call draws a new one, so a kernel cannot tell a checked call by
+    recognising a fixed pattern in its outputs (NaN, or one bit pattern): with random
+    bytes the outputs hold ordinary numbers that are simply wrong.
     """
 
     kind: str  # "nan" | "bytes"
