@@ -2,6 +2,8 @@
 
     python bench/search.py                                   # GEMM+AllReduce 8192^3, 2 GPUs
     python bench/search.py --family gemm_reducescatter --budget 60 --kill-resume
+    python bench/search.py --family moe --shape tokens=128,hidden=7168,ffn=2048,experts=256,topk=8
+    python bench/search.py --family kv_transfer          # the workload's default shape
     python bench/search.py --placements side_stream,epilogue,dedicated_ctas --no-grid \
         --budget 32 --name search_in_kernel   # step 2 only
 
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 from cuco import CandidateDB, results
-from cuco.agents.api import gpu_space
+from cuco.agents.api import gpu_space, resolve_problem
 from cuco.agents.evolution import Budget, EvolutionAgent
 from cuco.agents.proposers import OfflineProposer
 from cuco.agents.schedule import SinglePhase, TwoPhaseSchedule
@@ -40,8 +42,7 @@ from cuco.evaluate import Evaluator
 from cuco.kernels import Compiler
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.runtime.collective_ops import merge_ranks
-from cuco.workloads import get
-from cuco.workloads.jobs import VariantSpec, WorkloadCase
+from cuco.workloads import Case, VariantSpec, for_problem
 
 
 def grid_sweep(ev: Evaluator, space, iters: int) -> list[dict]:
@@ -56,15 +57,13 @@ def grid_sweep(ev: Evaluator, space, iters: int) -> list[dict]:
             rows.append({"variant": d.full_name, "status": "compile_error"})
         else:
             specs.append(VariantSpec(d.full_name, d.to_json(), str(b.path)))
-    p = ev.problem
-    job = WorkloadCase(p.workload, p.m, p.n, p.k, p.dtype, variants=specs, seed=ev.seeds[0],
-                       iters=iters)
+    job = Case(ev.workload, variants=specs, seed=ev.seeds[0], iters=iters)
     res = ev.group.run(job, timeout=1800)
     if not res.ok:
         raise RuntimeError(res.error_text())
     merged = merge_ranks(res.results)
     host = merged["host_nccl"]["ms"]
-    bound = max(merged["gemm_only"]["ms"], merged["comm_only"]["ms"])
+    bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
     for s in specs:
         rec = merged[s.name]
         ok = rec.get("correct", False)
@@ -145,8 +144,9 @@ def kill_resume(family: str, shape: str, budget: int, workdir: Path, extra: tupl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", default="gemm_allreduce")
-    ap.add_argument("--shape", default="8192x8192x8192", help="MxKxN")
+    ap.add_argument("--family", default="gemm_allreduce", help="any workload (moe, kv_transfer, ...)")
+    ap.add_argument("--shape", default=None, help="MxKxN for the GEMM workloads, field=value,... "
+                    "for any (default: 8192^3, or the workload's defaults)")
     ap.add_argument("--budget", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iters", type=int, default=30)
@@ -161,13 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                          "ones add 144 CUTLASS builds to the grid)")
     ap.add_argument("--out-dir", default="bench/results")
     a = ap.parse_args(argv)
-    m, k, n = (int(v) for v in a.shape.split("x"))
+    from cuco.design import GemmProblem, problem_class
+    if a.shape is None:
+        a.shape = "8192x8192x8192" if problem_class(a.family) is GemmProblem else ""
+    problem = resolve_problem(a.family, a.shape, 2)
     if visible_gpus() < 2:
         print(f"{visible_gpus()} GPU(s) visible: this benchmark needs 2")
         return 1
     workdir = Path(tempfile.mkdtemp(prefix="cuco-searchbench-"))
-    wl = get(a.family)(m, n, k, 2)
-    group = WorkerGroup(2, nvshmem=True).start()
+    wl = for_problem(problem)
+    group = WorkerGroup(2, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(4 << 30)}).start()
     ev = Evaluator(wl, group=group, compiler=Compiler(), timing_iters=a.iters)
     space = gpu_space(wl.problem, tuple(a.placements.split(",")))
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ GPU machine to measure instead of predict.
 
 import random
 
-from cuco import CandidateDB, Problem
+from cuco import CandidateDB, GemmProblem
 from cuco.agents import EvolutionAgent, Proposal
 from cuco.agents.api import gpu_space
 from cuco.evaluate.analytic import AnalyticEvaluator
@@ -33,7 +33,7 @@ class RandomRestartHillClimber:
         pass
 
 
-problem = Problem(workload="gemm_reducescatter", m=8192, n=8192, k=8192, world_size=2)
+problem = GemmProblem(workload="gemm_reducescatter", m=8192, n=8192, k=8192, world_size=2)
 space = gpu_space(problem)
 db = CandidateDB("custom_proposer.db")
 agent = EvolutionAgent(AnalyticEvaluator(problem), db, space=space, islands=2, budget=40,

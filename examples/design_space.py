@@ -5,9 +5,9 @@
 
 from collections import Counter
 
-from cuco import DesignSpace, DirectiveError, Directives, Problem
+from cuco import DesignSpace, DirectiveError, Directives, GemmProblem
 
-problem = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+problem = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 space = DesignSpace(problem)
 print(f"{space.grid_size} grid points, {space.size} valid for {problem.label}")
 

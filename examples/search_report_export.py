@@ -37,7 +37,7 @@ print(f"report: open {page.resolve().as_uri()} in a browser")
 best = best_callable(db, result.run_id)
 print(f"exporting candidate {best}: compiling it with nvcc (about a minute)...", flush=True)
 art = export(db, best, "example_artifact", arch=None if not dry else "sm_90a")
-again = load(art.path, world_size=2, shape=(2048, 4096, 4096), arch=art.manifest["arch"])
+again = load(art.path, world_size=2, shape="2048x4096x4096", arch=art.manifest["arch"])
 print(f"artifact {again.path}: {again.manifest['variant']}, kernels {again.manifest['kernels']}")
 
 if dry or importlib.util.find_spec("torch") is None:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cuco import CandidateDB, Problem
+from cuco import CandidateDB, GemmProblem
 from cuco.agents import (
     Budget, EvolutionAgent, FastPathAgent, OfflineProposer, Proposal, SinglePhase, TPEProposer,
     TwoPhaseSchedule,
@@ -20,7 +20,7 @@ from cuco.agents import (
 from cuco.agents.api import gpu_space
 from cuco.evaluate.analytic import AnalyticEvaluator
 
-P = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+P = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 
 
 def agent(db, **kw) -> EvolutionAgent:
@@ -131,9 +131,9 @@ def test_kill_9_then_resume_loses_nothing(tmp_path):
     path = tmp_path / "c.db"
     cmd = [sys.executable, "-c",
            "import sys; from cuco.agents.api import search; from cuco.evaluate.analytic import "
-           "AnalyticEvaluator; from cuco import Problem; "
-           "p = Problem(workload='gemm_allreduce', m=8192, n=8192, k=8192, world_size=2); "
-           f"search('gemm_allreduce', 8192, 8192, 8192, 2, db={str(path)!r}, budget=60, "
+           "AnalyticEvaluator; from cuco import GemmProblem; "
+           "p = GemmProblem(workload='gemm_allreduce', m=8192, n=8192, k=8192, world_size=2); "
+           f"search(p, db={str(path)!r}, budget=60, "
            "evaluator=AnalyticEvaluator(p, delay_s=0.05), resume=(int(sys.argv[1]) if len(sys.argv) > 1 else None))"]
     proc = subprocess.Popen(cmd)
     deadline = time.time() + 60

@@ -44,8 +44,8 @@ def scored(tmp_path):
     """A database with one run and one candidate the analytic model scored."""
     path = tmp_path / "scored.db"
     with CandidateDB(path) as db:
-        from cuco.design import Problem
-        problem = Problem(workload="gemm_allreduce", m=2048, n=4096, k=4096, world_size=2)
+        from cuco.design import GemmProblem
+        problem = GemmProblem(workload="gemm_allreduce", m=2048, n=4096, k=4096, world_size=2)
         run = db.create_run("t", "gemm_allreduce", problem=problem.model_dump())
         cid = db.add_candidate("gemm_allreduce", run_id=run, directives=Directives(
             backend="lsa", placement="side_stream", sync_scope="chunk", issuer="warp",
@@ -65,12 +65,12 @@ def test_misspelt_workload_is_refused_with_the_close_match(tmp_path):
 
 
 def test_unknown_workload_in_python_problem_and_search(tmp_path):
-    from cuco import Problem, search
+    from cuco import GemmProblem, search
     from cuco.errors import InputError
     with pytest.raises(InputError, match="unknown workload 'bogus'"):
-        Problem(workload="bogus", m=8192, n=8192, k=8192, world_size=2)
+        GemmProblem(workload="bogus", m=8192, n=8192, k=8192, world_size=2)
     with pytest.raises(InputError, match="did you mean workload='allgather_gemm'"):
-        search("allgather_gem", 8192, 8192, 8192, 2, db=tmp_path / "c.db", dry_run=True, budget=4)
+        search("allgather_gem", "8192x8192x8192", db=tmp_path / "c.db", dry_run=True, budget=4)
     assert not (tmp_path / "c.db").exists()
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from cuco import CandidateDB, Problem
+from cuco import CandidateDB, GemmProblem
 from cuco.agents import EvolutionAgent
 from cuco.agents.api import gpu_space
 from cuco.evaluate.analytic import AnalyticEvaluator
 
 ray = pytest.importorskip("ray", reason="Ray not installed (pip install 'cuco[ray]')")
 
-P = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+P = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 
 
 class DiesOnce(AnalyticEvaluator):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from cuco import DesignSpace, DirectiveError, Directives, Problem, ShapeError
+from cuco import DesignSpace, DirectiveError, Directives, GemmProblem, ShapeError
 from cuco.design import violations
 
-GEMM_AR = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+GEMM_AR = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 
 
 def test_defaults_are_valid_and_named():
@@ -54,7 +54,7 @@ def test_problem_rules():
     with pytest.raises(DirectiveError, match="backend=gin needs ranks on different hosts"):
         Directives(backend="gin").check(GEMM_AR)
     Directives(backend="gin").check(GEMM_AR.model_copy(update={"has_network": True}))
-    small = Problem(workload="gemm_allreduce", m=192, n=192, k=128, world_size=2)
+    small = GemmProblem(workload="gemm_allreduce", m=192, n=192, k=128, world_size=2)
     with pytest.raises(DirectiveError) as info:
         Directives(tile_m=128, chunk_bytes=1 << 20).check(small)
     text = str(info.value)
@@ -66,12 +66,12 @@ def test_problem_rules():
 
 def test_shapes_that_do_not_divide_are_refused():
     with pytest.raises(ShapeError, match="K=8191 is split over 2 ranks"):
-        Problem(workload="gemm_allreduce", m=8192, n=8192, k=8191, world_size=2)
+        GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8191, world_size=2)
     with pytest.raises(ShapeError, match="N=1000 is split over 3 ranks"):
-        Problem(workload="allgather_gemm", m=999, n=1000, k=64, world_size=3)
+        GemmProblem(workload="allgather_gemm", m=999, n=1000, k=64, world_size=3)
     with pytest.raises(ShapeError, match="M=4097 rows"):
-        Problem(workload="gemm_reducescatter", m=4097, n=64, k=64, world_size=2)
-    assert Problem(workload="gemm_allreduce", m=8, n=8, k=12, world_size=3).label == \
+        GemmProblem(workload="gemm_reducescatter", m=4097, n=64, k=64, world_size=2)
+    assert GemmProblem(workload="gemm_allreduce", m=8, n=8, k=12, world_size=3).label == \
         "gemm_allreduce/M8K12N8/bf16"
 
 

@@ -111,10 +111,12 @@ def test_a_user_workload_reuses_a_pattern_and_travels_with_its_jobs(tmp_path):
     assert wl.pattern_problem.workload == "gemm_allreduce"
     db = CandidateDB(tmp_path / "c.db")
     ev = Evaluator(wl, db=db, compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
-    assert ev._user_class() is Scaled  # not in the registry: the class is sent with the job
-    assert Evaluator(GemmAllReduce(1024, 1024, 2048, 2))._user_class() is None
-    job = ev.case(ev.problem, None, seed=1, time_it=False)
-    assert job.workload_cls is Scaled and job.family == "scaled_gemm_allreduce"
+    job = ev.case(ev.problem, None, seed=1, time_it=False)  # the instance travels with the job
+    assert type(job.workload) is Scaled and job.workload.problem == wl.problem
+    small = ev.case(ev.small_problem(), None, seed=1, time_it=False).workload
+    assert type(small) is Scaled and small.problem.m == 512  # the same class at the small shape
+    import cloudpickle
+    assert type(cloudpickle.loads(cloudpickle.dumps(job)).workload).__name__ == "Scaled"
     r = ev.evaluate(Candidate(D))
     assert r.stage_reached == "compile" and "no worker group" in r.error  # static + compile passed
     assert [c.workload for c in db.candidates()] == ["scaled_gemm_allreduce"]

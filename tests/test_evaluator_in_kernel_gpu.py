@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuco import CandidateDB, Problem
+from cuco import CandidateDB, GemmProblem
 from cuco.evaluate import Evaluator, StageTimeouts
 from cuco.kernels import evolve
 from cuco.kernels.tp import in_kernel
@@ -119,18 +119,18 @@ def test_a_communication_cta_that_skips_its_staged_flag_is_caught(evs):
     from cuco.kernels import Compiler
     from cuco.kernels.tp import render_tp
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import VariantSpec, WorkloadCase
+    from cuco.workloads import Case, GemmReduceScatter, VariantSpec
 
     ev = evs["rs"]
     wait = "    if (threadIdx.x == 0) flag_wait(slot(p, me, staged_slot(me, tg)), p.epoch);\n"
-    src = render_tp(Problem(workload="gemm_reducescatter", m=1024, n=1024, k=2048,
+    src = render_tp(GemmProblem(workload="gemm_reducescatter", m=1024, n=1024, k=2048,
                             world_size=TEST_WORLD), DED)[0]
     assert wait in src.source
     built = Compiler().compile(src.source.replace(wait, ""), needs=src.needs, name="racy_staged")
     spec = VariantSpec("racy", DED.to_json(), str(built.path))
     for seed in (3, 4):
-        res = ev.group.run(WorkloadCase("gemm_reducescatter", 1024, 1024, 2048, variants=[spec],
-                                        seed=seed, time=False), timeout=120)
+        res = ev.group.run(Case(GemmReduceScatter(1024, 1024, 2048, TEST_WORLD), variants=[spec],
+                                seed=seed, time=False), timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
         assert merged["host_nccl"]["correct"]

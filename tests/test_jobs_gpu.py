@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuco.design import Directives, Problem
+from cuco.design import Directives, GemmProblem
 from cuco.kernels.tp import in_kernel
 from conftest import TEST_WORLD
 
@@ -31,16 +31,17 @@ def test_a_timing_job_verifies_every_call(group, family):
     from cuco.kernels import Compiler
     from cuco.kernels.tp import render_tp
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import N_CHECKED, VariantSpec, WorkloadCase
+    from cuco.workloads import Case, VariantSpec, for_problem
+    from cuco.workloads.jobs import N_CHECKED
     from cuco.workloads.schedule import N_SETS
 
     m, n, k = 1024, 2048, 2048
-    p = Problem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    p = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     srcs = [render_tp(p, d)[0] for d in POINTS]
     built = Compiler().compile_many([(s.name, s.source, s.needs) for s in srcs])
     specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(POINTS, built)]
     iters, warmup = 12, 2
-    res = group.run(WorkloadCase(family, m, n, k, variants=specs, seed=11, iters=iters, warmup=warmup),
+    res = group.run(Case(for_problem(p), variants=specs, seed=11, iters=iters, warmup=warmup),
                     timeout=300)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
@@ -50,9 +51,8 @@ def test_a_timing_job_verifies_every_call(group, family):
         # every call verified: warm-up and timed ones, N_CHECKED of them in full
         assert rec["calls_verified"] == warmup + iters and rec["calls_checked"] == N_CHECKED
         assert rec["ms"] > rec["floor_ms"] > 0, (name, rec)
-    assert {"gemm_only", "comm_only"} <= set(merged)
-    check_only = group.run(WorkloadCase(family, m, n, k, variants=specs, seed=12, time=False),
-                           timeout=300)
+    assert {"compute_only", "comm_only"} <= set(merged)
+    check_only = group.run(Case(for_problem(p), variants=specs, seed=12, time=False), timeout=300)
     assert check_only.ok, check_only.error_text()
     for name, rec in merge_ranks(check_only.results).items():
         assert rec["correct"] and rec["calls_checked"] == N_SETS, (name, rec)

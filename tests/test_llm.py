@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from cuco import CandidateDB, Directives, Problem
+from cuco import CandidateDB, Directives, GemmProblem
 from cuco.agents import EvolutionAgent
 from cuco.agents.api import gpu_space
 from cuco.agents.llm_proposer import LLMProposer, ProposalRejected, apply_diff, apply_rewrite
@@ -18,7 +18,7 @@ from cuco.kernels import evolve
 from cuco.kernels.tp import render_tp
 from cuco.llm import MissingAPIKey, PriceTable, RecordedClient, make_client
 
-P = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+P = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 D = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=16, chunk_bytes=4 << 20)
 LINE = "const uint4 v = reduce_peers(a, p_off, byte);"
 GOOD = f"<<<<<<< SEARCH\n      {LINE}\n=======\n      const uint4 v = reduce_peers(a, p_off, byte);  // tuned\n>>>>>>> REPLACE"

@@ -41,8 +41,7 @@ def grid(wl) -> list[Directives]:
                                  "cp_full"])
 def test_pipeline_variants_are_correct(gpu_group, key):
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import VariantSpec
-    from cuco.workloads.pipeline import PipelineCase
+    from cuco.workloads import Case, VariantSpec
 
     wl = _workloads()[key]
     points = grid(wl)
@@ -50,7 +49,7 @@ def test_pipeline_variants_are_correct(gpu_group, key):
     built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
     specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
     for seed in (5, 6):
-        res = gpu_group.run(PipelineCase(wl, specs, seed=seed, time=False), timeout=150)
+        res = gpu_group.run(Case(wl, specs, seed=seed, time=False), timeout=150)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
         assert set(merged) >= {"host_nccl", *(s.name for s in specs)}
@@ -61,8 +60,7 @@ def test_pipeline_variants_are_correct(gpu_group, key):
 def test_a_variant_that_skips_its_flag_wait_is_caught(gpu_group):
     """The KV sender copying chunks without waiting for them reads NaN poison."""
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import VariantSpec
-    from cuco.workloads.pipeline import PipelineCase
+    from cuco.workloads import Case, VariantSpec
 
     wl = _workloads()["kv"]
     d = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="cta",
@@ -71,7 +69,7 @@ def test_a_variant_that_skips_its_flag_wait_is_caught(gpu_group):
     racy = src.source.replace("wait_flag(a, flag_off + (kReady + c) * 8, epoch);", "")
     assert racy != src.source
     built = Compiler().compile(racy, needs=src.needs, name="kv_racy")
-    res = gpu_group.run(PipelineCase(wl, [VariantSpec("racy", d.to_json(), str(built.path))],
-                                     seed=7, time=False), timeout=150)
+    res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
+                             time=False), timeout=150)
     assert res.ok, res.error_text()
     assert not merge_ranks(res.results)["racy"]["correct"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cuco import CandidateDB, Problem
+from cuco import CandidateDB, GemmProblem
 from cuco.agents import EvolutionAgent
 from cuco.agents.api import gpu_space
 from cuco.agents.llm_proposer import LLMProposer
@@ -20,7 +20,7 @@ from cuco.kernels.tp import render_tp
 from cuco.llm import RecordedClient
 from cuco.report import write_report
 
-P = Problem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+P = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 LINE = "const uint4 v = reduce_peers(a, p_off, byte);"
 GOOD = (f"<<<<<<< SEARCH\n      {LINE}\n=======\n      {LINE}  // tuned\n>>>>>>> REPLACE")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuco.design import Directives, Problem
+from cuco.design import Directives, GemmProblem
 from cuco.kernels import Compiler
 from cuco.kernels.tp import render_tp
 
@@ -17,7 +17,7 @@ SHAPES = {
 }
 
 
-def grid(problem: Problem) -> list[Directives]:
+def grid(problem: GemmProblem) -> list[Directives]:
     out = []
     for backend in ("lsa", "nvshmem"):
         for issuer in ("thread", "warp", "cta"):
@@ -30,17 +30,17 @@ def grid(problem: Problem) -> list[Directives]:
 @pytest.mark.parametrize("family,shape", [(f, s) for f, ss in SHAPES.items() for s in ss])
 def test_side_stream_grid_is_correct(gpu_group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import VariantSpec, WorkloadCase
+    from cuco.workloads import Case, VariantSpec, for_problem
 
     m, n, k = shape
-    problem = Problem(workload=family, m=m, n=n, k=k, world_size=2)
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)
     comp = Compiler()
     points = grid(problem)
     sources = [render_tp(problem, d)[0] for d in points]
     built = comp.compile_many([(s.name, s.source, s.needs) for s in sources])
     specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
     for seed in (3, 4):
-        case = WorkloadCase(family, m, n, k, variants=specs, seed=seed, time=False)
+        case = Case(for_problem(problem), variants=specs, seed=seed, time=False)
         res = gpu_group.run(case, timeout=100)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cuco.benchmarks.tp_workloads import SHAPES, grid
-from cuco.design import Directives, Problem
+from cuco.design import Directives, GemmProblem
 from cuco.errors import DirectiveError
 from cuco.kernels import evolve
 from cuco.kernels.tp import IN_KERNEL, in_kernel, render_tp
@@ -17,7 +17,7 @@ FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 def test_benchmark_points_render_one_kernel_with_cutlass(family):
     from cuco.evaluate.static import static_violations
     for m, k, n in SHAPES:
-        p = Problem(workload=family, m=m, n=n, k=k, world_size=2)
+        p = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)
         points = [d for d in grid(p) if d.placement.value in IN_KERNEL]
         assert {d.placement.value for d in points} == set(IN_KERNEL)
         for d in points:
@@ -34,11 +34,11 @@ def test_benchmark_points_render_one_kernel_with_cutlass(family):
 
 
 def test_world_size_and_shape_reach_the_kernel():
-    p = Problem(workload="gemm_reducescatter", m=4096, n=2048, k=8192, world_size=4)
+    p = GemmProblem(workload="gemm_reducescatter", m=4096, n=2048, k=8192, world_size=4)
     src, _ = render_tp(p, in_kernel("epilogue"))
     assert "constexpr int kW = 4;" in src.source
     assert "constexpr int kM = 4096, kN = 2048, kK = 2048;" in src.source  # K split over 4 ranks
-    ag = Problem(workload="allgather_gemm", m=4096, n=2048, k=8192, world_size=8)
+    ag = GemmProblem(workload="allgather_gemm", m=4096, n=2048, k=8192, world_size=8)
     src, _ = render_tp(ag, in_kernel("dedicated_ctas", comm_ctas=8))
     assert "constexpr int kM = 4096, kN = 256, kK = 8192;" in src.source  # N split over 8 ranks
 
@@ -52,7 +52,7 @@ def test_world_size_and_shape_reach_the_kernel():
     ({"chunk_schedule": "ring"}, "chunk_schedule", "set chunk_schedule=direct"),
 ])
 def test_refusals_name_the_dimension_and_the_fix(change, field, fix):
-    p = Problem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2,
+    p = GemmProblem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2,
                 has_network=change.get("backend") == "gin")
     d = Directives(**{**in_kernel("epilogue").model_dump(), **change})
     with pytest.raises(DirectiveError) as err:
@@ -64,7 +64,7 @@ def test_refusals_name_the_dimension_and_the_fix(change, field, fix):
 def test_comm_warps_take_the_epilogue_off_the_consumers(family):
     """With comm_warps the consumers only stage each tile and hand it over (FULL), waiting
     only for the comm warps to free the stage (EMPTY); without, they run the epilogue."""
-    p = Problem(workload=family, m=1024, n=1024, k=1024, world_size=2)
+    p = GemmProblem(workload=family, m=1024, n=1024, k=1024, world_size=2)
     handed, own = (render_tp(p, in_kernel("epilogue", comm_warps=w))[0].source for w in (3, 0))
     consumers = handed[handed.index("// ---- consumers"):handed.index("// ---- host side")]
     assert "tile_epilogue" not in consumers and "NamedBarrier::arrive(kHandoff, kBarFull)" in consumers
@@ -83,7 +83,7 @@ def test_comm_warps_are_an_in_kernel_tunable():
 
 
 def test_a_block_of_rows_that_does_not_tile_is_refused():
-    p = Problem(workload="gemm_reducescatter", m=384, n=1024, k=1024, world_size=2)  # 192 rows/rank
+    p = GemmProblem(workload="gemm_reducescatter", m=384, n=1024, k=1024, world_size=2)  # 192 rows/rank
     with pytest.raises(DirectiveError, match="multiple of tile_m=128; choose M a multiple of 256"):
         render_tp(p, in_kernel("epilogue"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuco.design import Problem
+from cuco.design import GemmProblem
 from cuco.kernels import Compiler
 from cuco.kernels.tp import in_kernel, render_tp
 
@@ -39,12 +39,13 @@ def build(problem, points, edit=None):
 @pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in SHAPES])
 def test_in_kernel_grid_is_correct(gpu_group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import WorkloadCase
+    from cuco.workloads import Case, for_problem
 
     m, n, k = shape
-    specs = build(Problem(workload=family, m=m, n=n, k=k, world_size=2), grid())
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)
+    specs = build(problem, grid())
     for seed in (5, 6):
-        res = gpu_group.run(WorkloadCase(family, m, n, k, variants=specs, seed=seed, time=False),
+        res = gpu_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
                             timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
@@ -59,15 +60,15 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(gpu_group, comm_warps):
     warpgroups or in the comm warps): the stressed correctness run must see NaN poison (or
     a stale partial) and fail it."""
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads.jobs import WorkloadCase
+    from cuco.workloads import Case, GemmReduceScatter
 
     m, n, k = 1024, 1024, 2048
     d = in_kernel("epilogue", "lsa", "cta", comm_warps=comm_warps)
     cheat = "  wait_peers<N>(p, me, [&](int r) { return partial_slot(r, t); });\n"
-    specs = build(Problem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
+    specs = build(GemmProblem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
                   edit=lambda s: s.replace(cheat, "  group_sync<N>();\n"))
-    res = gpu_group.run(WorkloadCase("gemm_reducescatter", m, n, k, variants=specs, seed=7,
-                                     time=False), timeout=120)
+    res = gpu_group.run(Case(GemmReduceScatter(m, n, k, 2), variants=specs, seed=7, time=False),
+                        timeout=120)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
     assert merged["host_nccl"]["correct"]

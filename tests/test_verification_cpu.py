@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cuco.design import Problem
+from cuco.design import GemmProblem
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.dtypes import Poison
 from cuco.runtime.peaks import below_floor, physical_floor_ms
@@ -18,7 +18,7 @@ from cuco.workloads.jobs import first_epoch
 from cuco.workloads.schedule import N_SETS, make_schedule
 
 VERIFIED = {"host_nccl": (), "v1": ("arena:lsa",), "v2": ("arena:lsa",), "v3": ("arena:nvshmem",)}
-EXTRAS = ["gemm_only", "comm_only"]
+EXTRAS = ["compute_only", "comm_only"]
 
 
 def timing(seed: int, **kw):
@@ -125,7 +125,7 @@ def test_the_floor_never_flags_an_honest_kernel_and_flags_one_that_skips_work():
 
 @pytest.mark.parametrize("placement", ["epilogue", "dedicated_ctas"])
 def test_in_kernel_arguments_carry_nothing_check_only(placement):
-    p = Problem(workload="gemm_reducescatter", m=1024, n=1024, k=2048, world_size=2)
+    p = GemmProblem(workload="gemm_reducescatter", m=1024, n=1024, k=2048, world_size=2)
     src = render_tp(p, in_kernel(placement, comm_ctas=4 if placement == "dedicated_ctas" else 0))[0].source
     assert "stress" not in src
     launch = src[src.index('extern "C" int cuco_fused_launch'):]
@@ -157,7 +157,7 @@ ESCAPES = {
 @pytest.mark.parametrize("name", list(ESCAPES))
 def test_an_edit_that_reaches_past_its_block_is_refused(name):
     from cuco.kernels import evolve
-    p = Problem(workload="gemm_allreduce", m=1024, n=1024, k=2048, world_size=2)
+    p = GemmProblem(workload="gemm_allreduce", m=1024, n=1024, k=2048, world_size=2)
     from cuco.design import Directives
     d = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
     src = render_tp(p, d)[0].source

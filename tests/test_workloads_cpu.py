@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cuco import ShapeError
+from cuco.errors import InputError
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter, get
 from cuco.kernels.tp import FLAG_STRIDE
 from cuco.runtime.arena import ArenaLayout
@@ -37,8 +38,9 @@ def test_tolerance_grows_with_world_size_and_k_and_stays_tight():
 
 def test_registry():
     assert get("gemm_reducescatter") is GemmReduceScatter
-    with pytest.raises(KeyError, match="unknown workload 'moe'"):
-        get("moe")
+    assert get("moe").family == "moe"
+    with pytest.raises(InputError, match="unknown workload .moee."):
+        get("moee")
 
 
 def test_arena_layout_is_page_aligned_and_disjoint():

@@ -6,7 +6,8 @@ Importing cuco needs neither torch nor a GPU.
 
 from cuco.db import Candidate, CandidateDB, Evaluation
 from cuco.design import (
-    Backend, ChunkSchedule, DesignSpace, Directives, Issuer, Placement, Problem, SyncScope,
+    Backend, ChunkSchedule, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
+    MoEProblem, Placement, Problem, SyncScope, make_problem,
 )
 from cuco.errors import (
     CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryConflict, LibraryNotFound,
@@ -21,7 +22,8 @@ _LAZY = {
     "Workload": "cuco.workloads", "GemmAllReduce": "cuco.workloads",
     "GemmReduceScatter": "cuco.workloads", "AllGatherGemm": "cuco.workloads",
     "KVTransfer": "cuco.workloads", "MoE": "cuco.workloads", "CPAttention": "cuco.workloads",
-    "PipelineWorkload": "cuco.workloads", "PipelineCase": "cuco.workloads",
+    "GemmWorkload": "cuco.workloads", "PipelineWorkload": "cuco.workloads",
+    "Case": "cuco.workloads",
     "Evaluator": "cuco.evaluate", "EvalResult": "cuco.evaluate",
     "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
     "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",
@@ -59,9 +61,12 @@ def search(*args, **kwargs):
     from cuco.agents.api import search as _search
     return _search(*args, **kwargs)
 
+
 __all__ = [
-    "Backend", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "CucoError",
-    "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem", "Evaluation", "Issuer",
-    "LibraryConflict", "LibraryNotFound", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
-    "TooFewGPUsError", "__version__", "fastpath", "load", "search", "tune", *sorted(_LAZY),
+    "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError",
+    "CucoError", "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem",
+    "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
+    "MoEProblem", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
+    "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",
+    *sorted(_LAZY),
 ]

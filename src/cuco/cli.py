@@ -47,11 +47,11 @@ def _spell(exc) -> str:
         return "invalid directives: " + "; ".join(exc.problems)
     if not isinstance(exc, CucoError) or exc.param is None or exc.fix is None:
         return str(exc)
-    if exc.param in ("m", "n", "k") and "shape" in _context:
-        m, k, n = _context["shape"]
-        dims = {"m": m, "k": k, "n": n, exc.param: exc.fix}
-        return exc.render("--shape").replace(f"--shape {exc.fix}",
-                                             f"--shape {dims['m']}x{dims['k']}x{dims['n']}")
+    if "shape" in _context and exc.param in _context["shape"]:
+        fixed = {**_context["shape"], exc.param: exc.fix}  # the whole --shape, the field fixed
+        text = (f"{fixed['m']}x{fixed['k']}x{fixed['n']}" if set(fixed) == {"m", "k", "n"}
+                else ",".join(f"{k}={v}" for k, v in fixed.items()))
+        return exc.render("--shape").replace(f"--shape {exc.fix}", f"--shape {text}")
     return exc.render(FLAGS.get(exc.param, "--" + exc.param.replace("_", "-")))
 
 
@@ -203,10 +203,17 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
             task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0]))
 
 
+WORKLOAD_HELP = ("gemm_allreduce | gemm_reducescatter | allgather_gemm | moe | kv_transfer | "
+                 "cp_attention")
+SHAPE_HELP = ("GEMM workloads: global MxKxN (default 8192x8192x8192); any workload: "
+              "field=value,... e.g. moe: tokens=128,hidden=7168,ffn=2048,experts=256,topk=8 "
+              "(default: the workload's defaults)")
+
+
 @app.command()
 def search(
-    workload: str = typer.Option("gemm_allreduce", help="gemm_allreduce | gemm_reducescatter | allgather_gemm"),
-    shape: str = typer.Option("8192x8192x8192", help="global MxKxN"),
+    workload: str = typer.Option("gemm_allreduce", help=WORKLOAD_HELP),
+    shape: Optional[str] = typer.Option(None, help=SHAPE_HELP),
     world_size: int = typer.Option(2, help="GPUs (ranks)"),
     budget: int = typer.Option(100, help="evaluations"),
     islands: int = typer.Option(4),
@@ -225,23 +232,23 @@ def search(
     from cuco.agents.api import check_search
     from cuco.runtime import visible_gpus
 
-    m, k, n = _shape(shape)
+    problem = _problem(workload, shape, world_size)
     picked = _placements(placements)
-    check_search(workload, m, n, k, world_size, budget=budget, islands=islands, proposer=proposer,
-                 llm=llm, placements=picked, hosts=hosts)
+    check_search(problem, budget=budget, islands=islands, proposer=proposer, llm=llm,
+                 placements=picked, hosts=hosts)
     if resume is not None:
         _require_db(db, "--resume continues a run of an existing database: pass its --db")
     if not dry_run and cluster is None and visible_gpus() < world_size:
         console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs {world_size}; "
                       "run on a GPU machine, or add --dry-run to search an analytic model", soft_wrap=True)
         raise typer.Exit(1)
-    _run_search(workload, m, n, k, world_size, db=db, budget=budget, islands=islands, seed=seed,
-                proposer=proposer, dry_run=dry_run, resume=resume, llm=llm, cluster=cluster,
-                hosts=hosts, placements=picked)
+    _run_search(problem, db=db, budget=budget, islands=islands, seed=seed, proposer=proposer,
+                dry_run=dry_run, resume=resume, llm=llm, cluster=cluster, hosts=hosts,
+                placements=picked)
 
 
-def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: str, budget: int,
-                dry_run: bool, resume: Optional[int] = None, **kw):
+def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optional[int] = None,
+                **kw):
     """A search with its live table; returns (result, best (candidate, evaluation) or None).
     Dry runs are labelled as the analytic model everywhere they show a number."""
     from rich.live import Live
@@ -250,7 +257,7 @@ def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: s
     from cuco.db import CandidateDB
     from cuco.errors import UnknownId
 
-    label = f"{workload} {m}x{k}x{n} w={world_size}"
+    label = f"{problem.workload} {problem.shape_text} w={problem.world_size}"
     checked = "scored by model" if dry_run else "correct"
     live = Live(Table(), console=console, refresh_per_second=4)
 
@@ -270,8 +277,8 @@ def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: s
 
     try:
         with live:
-            result = run_search(workload, m, n, k, world_size, db=db, budget=budget,
-                                dry_run=dry_run, resume=resume, on_progress=show, **kw)
+            result = run_search(problem, db=db, budget=budget, dry_run=dry_run, resume=resume,
+                                on_progress=show, **kw)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; resume with[/] cuco search --resume <run id> "
                       "(see `cuco db ls`)")
@@ -283,7 +290,7 @@ def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: s
                       "(and the same --db)", soft_wrap=True)
         raise typer.Exit(2) from None
     with CandidateDB(db) as store:
-        best = store.best(workload, run_id=result.run_id)
+        best = store.best(problem.workload, run_id=result.run_id)
     console.print()
     console.print(f"run {result.run_id}: {result.evaluations} evaluations, stopped by "
                   f"{result.stopped}; phase switch at generation {result.phase_switch_generation}")
@@ -296,15 +303,18 @@ def _run_search(workload: str, m: int, n: int, k: int, world_size: int, *, db: s
     return result, best
 
 
-def _shape(shape: str) -> tuple[int, int, int]:
-    """``MxKxN`` -> ``(m, k, n)``, or exit 2 saying what the option wants."""
-    try:
-        m, k, n = (int(v) for v in shape.lower().split("x"))
-    except ValueError:
-        console.print(f"[red]error:[/] --shape {shape!r} is not MxKxN; use --shape 8192x8192x8192")
-        raise typer.Exit(2) from None
-    _context["shape"] = (m, k, n)
-    return m, k, n
+def _problem(workload: str, shape: Optional[str], world_size: int):
+    """The typed problem of ``--workload`` at ``--shape`` (the GEMM default 8192^3, or the
+    workload's own defaults); a bad one is an InputError naming ``--shape`` and the fix."""
+    from cuco.agents.api import resolve_problem
+    from cuco.design import GemmProblem, check_workload, parse_shape, problem_class
+
+    check_workload(workload)
+    if shape is None:
+        shape = "8192x8192x8192" if problem_class(workload) is GemmProblem else ""
+    fields = parse_shape(workload, shape)
+    _context["shape"] = fields
+    return resolve_problem(workload, fields, world_size)
 
 
 def _placements(text: str) -> tuple[str, ...]:
@@ -344,8 +354,7 @@ def demo(
     check_count("world_size", world_size, "GPUs (ranks)", 2)
     real = gpus >= world_size
     budget = budget or (16 if real else 48)
-    m = n = k = 8192
-    check_search("gemm_allreduce", m, n, k, world_size, budget=budget, islands=2)
+    problem = check_search(_problem("gemm_allreduce", None, world_size), budget=budget, islands=2)
     folder = out or Path(tempfile.mkdtemp(prefix="cuco-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     db = str(folder / "cuco.db")
@@ -357,8 +366,7 @@ def demo(
                       "measure. Searching the analytic model instead: its speedups are predictions, "
                       "not measurements, and no kernel is run or checked. The winner is then compiled "
                       "for Hopper (sm_90a) to show that it builds.", soft_wrap=True)
-    result, best = _run_search("gemm_allreduce", m, n, k, world_size, db=db, budget=budget,
-                               dry_run=not real, islands=2)
+    result, best = _run_search(problem, db=db, budget=budget, dry_run=not real, islands=2)
     with console.status("writing the report..."):
         report_path = write_report(db, folder / "report.html", result.run_id)
     console.print(f"report: {report_path}")
@@ -379,8 +387,8 @@ def demo(
 
 @app.command()
 def fastpath(
-    workload: str = typer.Option("gemm_allreduce", help="the communication pattern of the program"),
-    shape: str = typer.Option("8192x8192x8192", help="global MxKxN"),
+    workload: str = typer.Option("gemm_allreduce", help=WORKLOAD_HELP),
+    shape: Optional[str] = typer.Option(None, help=SHAPE_HELP),
     world_size: int = typer.Option(2, help="GPUs (ranks)"),
     host_program: Optional[Path] = typer.Option(None, help="CUDA/C++ of the host-driven program "
                                                 "(the LLM route reads it)"),
@@ -394,8 +402,8 @@ def fastpath(
     from cuco.design import check_count
     from cuco.runtime import visible_gpus
 
-    m, k, n = _shape(shape)
-    check_search(workload, m, n, k, world_size, llm=llm, placements=("side_stream",))
+    problem = check_search(_problem(workload, shape, world_size), llm=llm,
+                           placements=("side_stream",))
     check_count("max_rounds", rounds, "rounds", 6)
     if llm and host_program is None:
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
@@ -404,7 +412,7 @@ def fastpath(
         console.print(f"[red]{visible_gpus()} GPU(s) visible but the fast path needs {world_size}[/] "
                       "(it proves its kernel correct on them)")
         raise typer.Exit(1)
-    res = run_fastpath(workload, m, n, k, world_size, db=db, llm=llm, max_rounds=rounds,
+    res = run_fastpath(problem, db=db, llm=llm, max_rounds=rounds,
                        host_program=host_program.read_text() if host_program else None)
     for what, status in res.tried:
         console.print(f"  {what}: {status}")

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,10 @@ from filelock import FileLock
 
 from cuco.db import CandidateDB
 from cuco.db.candidate_db import best_first
-from cuco.design import Directives, Problem, check_count
+from cuco.design import Directives, Problem, check_count, make_problem, problem_from_dict
 from cuco.errors import CucoError
 from cuco.kernels import Compiler, toolchain
+from cuco.kernels.compiler import is_launcher
 
 #: 2: the in-kernel launcher lost its check-only stress argument (an artifact of version 1 would
 #: read garbage for it)
@@ -48,7 +50,7 @@ class Artifact:
 
     @property
     def problem(self) -> Problem:
-        return Problem(**self.manifest["problem"])
+        return problem_from_dict(self.manifest["problem"])
 
     @property
     def directives(self) -> Directives:
@@ -102,18 +104,19 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
     run = db.run(cand.run_id) if cand.run_id is not None else None
     if run is None or not run.problem:
         raise CucoError(f"candidate {candidate_id} belongs to no run with a problem; its shape is unknown")
-    problem = Problem(**run.problem)
+    problem = problem_from_dict(run.problem)
     d = Directives(**cand.directives)
-    from cuco.kernels.tp import render_tp
-    src, plan = render_tp(problem, d)
+    from cuco.workloads import for_problem
+    src = for_problem(problem).render(d)
     source = cand.source or src.source
     comp = Compiler(arch=arch)
     built = comp.compile(source, needs=src.needs, name=src.name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # in-kernel placements (plan None) are shared objects: their host function builds
-    # CUTLASS's TMA descriptors and launches the one persistent kernel
-    binary = "kernel.so" if plan is None else "kernel.cubin"
+    # CUTLASS kernels are shared objects: their host function builds the TMA descriptors
+    # and launches the one persistent kernel
+    launcher = is_launcher(src.needs)
+    binary = "kernel.so" if launcher else "kernel.cubin"
     shutil.copyfile(built.path, out / binary)
     (out / "kernel.cu").write_text(source)
     versions = toolchain.library_versions()
@@ -122,11 +125,9 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "workload": problem.workload, "problem": problem.model_dump(),
         "directives": json.loads(d.to_json()), "variant": d.full_name,
-        "plan": None if plan is None else {"rows": plan.rows, "chunks": plan.n_chunks,
-                                           "chunk_bytes": plan.chunk_bytes},
         "arch": comp.arch, "world_size": problem.world_size, "needs": list(src.needs),
         "versions": {k: versions.get(k) for k in ("nccl", "nvshmem", "nvcc")},
-        "kernels": list(src.functions), "cubin": binary, "launcher": plan is None, "source": "kernel.cu",
+        "kernels": list(src.functions), "cubin": binary, "launcher": launcher, "source": "kernel.cu",
         "candidate_id": candidate_id, "db": db.url,
         "evaluation": {"status": ev.status, "time_ms": ev.time_ms, "speedup": ev.speedup,
                        "overlap_eff": ev.overlap_eff, "bound_ms": ev.bound_ms,
@@ -137,18 +138,17 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
     return Artifact(out, manifest)
 
 
-def load(path: str | Path, *, world_size: int | None = None, shape: tuple[int, int, int] | None = None,
-         arch: str | None = None, check_versions: bool = True) -> Artifact:
+def load(path: str | Path, *, world_size: int | None = None,
+         shape: str | Mapping[str, Any] | None = None, arch: str | None = None,
+         check_versions: bool = True) -> Artifact:
     """Read an artifact and check it fits: every mismatch is named, with the fix.
 
-    ``shape`` is the global ``(M, K, N)`` the caller will use; ``arch`` defaults to the
-    GPU's (``$CUCO_ARCH`` without one).
+    ``shape`` is the shape the caller will use, as :func:`cuco.search` takes it
+    (``"MxKxN"``, ``"tokens=128,..."`` or a mapping of the problem's fields); ``arch``
+    defaults to the GPU's (``$CUCO_ARCH`` without one).
     """
     if world_size is not None:
         check_count("world_size", world_size, "GPUs (ranks)", 2)
-    if shape is not None:
-        for name, v in zip("mkn", shape):
-            check_count(name, v, "rows or columns", 8192)
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.exists():
@@ -168,11 +168,11 @@ def load(path: str | Path, *, world_size: int | None = None, shape: tuple[int, i
         problems.append(f"world size: built for {manifest['world_size']} ranks, called with "
                         f"{world_size}; tune for {world_size} ranks")
     if shape is not None:
-        p = manifest["problem"]
-        have = (p["m"], p["k"], p["n"])
-        if tuple(shape) != have:
-            problems.append(f"shape: built for MxKxN {have}, called with {tuple(shape)}; kernels "
-                            "bake their chunk plan in, so tune this shape")
+        have = art.problem
+        want = make_problem(have.workload, shape, world_size=have.world_size, dtype=have.dtype)
+        if want.shape != have.shape:
+            problems.append(f"shape: built for {have.shape_text}, called with {want.shape_text}; "
+                            "kernels bake their chunk plan in, so tune this shape")
     if check_versions:
         installed = toolchain.library_versions()
         for lib in (n for n in manifest["needs"] if n in ("nccl", "nvshmem")):  # CUTLASS: headers, built in
@@ -195,33 +195,35 @@ def _current_arch() -> str | None:
         return None
 
 
-def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: str | Path,
-         budget: int = 50, arch: str | None = None, dry_run: bool = False, seed: int = 0,
-         **search_kw) -> Artifact:
-    """The cached artifact for this workload and shape, or search, export and cache one
-    (the fastest correct LSA candidate: the one a torch or CuPy caller can bind).
+def tune(workload: str | Problem, shape: str | Mapping[str, Any] | None = None,
+         world_size: int = 2, *, cache_dir: str | Path, budget: int = 50, arch: str | None = None,
+         dry_run: bool = False, seed: int = 0, m: int | None = None, n: int | None = None,
+         k: int | None = None, **search_kw) -> Artifact:
+    """The cached artifact for this workload and shape (as :func:`cuco.search` takes them),
+    or search, export and cache one (the fastest correct LSA candidate: the one a torch or
+    CuPy caller can bind).
 
     Safe to call from every rank at once: a file lock lets one search while the
     others wait, then everyone loads the same artifact.
     """
-    from cuco.agents.api import check_search, search
+    from cuco.agents.api import check_search, resolve_problem, search
 
-    check_search(workload, m, n, k, world_size, budget=budget,
-                 **{a: search_kw[a] for a in ("islands", "proposer", "llm", "placements", "hosts")
-                    if a in search_kw})
+    problem = check_search(resolve_problem(workload, shape, world_size, m=m, n=n, k=k),
+                           budget=budget, **{a: search_kw[a] for a in (
+                               "islands", "proposer", "llm", "placements", "hosts") if a in search_kw})
     arch = arch or _current_arch() or "sm_90a"
     versions = toolchain.library_versions()
-    key = (f"{workload}-M{m}K{k}N{n}-w{world_size}-{arch}-nccl{versions.get('nccl')}"
-           f"-nvshmem{versions.get('nvshmem')}" + ("-model" if dry_run else ""))
+    key = (f"{problem.label.replace('/', '-')}-w{problem.world_size}-{arch}"
+           f"-nccl{versions.get('nccl')}-nvshmem{versions.get('nvshmem')}"
+           + ("-model" if dry_run else ""))
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     target = root / key
     with FileLock(str(target) + ".lock"):
         if (target / "manifest.json").exists():
-            return load(target, world_size=world_size, shape=(m, k, n), arch=arch)
+            return load(target, world_size=problem.world_size, shape=problem.shape, arch=arch)
         db = CandidateDB(root / "tune.db")
-        result = search(workload, m, n, k, world_size, db=db, budget=budget, seed=seed,
-                        dry_run=dry_run, **search_kw)
+        result = search(problem, db=db, budget=budget, seed=seed, dry_run=dry_run, **search_kw)
         best = best_callable(db, result.run_id)
         if best is None:
             raise CucoError(f"no correct LSA kernel found for {key} within {budget} evaluations "
@@ -230,7 +232,7 @@ def tune(workload: str, m: int, n: int, k: int, world_size: int, *, cache_dir: s
         tmp = Path(tempfile.mkdtemp(prefix=key + ".", dir=root))
         export(db, best, tmp, arch=arch)
         os.replace(tmp, target)
-    return load(target, world_size=world_size, shape=(m, k, n), arch=arch)
+    return load(target, world_size=problem.world_size, shape=problem.shape, arch=arch)
 
 
 def best_callable(db: CandidateDB, run_id: int) -> int | None:

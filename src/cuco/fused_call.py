@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuco.design import GemmProblem
 from cuco.errors import CucoError
 from cuco.runtime import dtypes
 
@@ -62,8 +63,8 @@ class FusedCall:
 
         from cuco.runtime.nccl import Communicator
         from cuco.runtime.worker import WorkerContext, WorkerOptions
-        from cuco.workloads import get
-        from cuco.runtime.arena import ArenaLayout, prepare_arenas
+        from cuco.workloads import for_problem
+        from cuco.runtime.arena import prepare_arenas
 
         self.artifact = artifact
         d = artifact.directives
@@ -72,16 +73,21 @@ class FusedCall:
                             "cuco's workers so far (NVSHMEM needs its own start-up); export an "
                             "LSA candidate (`cuco db ls` / `cuco export ID`)")
         p = artifact.problem
+        if not isinstance(p, GemmProblem):
+            raise CallError(f"{p.workload}: only the GEMM workloads (gemm_allreduce, "
+                            "gemm_reducescatter, allgather_gemm) are callable as call(x, w) so "
+                            f"far; a {p.workload} kernel runs inside cuco's workers (the evaluator, "
+                            "`cuco bench pipelines`)")
         if world_size != p.world_size:
             raise CallError(f"world size {world_size}: the kernel was built for {p.world_size} ranks")
         dev = cupy.cuda.Device(cupy.cuda.runtime.getDevice() if device is None else device)
         dev.use()
         self.problem = p
-        self.workload = get(p.workload)(p.m, p.n, p.k, world_size, p.dtype)
+        self.workload = for_problem(p)
         self.ctx = WorkerContext(rank, world_size, dev.id, WorkerOptions(arch=artifact.manifest["arch"]),
                                  comm=Communicator(nccl_id, rank, world_size),
                                  stream=cupy.cuda.get_current_stream())
-        self.arena = prepare_arenas(self.ctx, ArenaLayout.for_workload(self.workload), {"lsa"})["lsa"]
+        self.arena = prepare_arenas(self.ctx, self.workload.layout(), {"lsa"})["lsa"]
         self.runner = None
         self._keep: Any = None
 
@@ -107,8 +113,6 @@ class FusedCall:
     def __call__(self, x, w, out=None):
         """``x @ w`` fused with the collective; returns the same kind as ``x``."""
         import cupy
-
-        from cuco.workloads.in_kernel import runner_class
 
         is_torch = type(x).__module__.startswith("torch")
         dt = self.problem.dtype
@@ -136,8 +140,8 @@ class FusedCall:
         inputs = {"x": xs, "w": ws}
         if self.runner is None:  # the launch code the evaluator timed, for this placement
             d = self.artifact.directives
-            self.runner = runner_class(d)(self.ctx, self.workload, d, str(self.artifact.cubin),
-                                          self.arena, inputs, dest)
+            self.runner = self.workload.runner(self.ctx, d, str(self.artifact.cubin), self.arena,
+                                               inputs, dest)
         self.runner.inputs, self.runner.out = inputs, dest
         with stream:
             self.runner()

@@ -43,13 +43,13 @@ class PipelineBench:
         return {wl.label: specs.get(wl.label, []) for wl in self.workloads}
 
     def run(self) -> Path:
-        from cuco.workloads.pipeline import PipelineCase
+        from cuco.workloads import Case
 
         t0 = time.perf_counter()
         specs = self.compile_all()
         compile_s = time.perf_counter() - t0
         rows, device = run_cases(
-            [(wl.label, PipelineCase(wl, specs[wl.label], iters=self.iters, warmup=self.warmup),
+            [(wl.label, Case(wl, specs[wl.label], iters=self.iters, warmup=self.warmup),
               lambda merged, wl=wl: self.rows(wl, merged)) for wl in self.workloads],
             world_size=self.world_size, heap_bytes=HEAP_BYTES, timeout_s=self.timeout_s,
             console=self.console)
@@ -57,7 +57,7 @@ class PipelineBench:
         path = results.write(self.name, rows, device=device, world_size=self.world_size,
                              out_dir=self.out_dir,
                              extra={"compile_s": round(compile_s, 1), "summary": summary,
-                                    "configs": {wl.label: wl.shape.model_dump()
+                                    "configs": {wl.label: wl.problem.model_dump()
                                                 for wl in self.workloads}})
         self.print(summary)
         self.console.print(f"wrote {path}")

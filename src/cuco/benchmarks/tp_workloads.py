@@ -21,7 +21,7 @@ from rich.table import Table
 
 from cuco import results
 from cuco.benchmarks.variants import compile_variants, run_cases
-from cuco.design import Directives, Placement, Problem
+from cuco.design import Directives, Placement, GemmProblem
 from cuco.design.tiles import chunk_sizes
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.peaks import below_floor
@@ -40,7 +40,7 @@ PROFILED = (in_kernel("epilogue"), in_kernel("epilogue", comm_warps=3),
             in_kernel("epilogue", comm_warps=3, raster_group=8))
 
 
-def grid(problem: Problem, placements: tuple[str, ...] = PLACEMENTS, quick: bool = False) -> list[Directives]:
+def grid(problem: GemmProblem, placements: tuple[str, ...] = PLACEMENTS, quick: bool = False) -> list[Directives]:
     """The directive grid of one case; ``quick``: one issuer per placement (what a short
     GPU session can compile and run for all nine pairs)."""
     out = []
@@ -97,8 +97,8 @@ class TPBench:
     placements: tuple[str, ...] = PLACEMENTS
     quick: bool = False
 
-    def problems(self) -> list[Problem]:
-        return [Problem(workload=f, m=m, n=n, k=k, world_size=self.world_size)
+    def problems(self) -> list[GemmProblem]:
+        return [GemmProblem(workload=f, m=m, n=n, k=k, world_size=self.world_size)
                 for (m, k, n) in self.shapes for f in self.families]
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
@@ -110,7 +110,7 @@ class TPBench:
         return compile_variants(points, self.console, arch)
 
     def run(self) -> Path:
-        from cuco.workloads.jobs import WorkloadCase
+        from cuco.workloads import Case, for_problem
 
         t0 = time.perf_counter()
         specs = self.compile_all()
@@ -123,8 +123,8 @@ class TPBench:
                                                        "partial": True, "summary": self._summary(rows)})
 
         rows, device = run_cases(
-            [(p.label, WorkloadCase(p.workload, p.m, p.n, p.k, variants=specs.get(p.label, []),
-                                    iters=self.iters, warmup=self.warmup),
+            [(p.label, Case(for_problem(p), variants=specs.get(p.label, []), iters=self.iters,
+                            warmup=self.warmup),
               lambda merged, p=p: self._rows(p, merged)) for p in self.problems()],
             world_size=self.world_size, heap_bytes=2 << 30, timeout_s=580, console=self.console,
             checkpoint=checkpoint)
@@ -139,9 +139,9 @@ class TPBench:
         return path
 
     @staticmethod
-    def _rows(p: Problem, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _rows(p: GemmProblem, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         host = merged["host_nccl"]["ms"]
-        bound = max(merged["gemm_only"]["ms"], merged["comm_only"]["ms"])
+        bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
         out = []
         for name, m in merged.items():
             backend = name.split(".")[0]
@@ -150,7 +150,7 @@ class TPBench:
                    "baseline": "host_nccl", "baseline_ms": round(host, 5),
                    "speedup": round(host / m["ms"], 4), "bound_ms": round(bound, 5),
                    "overlap_eff": round(bound / m["ms"], 4),
-                   "gemm_ms": round(merged["gemm_only"]["ms"], 5),
+                   "gemm_ms": round(merged["compute_only"]["ms"], 5),
                    "comm_ms": round(merged["comm_only"]["ms"], 5),
                    "correct": m.get("correct", None), "bad_elements": m.get("bad_elements"),
                    "rel_l2_error": m.get("rel_l2_error"), "backend": backend,
@@ -181,7 +181,7 @@ class TPBench:
         for r in rows:
             if r["variant"].startswith("profile."):
                 profile.setdefault(r["case"], {})[r["variant"].split(".", 2)[2]] = r["ms"]
-            if r["variant"] in ("host_nccl", "gemm_only", "comm_only", "*") or not r.get("correct") \
+            if r["variant"] in ("host_nccl", "compute_only", "comm_only", "*") or not r.get("correct") \
                     or r.get("suspect"):
                 continue
             if r["case"] not in best or r["ms"] < best[r["case"]]["ms"]:

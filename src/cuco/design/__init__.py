@@ -2,12 +2,16 @@
 
 from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, Placement, SyncScope
 from cuco.design.directives import Directives
-from cuco.design.problem import Problem, check_count, check_workload, register_workload
+from cuco.design.problem import (
+    CPProblem, GemmProblem, KVProblem, MoEProblem, Problem, check_count, check_workload,
+    make_problem, parse_shape, problem_class, problem_from_dict, register_workload,
+)
 from cuco.design.rules import violations
 from cuco.design.space import DesignSpace, as_rng
 
 __all__ = [
-    "Backend", "ChunkSchedule", "DesignSpace", "Directives", "Issuer", "Placement",
-    "Problem", "SyncScope", "as_rng", "check_count", "check_workload", "register_workload",
-    "violations",
+    "Backend", "CPProblem", "ChunkSchedule", "DesignSpace", "Directives", "GemmProblem",
+    "Issuer", "KVProblem", "MoEProblem", "Placement", "Problem", "SyncScope", "as_rng",
+    "check_count", "check_workload", "make_problem", "parse_shape", "problem_class",
+    "problem_from_dict", "register_workload", "violations",
 ]

@@ -1,51 +1,32 @@
-"""What a design-space point is judged against: a workload family and shape.
+"""What a design-space point is judged against: a workload and its shape.
+
+Every workload has a typed :class:`Problem`: :class:`GemmProblem` (global M, K, N) for the
+tensor-parallel layers and user workloads built on them, :class:`MoEProblem`,
+:class:`KVProblem` and :class:`CPProblem` for the pipelines. pydantic validates each and
+refuses a shape that cannot run with a :class:`~cuco.errors.ShapeError` that names the fix.
+:func:`make_problem` builds the right one from a workload name and a shape, the one parser
+every entry point (Python API, CLI, artifacts, the database) uses.
 
 The design layer knows shapes but not how to compute them; workloads
-(``cuco.workloads``) build a :class:`Problem` from themselves.
+(``cuco.workloads``) build their problem from themselves.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cuco.errors import InputError, ShapeError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-# Workload families whose split of M/N/K over ranks is known to the design layer.
-# Each entry says which global dimension is divided by the world size.
-SPLIT_DIM: dict[str, str] = {
-    "gemm_allreduce": "k",
-    "gemm_reducescatter": "k",
-    "allgather_gemm": "n",
-}
-
-# Every workload name cuco knows: the built-in families, and each user ``Workload``
-# subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).
-WORKLOADS: set[str] = {*SPLIT_DIM, "moe", "kv_transfer", "cp_attention"}
-
-
-def register_workload(name: str) -> None:
-    """Make ``name`` a known workload (``cuco.workloads.Workload`` subclasses do this)."""
-    WORKLOADS.add(name)
-
-
-def check_workload(name: str) -> str:
-    """``name`` if it is a known workload, else :class:`InputError` with the closest
-    match. The one check every entry point (Problem, search, tune, export, the CLI) uses."""
-    if name in WORKLOADS:
-        return name
-    close = difflib.get_close_matches(str(name), sorted(WORKLOADS), n=1, cutoff=0.6)
-    known = ", ".join(sorted(WORKLOADS))
-    if close:
-        raise InputError(f"unknown workload {name!r} (known: {known})", param="workload",
-                         fix=close[0], guess=True)
-    raise InputError(f"unknown workload {name!r}; choose one of {known}", param="workload",
-                     fix=sorted(SPLIT_DIM)[1])
+#: Rows per chunk of the pipelines are a multiple of this (or the whole block).
+ROW_ALIGN = 8
+#: The most ranks one kernel's peer tables hold.
+MAX_RANKS = 8
 
 
 def check_count(param: str, value: int, what: str, example: int) -> int:
@@ -57,24 +38,58 @@ def check_count(param: str, value: int, what: str, example: int) -> int:
 
 
 class Problem(BaseModel):
-    """A workload family with its global GEMM shape, dtype and world size."""
+    """A workload with its shape, dtype and world size. Subclasses add the shape fields;
+    :attr:`label` names the case in result files and :attr:`shape` gives its fields."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    workload: str = Field(description="workload family, e.g. 'gemm_allreduce'")
-    m: int
-    n: int
-    k: int
+    #: The shape fields, in the order labels and shape strings use them.
+    SHAPE: ClassVar[tuple[str, ...]] = ()
+
+    workload: str = Field(description="workload name, e.g. 'gemm_allreduce' or 'moe'")
     world_size: int
     dtype: Dtype = "bf16"
-    has_network: bool = Field(
-        default=False, description="ranks span hosts (GIN needs a network)"
-    )
+    has_network: bool = Field(default=False, description="ranks span hosts (GIN needs a network)")
 
     @field_validator("workload")
     @classmethod
     def _known(cls, v: str) -> str:
         return check_workload(v)
+
+    @field_validator("world_size")
+    @classmethod
+    def _ranks(cls, v: int) -> int:
+        return check_count("world_size", v, "GPUs (ranks)", 2)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        """The shape fields by name (what :func:`make_problem` takes back)."""
+        return {f: getattr(self, f) for f in self.SHAPE}
+
+    @property
+    def shape_text(self) -> str:
+        """The shape as the CLI's ``--shape`` takes it."""
+        return ",".join(f"{f}={v}" for f, v in self.shape.items())
+
+    @property
+    def label(self) -> str:
+        """Case label used in result files, e.g. ``gemm_allreduce/M8192K8192N8192/bf16``."""
+        return f"{self.workload}/{self.shape_text}/{self.dtype}"
+
+
+class GemmProblem(Problem):
+    """A GEMM of global shape ``M x K`` times ``K x N`` split over ranks as the workload's
+    pattern says (``gemm_allreduce``/``gemm_reducescatter``: K; ``allgather_gemm``: N and
+    the rows of X). Shape strings read ``MxKxN``."""
+
+    SHAPE: ClassVar[tuple[str, ...]] = ("m", "k", "n")
+    m: int
+    k: int
+    n: int
 
     @field_validator("m", "n", "k")
     @classmethod
@@ -84,13 +99,8 @@ class Problem(BaseModel):
                              f">= 1)", param=info.field_name, fix=8192)
         return v
 
-    @field_validator("world_size")
-    @classmethod
-    def _ranks(cls, v: int) -> int:
-        return check_count("world_size", v, "GPUs (ranks)", 2)
-
     @model_validator(mode="after")
-    def _divides(self) -> "Problem":
+    def _divides(self) -> "GemmProblem":
         split = SPLIT_DIM.get(self.workload)
         w = self.world_size
         dims = {"m": self.m, "n": self.n, "k": self.k}
@@ -108,21 +118,259 @@ class Problem(BaseModel):
         return self
 
     @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+    def shape_text(self) -> str:
+        return f"{self.m}x{self.k}x{self.n}"
 
     @property
     def label(self) -> str:
-        """Case label used in result files: ``gemm_allreduce/M8192K8192N8192/bf16``."""
         return f"{self.workload}/M{self.m}K{self.k}N{self.n}/{self.dtype}"
 
     def output_shape_per_rank(self) -> tuple[int, int]:
         """Rows x cols of the output tile each rank's GEMM produces."""
-        w = self.world_size
         if self.workload == "allgather_gemm":
-            return self.m, self.n // w
+            return self.m, self.n // self.world_size
         return self.m, self.n
 
     def output_bytes_per_rank(self) -> int:
         rows, cols = self.output_shape_per_rank()
         return rows * cols * self.dtype_bytes
+
+
+class MoEProblem(Problem):
+    """An MoE layer (dispatch, expert FFN, combine), experts split over ranks. Defaults:
+    DeepSeek-V3 sizes at a decode batch."""
+
+    SHAPE: ClassVar[tuple[str, ...]] = ("tokens", "hidden", "ffn", "experts", "topk", "routing")
+    workload: Literal["moe"] = "moe"
+    tokens: int = Field(128, gt=0, description="tokens per rank")
+    hidden: int = Field(7168, gt=0)
+    ffn: int = Field(2048, gt=0, description="expert FFN width")
+    experts: int = Field(256, gt=0)
+    topk: int = Field(8, gt=0)
+    routing: Literal["skewed", "one_expert", "empty_experts"] = Field(
+        "skewed", description="skewed: seeded router with popular and rare experts; one_expert: "
+        "every token picks expert 0; empty_experts: half of every rank's experts get no token")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "MoEProblem":
+        w = self.world_size
+        if self.topk > self.experts:
+            raise ShapeError(f"moe: topk={self.topk} > experts={self.experts}; choose topk <= "
+                             "experts", param="topk", fix=self.experts)
+        if self.routing == "empty_experts" and self.topk * 2 > self.experts:
+            raise ShapeError("moe: empty_experts leaves half of the experts; topk must be at "
+                             "most experts / 2", param="topk", fix=self.experts // 2)
+        esz = self.dtype_bytes
+        if (self.hidden * esz) % 16 or (self.ffn * esz) % 16:
+            raise ShapeError(f"moe: hidden={self.hidden} and ffn={self.ffn} must make 16-byte "
+                             f"rows; use multiples of {16 // esz}")
+        if self.experts % w:
+            raise ShapeError(f"moe: experts={self.experts} are split over {w} ranks; choose a "
+                             f"multiple of {w}", param="experts", fix=self.experts - self.experts % w or w)
+        if w > MAX_RANKS:
+            raise ShapeError(f"moe: world_size={w} > {MAX_RANKS} (the kernel's peer tables)")
+        if self.dtype != "bf16":
+            raise ShapeError("moe: only bf16 so far (its activation kernel is bf16)",
+                             param="dtype", fix="bf16")
+        return self
+
+    @property
+    def label(self) -> str:
+        edge = "" if self.routing == "skewed" else "-" + self.routing
+        return (f"moe/T{self.tokens}H{self.hidden}F{self.ffn}E{self.experts}k{self.topk}{edge}"
+                f"/{self.dtype}")
+
+
+class KVProblem(Problem):
+    """A prefill -> decode KV-cache transfer while later layers compute. Defaults: a
+    70B-class model, 4K prompt."""
+
+    SHAPE: ClassVar[tuple[str, ...]] = ("layers", "tokens", "hidden", "kv_dim")
+    workload: Literal["kv_transfer"] = "kv_transfer"
+    layers: int = Field(32, gt=0)
+    tokens: int = Field(4096, gt=0, description="prompt tokens")
+    hidden: int = Field(8192, gt=0)
+    kv_dim: int = Field(2048, gt=0, description="2 x kv_heads x head_dim per token per layer")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "KVProblem":
+        esz = self.dtype_bytes
+        w = self.world_size
+        if w < 2 or w % 2:
+            raise ShapeError(f"kv_transfer pairs prefill and decode ranks: world_size={w} must "
+                             "be even and >= 2", param="world_size", fix=2)
+        if (self.kv_dim * esz) % 16 or (self.hidden * esz) % 16:
+            raise ShapeError(f"kv_transfer: kv_dim={self.kv_dim} and hidden={self.hidden} must "
+                             f"make rows of 16-byte multiples; use multiples of {16 // esz}")
+        if self.tokens % ROW_ALIGN:
+            raise ShapeError(f"kv_transfer: tokens={self.tokens} must be a multiple of "
+                             f"{ROW_ALIGN} (chunks are whole groups of {ROW_ALIGN} rows)",
+                             param="tokens", fix=self.tokens - self.tokens % ROW_ALIGN or ROW_ALIGN)
+        return self
+
+    @property
+    def label(self) -> str:
+        return (f"kv_transfer/L{self.layers}T{self.tokens}H{self.hidden}KV{self.kv_dim}"
+                f"/{self.dtype}")
+
+
+class CPProblem(Problem):
+    """Context-parallel attention: the sequence split over ranks. Defaults: 32k tokens,
+    32 heads of 128, causal."""
+
+    SHAPE: ClassVar[tuple[str, ...]] = ("seq", "heads", "head_dim", "causal")
+    workload: Literal["cp_attention"] = "cp_attention"
+    seq: int = Field(32768, gt=0, description="total sequence length over all ranks")
+    heads: int = Field(32, gt=0)
+    head_dim: int = Field(128, gt=0)
+    causal: bool = True
+
+    @model_validator(mode="after")
+    def _dims(self) -> "CPProblem":
+        w = self.world_size
+        if self.head_dim not in (64, 128):
+            raise ShapeError(f"cp_attention: head_dim={self.head_dim}; flash attention is used "
+                             "for head_dim 64 or 128", param="head_dim", fix=128)
+        if self.dtype == "fp32":
+            raise ShapeError("cp_attention: dtype must be bf16 or fp16 (flash attention)",
+                             param="dtype", fix="bf16")
+        if self.seq % w or (self.seq // w) % ROW_ALIGN:
+            step = ROW_ALIGN * w
+            raise ShapeError(f"cp_attention: seq={self.seq} is split over {w} ranks into "
+                             f"shards of a multiple of {ROW_ALIGN} tokens; choose seq a multiple "
+                             f"of {step}", param="seq", fix=self.seq - self.seq % step or step)
+        if w > MAX_RANKS:
+            raise ShapeError(f"cp_attention: world_size={w} > {MAX_RANKS}")
+        return self
+
+    @property
+    def label(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"cp_attention/S{self.seq}H{self.heads}D{self.head_dim}{mask}/{self.dtype}"
+
+
+# Workloads whose split of M/N/K over ranks is known to the design layer: the dimension
+# each divides by the world size.
+SPLIT_DIM: dict[str, str] = {
+    "gemm_allreduce": "k",
+    "gemm_reducescatter": "k",
+    "allgather_gemm": "n",
+}
+
+#: Every workload cuco knows and its problem class: the built-ins, and each user
+#: ``Workload`` subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).
+PROBLEMS: dict[str, type[Problem]] = {
+    **{name: GemmProblem for name in SPLIT_DIM},
+    "moe": MoEProblem, "kv_transfer": KVProblem, "cp_attention": CPProblem,
+}
+
+
+def register_workload(name: str, problem: type[Problem] = GemmProblem) -> None:
+    """Make ``name`` a known workload whose shapes are ``problem``s
+    (``cuco.workloads.Workload`` subclasses do this)."""
+    PROBLEMS[name] = problem
+
+
+def check_workload(name: str) -> str:
+    """``name`` if it is a known workload, else :class:`InputError` with the closest
+    match. The one check every entry point (Problem, search, tune, export, the CLI) uses."""
+    if name in PROBLEMS:
+        return name
+    close = difflib.get_close_matches(str(name), sorted(PROBLEMS), n=1, cutoff=0.6)
+    known = ", ".join(sorted(PROBLEMS))
+    if close:
+        raise InputError(f"unknown workload {name!r} (known: {known})", param="workload",
+                         fix=close[0], guess=True)
+    raise InputError(f"unknown workload {name!r}; choose one of {known}", param="workload",
+                     fix="gemm_allreduce")
+
+
+def problem_class(workload: str) -> type[Problem]:
+    """The :class:`Problem` subclass of ``workload``."""
+    return PROBLEMS[check_workload(workload)]
+
+
+def parse_shape(workload: str, text: str) -> dict[str, Any]:
+    """A shape string as its fields: ``MxKxN`` for GEMM workloads, ``key=value,...`` for
+    any (e.g. ``tokens=128,hidden=7168,experts=256,topk=8``); :class:`InputError` saying
+    what the string should look like otherwise."""
+    cls = problem_class(workload)
+    text = text.strip()
+    if "=" not in text and cls is GemmProblem:
+        parts = text.lower().split("x")
+        if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
+            return dict(zip(cls.SHAPE, (int(p) for p in parts)))
+        raise InputError(f"shape {text!r} is not MxKxN (or m=...,k=...,n=...)", param="shape",
+                         fix="8192x8192x8192")
+    example = ",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE)
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in cls.SHAPE:
+            raise InputError(f"shape {text!r}: {item!r} is not one of {workload}'s fields "
+                             f"({', '.join(cls.SHAPE)}) as key=value", param="shape", fix=example)
+        value = value.strip()
+        out[key] = int(value) if value.lstrip("-").isdigit() else (
+            value.lower() in ("1", "true", "yes") if value.lower() in
+            ("true", "false", "yes", "no") else value)
+    return out
+
+
+def _example(cls: type[Problem], f: str) -> Any:
+    default = cls.model_fields[f].default
+    return 8192 if default is None or repr(default) == "PydanticUndefined" else default
+
+
+def make_problem(workload: str, shape: str | Mapping[str, Any] | Sequence[Any] | None = None, *,
+                 world_size: int = 2, dtype: str | None = None, **fields: Any) -> Problem:
+    """The typed problem of ``workload`` at ``shape`` (a string for :func:`parse_shape`, a
+    mapping of fields, a sequence of values in the fields' order — ``(M, K, N)`` for GEMMs —
+    or keyword fields); a bad shape is a :class:`ShapeError` or :class:`InputError` naming
+    the field and the fix.
+
+    >>> make_problem("gemm_allreduce", "8192x4096x8192").label
+    'gemm_allreduce/M8192K4096N8192/bf16'
+    >>> make_problem("moe", "tokens=64,hidden=512,ffn=256,experts=8,topk=2").label
+    'moe/T64H512F256E8k2/bf16'
+    """
+    cls = problem_class(workload)
+    if isinstance(shape, str):
+        values = parse_shape(workload, shape)
+    elif isinstance(shape, Mapping) or shape is None:
+        values = dict(shape or {})
+    elif isinstance(shape, Sequence) and len(shape) <= len(cls.SHAPE):
+        values = dict(zip(cls.SHAPE, shape))
+    else:
+        raise InputError(f"shape {shape!r}: give {workload}'s fields ({', '.join(cls.SHAPE)}) as a "
+                         "string, a mapping or a sequence in that order", param="shape",
+                         fix=",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
+    values.update(fields)
+    if dtype is not None:
+        values["dtype"] = dtype
+    return validated(cls, {**values, "workload": workload, "world_size": world_size})
+
+
+def problem_from_dict(data: Mapping[str, Any]) -> Problem:
+    """A problem stored as ``model_dump()`` (database runs, artifact manifests) read back."""
+    return validated(problem_class(data["workload"]), dict(data))
+
+
+def validated(cls: type[Problem], values: dict[str, Any]) -> Problem:
+    """``cls(**values)``; pydantic's field errors become one :class:`InputError` that
+    names the field (our own :class:`ShapeError` s pass through)."""
+    unknown = set(values) - set(cls.model_fields)
+    if unknown:
+        wl = values.get("workload")
+        raise InputError(f"{wl}: {', '.join(sorted(unknown))} is not a shape field of {wl}; its "
+                         f"fields are {', '.join(cls.SHAPE)}", param="shape",
+                         fix=",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, (ShapeError, InputError)):
+            raise cause from None
+        where = ".".join(str(p) for p in err["loc"]) or "shape"
+        raise InputError(f"{values.get('workload')}: {where}: {err['msg']}", param=where) from None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cuco.design.dimensions import Placement, format_bytes
-from cuco.design.problem import Problem
+from cuco.design.problem import GemmProblem, Problem
 
 # Hopper: 227 KiB of shared memory per block once the dynamic limit is raised.
 SMEM_LIMIT_BYTES = 227 * 1024
@@ -82,6 +82,15 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "backend: backend=gin needs ranks on different hosts (a network); on one "
             "NVLink host choose backend=lsa or backend=nvshmem"
         )
+    if isinstance(problem, GemmProblem):
+        out += _gemm_violations(tm, tn, tk, chunk, problem)
+    return out
+
+
+def _gemm_violations(tm: int, tn: int, tk: int, chunk: int, problem: GemmProblem) -> list[str]:
+    """The rules of a GEMM problem: tiles divide each rank's GEMM, a chunk holds a tile and
+    fits each rank's output."""
+    out: list[str] = []
     rows, cols = problem.output_shape_per_rank()
     k_local = problem.k // problem.world_size if problem.workload in (
         "gemm_allreduce", "gemm_reducescatter") else problem.k

@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cuco.design.directives import Directives
-from cuco.design.problem import DTYPE_BYTES, Problem
+from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN, GemmProblem
 from cuco.errors import DirectiveError
-
-ROW_ALIGN = 8  # rows per chunk are a multiple of this (or the whole block)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class ChunkPlan:
         return out
 
     @classmethod
-    def for_problem(cls, problem: Problem, d: Directives) -> "ChunkPlan":
+    def for_problem(cls, problem: GemmProblem, d: Directives) -> "ChunkPlan":
         w, esz = problem.world_size, DTYPE_BYTES[problem.dtype]
         if problem.workload == "gemm_allreduce":
             blocks, unit, row_elems = 1, problem.m, problem.n
@@ -94,7 +92,7 @@ class ChunkPlan:
         return plan
 
 
-def chunk_sizes(problem: Problem, parts=(4, 8, 16), floor_log2: int = 12) -> list[int]:
+def chunk_sizes(problem: GemmProblem, parts=(4, 8, 16), floor_log2: int = 12) -> list[int]:
     """Powers of two cutting each rank's output into about ``parts`` chunks (ascending
     ``parts`` give descending sizes; duplicates dropped), none below ``2**floor_log2``."""
     return sizes_cutting(problem.output_bytes_per_rank(), parts, floor_log2)

@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass
 
 from cuco.db import CandidateDB
-from cuco.design import Directives, Problem
+from cuco.design import Directives, GemmProblem, Problem
 from cuco.design.rules import violations
 from cuco.design.tiles import ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.evaluate.evaluator import Candidate, EvalResult
+from cuco.workloads import for_problem
 
 SMS = 132
 
@@ -35,9 +36,13 @@ class AnalyticEvaluator:
     def __init__(self, problem: Problem, db: CandidateDB | None = None, *,
                  machine: Machine | None = None, delay_s: float = 0.0):
         self.problem, self.db, self.machine, self.delay_s = problem, db, machine or Machine(), delay_s
+        #: The pipelines are modelled from their workload's work (GEMMs from the shape).
+        self.workload = None if isinstance(problem, GemmProblem) else for_problem(problem)
 
     def times(self, d: Directives) -> tuple[float, float, float, float]:
-        """(t_fused, t_host, t_gemm, t_comm) in ms."""
+        """(t_fused, t_host, t_compute, t_comm) in ms."""
+        if self.workload is not None:
+            return self._pipeline_times(d)
         p, mc = self.problem, self.machine
         w = p.world_size
         flops = 2 * p.m * p.n * p.k / w
@@ -71,6 +76,22 @@ class AnalyticEvaluator:
         t += {"lsa": 0.0, "nvshmem": 0.01, "gin": 0.02}[d.backend.value]
         return t, host, t_gemm, t_comm
 
+    def _pipeline_times(self, d: Directives) -> tuple[float, float, float, float]:
+        """A side-stream pipeline: compute and transfer overlap chunk by chunk; the last
+        chunk's transfer (or compute) is not hidden."""
+        mc, work = self.machine, self.workload.work()
+        t_comp = work.flops / (mc.tflops * 1e12) * 1e3 if work else 0.1
+        t_comm = work.link_bytes / (mc.link_gbs * 1e9) * 1e3 if work else 0.1
+        host = t_comp + t_comm + 2 * mc.launch_us * 1e-3
+        chunks = max(1.0, (work.link_bytes if work else 0) / d.chunk_bytes)
+        comm_share = min(1.0, d.comm_ctas / 32)
+        comp_slow = t_comp * (1 + d.comm_ctas / SMS)
+        comm_eff = t_comm / (0.4 + 0.6 * comm_share)
+        issuer = {"cta": 1.0, "warp": 1.03, "thread": 1.08}[d.issuer.value]
+        t = max(comp_slow, comm_eff * issuer) + min(comp_slow, comm_eff) / chunks \
+            + chunks * mc.sync_us * 1e-3 + {"lsa": 0.0, "nvshmem": 0.01, "gin": 0.02}[d.backend.value]
+        return t, host, t_comp, t_comm
+
     def evaluate(self, cand: Candidate | Directives) -> EvalResult:
         from cuco.evaluate.evaluator import store_result
 
@@ -80,6 +101,8 @@ class AnalyticEvaluator:
             time.sleep(self.delay_s)
         d = cand.directives
         bad = violations(d.__dict__, self.problem)
+        if not bad and self.workload is not None:
+            bad = self.workload.supported(d)
         try:
             t, host, g, c = self.times(d) if not bad else (0, 0, 0, 0)
         except DirectiveError as exc:

@@ -4,8 +4,8 @@
 EVOLVE-BLOCKs) -> ``compile`` (cached, parallel for batches) -> ``small``
 (correctness at a small shape, the candidate's block edits spliced into the
 template rendered for it) -> ``full`` (correctness at the target shape on two
-fresh seeds) -> ``timing`` (interleaved with the host-driven program, the GEMM
-alone and the collective alone) -> score.
+fresh seeds) -> ``timing`` (interleaved with the host-driven program, the compute
+alone and the communication alone) -> score.
 
 What the score rests on (:mod:`cuco.workloads.jobs`): every call of every stage, timed
 ones included, is verified element by element against an fp32 reference; each job
@@ -18,11 +18,11 @@ calls. A time below the physical floor (:mod:`cuco.runtime.peaks`) is ``suspect`
 and scores nothing. A hang or a crash costs a respawn of the worker group, never
 the search.
 
-Two places to extend. The *workload* (a :class:`cuco.workloads.Workload`
-subclass) owns what is computed: inputs, the higher-precision reference, the
-tolerance, the host-driven program, the halves of the bound and the per-chunk
-epilogue the fused launch runs; it travels to the workers with each job, so a
-class defined in a notebook or script works. The *evaluator* owns how a
+Two places to extend. The *workload* (any :class:`cuco.workloads.Workload`: the six
+built-ins or a user's subclass) owns what is computed and how its kernels are made:
+inputs, the higher-precision reference, the tolerance, the host-driven program, the
+halves of the bound, its templates, small shape and runner; it travels to the workers
+with each job, so a class defined in a notebook or script works. The *evaluator* owns how a
 candidate is judged: override ``template``, ``static_checks``,
 ``small_problem``, ``small_directives`` or ``case``. See
 ``examples/custom_evaluator.py``.
@@ -44,12 +44,11 @@ from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
 from cuco.kernels import evolve
-from cuco.kernels.tp import render_tp
 from cuco.runtime.collective_ops import merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
-from cuco.workloads.base import REGISTRY, get
-from cuco.workloads.jobs import ACCURACY_SLACK, VariantSpec, WorkloadCase
+from cuco.workloads.base import for_problem
+from cuco.workloads.jobs import ACCURACY_SLACK, Case, VariantSpec
 
 
 @dataclass
@@ -121,40 +120,33 @@ class Evaluator:
         self.verify_s = 0.0
 
     # ---- hooks ------------------------------------------------------------------------
+    def workload_at(self, problem: Problem) -> Workload:
+        """The evaluator's workload at ``problem`` (its own shape, or the small one)."""
+        return self.workload if problem == self.problem else self.workload.at(problem)
+
     def template(self, problem: Problem, d: Directives) -> tuple[str, tuple[str, ...]]:
         """The unedited kernel source for ``d`` at ``problem``, and what it needs."""
-        src, _ = render_tp(self.workload.in_pattern(problem), d)
+        src = self.workload_at(problem).render(d)
         return src.source, src.needs
 
     def static_checks(self, source: str) -> list[str]:
         return static_violations(source)
 
     def small_problem(self) -> Problem:
-        """A shape small enough to check in a second, of the same family and world size."""
-        p = self.problem
-        w = p.world_size
-        return p.model_copy(update={"m": 256 * w, "n": 512 * w, "k": 512 * w})
+        """A shape small enough to check in a second, of the same workload and world size
+        (the workload's :meth:`~cuco.workloads.Workload.small_problem`)."""
+        return self.workload.small_problem()
 
     def small_directives(self, d: Directives, small: Problem) -> Directives:
-        """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile);
-        in-kernel placements move one tile per flag, so they keep their chunk."""
-        if d.placement.in_kernel:
-            return d
-        fit = small.output_bytes_per_rank() // 4
-        chunk = d.chunk_bytes
-        while chunk > fit and chunk > (1 << 15):
-            chunk //= 2
-        return d.replace(chunk_bytes=chunk)
+        """``d`` for the small shape (the workload's
+        :meth:`~cuco.workloads.Workload.small_directives`: its chunk cut to fit)."""
+        return self.workload.small_directives(d, self.workload_at(small))
 
-    def case(self, problem: Problem, spec: VariantSpec, *, seed: int, time_it: bool) -> WorkloadCase:
-        return WorkloadCase(problem.workload, problem.m, problem.n, problem.k, problem.dtype,
-                            variants=[spec], seed=seed, time=time_it,
-                            iters=self.timing_iters, workload_cls=self._user_class())
-
-    def _user_class(self) -> type | None:
-        """The workload class travels with the job unless workers find it in the registry."""
-        cls = type(self.workload)
-        return None if REGISTRY.get(cls.family) is cls else cls
+    def case(self, problem: Problem, spec: VariantSpec, *, seed: int, time_it: bool) -> Case:
+        """The job of one stage: the workload at ``problem`` (it travels with the job, so a
+        class defined in a notebook works) and the candidate."""
+        return Case(self.workload_at(problem), variants=[spec], seed=seed, time=time_it,
+                    iters=self.timing_iters)
 
     # ---- the cascade --------------------------------------------------------------------
     def _compiler(self) -> Compiler:
@@ -199,9 +191,7 @@ class Evaluator:
         """First use of a fresh group loads cuBLAS, creates the device communicator and
         allocates arenas; that is not the candidate's time, so it gets its own generous
         timeout before any stage timeout applies."""
-        p = self.small_problem()
-        job = WorkloadCase(p.workload, p.m, p.n, p.k, p.dtype, variants=[], seed=1, time=False,
-                           workload_cls=self._user_class())
+        job = Case(self.workload_at(self.small_problem()), variants=[], seed=1, time=False)
         res = self.group.run(job, timeout=self.warmup_timeout_s)
         if not res.ok:
             raise RuntimeError(f"the worker group cannot run the host reference:\n{res.error_text()}")
@@ -323,13 +313,13 @@ class Evaluator:
                               f"the timing job: {merged['host_nccl']}")
         t = merged["candidate"]["ms"]
         host = merged["host_nccl"]["ms"]
-        bound = max(merged["gemm_only"]["ms"], merged["comm_only"]["ms"])
+        bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
         floor = merged["candidate"].get("floor_ms", 0.0)
         result = EvalResult("ok", "scored", None, max_error=worst,
                             rank_times_ms=merged["candidate"]["rank_ms"], time_ms=t,
                             baseline_ms=host, bound_ms=bound, speedup=host / t,
                             overlap_eff=bound / t,
-                            extra={"gemm_ms": merged["gemm_only"]["ms"],
+                            extra={"compute_ms": merged["compute_only"]["ms"],
                                    "comm_ms": merged["comm_only"]["ms"],
                                    "floor_ms": floor,
                                    "calls_verified": merged["candidate"].get("calls_verified"),
@@ -360,6 +350,6 @@ def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,
                              extra=extra, **fields)
 
 
-def for_family(family: str, m: int, n: int, k: int, world_size: int, **kw) -> Evaluator:
-    """Evaluator for a built-in workload family."""
-    return Evaluator(get(family)(m, n, k, world_size), **kw)
+def evaluator_for(problem: Problem, **kw) -> Evaluator:
+    """Evaluator for the registered workload of ``problem`` (any workload)."""
+    return Evaluator(for_problem(problem), **kw)

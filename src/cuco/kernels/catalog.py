@@ -22,14 +22,14 @@ def probe_source() -> KernelSource:
 def tp_sources() -> list[KernelSource]:
     """One side-stream variant per workload, backend and issuer, at a small shape (GIN
     on a problem whose ranks span hosts, as GIN requires)."""
-    from cuco.design import Directives, Problem
+    from cuco.design import Directives, GemmProblem
     from cuco.kernels.tp import TP_FAMILIES, render_tp
 
     out = []
     for fam in TP_FAMILIES:
         for backend in ("lsa", "nvshmem", "gin"):
-            problem = Problem(workload=fam, m=1024, n=1024, k=1024, world_size=2,
-                              has_network=backend == "gin")
+            problem = GemmProblem(workload=fam, m=1024, n=1024, k=1024, world_size=2,
+                                  has_network=backend == "gin")
             for issuer in ("thread", "warp", "cta"):
                 d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                issuer=issuer, chunk_bytes=256 << 10, comm_ctas=8)
@@ -40,7 +40,7 @@ def tp_sources() -> list[KernelSource]:
 def in_kernel_sources() -> list[KernelSource]:
     """The one-kernel placements (CUTLASS mainloop): each workload with epilogue and
     dedicated_ctas, both backends and every issuer among them, at a small shape."""
-    from cuco.design import Problem
+    from cuco.design import GemmProblem
     from cuco.kernels.tp import TP_FAMILIES, in_kernel, render_tp
 
     # (placement, backend, issuer, comm_warps, raster_group, world size): both epilogue owners
@@ -51,8 +51,8 @@ def in_kernel_sources() -> list[KernelSource]:
     out = []
     for fam in TP_FAMILIES:
         for placement, backend, issuer, warps, group, w in picks[fam]:
-            problem = Problem(workload=fam, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)), k=1024,
-                              world_size=w)
+            problem = GemmProblem(workload=fam, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)),
+                                  k=1024, world_size=w)
             d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
                           comm_warps=warps, raster_group=group)
             out.append(render_tp(problem, d)[0])

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# MAX_RANKS: the largest LSA team the kernels are rendered for (peers' bases live in
+# registers); defined with the problems, which refuse larger world sizes.
+from cuco.design.problem import MAX_RANKS
 from cuco.kernels.render import CTYPES, render
 
-#: Largest LSA team the kernels are rendered for (peers' bases live in registers).
-MAX_RANKS = 8
+__all__ = ["MAX_RANKS", "KernelSource", "all_sources", "lsa_collectives", "nvshmem_collectives"]
 
 
 @dataclass(frozen=True)

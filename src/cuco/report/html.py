@@ -214,10 +214,10 @@ def _source(c: Candidate | None, run: Run) -> str | None:
     if not c.directives or not run.problem:
         return None
     try:
-        from cuco.design import Directives, Problem
-        from cuco.kernels.tp import render_tp
-        return render_tp(Problem(**run.problem), Directives(**c.directives))[0].source
-    except Exception:  # noqa: BLE001 - not renderable (e.g. a user workload)
+        from cuco.design import Directives, problem_from_dict
+        from cuco.workloads import for_problem
+        return for_problem(problem_from_dict(run.problem)).render(Directives(**c.directives)).source
+    except Exception:  # noqa: BLE001 - not renderable (e.g. a user workload not registered here)
         return None
 
 

@@ -1,16 +1,19 @@
-"""Built-in workloads: compute + communication patterns with references and bounds.
+"""Built-in workloads, all through one protocol (:class:`Workload`).
 
-Tensor-parallel layers (``Workload`` subclasses, searchable through the evaluator) and
-the pipeline workloads (``PipelineWorkload`` subclasses: KV-cache transfer, MoE,
-context-parallel attention; checked and benchmarked by ``PipelineCase``).
+Tensor-parallel layers (:class:`GemmWorkload`: GEMM+AllReduce, GEMM+ReduceScatter,
+AllGather+GEMM) and the pipelines (:class:`PipelineWorkload`: KV-cache transfer, MoE,
+context-parallel attention). One job, :class:`~cuco.workloads.jobs.Case`, verifies and
+times the variants of any of them.
 """
 
-from cuco.workloads.base import REGISTRY, Workload, get, register
+from cuco.workloads.base import REGISTRY, Runner, Workload, for_problem, get, register
 from cuco.workloads.cp_attention import CPAttention
+from cuco.workloads.jobs import Case, VariantSpec
 from cuco.workloads.kv_transfer import KVTransfer
 from cuco.workloads.moe import MoE
-from cuco.workloads.pipeline import PipelineCase, PipelineWorkload
-from cuco.workloads.tp import AllGatherGemm, GemmAllReduce, GemmReduceScatter
+from cuco.workloads.pipeline import PipelineWorkload
+from cuco.workloads.tp import AllGatherGemm, GemmAllReduce, GemmReduceScatter, GemmWorkload
 
-__all__ = ["REGISTRY", "AllGatherGemm", "CPAttention", "GemmAllReduce", "GemmReduceScatter",
-           "KVTransfer", "MoE", "PipelineCase", "PipelineWorkload", "Workload", "get", "register"]
+__all__ = ["REGISTRY", "AllGatherGemm", "CPAttention", "Case", "GemmAllReduce",
+           "GemmReduceScatter", "GemmWorkload", "KVTransfer", "MoE", "PipelineWorkload", "Runner",
+           "VariantSpec", "Workload", "for_problem", "get", "register"]

@@ -1,67 +1,107 @@
-"""Workload: one compute + communication pattern with its shapes, dtype and world size.
+"""The workload protocol: what every workload, built-in or a user's, implements.
 
-A workload owns everything that does not depend on how a candidate fuses the
-two halves: per-rank input generation from a seed, the host-driven reference
-(vendor GEMM, then the NCCL collective launched from the host), a
-higher-precision reference for correctness, a tolerance, and the pieces of the
-lower bound ``max(t_compute, t_comm)``. GPU methods run inside a worker
-(``ctx`` is a :class:`cuco.runtime.WorkerContext`).
+A workload owns everything that does not depend on how a candidate fuses compute and
+communication, and how its fused kernels are made and launched:
+
+* its typed :class:`~cuco.design.Problem` (shape, dtype, world size);
+* which placements and backends it has templates for, its design space, and
+  :meth:`Workload.render` (directives -> kernel source);
+* per-rank inputs from a seed, a higher-precision reference, a tolerance;
+* the host-driven program, the two halves of the bound (compute alone, communication
+  alone) and the physical work of one call;
+* the arena layout its fused kernels share with peers and the :class:`Runner` that
+  performs one fused call.
+
+The evaluator, the search, the fast path, export and the one verification job
+(:class:`cuco.workloads.jobs.Case`) use only this protocol, so a user's subclass goes
+everywhere a built-in does. GPU methods run inside a worker (``ctx`` is a
+:class:`cuco.runtime.WorkerContext`).
 """
 
 from __future__ import annotations
 
-import math
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from cuco.design import Problem, check_workload, register_workload
-from cuco.errors import UnknownId
-from cuco.design.problem import Dtype
+from cuco.design import Backend, DesignSpace, Directives, Placement, Problem, register_workload
+from cuco.design.problem import check_workload
+from cuco.errors import DirectiveError, InputError, UnknownId
 from cuco.runtime.peaks import Work
+
+if TYPE_CHECKING:
+    from cuco.kernels.collectives import KernelSource
+    from cuco.runtime.arena import Arena, ArenaLayout
 
 EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 
 Buffers = dict[str, Any]
 
 
-class Workload(ABC):
-    """Base class of built-in and user workloads.
+class Runner(Protocol):
+    """One fused call of one variant on ``ctx.stream``: ``runner()``. ``output`` is where
+    its result lands (checked by the job); ``stress_us`` > 0 in checked calls of runners
+    that can stall their own compute stream (the job sets it, then resets it)."""
 
-    Subclasses set :attr:`family` and implement the abstract methods. The
-    per-rank shapes must be divisible as the family requires; a shape that does
-    not divide raises :class:`cuco.ShapeError` at construction.
+    output: Any
+    stress_us: float
+
+    def __call__(self) -> None: ...
+
+
+class Workload(ABC):
+    """Base class of every workload.
+
+    Subclasses set :attr:`family`, :attr:`problem_type`, :attr:`placements` and
+    :attr:`backends`, and implement the abstract methods. ``cuco.workloads.GemmWorkload``
+    (the tensor-parallel layers) and ``cuco.workloads.PipelineWorkload`` (MoE, KV transfer,
+    context-parallel attention) are the two kinds built in; subclass one of their
+    workloads to add work to it (see ``examples/custom_evaluator.py``).
     """
 
     family: ClassVar[str]
-    #: The built-in family whose fused templates this workload reuses (its own
-    #: family for the built-ins). A user workload that is "GEMM + something, then
-    #: AllReduce" sets ``pattern = "gemm_allreduce"`` and adds a :meth:`chunk_epilogue`.
-    pattern: ClassVar[str | None] = None
+    #: The problem class of this workload's shapes.
+    problem_type: ClassVar[type[Problem]]
+    #: Placements with a fused template (the design space offers these only).
+    placements: ClassVar[tuple[Placement, ...]]
+    #: Backends with a fused template on one host.
+    backends: ClassVar[tuple[Backend, ...]] = (Backend.LSA, Backend.NVSHMEM)
+
+    problem: Problem
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
         if "family" in cls.__dict__:  # a user workload's name is a known one from now on
-            register_workload(cls.family)
+            register_workload(cls.family, cls.problem_type)
 
-    def __init__(self, m: int, n: int, k: int, world_size: int, dtype: Dtype = "bf16"):
-        self.problem = Problem(workload=self.family, m=m, n=n, k=k, world_size=world_size,
-                               dtype=dtype)
-        _ = self.pattern_problem  # a shape its pattern cannot split is refused here, with the fix
+    def __init__(self, problem: Problem):
+        if problem.workload != self.family:
+            raise InputError(f"{type(self).__name__} computes {self.family}, not "
+                             f"{problem.workload}", param="workload", fix=self.family)
+        self.problem = problem
+
+    @classmethod
+    def from_problem(cls, problem: Problem) -> "Workload":
+        """This workload at ``problem`` (what the evaluator, search and export build)."""
+        obj = cls.__new__(cls)
+        Workload.__init__(obj, problem)
+        obj.validate()
+        return obj
+
+    def at(self, problem: Problem) -> "Workload":
+        """A copy of this workload (and whatever a subclass keeps) at another shape of the
+        same workload, e.g. the evaluator's small one."""
+        other = copy.copy(self)
+        Workload.__init__(other, problem)
+        other.validate()
+        return other
+
+    def validate(self) -> None:
+        """Refuse a shape this workload's templates cannot split (a ShapeError with the fix);
+        the problem's own validators have run already."""
 
     # ---- description (CPU) ------------------------------------------------------------
-    @property
-    def m(self) -> int:
-        return self.problem.m
-
-    @property
-    def n(self) -> int:
-        return self.problem.n
-
-    @property
-    def k(self) -> int:
-        return self.problem.k
-
     @property
     def world_size(self) -> int:
         return self.problem.world_size
@@ -74,93 +114,103 @@ class Workload(ABC):
     def label(self) -> str:
         return self.problem.label
 
-    @property
-    def pattern_name(self) -> str:
-        return self.pattern or self.family
-
-    @property
-    def pattern_problem(self) -> Problem:
-        """This shape under the family whose templates and chunk plans it uses."""
-        return self.in_pattern(self.problem)
-
-    def in_pattern(self, problem: Problem) -> Problem:
-        """``problem`` (this workload's, or a smaller one) under its pattern's family,
-        validated, so a shape the pattern cannot split is refused with the fix."""
-        if problem.workload == self.pattern_name:
-            return problem
-        return Problem(**{**problem.model_dump(), "workload": self.pattern_name})
+    def check_placements(self, placements: Sequence[str | Placement]) -> tuple[Placement, ...]:
+        """The requested placements this workload has, or :class:`InputError` naming the
+        placements and backends it has."""
+        have = [p for p in self.placements if p.value in {Placement(x).value for x in placements}]
+        if not have:
+            raise InputError(
+                f"{self.family} has fused templates for placements "
+                f"{', '.join(p.value for p in self.placements)} (backends "
+                f"{', '.join(b.value for b in self.backends)}), not "
+                f"{', '.join(Placement(x).value for x in placements)}", param="placements",
+                fix=",".join(p.value for p in self.placements))
+        return tuple(have)
 
     @abstractmethod
-    def local_gemm(self) -> tuple[int, int, int]:
-        """(m, n, k) of the GEMM each rank runs in the host-driven program."""
+    def supported(self, d: Directives) -> list[str]:
+        """Why ``d`` has no template for this shape (empty when it has one); each line
+        names the directive and the fix. Cheap: the design space calls it per point."""
 
     @abstractmethod
-    def output_shape(self) -> tuple[int, int]:
-        """Shape of each rank's final output."""
+    def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
+        """The points of the design space this workload can render at its shape (only
+        ``placements`` if given; :class:`InputError` when it has none of them)."""
 
-    def flops_per_rank(self) -> int:
-        m, n, k = self.local_gemm()
-        return 2 * m * n * k
+    @abstractmethod
+    def render(self, d: Directives) -> "KernelSource":
+        """The fused kernel of ``d``; :class:`DirectiveError` with the fix if it has none."""
 
-    def link_bytes_per_rank(self) -> int:
-        """Bytes each rank must receive from its peers in one call (0: unknown)."""
-        return 0
+    def check(self, d: Directives) -> None:
+        """:class:`DirectiveError` with every reason ``d`` cannot be rendered here."""
+        d.check(self.problem)
+        bad = self.supported(d)
+        if bad:
+            raise DirectiveError(bad)
 
-    def work(self) -> Work:
-        """What one rank must do in one call: its GEMM, each operand and result through
-        HBM once, and what it receives (the physical floor of :mod:`cuco.evaluate.floor`)."""
-        m, n, k = self.local_gemm()
-        esz = self.problem.dtype_bytes
-        return Work(self.flops_per_rank(), (m * k + k * n + m * n) * esz, self.link_bytes_per_rank())
+    @abstractmethod
+    def small_problem(self) -> Problem:
+        """A shape of this workload small enough to check in a second (same world size,
+        dtype and edge cases such as routing or masks)."""
+
+    def small_directives(self, d: Directives, small: "Workload") -> Directives:
+        """``d`` for the small shape: the chunk halved until ``small`` can render it."""
+        chunk = d.chunk_bytes
+        while chunk > 4096 and small.supported(d.replace(chunk_bytes=chunk)):
+            chunk //= 2
+        fits = not small.supported(d.replace(chunk_bytes=chunk))
+        return d.replace(chunk_bytes=chunk) if fits else d  # none fits: the render says why
+
+    @abstractmethod
+    def layout(self) -> "ArenaLayout":
+        """Where the buffers peers touch live in the symmetric arena."""
+
+    @abstractmethod
+    def output_elems(self) -> int:
+        """Elements of each rank's output."""
 
     def tolerance(self) -> tuple[float, float]:
         """``(rtol, atol_factor)``: an element passes if
-        ``|out - ref| <= rtol * |ref| + atol_factor * max|ref|``.
-
-        Each partial product is rounded once to the dtype and, for reductions,
-        the sum of ``world_size`` of them once more: ``rtol = (w + 1) * eps``.
-        Where partials cancel, their rounding errors (up to ``eps/2`` of a
-        partial, and partials reach ``max|ref|``) stay: the absolute part is
-        ``eps * w * max|ref|``, grown with ``sqrt(K)`` for fp32
-        accumulation-order differences. A kernel that drops or doubles one
-        rank's contribution errs by about ``rms(ref)``, far above it.
-        """
+        ``|out - ref| <= rtol * |ref| + atol_factor * max|ref|``."""
         eps = EPS[self.dtype]
-        w = self.world_size
-        return (w + 1) * eps, eps * (w + math.sqrt(self.k / 65536.0))
+        return 2 * eps, 2 * eps
+
+    def work(self) -> Work | None:
+        """What one rank must do in one call (its FLOPs, HBM and link bytes), for the
+        physical floor a time may not beat; None where it is not modelled (no floor)."""
+        return None
 
     # ---- GPU side (inside a worker) -------------------------------------------------
     @abstractmethod
     def make_inputs(self, ctx, seed: int) -> Buffers:
-        """This rank's inputs in the workload dtype (storage arrays), from ``seed``."""
+        """This rank's inputs in the workload dtype, drawn from ``seed``."""
 
     @abstractmethod
     def reference(self, ctx, inputs: Buffers):
-        """This rank's expected output in fp32: fp32 GEMM + fp32 NCCL collective."""
+        """This rank's expected output in fp32 (fp32 compute, fp32 NCCL)."""
 
     @abstractmethod
     def host_sequence(self, ctx, inputs: Buffers, out) -> Callable[[], None]:
-        """The host-driven program: vendor GEMM, then the NCCL collective from the host."""
+        """The host-driven program: vendor compute, then NCCL launched from the host."""
 
     @abstractmethod
-    def gemm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
-        """The GEMM alone (the compute half of the bound)."""
+    def compute_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        """The compute alone (one half of the bound)."""
 
     @abstractmethod
     def comm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
-        """The host NCCL collective alone (the communication half of the bound)."""
+        """The host NCCL communication alone (the other half)."""
 
-    def chunk_epilogue(self, ctx, inputs: Buffers, ptr: int, row0: int, rows: int, stream) -> None:
-        """Work on ``rows`` rows of the local GEMM output starting at row ``row0`` (at
-        device address ``ptr``), enqueued on ``stream`` right after their GEMM and
-        before the communication may read them. None for the built-ins; a user
-        workload adds bias, activation, scaling here (and in its host sequence)."""
+    @abstractmethod
+    def runner(self, ctx, d: Directives, binary: str, arena: "Arena", inputs: Buffers,
+               out) -> Runner:
+        """The fused call of variant ``d`` (built to ``binary``) on ``arena``; it may write
+        its result to ``out`` (a guarded buffer the job checks)."""
 
-    @classmethod
-    def has_chunk_epilogue(cls) -> bool:
-        """Whether this workload adds Python work between chunks (the one-kernel
-        placements cannot run it)."""
-        return cls.chunk_epilogue is not Workload.chunk_epilogue
+    def baselines(self, ctx, inputs: Buffers) -> dict[str, tuple[Callable[[], None], Any]]:
+        """Extra programs checked and timed beside the variants: ``{name: (fn, output)}``
+        (e.g. the host program overlapped by hand on two streams)."""
+        return {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.label}, world_size={self.world_size})"
@@ -170,6 +220,7 @@ REGISTRY: dict[str, type[Workload]] = {}
 
 
 def register(cls: type[Workload]) -> type[Workload]:
+    """Make ``cls`` the class the evaluator and search build for ``cls.family``."""
     REGISTRY[cls.family] = cls
     return cls
 
@@ -181,5 +232,10 @@ def get(family: str) -> type[Workload]:
         return REGISTRY[family]
     except KeyError:
         raise UnknownId(f"unknown workload {family!r} for the evaluator: no Workload class is "
-                        "registered for it (a pipeline workload, or a class without "
-                        f"@cuco.workloads.register); registered: {', '.join(sorted(REGISTRY))}") from None
+                        "registered for it (a class without @cuco.workloads.register); "
+                        f"registered: {', '.join(sorted(REGISTRY))}") from None
+
+
+def for_problem(problem: Problem) -> Workload:
+    """The registered workload of ``problem.workload`` at ``problem``."""
+    return get(problem.workload).from_problem(problem)

@@ -22,43 +22,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cuco.design import Directives
-from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, largest_divisor, sizes_cutting
-from cuco.errors import DirectiveError, EnvironmentProblem, ShapeError
+from cuco.design import CPProblem, Directives
+from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN
+from cuco.design.tiles import largest_divisor, sizes_cutting
+from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
 from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
+from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
-from cuco.workloads.base import EPS, Buffers
+from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.pipeline import (
-    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
+    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check,
 )
-
-
-class CPShape(BaseModel):
-    """Total sequence, heads, head dim, mask (defaults: 32k tokens, 32 heads of 128)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    seq: int = Field(32768, gt=0, description="total sequence length over all ranks")
-    heads: int = Field(32, gt=0)
-    head_dim: int = Field(128, gt=0)
-    causal: bool = True
-    dtype: Dtype = "bf16"
-
-    @model_validator(mode="after")
-    def _dims(self) -> "CPShape":
-        if self.head_dim not in (64, 128):
-            raise ShapeError(f"cp_attention: head_dim={self.head_dim}; flash attention is used "
-                             "for head_dim 64 or 128")
-        if self.dtype == "fp32":
-            raise ShapeError("cp_attention: dtype must be bf16 or fp16 (flash attention)")
-        return self
 
 
 def _torch():
@@ -74,24 +53,18 @@ def _torch():
     return torch
 
 
+@register
 class CPAttention(PipelineWorkload):
+    """``CPAttention(world_size, seq=..., heads=..., head_dim=..., causal=...)`` (fields of
+    :class:`cuco.design.CPProblem`)."""
+
     family = "cp_attention"
+    problem_type = CPProblem
+    problem: CPProblem
 
-    def __init__(self, world_size: int = 2, **shape):
-        super().__init__(CPShape(**shape), world_size)
-        s = self.shape
-        if s.seq % world_size or (s.seq // world_size) % ROW_ALIGN:
-            raise ShapeError(f"cp_attention: seq={s.seq} is split over {world_size} ranks into "
-                             f"shards of a multiple of {ROW_ALIGN} tokens; choose seq a multiple "
-                             f"of {ROW_ALIGN * world_size}")
-        if world_size > MAX_RANKS:
-            raise ShapeError(f"cp_attention: world_size={world_size} > {MAX_RANKS}")
-
-    @property
-    def label(self) -> str:
-        s = self.shape
-        mask = "causal" if s.causal else "full"
-        return f"cp_attention/S{s.seq}H{s.heads}D{s.head_dim}{mask}/{s.dtype}"
+    def small_problem(self) -> CPProblem:
+        """256 tokens per rank, 4 heads of the same head dim, the same mask."""
+        return self.problem.model_copy(update={"seq": 256 * self.world_size, "heads": 4})
 
     @property
     def shard(self) -> int:
@@ -125,20 +98,35 @@ class CPAttention(PipelineWorkload):
         gathered = self.world_size * 2 * self.shard * self.row_elems * self.esz
         return ArenaLayout.build({"kvg": gathered}, MAX_FLAGS * 8, 0)
 
-    def render(self, d: Directives) -> KernelSource:
-        self.check_directives(d)
+    def work(self) -> Work:
+        """An average rank (the last causal one does more): its queries against the keys
+        it may see (QK^T and PV), Q/K/V/O through HBM once, the K/V shards it receives."""
+        s, w, shard = self.shape, self.world_size, self.shard
+        keys = (w * shard / 2 if s.causal else s.seq)  # mean keys a query sees, over ranks
+        peers = (w - 1) / 2 if s.causal else w - 1  # mean shards a rank receives
+        shard_bytes = shard * self.row_elems * self.esz
+        return Work(4.0 * shard * keys * self.row_elems, 4 * shard_bytes, 2 * peers * shard_bytes)
+
+    def plan(self, d: Directives) -> dict:
+        """Chunks of whole token groups of this rank's shard, a flag per chunk and peer."""
         rows = self.chunk_rows(d)
         n = self.shard // rows
         flag_plan_check(MAX_RANKS * n + MAX_RANKS, f"{n} chunks per rank")
+        return {"n_chunks": n, "chunk_rows": rows}
+
+    def chunk_choices(self) -> list[int]:
+        return sizes_cutting(self.shard * self.row_elems * self.esz, (1, 2, 4, 8))
+
+    def render(self, d: Directives) -> KernelSource:
+        self.check_directives(d)
         s = self.shape
         src = render("cp_attention.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
-                     ctype=CTYPES[self.dtype], n_chunks=n, chunk_rows=rows,
-                     row_bytes=self.row_elems * self.esz, heads=s.heads, head_dim=s.head_dim,
-                     causal=s.causal, comm_ctas=d.comm_ctas, threads=THREADS,
-                     max_ranks=MAX_RANKS, open_slot=OPEN_SLOT, name=d.full_name)
+                     ctype=CTYPES[self.dtype], row_bytes=self.row_elems * self.esz,
+                     heads=s.heads, head_dim=s.head_dim, causal=s.causal, comm_ctas=d.comm_ctas,
+                     threads=THREADS, max_ranks=MAX_RANKS, open_slot=OPEN_SLOT,
+                     name=d.full_name, **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        name = f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
-        return KernelSource(name, src, needs, ("comm_kernel", "init_acc", "merge_partial",
+        return KernelSource(self.kernel_name(d), src, needs, ("comm_kernel", "init_acc", "merge_partial",
                                                "finish", "wait_flags", "set_peer_flag"))
 
     def grid(self) -> list[Directives]:
@@ -272,12 +260,14 @@ class CPAttention(PipelineWorkload):
                                     ctx.stream.ptr)
         return run
 
-    def fused(self, ctx, d: Directives, cubin: str, arena, inputs: Buffers, out) -> Runner:
-        return CPRunner(ctx, self, d, cubin, arena, inputs, out)
+    def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
+        return CPRunner(ctx, self, d, binary, arena, inputs, out)
 
 
-class CPRunner(Runner):
+class CPRunner:
     """Comm kernel pushes K/V chunks; the compute stream attends to each as it arrives."""
+
+    stress_us = 0.0
 
     def __init__(self, ctx, wl: CPAttention, d: Directives, cubin: str, arena, inputs: Buffers,
                  out):

@@ -9,11 +9,15 @@ write live in the symmetric arena, like the side-stream variants'.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 from cuco.design import Directives
 from cuco.runtime.arena import Arena, ArenaLayout, arena_view
-from cuco.workloads.base import Buffers, Workload
+from cuco.workloads.base import Buffers
 from cuco.workloads.side_stream import SideStreamRunner
+
+if TYPE_CHECKING:
+    from cuco.workloads.tp import GemmWorkload
 
 
 def runner_class(d: Directives) -> type:
@@ -30,7 +34,7 @@ def sm_count() -> int:
 class InKernelRunner:
     """``runner()`` performs one fused call of one in-kernel variant on ``ctx.stream``."""
 
-    def __init__(self, ctx, wl: Workload, d: Directives, library: str, arena: Arena,
+    def __init__(self, ctx, wl: "GemmWorkload", d: Directives, library: str, arena: Arena,
                  inputs: Buffers, out):
         if wl.has_chunk_epilogue():
             raise ValueError(f"{type(wl).__name__} adds a chunk_epilogue (Python, between chunks): "

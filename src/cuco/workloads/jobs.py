@@ -27,14 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuco.design import Directives
-from cuco.runtime.arena import (
-    CANARY, GUARD_BYTES, ArenaLayout, guards_intact, poison_arena, prepare_arenas,
-)
+from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, prepare_arenas
 from cuco.runtime.checking import compare
 from cuco.runtime.peaks import MeasurePeaks, physical_floor_ms
 from cuco.runtime.timing import median, spin
-from cuco.workloads.base import EPS, Buffers, get
-from cuco.workloads.in_kernel import runner_class
+from cuco.workloads.base import EPS, Buffers, Workload
 from cuco.workloads.schedule import N_SETS, Call, make_schedule, set_seed
 from cuco.runtime import dtypes
 
@@ -291,12 +288,13 @@ class VariantSpec:
 
 
 @dataclass
-class WorkloadCase:
-    family: str
-    m: int
-    n: int
-    k: int
-    dtype: str = "bf16"
+class Case:
+    """The job that verifies and times fused variants of any workload on every rank
+    (see :func:`judge`): the host-driven program, the workload's extra baselines and every
+    variant are verified and timed in one schedule; the compute alone and the
+    communication alone (the halves of the bound) are timed beside them."""
+
+    workload: Workload
     variants: list[VariantSpec] = field(default_factory=list)
     seed: int = 1
     #: False: a check-only job (every program once per input set, every call checked)
@@ -305,32 +303,35 @@ class WorkloadCase:
     iters: int = 30
     n_checked: int = N_CHECKED
     busy_us: float = 40.0
-    #: A user workload class (sent with the job); None: the registry's ``family``.
-    workload_cls: type | None = None
     stress_us: float = STRESS_US
     schedule_seed: int = field(default_factory=fresh_seed)
 
     def __call__(self, ctx) -> dict[str, Any]:
-        cls = self.workload_cls or get(self.family)
-        wl = cls(self.m, self.n, self.k, ctx.world_size, self.dtype)
-        s = ctx.stream
+        wl, s = self.workload, ctx.stream
+        if wl.world_size != ctx.world_size:
+            raise ValueError(f"{wl.label} is a problem for {wl.world_size} ranks; this worker "
+                             f"group has {ctx.world_size}")
         rtol, atol_f = wl.tolerance()
+        elems = wl.output_elems()
         with s:
-            sets = input_sets(ctx, wl, cls, self.seed, atol_f)
-            rows, cols = wl.output_shape()
+            sets = input_sets(ctx, wl, type(wl), self.seed, atol_f)
             directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
-            layout = ArenaLayout.for_workload(wl)
+            layout = wl.layout()
             arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},
                                     first_epoch(self.schedule_seed)) if self.variants else {}
             programs = {"host_nccl": host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets,
-                                                  rows * cols, self.dtype)}
+                                                  elems, wl.dtype)}
+            per_set = [wl.baselines(ctx, st.inputs) for st in sets]
+            for name in per_set[0]:
+                programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set])
             for v in self.variants:
                 d = directives[v.name]
                 arena = arenas[d.backend.value]
                 programs[v.name] = variant_program(
-                    lambda x, o, d=d, v=v, a=arena: runner_class(d)(ctx, wl, d, v.cubin, a, x, o),
-                    arena, sets, rows * cols, self.dtype)
-        extras = {"gemm_only": lambda: wl.gemm_only(ctx, sets[0].inputs),
+                    lambda x, o, d=d, v=v, a=arena: wl.runner(ctx, d, v.cubin, a, x, o),
+                    arena, sets, elems, wl.dtype)
+        extras = {"compute_only": lambda: wl.compute_only(ctx, sets[0].inputs),
                   "comm_only": lambda: wl.comm_only(ctx, sets[0].inputs)}
-        floor = physical_floor_ms(wl.work(), MeasurePeaks()(ctx))
-        return judge(ctx, self, programs, extras, sets, rtol, self.dtype, layout, floor)
+        work = wl.work()  # peaks are measured (once per worker) only where there is work to bound
+        floor = physical_floor_ms(work, MeasurePeaks()(ctx)) if work is not None else 0.0
+        return judge(ctx, self, programs, extras, sets, rtol, wl.dtype, layout, floor)

@@ -23,45 +23,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cuco.design import Directives
-from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.design.tiles import ROW_ALIGN, largest_divisor, sizes_cutting
-from cuco.errors import DirectiveError, ShapeError
+from cuco.design import Directives, KVProblem
+from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN
+from cuco.design.tiles import largest_divisor, sizes_cutting
+from cuco.errors import DirectiveError
 from cuco.kernels.collectives import KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
 from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
+from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
-from cuco.workloads.base import EPS, Buffers
+from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.pipeline import (
-    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner, flag_plan_check,
+    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check,
 )
-
-
-class KVShape(BaseModel):
-    """Sizes of one prefill->decode transfer (defaults: a 70B-class model, 4K prompt)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    layers: int = Field(32, gt=0)
-    tokens: int = Field(4096, gt=0, description="prompt tokens")
-    hidden: int = Field(8192, gt=0)
-    kv_dim: int = Field(2048, gt=0, description="2 x kv_heads x head_dim per token per layer")
-    dtype: Dtype = "bf16"
-
-    @model_validator(mode="after")
-    def _aligned(self) -> "KVShape":
-        esz = DTYPE_BYTES[self.dtype]
-        if (self.kv_dim * esz) % 16 or (self.hidden * esz) % 16:
-            raise ShapeError(f"kv_transfer: kv_dim={self.kv_dim} and hidden={self.hidden} must "
-                             f"make rows of 16-byte multiples; use multiples of {16 // esz}")
-        if self.tokens % ROW_ALIGN:
-            raise ShapeError(f"kv_transfer: tokens={self.tokens} must be a multiple of "
-                             f"{ROW_ALIGN} (chunks are whole groups of {ROW_ALIGN} rows)")
-        return self
 
 
 def _randn(shape, dtype: str, seed: int, scale: float = 1.0):
@@ -72,20 +49,20 @@ def _randn(shape, dtype: str, seed: int, scale: float = 1.0):
     return dtypes.from_float32(x, dtype)
 
 
+@register
 class KVTransfer(PipelineWorkload):
-    family = "kv_transfer"
+    """``KVTransfer(world_size, layers=..., tokens=..., hidden=..., kv_dim=...)`` (fields of
+    :class:`cuco.design.KVProblem`)."""
 
-    def __init__(self, world_size: int = 2, **shape):
-        if world_size < 2 or world_size % 2:
-            raise ShapeError(f"kv_transfer pairs prefill and decode ranks: world_size="
-                             f"{world_size} must be even and >= 2")
-        super().__init__(KVShape(**shape), world_size)
+    family = "kv_transfer"
+    problem_type = KVProblem
+    problem: KVProblem
 
     # ---- description --------------------------------------------------------------------
-    @property
-    def label(self) -> str:
-        s = self.shape
-        return f"kv_transfer/L{s.layers}T{s.tokens}H{s.hidden}KV{s.kv_dim}/{s.dtype}"
+    def small_problem(self) -> KVProblem:
+        """2 layers of 256 tokens, hidden 512, kv_dim 256."""
+        return self.problem.model_copy(update={"layers": 2, "tokens": 256, "hidden": 512,
+                                               "kv_dim": 256})
 
     @property
     def esz(self) -> int:
@@ -131,18 +108,31 @@ class KVTransfer(PipelineWorkload):
     def layout(self) -> ArenaLayout:
         return ArenaLayout.build({"kv": self.cache_elems * self.esz}, MAX_FLAGS * 8, 0)
 
-    def render(self, d: Directives) -> KernelSource:
-        self.check_directives(d)
+    def work(self) -> Work:
+        """A prefill rank's layers (K/V projection and the stand-in layer GEMM), its cache
+        through HBM once, and the cache its decode peer must receive."""
+        s = self.shape
+        flops = 2.0 * s.layers * s.tokens * s.hidden * (s.kv_dim + s.hidden)
+        cache = self.cache_elems * self.esz
+        return Work(flops, cache + s.layers * s.hidden * (s.kv_dim + s.hidden) * self.esz, cache)
+
+    def plan(self, d: Directives) -> dict:
+        """Chunks of whole token groups of one layer's K/V, a flag pair each."""
         rows = self.chunk_rows(d)
         n = self.n_chunks(d)
         flag_plan_check(2 * n + 1, f"{n} chunks")
+        return {"n_chunks": n, "chunk_bytes": rows * self.shape.kv_dim * self.esz}
+
+    def chunk_choices(self) -> list[int]:
+        return sizes_cutting(self.layer_bytes, (1, 2, 4, 8))
+
+    def render(self, d: Directives) -> KernelSource:
+        self.check_directives(d)
         src = render("kv_transfer.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
-                     ctype=CTYPES[self.dtype], n_chunks=n,
-                     chunk_bytes=rows * self.shape.kv_dim * self.esz, comm_ctas=d.comm_ctas,
-                     threads=THREADS, open_slot=OPEN_SLOT, name=d.full_name)
+                     ctype=CTYPES[self.dtype], comm_ctas=d.comm_ctas,
+                     threads=THREADS, open_slot=OPEN_SLOT, name=d.full_name, **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        name = f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
-        return KernelSource(name, src, needs, ("comm_kernel", "set_own_flag", "set_peer_flag",
+        return KernelSource(self.kernel_name(d), src, needs, ("comm_kernel", "set_own_flag", "set_peer_flag",
                                                "wait_flags"))
 
     def grid(self) -> list[Directives]:
@@ -259,13 +249,15 @@ class KVTransfer(PipelineWorkload):
             return lambda: ctx.comm.send(p, n, self.dtype, peer, s.ptr)
         return lambda: ctx.comm.recv(p, n, self.dtype, peer, s.ptr)
 
-    def fused(self, ctx, d: Directives, cubin: str, arena, inputs: Buffers, out) -> Runner:
-        return KVRunner(ctx, self, d, cubin, arena, inputs)
+    def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
+        return KVRunner(ctx, self, d, binary, arena, inputs)
 
 
-class KVRunner(Runner):
+class KVRunner:
     """Prefill: chunked K/V GEMMs flag chunks, the comm kernel sends them; decode: opens
     its cache to the prefill rank, then waits until every chunk has arrived."""
+
+    stress_us = 0.0
 
     def __init__(self, ctx, wl: KVTransfer, d: Directives, cubin: str, arena, inputs: Buffers):
         import cupy

@@ -26,57 +26,24 @@ into two bf16 terms), and reduce-scatters the partial sums in fp32 over NCCL.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cuco.design import Directives
-from cuco.design.problem import DTYPE_BYTES, Dtype
-from cuco.errors import ShapeError
+from cuco.design import Directives, MoEProblem
+from cuco.design.problem import DTYPE_BYTES
+from cuco.design.tiles import sizes_cutting
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
 from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
+from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
-from cuco.workloads.base import EPS, Buffers
-from cuco.design.tiles import sizes_cutting
-from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, Runner
-
-Routing = Literal["skewed", "one_expert", "empty_experts"]
+from cuco.workloads.base import EPS, Buffers, Runner, register
+from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload
 
 
-class MoEShape(BaseModel):
-    """Tokens per rank and the MoE layer's sizes (defaults: DeepSeek-V3, decode batch)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tokens: int = Field(128, gt=0, description="tokens per rank")
-    hidden: int = Field(7168, gt=0)
-    ffn: int = Field(2048, gt=0, description="expert FFN width")
-    experts: int = Field(256, gt=0)
-    topk: int = Field(8, gt=0)
-    routing: Routing = Field("skewed", description="skewed: seeded router with popular and "
-                             "rare experts; one_expert: every token picks expert 0; "
-                             "empty_experts: half of every rank's experts get no token")
-    dtype: Dtype = "bf16"
-
-    @model_validator(mode="after")
-    def _sizes(self) -> "MoEShape":
-        if self.topk > self.experts:
-            raise ShapeError(f"moe: topk={self.topk} > experts={self.experts}")
-        if self.routing == "empty_experts" and self.topk * 2 > self.experts:
-            raise ShapeError("moe: empty_experts leaves half of the experts; topk must be at "
-                             "most experts / 2")
-        esz = DTYPE_BYTES[self.dtype]
-        if (self.hidden * esz) % 16 or (self.ffn * esz) % 16:
-            raise ShapeError(f"moe: hidden={self.hidden} and ffn={self.ffn} must make 16-byte "
-                             f"rows; use multiples of {16 // esz}")
-        return self
-
-
-def route(shape: MoEShape, world_size: int, seed: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+def route(shape: MoEProblem, world_size: int, seed: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """``(ids [T, K] int32, weights [T, K] float32)`` of one rank, from ``seed``.
 
     ``skewed``: expert popularity ~ lognormal(0, 1) (a few hot experts, many cold),
@@ -114,24 +81,21 @@ def silu_bf16(h) -> None:
     _SILU_BF16(h, h)
 
 
+@register
 class MoE(PipelineWorkload):
+    """``MoE(world_size, tokens=..., hidden=..., ffn=..., experts=..., topk=..., routing=...)``
+    (fields of :class:`cuco.design.MoEProblem`)."""
+
     family = "moe"
+    problem_type = MoEProblem
+    problem: MoEProblem
 
-    def __init__(self, world_size: int = 2, **shape):
-        super().__init__(MoEShape(**shape), world_size)
-        if self.shape.experts % world_size:
-            raise ShapeError(f"moe: experts={self.shape.experts} are split over {world_size} "
-                             f"ranks; choose a multiple of {world_size}")
-        if world_size > MAX_RANKS:
-            raise ShapeError(f"moe: world_size={world_size} > {MAX_RANKS}")
-        if self.dtype != "bf16":
-            raise ShapeError("moe: only bf16 so far (its activation kernel is bf16)")
-
-    @property
-    def label(self) -> str:
-        s = self.shape
-        return (f"moe/T{s.tokens}H{s.hidden}F{s.ffn}E{s.experts}k{s.topk}"
-                f"{'' if s.routing == 'skewed' else '-' + s.routing}/{s.dtype}")
+    def small_problem(self) -> MoEProblem:
+        """64 tokens, hidden 512, FFN 256, 4 experts per rank, at most top-2: the same
+        routing."""
+        w = self.world_size
+        return self.problem.model_copy(update={"tokens": 64, "hidden": 512, "ffn": 256,
+                                               "experts": 4 * w, "topk": min(self.shape.topk, 2)})
 
     @property
     def local_experts(self) -> int:
@@ -164,17 +128,32 @@ class MoE(PipelineWorkload):
                                   "ret": self.pairs * self.row_bytes,
                                   "counts": self.world_size * s.experts * 4}, MAX_FLAGS * 8, 0)
 
+    def work(self) -> Work:
+        """An average rank (the busiest does at least as much): its share of the pairs
+        through both expert GEMMs, the rows through HBM once (not the weights: an expert
+        no token picked need not read them), the rows it receives from peers for dispatch
+        and back for combine."""
+        s, w = self.shape, self.world_size
+        rows_in = self.pairs * (w - 1) / w
+        return Work(4.0 * self.pairs * s.hidden * s.ffn, 3 * self.pairs * self.row_bytes,
+                    2 * rows_in * self.row_bytes)
+
+    def plan(self, d: Directives) -> dict:
+        """One chunk per group of experts (any chunk size groups the experts somehow)."""
+        return {"groups": self.groups(d)}
+
+    def chunk_choices(self) -> list[int]:
+        return sizes_cutting(self.pairs * self.row_bytes, (1, 2, 4, 8, 16))
+
     def render(self, d: Directives) -> KernelSource:
         self.check_directives(d)
-        g = self.groups(d)
         src = render("moe.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], experts=self.shape.experts,
-                     experts_per_rank=self.local_experts, groups=g, row_bytes=self.row_bytes,
+                     experts_per_rank=self.local_experts, row_bytes=self.row_bytes,
                      max_ranks=MAX_RANKS, threads=THREADS, open_slot=OPEN_SLOT,
-                     name=d.full_name)
+                     name=d.full_name, **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        name = f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
-        return KernelSource(name, src, needs, ("share_counts", "dispatch_kernel", "combine_kernel",
+        return KernelSource(self.kernel_name(d), src, needs, ("share_counts", "dispatch_kernel", "combine_kernel",
                                                "silu_inplace", "wait_flags", "set_own_flag",
                                                "set_peer_flag"))
 
@@ -434,8 +413,8 @@ class MoE(PipelineWorkload):
             a2a(recvs, sends)
         return run
 
-    def fused(self, ctx, d: Directives, cubin: str, arena, inputs: Buffers, out) -> Runner:
-        return MoERunner(ctx, self, d, cubin, arena, inputs, out)
+    def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
+        return MoERunner(ctx, self, d, binary, arena, inputs, out)
 
 
 def _view(ptr: int, n: int):
@@ -445,7 +424,7 @@ def _view(ptr: int, n: int):
     return cupy.ndarray((n,), dtype=cupy.uint16, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
-class MoERunner(Runner):
+class MoERunner:
     """Counts shared on the device (then read by the host for the GEMM sizes); rows
     dispatched and returned by two kernels on the side stream, expert groups computed
     on the compute stream as their rows arrive."""
@@ -454,6 +433,7 @@ class MoERunner(Runner):
         import cupy
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.output = out
+        self.stress_us = 0.0
         self.layout = wl.layout()
         self.groups = wl.groups(d)
         self.f = {n: ctx.function(cubin, n) for n in

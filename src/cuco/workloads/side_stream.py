@@ -10,6 +10,8 @@ NVSHMEM symmetric memory).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from cuco.design import Directives
@@ -18,13 +20,16 @@ from cuco.kernels.tp import THREADS
 from cuco.runtime.arena import Arena, ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
-from cuco.workloads.base import Buffers, Workload
+from cuco.workloads.base import Buffers
+
+if TYPE_CHECKING:
+    from cuco.workloads.tp import GemmWorkload
 
 
 class SideStreamRunner:
     """``runner()`` performs one fused call of one variant on ``ctx.stream``."""
 
-    def __init__(self, ctx, wl: Workload, d: Directives, cubin: str, arena: Arena,
+    def __init__(self, ctx, wl: "GemmWorkload", d: Directives, cubin: str, arena: Arena,
                  inputs: Buffers, out):
         import cupy
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena

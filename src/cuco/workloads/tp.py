@@ -5,15 +5,30 @@ Per rank ``r`` of ``w`` (global shapes M x K times K x N):
 * ``gemm_allreduce``      row-parallel linear:    ``Y = allreduce(X_r[M, K/w] @ W_r[K/w, N])``
 * ``gemm_reducescatter``  row-parallel + seq-par: ``Y_r = rows_r(sum_s X_s @ W_s)``, ``[M/w, N]``
 * ``allgather_gemm``      column-parallel linear: ``Y_r = allgather_rows(X_s[M/w, K]) @ W_r[K, N/w]``
+
+:class:`GemmWorkload` is their common base (and a user's GEMM + collective workload's, with
+a ``pattern`` naming the built-in whose templates it reuses): every placement, a
+``side_stream`` template per pattern and the one-kernel CUTLASS templates.
 """
 
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
+from cuco.design import DesignSpace, Directives, GemmProblem, Placement
+from cuco.design.tiles import ChunkPlan, chunk_sizes
+from cuco.errors import DirectiveError
+from cuco.kernels import tp as templates
+from cuco.kernels.collectives import KernelSource
 from cuco.runtime import dtypes
+from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
-from cuco.workloads.base import EPS, Buffers, Workload, register
+from cuco.runtime.peaks import Work
+from cuco.workloads.base import EPS, Buffers, Runner, Workload, register
+from cuco.design.problem import Dtype
 
 
 def _ptr(a) -> int:
@@ -29,7 +44,213 @@ def _random_matrix(shape: tuple[int, int], dtype: str, seed: int, scale: float =
     return dtypes.from_float32(x, dtype)
 
 
-class _RowParallel(Workload):
+class GemmWorkload(Workload):
+    """A GEMM whose operands or result cross ranks through one collective.
+
+    Subclasses set :attr:`family` and implement the abstract methods. The per-rank shapes
+    must divide as the pattern requires; a shape that does not is refused with a
+    :class:`cuco.ShapeError` at construction.
+    """
+
+    problem_type = GemmProblem
+    placements = tuple(Placement)
+    #: The built-in family whose fused templates this workload reuses (its own family for
+    #: the built-ins). A user workload that is "GEMM + something, then AllReduce" sets
+    #: ``pattern = "gemm_allreduce"`` and adds a :meth:`chunk_epilogue`.
+    pattern: ClassVar[str | None] = None
+    problem: GemmProblem
+
+    def __init__(self, m: int, n: int, k: int, world_size: int, dtype: Dtype = "bf16"):
+        super().__init__(GemmProblem(workload=self.family, m=m, n=n, k=k,
+                                     world_size=world_size, dtype=dtype))
+        self.validate()
+
+    def validate(self) -> None:
+        _ = self.pattern_problem  # a shape its pattern cannot split is refused here, with the fix
+
+    # ---- description (CPU) ------------------------------------------------------------
+    @property
+    def m(self) -> int:
+        return self.problem.m
+
+    @property
+    def n(self) -> int:
+        return self.problem.n
+
+    @property
+    def k(self) -> int:
+        return self.problem.k
+
+    @property
+    def pattern_name(self) -> str:
+        return self.pattern or self.family
+
+    @property
+    def pattern_problem(self) -> GemmProblem:
+        """This shape under the family whose templates and chunk plans it uses."""
+        return self.in_pattern(self.problem)
+
+    def in_pattern(self, problem: GemmProblem) -> GemmProblem:
+        """``problem`` (this workload's, or a smaller one) under its pattern's family,
+        validated, so a shape the pattern cannot split is refused with the fix."""
+        if problem.workload == self.pattern_name:
+            return problem
+        return GemmProblem(**{**problem.model_dump(), "workload": self.pattern_name})
+
+    @abstractmethod
+    def local_gemm(self) -> tuple[int, int, int]:
+        """(m, n, k) of the GEMM each rank runs in the host-driven program."""
+
+    @abstractmethod
+    def output_shape(self) -> tuple[int, int]:
+        """Shape of each rank's final output."""
+
+    def output_elems(self) -> int:
+        rows, cols = self.output_shape()
+        return rows * cols
+
+    def flops_per_rank(self) -> int:
+        m, n, k = self.local_gemm()
+        return 2 * m * n * k
+
+    def link_bytes_per_rank(self) -> int:
+        """Bytes each rank must receive from its peers in one call (0: unknown)."""
+        return 0
+
+    def work(self) -> Work:
+        """Its GEMM, each operand and result through HBM once, and what it receives."""
+        m, n, k = self.local_gemm()
+        esz = self.problem.dtype_bytes
+        return Work(self.flops_per_rank(), (m * k + k * n + m * n) * esz, self.link_bytes_per_rank())
+
+    def tolerance(self) -> tuple[float, float]:
+        """Each partial product is rounded once to the dtype and, for reductions,
+        the sum of ``world_size`` of them once more: ``rtol = (w + 1) * eps``.
+        Where partials cancel, their rounding errors (up to ``eps/2`` of a
+        partial, and partials reach ``max|ref|``) stay: the absolute part is
+        ``eps * w * max|ref|``, grown with ``sqrt(K)`` for fp32
+        accumulation-order differences. A kernel that drops or doubles one
+        rank's contribution errs by about ``rms(ref)``, far above it.
+        """
+        eps = EPS[self.dtype]
+        w = self.world_size
+        return (w + 1) * eps, eps * (w + math.sqrt(self.k / 65536.0))
+
+    # ---- templates ----------------------------------------------------------------------
+    def supported(self, d: Directives) -> list[str]:
+        """The one-kernel templates' refusals, or a side-stream chunk plan that does not fit."""
+        problem = self.pattern_problem
+        if d.placement.in_kernel:
+            if self.has_chunk_epilogue():
+                return [f"placement: {type(self).__name__} adds a chunk_epilogue (Python, "
+                        f"between chunks); placement={d.placement.value} runs the whole GEMM in "
+                        "one kernel; use placement=side_stream"]
+            return templates.supported(problem, d)
+        try:
+            plan = ChunkPlan.for_problem(problem, d)
+        except DirectiveError as exc:
+            return list(exc.problems)
+        if plan.n_chunks >= templates.FLAG_STRIDE // 2:
+            return [f"chunk_bytes: {plan.n_chunks} chunks exceed {templates.FLAG_STRIDE // 2 - 1}; "
+                    "choose a larger chunk_bytes"]
+        return []
+
+    def render(self, d: Directives) -> KernelSource:
+        return templates.render_tp(self.pattern_problem, d)[0]
+
+    def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
+        """The points that have a fused template at this shape.
+
+        ``side_stream``: vendor GEMM per chunk (tile fields unused, kept at 128x128x64, 4
+        stages); chunk sizes of 2 to 32 chunks per rank, 8 to 64 communication CTAs.
+        ``epilogue`` / ``dedicated_ctas``: the one-kernel CUTLASS templates, one output tile
+        per flag, tiles 128x128 (4 stages) or 128x256 (3), row-by-row or grouped tile
+        order, the epilogue on the consumers or on 3 spare producer warps, 8 or 16
+        communication CTAs. A workload whose Python ``chunk_epilogue`` runs between chunks
+        gets ``side_stream`` only.
+        """
+        placements = self.check_placements(placements or self.placements)
+        if self.has_chunk_epilogue():
+            placements = self.check_placements([p for p in placements if not p.in_kernel]
+                                               or [Placement.SIDE_STREAM])
+        problem = self.problem
+        side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
+        in_kernel = [p for p in placements if p.in_kernel]
+        tiles = sorted({128 * tn * problem.dtype_bytes for tn in (128, 256)}) if in_kernel else []
+        comm = ([8, 16, 32, 64] if Placement.SIDE_STREAM in placements else []) \
+            + ([0] if Placement.EPILOGUE in placements else []) \
+            + ([8, 16] if Placement.DEDICATED_CTAS in placements else [])
+
+        def rules(values, prob) -> list[str]:
+            """What the templates add to the design rules: side_stream's chunk sizes and its
+            unused tile fields fixed (no duplicate points); the in-kernel refusals."""
+            if values["placement"] is Placement.SIDE_STREAM:
+                out = []
+                if values["chunk_bytes"] not in side:
+                    out.append("chunk_bytes: side_stream uses 2 to 32 chunks per rank")
+                if (values["tile_n"], values["stages"]) != (128, 4) or values["comm_ctas"] < 8:
+                    out.append("tile_n: side_stream runs a vendor GEMM; its tile fields stay "
+                               "128x128x64, 4 stages")
+                return out or self.supported(Directives.model_construct(**values))
+            if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
+                return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
+            if (values["tile_n"], values["stages"]) not in ((128, 4), (256, 3)):
+                return ["stages: the in-kernel tiles are 128x128 with 4 stages or 128x256 with 3"]
+            return self.supported(Directives.model_construct(**values))
+
+        return DesignSpace(problem, rules=rules, backend=[b.value for b in self.backends],
+                           placement=list(placements), sync_scope=["chunk"],
+                           chunk_bytes=sorted({*side, *tiles}), tile_m=[128],
+                           tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
+                           stages=[3, 4] if in_kernel else [4], comm_ctas=sorted(set(comm)),
+                           issuer=["thread", "warp", "cta"],
+                           raster_group=[1, 8] if in_kernel else [1],
+                           comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
+
+    def small_problem(self) -> GemmProblem:
+        w = self.world_size
+        return self.problem.model_copy(update={"m": 256 * w, "n": 512 * w, "k": 512 * w})
+
+    def small_directives(self, d: Directives, small: Workload) -> Directives:
+        """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile);
+        in-kernel placements move one tile per flag, so they keep their chunk."""
+        if d.placement.in_kernel:
+            return d
+        fit = small.problem.output_bytes_per_rank() // 4
+        chunk = d.chunk_bytes
+        while chunk > fit and chunk > (1 << 15):
+            chunk //= 2
+        return d.replace(chunk_bytes=chunk)
+
+    def layout(self) -> ArenaLayout:
+        return ArenaLayout.for_workload(self)
+
+    # ---- GPU side (inside a worker) -------------------------------------------------
+    @abstractmethod
+    def gemm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        """The GEMM alone (the compute half of the bound)."""
+
+    def compute_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
+        return self.gemm_only(ctx, inputs)
+
+    def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
+        from cuco.workloads.in_kernel import runner_class
+        return runner_class(d)(ctx, self, d, binary, arena, inputs, out)
+
+    def chunk_epilogue(self, ctx, inputs: Buffers, ptr: int, row0: int, rows: int, stream) -> None:
+        """Work on ``rows`` rows of the local GEMM output starting at row ``row0`` (at
+        device address ``ptr``), enqueued on ``stream`` right after their GEMM and
+        before the communication may read them. None for the built-ins; a user
+        workload adds bias, activation, scaling here (and in its host sequence)."""
+
+    @classmethod
+    def has_chunk_epilogue(cls) -> bool:
+        """Whether this workload adds Python work between chunks (the one-kernel
+        placements cannot run it)."""
+        return cls.chunk_epilogue is not GemmWorkload.chunk_epilogue
+
+
+class _RowParallel(GemmWorkload):
     """Shared by GEMM+AllReduce and GEMM+ReduceScatter: K is split over ranks."""
 
     def local_gemm(self) -> tuple[int, int, int]:
@@ -128,7 +349,7 @@ class GemmReduceScatter(_RowParallel):
 
 
 @register
-class AllGatherGemm(Workload):
+class AllGatherGemm(GemmWorkload):
     family = "allgather_gemm"
 
     def local_gemm(self) -> tuple[int, int, int]:
