@@ -128,3 +128,20 @@ def test_cli_searches_a_pipeline_and_refuses_what_it_lacks(tmp_path):
                "--db", str(tmp_path / "b.db"))
     assert bad.returncode == 2 and "--shape tokens=64,experts=8" in bad.stdout, bad.stdout
     assert not (tmp_path / "b.db").exists()
+
+
+def test_a_pipeline_candidate_exports_and_loads(tmp_path):
+    from cuco.export import ArtifactMismatch, best_callable, export, load
+    from cuco.fused_call import CallError
+
+    db = CandidateDB(tmp_path / "c.db")
+    res = search("kv_transfer", SHAPES["kv_transfer"], db=db, budget=8, islands=1, dry_run=True)
+    cid = best_callable(db, res.run_id)  # an LSA one: the backend a caller could bind
+    art = export(db, cid, tmp_path / "art", arch="sm_90a")
+    assert art.manifest["workload"] == "kv_transfer" and art.manifest["launcher"] is False
+    again = load(art.path, world_size=2, shape=SHAPES["kv_transfer"], arch="sm_90a")
+    assert again.problem == make_problem("kv_transfer", SHAPES["kv_transfer"])
+    with pytest.raises(ArtifactMismatch, match="shape: built for layers=2,tokens=256"):
+        load(art.path, shape="layers=4,tokens=256,hidden=512,kv_dim=256", arch="sm_90a")
+    with pytest.raises(CallError, match="kv_transfer: only the GEMM workloads"):
+        again.bind(rank=0, world_size=2, nccl_id=b"\0" * 128)
