@@ -1,9 +1,16 @@
-"""The nvcc driver: cubins for kernels, shared objects for host shims.
+"""The nvcc driver: cubins for kernels, shared objects for CUTLASS launchers and host shims.
 
 Outputs are cached under a content hash of everything that changes them
-(source, flags, arch, nvcc and library versions), written atomically so that
-parallel processes never see half a file. Compiler output is cut down to the
+(source, flags, arch, nvcc, host compiler and library versions), written atomically so
+that parallel processes never see half a file. Compiler output is cut down to the
 lines that say what is wrong before it reaches a proposer or a person.
+
+A launcher (a CUTLASS kernel, see :func:`is_launcher`) is built in two pieces: its host
+part, which depends only on the kernel's configuration, is compiled once and shared by
+every candidate of that configuration; the candidate's device code is compiled alone
+into a cubin (nvcc's device pass: the same cicc and ptxas steps as a whole build, so the
+same SASS) and linked in beside it. A whole build spent about half its time on the host
+side (cudafe++ and the host compiler over CUTLASS's host templates).
 """
 
 from __future__ import annotations
@@ -14,15 +21,20 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
-from cuco.errors import ArchError, CompileError
+from filelock import FileLock
+
+from cuco.errors import ArchError, CompileError, LibraryNotFound
 from cuco.kernels import toolchain
 
 INCLUDE_DIR = Path(__file__).parent / "include"
@@ -30,6 +42,13 @@ SHIM_DIR = Path(__file__).parent / "shims"
 
 #: Libraries a kernel may need; each adds include paths (and, for NVSHMEM, a device link).
 NEEDS = ("nccl", "nvshmem", "cutlass")
+
+#: How a launcher source marks its host part and names its linked-in cubin. Templates get
+#: these as variables (``**LAUNCHER_PARTS``) so that sources and compiler cannot disagree.
+HOST_BEGIN = "// cuco:launcher-host-begin"
+HOST_END = "// cuco:launcher-host-end"
+CUBIN_SYMBOL = "cuco_fused_cubin"
+LAUNCHER_PARTS = {"host_begin": HOST_BEGIN, "host_end": HOST_END, "cubin_symbol": CUBIN_SYMBOL}
 
 
 def default_cache_dir() -> Path:
@@ -99,6 +118,73 @@ def is_launcher(needs: Sequence[str]) -> bool:
     return "cutlass" in needs
 
 
+def launcher_host_part(source: str) -> str:
+    """The lines of a launcher source inside its :data:`HOST_BEGIN` ... :data:`HOST_END`
+    regions, joined: includes, types and host functions that depend only on the kernel's
+    configuration (shape, tile, stages, dtype, pattern, backend), never on a candidate's
+    device code, so one compiled object serves every candidate of that configuration."""
+    keep: list[str] = []
+    inside = None
+    for line in source.split("\n"):
+        if line in (HOST_BEGIN, HOST_END):
+            opening = line == HOST_BEGIN
+            if opening == bool(inside):  # a region opened twice, or closed unopened
+                inside = None
+                break
+            inside = opening
+        elif inside:
+            keep.append(line)
+    if inside is not False:
+        raise CompileError(f"a CUTLASS launcher source marks its host part with regions from a "
+                           f"line {HOST_BEGIN!r} to a line {HOST_END!r} (render it from a template "
+                           "with **LAUNCHER_PARTS)")
+    return "\n".join(keep) + "\n"
+
+
+def device_code(binary: bytes) -> dict[str, bytes]:
+    """Every section of the CUDA ELF images in ``binary`` that hold kernels (a cubin, a
+    launcher library with its cubin linked in, or a whole build's shared object with its
+    fatbin), each with its header fields, keyed ``'<image>:<section>'``. nvcc names
+    internal symbols after hashes of the source file (:data:`_INTERNAL`): those are
+    blanked. Two builds have the same SASS, resources and launch attributes exactly when
+    these are equal: how a build change is shown not to change a kernel, without a GPU."""
+    out: dict[str, bytes] = {}
+    start = binary.find(_ELF_MAGIC)
+    while start >= 0:
+        image = _cuda_elf_sections(binary, start)
+        if any(name.startswith(".text.") for name in image):
+            n = len({key.split(":")[0] for key in out})
+            out.update({f"{n}:{name}": body for name, body in image.items()})
+        start = binary.find(_ELF_MAGIC, start + 1)
+    return out
+
+
+_ELF_MAGIC = b"\x7fELF\x02\x01"
+#: ``_INTERNAL_<hash>_<n>_<file>_cu_<hash>`` (and ``_GLOBAL__N__`` alike): names of a
+#: file's internal symbols and anonymous namespaces.
+_INTERNAL = re.compile(rb"(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_(\d+_[A-Za-z0-9_]*?_cu)_[0-9a-f]{8}")
+_EM_CUDA = 190
+
+
+def _cuda_elf_sections(binary: bytes, start: int) -> dict[str, bytes]:
+    """Sections of the 64-bit little-endian CUDA ELF image at ``start`` (empty when the
+    bytes there are not one): header fields (type, flags, info, size) then contents."""
+    if len(binary) < start + 64 or struct.unpack_from("<H", binary, start + 18)[0] != _EM_CUDA:
+        return {}
+    shoff, = struct.unpack_from("<Q", binary, start + 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", binary, start + 0x3A)
+    if shnum == 0 or start + shoff + shnum * shentsize > len(binary):
+        return {}
+    headers = [struct.unpack_from("<IIQQQQIIQQ", binary, start + shoff + i * shentsize) for i in range(shnum)]
+    names = start + headers[shstrndx][4]
+    out = {}
+    for name_at, kind, flags, _, offset, size, _, info, _, _ in headers:
+        name = binary[names + name_at:binary.index(b"\0", names + name_at)].decode()
+        body = b"" if kind == 8 else binary[start + offset:start + offset + size]  # 8: SHT_NOBITS
+        out[name] = struct.pack("<IQIQ", kind, flags, info, size) + _INTERNAL.sub(rb"\1\2_", body)
+    return out
+
+
 @dataclass
 class Compiler:
     """Compiles CUDA C++ sources to cubins with a content-hash cache.
@@ -139,14 +225,14 @@ class Compiler:
 
     def cache_key(self, source: str, needs: Sequence[str], kind: str, extra: Sequence[str] = ()) -> str:
         """Hash of what changes the output: source, our headers, flags (less include
-        paths, which differ between machines), arch, and the versions of nvcc and of
-        the libraries this source needs. A cubin built here is reused on a machine
-        with the same versions."""
+        paths, which differ between machines), arch, and the versions of nvcc, of the host
+        compiler it drives and of the libraries this source needs. A cubin built here is
+        reused on a machine with the same versions."""
         versions = toolchain.library_versions()
         flags = [f for f in self.base_flags(needs) + list(extra) if not f.startswith(("-I", "-L", "-Xlinker"))]
         fields = {
             "source": source, "needs": sorted(needs), "kind": kind, "arch": self.arch,
-            "flags": flags, "nvcc": versions.get("nvcc"),
+            "flags": flags, "nvcc": versions.get("nvcc"), "host_compiler": host_compiler(),
             "versions": {n: versions.get(n) for n in sorted(needs)},
             "headers": _header_digest(),
         }
@@ -166,14 +252,14 @@ class Compiler:
         if out.exists():
             return CompiledKernel(out, key, self.arch, needs, 0.0, True)
         t0 = time.perf_counter()
+        host = launcher_host_part(source) if kind == "launcher" else ""
         with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
-            src = Path(tmp) / f"{_safe(name)}.cu"
+            src = Path(tmp) / source_file_name(name)
             src.write_text(source)
-            cubin = Path(tmp) / "out.cubin"
+            cubin = Path(tmp) / ("out.so" if kind == "launcher" else "out.cubin")
             nvcc = str(toolchain.find_nvcc())
             if kind == "launcher":  # peers are reached through pointers: no NVSHMEM device link
-                log = self._run([nvcc, *self.base_flags(needs), "-shared", "-Xcompiler", "-fPIC",
-                                 str(src), "-o", str(cubin)])
+                log = self._build_launcher(src, host, needs, cubin)
             elif "nvshmem" in needs:
                 lib = toolchain.nvshmem()
                 obj = Path(tmp) / "out.o"
@@ -183,10 +269,45 @@ class Compiler:
                                   f"-L{lib.lib}", "-lnvshmem_device", "-o", str(cubin)])
             else:
                 log = self._run([nvcc, *self.base_flags(needs), "-cubin", str(src), "-o", str(cubin)])
-            tmp_out = out.with_suffix(f".tmp{os.getpid()}")
-            shutil.copyfile(cubin, tmp_out)
-            os.replace(tmp_out, out)
+            _publish(cubin, out)
         return CompiledKernel(out, key, self.arch, needs, time.perf_counter() - t0, False, log)
+
+    def _build_launcher(self, src: Path, host: str, needs: Sequence[str], so: Path) -> str:
+        """``src`` as a launcher library: its device code alone to a cubin, linked with the
+        object of its host part ``host`` (:meth:`launcher_host`: cached per configuration,
+        built meanwhile on a second thread when this is the configuration's first build)."""
+        nvcc = str(toolchain.find_nvcc())
+        cubin = so.with_name("kernel.cubin")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            host_obj = pool.submit(self.launcher_host, host, needs)
+            log = self._run([nvcc, *self.base_flags(needs), "-cubin", str(src), "-o", str(cubin)])
+            obj = host_obj.result()
+        embed = so.with_name("embed_cubin.cpp")
+        embed.write_text(_embed_source(cubin))
+        return log + self._run([nvcc, *gencode(self.arch), "-shared", "-Xcompiler", "-fPIC",
+                                str(obj), str(embed), "-o", str(so)])
+
+    def launcher_host(self, host: str, needs: Sequence[str]) -> Path:
+        """The object file of a launcher's host part (:func:`launcher_host_part`), built once
+        per configuration. A file lock beside it makes concurrent first builds (threads of
+        :meth:`compile_many`, processes sharing the cache) wait for one instead of repeating
+        a build of CUTLASS's host templates that takes as long as the kernel's."""
+        needs = tuple(sorted(set(needs)))
+        key = self.cache_key(host, needs, "launcher-host")
+        out = self.cache_dir / f"launcher-host-{key}.o"
+        if out.exists():
+            return out
+        with FileLock(str(out) + ".lock"):
+            if out.exists():
+                return out
+            with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
+                src = Path(tmp) / "launcher_host.cu"
+                src.write_text(host)
+                obj = Path(tmp) / "out.o"
+                self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-Xcompiler", "-fPIC",
+                           "-c", str(src), "-o", str(obj)])
+                _publish(obj, out)
+        return out
 
     def compile_many(self, sources: Sequence[tuple[str, str, Sequence[str]]], *,
                      workers: int | None = None, on_done=None) -> list[CompiledKernel | CompileError]:
@@ -212,15 +333,13 @@ class Compiler:
         if out.exists():
             return out
         with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
-            src = Path(tmp) / f"{_safe(name)}.cu"
+            src = Path(tmp) / source_file_name(name)
             src.write_text(source)
             so = Path(tmp) / "out.so"
             self._run([str(toolchain.find_nvcc()), "-std=c++17", "-O2", "-shared",
                        "-Xcompiler", "-fPIC", *self.include_flags(needs), str(src), "-o", str(so),
                        *link])
-            tmp_out = out.with_suffix(f".tmp{os.getpid()}")
-            shutil.copyfile(so, tmp_out)
-            os.replace(tmp_out, out)
+            _publish(so, out)
         return out
 
     def _run(self, cmd: list[str]) -> str:
@@ -249,6 +368,49 @@ _TRANSIENT_SPAWN = {errno.EFAULT, errno.EAGAIN, errno.ENOMEM}
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
+
+
+def source_file_name(name: str) -> str:
+    """What nvcc is given the source of kernel ``name`` as. nvcc names a file's internal
+    symbols after it, so a build compared with :func:`device_code` uses the same name."""
+    return f"{_safe(name)}.cu"
+
+
+def _publish(built: Path, out: Path) -> None:
+    """Copy ``built`` to ``out`` atomically: through a file beside ``out`` named for this
+    process and thread, renamed over it, so that a reader sees the whole file or none and
+    two writers of one key (threads of one process included) never share a temporary file."""
+    tmp = out.with_name(f"{out.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        shutil.copyfile(built, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _c_string(text: str) -> str:
+    """``text`` as a C (and GNU assembler) string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _embed_source(cubin: Path) -> str:
+    """C++ that holds ``cubin``'s bytes as :data:`CUBIN_SYMBOL` (``.incbin``: no byte array
+    to parse), hidden so that each loaded launcher library resolves its own."""
+    asm = (f".section .rodata.{CUBIN_SYMBOL},\"a\"\n.balign 64\n.globl {CUBIN_SYMBOL}\n"
+           f".hidden {CUBIN_SYMBOL}\n{CUBIN_SYMBOL}:\n.incbin {_c_string(str(cubin))}\n.previous\n")
+    return f"asm({_c_string(asm)});\n"
+
+
+@lru_cache(maxsize=None)
+def host_compiler() -> str:
+    """The host compiler nvcc drives (its ``--version`` line; ``''`` without nvcc): it
+    preprocesses every kernel and compiles every launcher's host part."""
+    try:
+        out = subprocess.run([str(toolchain.find_nvcc()), "-E", "-x", "c++", "-Xcompiler", "--version",
+                              os.devnull], capture_output=True, text=True, check=False).stdout
+    except (LibraryNotFound, OSError):
+        return ""
+    return out.strip().split("\n")[0]
 
 
 _HEADER_DIGEST: str | None = None

@@ -14,12 +14,15 @@ Three templates:
 
 from __future__ import annotations
 
+from typing import Any
+
 from cuco.design import Directives, Problem
 from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
+from cuco.kernels.compiler import LAUNCHER_PARTS
 from cuco.kernels.render import CTYPES, render
 
 THREADS = 512
@@ -101,6 +104,19 @@ def supported(problem: Problem, d: Directives) -> list[str]:
     return out
 
 
+def fused_context(problem: Problem, d: Directives, *, gemm_only: bool = False) -> dict[str, Any]:
+    """What ``tp_fused.cu.j2`` is rendered with for the in-kernel point ``d`` (one that
+    :func:`supported` accepts); ``bench/compile_speed.py`` renders the template of an
+    earlier commit with it, to compare builds before and after a change."""
+    m, n, k = local_gemm(problem)
+    return dict(workload=problem.workload, placement=d.placement.value, backend=d.backend.value,
+                issuer=d.issuer.value, ctype=CTYPES[problem.dtype], cutlass_type=CUTLASS_TYPES[problem.dtype],
+                world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
+                stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
+                comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
+                flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, **LAUNCHER_PARTS)
+
+
 def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
               ) -> tuple[KernelSource, ChunkPlan | None]:
     """Kernel source and chunk plan (None for in-kernel placements, whose unit is a tile)
@@ -118,15 +134,7 @@ def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
         raise DirectiveError(bad)
     name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
     if d.placement.in_kernel:
-        m, n, k = local_gemm(problem)
-        src = render("tp_fused.cu.j2", workload=problem.workload, placement=d.placement.value,
-                     backend=d.backend.value, issuer=d.issuer.value, ctype=CTYPES[problem.dtype],
-                     cutlass_type=CUTLASS_TYPES[problem.dtype], world=problem.world_size,
-                     m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
-                     stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
-                     comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0,
-                     max_ranks=MAX_RANKS, flag_stride=FLAG_STRIDE, name=d.full_name,
-                     gemm_only=gemm_only)
+        src = render("tp_fused.cu.j2", **fused_context(problem, d, gemm_only=gemm_only))
         if gemm_only:
             name = "profile.gemm_only." + name
         needs = ("cutlass", "nccl") if d.backend.value == "lsa" else ("cutlass", "nvshmem")

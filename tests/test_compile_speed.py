@@ -1,0 +1,126 @@
+"""CUTLASS launchers build in two pieces (issue #23): the host part once per configuration,
+cached, and each candidate's device code alone. The kernel must be the one a whole build
+makes: that is checked here on the SASS itself, with the real nvcc and no GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cuco.design import GemmProblem
+from cuco.errors import CompileError
+from cuco.kernels import Compiler, render
+from cuco.kernels.compiler import (HOST_BEGIN, HOST_END, LAUNCHER_PARTS, device_code, is_launcher,
+                                   launcher_host_part, source_file_name)
+from cuco.kernels.toolchain import find_nvcc
+from cuco.kernels.tp import in_kernel, render_tp
+from cuco.workloads.catalog import representative
+
+AR = GemmProblem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2)
+
+
+def host_part(problem, **directives) -> str:
+    return launcher_host_part(render_tp(problem, in_kernel(**directives))[0].source)
+
+
+def test_candidates_of_one_configuration_share_one_host_part():
+    """What a search varies between candidates of one tile/stage/dtype configuration
+    (placement, issuer, comm warps and CTAs, rasterisation) stays out of the host part."""
+    variants = [dict(placement="epilogue"), dict(placement="epilogue", issuer="warp", comm_warps=3),
+                dict(placement="epilogue", raster_group=8, comm_warps=1),
+                dict(placement="dedicated_ctas", comm_ctas=8, issuer="thread")]
+    assert len({host_part(AR, **v) for v in variants}) == 1
+    base = host_part(AR, placement="epilogue")
+    assert host_part(AR, placement="epilogue", tile_n=128) != base
+    assert host_part(AR, placement="epilogue", tile_n=128, stages=4) != host_part(AR, placement="epilogue", tile_n=128)
+    assert host_part(AR.model_copy(update={"workload": "allgather_gemm"}), placement="epilogue") != base
+
+
+def test_a_launcher_source_without_host_markers_is_refused_before_nvcc(tmp_path):
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    for source in ("__global__ void k() {}\n", f"{HOST_BEGIN}\n{HOST_BEGIN}\n{HOST_END}\n",
+                   f"{HOST_END}\n{HOST_BEGIN}\n"):
+        with pytest.raises(CompileError, match="launcher-host-begin"):
+            comp.compile(source, needs=("cutlass",), name="unmarked")
+    assert not list(tmp_path.glob("*.so"))
+
+
+def tiny_launcher(value: int, host_extra: str = "") -> str:
+    """A launcher source with the shipped host loader and a kernel that stores ``value``:
+    the two-piece build at the cost of a few seconds, without CUTLASS's templates."""
+    loader = render("_launch_cubin.cu.j2", kernel="fused_kernel", **LAUNCHER_PARTS)
+    return (f"// stores {value}\n{HOST_BEGIN}\n{loader}\n"
+            "extern \"C\" int cuco_fused_smem_bytes() { return 0; }\n"
+            "extern \"C\" int cuco_fused_setup(int device) {\n"
+            "  CUfunction f;\n  return cuco_cubin::function(device, 0, &f);\n}\n"
+            f"{host_extra}{HOST_END}\n"
+            f"extern \"C\" __global__ void fused_kernel(int* out) {{ *out = {value}; }}\n")
+
+
+class RecordingCompiler(Compiler):
+    """The real compiler, recording the nvcc commands it runs (to count host builds)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.commands: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def _run(self, cmd: list[str]) -> str:
+        with self._lock:
+            self.commands.append(cmd)
+        return super()._run(cmd)
+
+
+def whole_build(comp: Compiler, source: str, needs: tuple[str, ...], name: str, tmp: Path) -> bytes:
+    """The device code of the build the launchers had before the split: one nvcc over host
+    and device code with the same flags (compiled, not linked: the link does not touch the
+    kernel, and the host part refers to a cubin only the split build links in; the fatbin
+    left uncompressed so that its cubin can be read)."""
+    src = tmp / "whole" / source_file_name(name)
+    src.parent.mkdir(parents=True)
+    src.write_text(source)
+    obj = src.with_suffix(".o")
+    subprocess.run([str(find_nvcc()), *comp.base_flags(needs), "-Xcompiler", "-fPIC", "--no-compress", "-c", str(src),
+                    "-o", str(obj)], check=True, capture_output=True)
+    return obj.read_bytes()
+
+
+def test_candidates_build_their_host_part_once_and_keep_their_own_kernel(tmp_path):
+    """Two candidates of one configuration compiled at once on a cold cache: one host
+    build between them, two libraries that load and carry each its own kernel."""
+    comp = RecordingCompiler(arch="sm_90a", cache_dir=tmp_path)
+    sources = [tiny_launcher(1), tiny_launcher(2)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built = list(pool.map(lambda s: comp.compile(s, needs=("cutlass",), name="tiny"), sources))
+    host_builds = [c for c in comp.commands if "-c" in c]
+    assert len(host_builds) == 1 and len(list(tmp_path.glob("launcher-host-*.o"))) == 1
+    for k, source in zip(built, sources):
+        assert ctypes.CDLL(str(k.path)).cuco_fused_smem_bytes() == 0
+        assert device_code(k.path.read_bytes()) == device_code(whole_build(comp, source, ("cutlass",), "tiny", tmp_path / k.key))
+    assert device_code(built[0].path.read_bytes()) != device_code(built[1].path.read_bytes())
+    again = comp.compile(tiny_launcher(3), needs=("cutlass",), name="tiny")
+    assert not again.cached and len([c for c in comp.commands if "-c" in c]) == 1
+    other = comp.compile(tiny_launcher(3, "static int changed = 1;\n"), needs=("cutlass",), name="tiny")
+    assert not other.cached and len(list(tmp_path.glob("launcher-host-*.o"))) == 2
+    assert not list(tmp_path.glob("*.tmp")) and all(os.access(p, os.R_OK) for p in tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_split_build_makes_the_same_kernel_as_a_whole_build(tmp_path):
+    """The rule for a faster build: it may not change the kernel. The shipped CUTLASS
+    kernel's SASS, resources and launch attributes, built in two pieces, equal a whole
+    build's (one CUTLASS whole build; the split one is the session's, which
+    test_kernels.py reuses)."""
+    source = next(s for s in representative() if is_launcher(s.needs))
+    cache = os.environ["CUCO_CACHE_DIR"]
+    comp = Compiler(arch="sm_90a", cache_dir=cache)
+    split = comp.compile(source.source, needs=source.needs, name=source.name)
+    whole = device_code(whole_build(comp, source.source, tuple(sorted(source.needs)), source.name, tmp_path))
+    assert any(".text.fused_kernel" in key for key in whole)
+    assert device_code(split.path.read_bytes()) == whole
