@@ -118,7 +118,7 @@ class CPAttention(PipelineWorkload):
         return sizes_cutting(self.shard * self.row_elems * self.esz, (1, 2, 4, 8))
 
     def render(self, d: Directives) -> KernelSource:
-        self.check_directives(d)
+        self.check(d)
         s = self.shape
         src = render("cp_attention.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], row_bytes=self.row_elems * self.esz,

@@ -127,7 +127,7 @@ class KVTransfer(PipelineWorkload):
         return sizes_cutting(self.layer_bytes, (1, 2, 4, 8))
 
     def render(self, d: Directives) -> KernelSource:
-        self.check_directives(d)
+        self.check(d)
         src = render("kv_transfer.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], comm_ctas=d.comm_ctas,
                      threads=THREADS, open_slot=OPEN_SLOT, name=d.full_name, **self.plan(d))

@@ -146,7 +146,7 @@ class MoE(PipelineWorkload):
         return sizes_cutting(self.pairs * self.row_bytes, (1, 2, 4, 8, 16))
 
     def render(self, d: Directives) -> KernelSource:
-        self.check_directives(d)
+        self.check(d)
         src = render("moe.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], experts=self.shape.experts,
                      experts_per_rank=self.local_experts, row_bytes=self.row_bytes,

@@ -88,12 +88,6 @@ class PipelineWorkload(Workload):
             return list(exc.problems)
         return []
 
-    def check_directives(self, d: Directives) -> None:
-        """:class:`DirectiveError` unless this shape can render ``d``."""
-        bad = self.supported(d)
-        if bad:
-            raise DirectiveError(bad)
-
     def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
         """Side-stream points: every backend and issuer, :meth:`chunk_choices` and
         :attr:`comm_cta_choices`, filtered by :meth:`supported` (tile fields unused)."""
