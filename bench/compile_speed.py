@@ -1,0 +1,173 @@
+"""Cold build seconds of one in-kernel candidate, before and after the two-piece launcher
+build (issue #23) -> bench/results/compile_speed.json (top-level ``compile_s_per_candidate``).
+
+    python bench/compile_speed.py                      # 3 in-kernel + 1 side-stream candidate, 2 repeats
+    python bench/compile_speed.py --repeats 3 --before-rev be3c7f6
+
+before: ``tp_fused.cu.j2`` (and its partials) as of ``--before-rev``, built the way launchers
+were built then: one ``nvcc -shared`` over host and device code. after: today's template
+through :class:`cuco.kernels.Compiler` (the candidate's device code alone to a cubin, linked
+with its configuration's host part), timed twice: with the host part already cached (every
+candidate of a configuration but the first: ``after_s``) and with nothing cached
+(``after_first_of_config_s``; the host part builds beside the device code). Every build
+starts from an empty cache for the candidate's own source. The CPU is shared, so the
+order of before and after alternates from one repeat to the next (interleaved A/B) and
+the load average is recorded. ``sass_identical``: each pair's device code is the same
+(:func:`cuco.kernels.compiler.device_code`: SASS, resources and launch attributes).
+The evaluator builds two sources per candidate (the target shape and a small one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jinja2
+
+from cuco import results
+from cuco.design import Directives, GemmProblem
+from cuco.kernels import Compiler
+from cuco.kernels.compiler import device_code, source_file_name
+from cuco.kernels.render import environment
+from cuco.kernels.toolchain import find_nvcc
+from cuco.kernels.tp import fused_context, in_kernel, render_tp
+
+BIG = dict(m=8192, n=8192, k=8192, world_size=2)
+CANDIDATES = {
+    "allreduce_epilogue": (GemmProblem(workload="gemm_allreduce", **BIG),
+                           in_kernel("epilogue", tile_n=256, stages=3, raster_group=8, comm_warps=3)),
+    "allreduce_dedicated_ctas": (GemmProblem(workload="gemm_allreduce", **BIG),
+                                 in_kernel("dedicated_ctas", tile_n=256, stages=3, comm_ctas=8)),
+    "allgather_epilogue": (GemmProblem(workload="allgather_gemm", **BIG),
+                           in_kernel("epilogue", tile_n=128, stages=4)),
+}
+SIDE_STREAM = (GemmProblem(workload="gemm_allreduce", **BIG),
+               Directives(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="cta",
+                          chunk_bytes=4 << 20, comm_ctas=64))
+
+
+def old_environment(rev: str) -> jinja2.Environment:
+    """The templates as they were at ``rev`` (read with git), rendered as cuco renders."""
+    def load(name: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:src/cuco/kernels/templates/{name}"], check=True,
+                              capture_output=True, text=True).stdout
+    now = environment()
+    return jinja2.Environment(loader=jinja2.FunctionLoader(load), undefined=jinja2.StrictUndefined,
+                              trim_blocks=now.trim_blocks, lstrip_blocks=now.lstrip_blocks,
+                              keep_trailing_newline=now.keep_trailing_newline)
+
+
+def build_before(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, bytes]:
+    """The old launcher build: one nvcc over host and device code, to a shared object."""
+    src, so = tmp / source_file_name("kernel"), tmp / "before.so"
+    src.write_text(source)
+    flags = Compiler(arch="sm_90a", cache_dir=tmp / "unused").base_flags(needs)
+    t0 = time.perf_counter()
+    subprocess.run([str(find_nvcc()), *flags, "-shared", "-Xcompiler", "-fPIC", str(src), "-o", str(so)],
+                   check=True, capture_output=True)
+    return time.perf_counter() - t0, so.read_bytes()
+
+
+def build_after(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, float, bytes]:
+    """The two-piece build from an empty cache (host part too), then again with only the
+    candidate's own library removed (host part cached): (first, warm, library bytes)."""
+    comp = Compiler(arch="sm_90a", cache_dir=tmp / "cache")
+    t0 = time.perf_counter()
+    first = comp.compile(source, needs=needs, name="kernel")
+    cold = time.perf_counter() - t0
+    first.path.unlink()
+    t0 = time.perf_counter()
+    warm = comp.compile(source, needs=needs, name="kernel")
+    return cold, time.perf_counter() - t0, warm.path.read_bytes()
+
+
+def measure(name: str, old_env: jinja2.Environment, repeats: int) -> dict:
+    problem, d = CANDIDATES[name]
+    new = render_tp(problem, d)[0]
+    needs = tuple(sorted(new.needs))
+    old_source = old_env.get_template("tp_fused.cu.j2").render(**fused_context(problem, d))
+    before, after, first, same = [], [], [], []
+    for r in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="cuco-speed-") as tmp:
+            steps = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+            for step in steps:
+                if step == "before":
+                    s, old_lib = build_before(old_source, needs, Path(tmp))
+                    before.append(round(s, 2))
+                else:
+                    cold, warm, new_lib = build_after(new.source, needs, Path(tmp))
+                    first.append(round(cold, 2))
+                    after.append(round(warm, 2))
+            same.append(device_code(old_lib) == device_code(new_lib))
+            print(f"{name} repeat {r}: before {before[-1]} s, after {after[-1]} s "
+                  f"(first of its configuration {first[-1]} s), SASS identical: {same[-1]}", flush=True)
+    return {"candidate": name, "kernel": new.name, "kind": "launcher (CUTLASS)",
+            "before_s": before, "after_s": after, "after_first_of_config_s": first,
+            "before_median_s": statistics.median(before), "after_median_s": statistics.median(after),
+            "after_first_of_config_median_s": statistics.median(first),
+            "speedup": round(statistics.median(before) / statistics.median(after), 2),
+            "sass_identical": all(same)}
+
+
+def measure_side_stream(repeats: int) -> dict:
+    """A side-stream candidate: a cubin, whose build path did not change (for its time)."""
+    problem, d = SIDE_STREAM
+    src = render_tp(problem, d)[0]
+    seconds = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="cuco-speed-") as tmp:
+            seconds.append(round(Compiler(arch="sm_90a", cache_dir=tmp).compile(
+                src.source, needs=src.needs, name="side").seconds, 2))
+    return {"candidate": "allreduce_side_stream", "kernel": src.name, "kind": "cubin (build unchanged)",
+            "after_s": seconds, "after_median_s": statistics.median(seconds)}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--before-rev", default="be3c7f6", help="commit whose launcher template and build is 'before'")
+    ap.add_argument("--candidates", default=",".join(CANDIDATES))
+    ap.add_argument("--name", default="compile_speed")
+    ap.add_argument("--out-dir", default="bench/results")
+    a = ap.parse_args(argv)
+    load = [os.getloadavg()[0]]
+    old_env = old_environment(a.before_rev)
+    rows = [measure(name, old_env, a.repeats) for name in a.candidates.split(",")]
+    rows.append(measure_side_stream(a.repeats))
+    load.append(os.getloadavg()[0])
+    launchers = [r for r in rows if "before_s" in r]
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None,
+               "load_average_1min_start_end": [round(x, 2) for x in load]}
+    extra = {
+        "machine": machine,
+        "before_rev": a.before_rev,
+        "compile_s_per_candidate": statistics.median(r["after_median_s"] for r in launchers),
+        "compile_s_per_candidate_before": statistics.median(r["before_median_s"] for r in launchers),
+        "compile_s_first_of_config": statistics.median(r["after_first_of_config_median_s"] for r in launchers),
+        "sass_identical": all(r["sass_identical"] for r in launchers),
+        "note": "seconds of one in-kernel build on this machine; a search candidate is two "
+                "builds (target and small shape); candidates/min on 2 x H200 is bench/evaluator.py's",
+    }
+    path = results.write(a.name, rows, device=f"CPU only: {machine['cpu']} ({machine['cores']} cores)",
+                         world_size=2, out_dir=a.out_dir, extra=extra)
+    print(f"wrote {path}: {extra['compile_s_per_candidate_before']} s -> {extra['compile_s_per_candidate']} s "
+          f"per in-kernel build, SASS identical: {extra['sass_identical']}")
+    return 0 if extra["sass_identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
