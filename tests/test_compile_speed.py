@@ -37,8 +37,8 @@ def test_candidates_of_one_configuration_share_one_host_part():
                 dict(placement="dedicated_ctas", comm_ctas=8, issuer="thread")]
     assert len({host_part(AR, **v) for v in variants}) == 1
     base = host_part(AR, placement="epilogue")
-    assert host_part(AR, placement="epilogue", tile_n=128) != base
-    assert host_part(AR, placement="epilogue", tile_n=128, stages=4) != host_part(AR, placement="epilogue", tile_n=128)
+    narrow = host_part(AR, placement="epilogue", tile_n=128)
+    assert narrow != base and host_part(AR, placement="epilogue", tile_n=128, stages=4) != narrow
     assert host_part(AR.model_copy(update={"workload": "allgather_gemm"}), placement="epilogue") != base
 
 
@@ -86,8 +86,8 @@ def whole_build(comp: Compiler, source: str, needs: tuple[str, ...], name: str, 
     src.parent.mkdir(parents=True)
     src.write_text(source)
     obj = src.with_suffix(".o")
-    subprocess.run([str(find_nvcc()), *comp.base_flags(needs), "-Xcompiler", "-fPIC", "--no-compress", "-c", str(src),
-                    "-o", str(obj)], check=True, capture_output=True)
+    subprocess.run([str(find_nvcc()), *comp.base_flags(needs), "-Xcompiler", "-fPIC", "--no-compress", "-c",
+                    str(src), "-o", str(obj)], check=True, capture_output=True)
     return obj.read_bytes()
 
 
@@ -102,7 +102,8 @@ def test_candidates_build_their_host_part_once_and_keep_their_own_kernel(tmp_pat
     assert len(host_builds) == 1 and len(list(tmp_path.glob("launcher-host-*.o"))) == 1
     for k, source in zip(built, sources):
         assert ctypes.CDLL(str(k.path)).cuco_fused_smem_bytes() == 0
-        assert device_code(k.path.read_bytes()) == device_code(whole_build(comp, source, ("cutlass",), "tiny", tmp_path / k.key))
+        whole = whole_build(comp, source, ("cutlass",), "tiny", tmp_path / k.key)
+        assert device_code(k.path.read_bytes()) == device_code(whole)
     assert device_code(built[0].path.read_bytes()) != device_code(built[1].path.read_bytes())
     again = comp.compile(tiny_launcher(3), needs=("cutlass",), name="tiny")
     assert not again.cached and len([c for c in comp.commands if "-c" in c]) == 1
