@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuco.design import Directives, Problem
+from cuco.design import Directives, GemmProblem
 from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import ChunkPlan
@@ -44,7 +44,7 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
                       comm_warps=comm_warps)
 
 
-def local_gemm(problem: Problem) -> tuple[int, int, int]:
+def local_gemm(problem: GemmProblem) -> tuple[int, int, int]:
     """``(rows of C, cols of C, K)`` of the GEMM one rank runs in a fused kernel."""
     w = problem.world_size
     if problem.workload == "allgather_gemm":
@@ -52,12 +52,12 @@ def local_gemm(problem: Problem) -> tuple[int, int, int]:
     return problem.m, problem.n, problem.k // w
 
 
-def fused_tiles(problem: Problem, d: Directives) -> int:
+def fused_tiles(problem: GemmProblem, d: Directives) -> int:
     m, n, _ = local_gemm(problem)
     return (m // d.tile_m) * (n // d.tile_n)
 
 
-def supported(problem: Problem, d: Directives) -> list[str]:
+def supported(problem: GemmProblem, d: Directives) -> list[str]:
     """Why ``d`` has no template for ``problem`` (empty when it has one)."""
     if not d.placement.in_kernel:
         return []
@@ -104,7 +104,7 @@ def supported(problem: Problem, d: Directives) -> list[str]:
     return out
 
 
-def fused_context(problem: Problem, d: Directives, *, gemm_only: bool = False) -> dict[str, Any]:
+def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = False) -> dict[str, Any]:
     """What ``tp_fused.cu.j2`` is rendered with for the in-kernel point ``d`` (one that
     :func:`supported` accepts); ``bench/compile_speed.py`` renders the template of an
     earlier commit with it, to compare builds before and after a change."""
@@ -117,7 +117,7 @@ def fused_context(problem: Problem, d: Directives, *, gemm_only: bool = False) -
                 flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, **LAUNCHER_PARTS)
 
 
-def render_tp(problem: Problem, d: Directives, *, gemm_only: bool = False
+def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
               ) -> tuple[KernelSource, ChunkPlan | None]:
     """Kernel source and chunk plan (None for in-kernel placements, whose unit is a tile)
     of one fused variant; raises :class:`DirectiveError`.
