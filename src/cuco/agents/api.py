@@ -9,7 +9,7 @@ from typing import Any
 from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
 from cuco.agents.proposers import OfflineProposer, TPEProposer
 from cuco.db import CandidateDB
-from cuco.design import DesignSpace, Problem, check_count, check_workload, make_problem
+from cuco.design import DesignSpace, Problem, check_count, make_problem
 from cuco.errors import InputError
 
 
@@ -25,9 +25,7 @@ def resolve_problem(workload: str | Problem, shape: Shape = None, world_size: in
     with its shape (``"8192x8192x8192"``, ``"tokens=128,hidden=7168"``, a mapping, or named
     fields such as ``m=..., k=..., n=...``); refused with the field and fix otherwise."""
     if isinstance(workload, Problem):
-        return workload
-    check_workload(workload)
-    check_count("world_size", world_size, "GPUs (ranks)", 2)
+        return workload  # make_problem checks the name, the world size and the shape
     return make_problem(workload, shape, world_size=world_size,
                         **{f: v for f, v in fields.items() if v is not None})
 
