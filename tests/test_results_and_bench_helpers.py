@@ -64,17 +64,27 @@ def test_collective_case_validates_and_picks_variants():
     assert small.variants[0] == "host_nccl"
 
 
-def test_torch_peers_say_why_they_are_missing_and_land_in_rows():
-    import importlib.util
-
-    from cuco.benchmarks.torch_peers import peer_times
-    from cuco.benchmarks.tp_workloads import TPBench
-    assert "no fused op" in peer_times("gemm_allreduce", 1024, 1024, 1024)["why"]
-    bench = TPBench(shapes=((1024, 1024, 1024),), families=("gemm_allreduce",))
-    rows = [{"case": "gemm_allreduce/M1024K1024N1024/bf16", "variant": "lsa.x", "ms": 0.5,
-             "baseline_ms": 0.6, "bound_ms": 0.4, "speedup": 1.2, "overlap_eff": 0.8, "correct": True}]
-    bench._add_peers(rows)
-    assert rows[0]["peers"]["torch_fused_ms"] is None and rows[0]["peers"]["cuco_over_torch_fused"] is None
-    assert bench._summary(rows)[rows[0]["case"]]["torch_fused_ms"] is None
-    if importlib.util.find_spec("torch") is None:
-        assert "torch is not installed" in peer_times("allgather_gemm", 1024, 1024, 1024)["why"]
+def test_a_case_without_torch_peers_rows_say_why():
+    from cuco.benchmarks.tp_workloads import TPBench, case_keys
+    from cuco.design import GemmProblem
+    per_rank = [{"variants": {
+        "host_nccl": {"median_ms": 1.0 + r / 10, "correct": True,
+                      "notes": {"gemm": "cublaslt.heuristic2", "collective": "nccl_plain",
+                                "peers_skipped": {"torch_fused": "torch is not installed"}}},
+        "host_nccl_default": {"median_ms": 1.3, "correct": True},
+        "compute_only": {"median_ms": 0.7}, "comm_only": {"median_ms": 0.5},
+        "lsa.x": {"median_ms": 0.9, "correct": True}}} for r in range(2)]
+    merged = merge_ranks(per_rank)
+    keys = case_keys(merged)
+    assert keys["strong_host_ms"] == 1.1 and keys["host_nccl_default_ms"] == 1.3
+    assert keys["host_gemm"] == "cublaslt.heuristic2" and keys["host_collective"] == "nccl_plain"
+    assert keys["torch_fused_ms"] is None and keys["torch_gemm_ms"] is None
+    assert keys["torch_fused_why"] == "torch is not installed"
+    p = GemmProblem(workload="gemm_reducescatter", m=1024, n=1024, k=1024, world_size=2)
+    rows = TPBench._rows(p, merged)
+    row = next(r for r in rows if r["variant"] == "lsa.x")
+    assert row["baseline_ms"] == 1.1 and row["speedup"] == round(1.1 / 0.9, 4)
+    assert row["peers"]["why"] == "torch is not installed" and row["peers"]["cuco_over_torch_fused"] is None
+    summary = TPBench._summary(rows)[p.label]
+    assert summary["variant"] == "lsa.x" and summary["strong_host_ms"] == 1.1
+    assert summary["torch_fused_ms"] is None and summary["torch_fused_why"] == "torch is not installed"

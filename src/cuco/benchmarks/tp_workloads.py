@@ -1,12 +1,14 @@
-"""Tensor-parallel workloads benchmark: fused variants against the host-driven program.
+"""Tensor-parallel workloads benchmark: fused variants against the strongest host program.
 
-For each (workload, shape): GEMM alone, collective alone, the host sequence
-(vendor GEMM then host NCCL), and every fused variant of a directive grid —
-all checked against an fp32 reference, then timed interleaved in one run.
-``bound = max(t_gemm, t_comm)``; ``speedup = t_host / t``; ``overlap_eff = bound / t``.
-With torch present, PyTorch's fused ops (:mod:`cuco.benchmarks.torch_peers`) are
-timed next, interleaved with torch's own host sequence; rows carry them under
-``peers`` with ``cuco_over_torch_fused`` (a ratio across two processes of the same run).
+For each (workload, shape), in one job and one schedule: the strongest host program
+(``host_nccl``: the fastest of cuBLAS / cuBLASLt / torch GEMMs, then the faster of NCCL on
+plain or registered buffers, chosen per shape in the workers), the host program before
+#21 (``host_nccl_default``), PyTorch's fused op (``torch_fused``, where torch has one and
+runs), and every fused variant of a directive grid — every call checked against an fp32
+reference — with the best GEMM alone, the best collective alone and torch's GEMM alone
+timed beside them. ``bound = max(t_gemm, t_comm)`` of the best pieces;
+``speedup = t_strong_host / t``; ``overlap_eff = bound / t``. Each case's keys
+(:func:`case_keys`) go into every row and the summary.
 """
 
 from __future__ import annotations
@@ -28,6 +30,30 @@ from cuco.runtime.peaks import below_floor
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+#: Programs of a case that are not cuco's: baselines, peers, and pieces timed alone.
+NOT_CUCO = ("host_nccl", "host_nccl_default", "torch_fused", "compute_only", "comm_only",
+            "torch_gemm", "*")
+
+
+def case_keys(merged: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The per-case keys of the rows and the summary, from one job's merged programs: the
+    strongest host program (its time and what it is made of), the old one, torch's GEMM
+    alone and torch's fused op (``None`` with ``torch_fused_why`` where it did not run)."""
+    def ms(name: str) -> float | None:
+        t = merged.get(name, {}).get("ms")
+        return round(t, 5) if t is not None else None
+
+    notes = merged["host_nccl"].get("notes", {})
+    fused = merged.get("torch_fused")
+    skipped = notes.get("peers_skipped", {})
+    return {"strong_host_ms": ms("host_nccl"), "host_gemm": notes.get("gemm"),
+            "host_collective": notes.get("collective"), "host_gemm_ms": notes.get("gemm_ms"),
+            "host_collective_ms": notes.get("collective_ms"),
+            "host_nccl_default_ms": ms("host_nccl_default"), "torch_gemm_ms": ms("torch_gemm"),
+            "torch_fused_ms": ms("torch_fused") if fused is not None and fused.get("correct") else None,
+            "torch_fused_correct": fused.get("correct") if fused is not None else None,
+            "torch_fused_why": skipped.get("torch_fused") if fused is None else
+            (None if fused.get("correct") else f"wrong output: {fused}")}
 
 
 PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
@@ -124,12 +150,10 @@ class TPBench:
 
         rows, device = run_cases(
             [(p.label, Case(for_problem(p), variants=specs.get(p.label, []), iters=self.iters,
-                            warmup=self.warmup),
+                            warmup=self.warmup, peers=self.peers),
               lambda merged, p=p: self._rows(p, merged)) for p in self.problems()],
             world_size=self.world_size, heap_bytes=2 << 30, timeout_s=580, console=self.console,
             checkpoint=checkpoint)
-        if self.peers:
-            self._add_peers(rows)
         summary = self._summary(rows)
         path = results.write(self.name, rows, device=device, world_size=self.world_size,
                              out_dir=self.out_dir,
@@ -142,6 +166,8 @@ class TPBench:
     def _rows(p: GemmProblem, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         host = merged["host_nccl"]["ms"]
         bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
+        keys = case_keys(merged)
+        fused = keys["torch_fused_ms"]
         out = []
         for name, m in merged.items():
             backend = name.split(".")[0]
@@ -154,7 +180,10 @@ class TPBench:
                    "comm_ms": round(merged["comm_only"]["ms"], 5),
                    "correct": m.get("correct", None), "bad_elements": m.get("bad_elements"),
                    "rel_l2_error": m.get("rel_l2_error"), "backend": backend,
-                   "peers": {"torch_fused_ms": None},
+                   **keys,
+                   "peers": {"torch_fused_ms": fused, "torch_gemm_ms": keys["torch_gemm_ms"],
+                             "why": keys["torch_fused_why"],
+                             "cuco_over_torch_fused": round(fused / m["ms"], 4) if fused else None},
                    "floor_ms": m.get("floor_ms"),
                    # faster than the physical floor: it did less than the workload asks
                    "suspect": below_floor(m)}
@@ -163,17 +192,6 @@ class TPBench:
             out.append(row)
         return out
 
-    def _add_peers(self, rows: list[dict[str, Any]]) -> None:
-        from cuco.benchmarks.torch_peers import peer_times
-        for p in self.problems():
-            peer = peer_times(p.workload, p.m, p.k, p.n, self.world_size, self.iters)
-            self.console.print(f"{p.label}: torch peer {peer.get('torch_fused_ms') or peer.get('why')}")
-            for r in rows:
-                if r["case"] == p.label:
-                    fused = peer.get("torch_fused_ms")
-                    r["peers"] = {**peer, "cuco_over_torch_fused":
-                                  round(fused / r["ms"], 4) if fused and r.get("ms") else None}
-
     @staticmethod
     def _summary(rows: list[dict]) -> dict[str, Any]:
         best: dict[str, dict] = {}
@@ -181,16 +199,16 @@ class TPBench:
         for r in rows:
             if r["variant"].startswith("profile."):
                 profile.setdefault(r["case"], {})[r["variant"].split(".", 2)[2]] = r["ms"]
-            if r["variant"] in ("host_nccl", "compute_only", "comm_only", "*") or not r.get("correct") \
-                    or r.get("suspect"):
+            if r["variant"] in NOT_CUCO or not r.get("correct") or r.get("suspect"):
                 continue
             if r["case"] not in best or r["ms"] < best[r["case"]]["ms"]:
                 best[r["case"]] = r
         return {case: {"variant": r["variant"], "ms": r["ms"], "host_ms": r["baseline_ms"],
                        "bound_ms": r["bound_ms"], "speedup": r["speedup"],
                        "overlap_eff": r["overlap_eff"],
-                       "torch_fused_ms": (r.get("peers") or {}).get("torch_fused_ms"),
-                       "torch_gemm_ms": (r.get("peers") or {}).get("torch_gemm_ms"),
+                       **{key: r.get(key) for key in ("strong_host_ms", "host_gemm", "host_collective",
+                                                      "host_nccl_default_ms", "torch_gemm_ms",
+                                                      "torch_fused_ms", "torch_fused_why")},
                        "cuco_over_torch_fused": (r.get("peers") or {}).get("cuco_over_torch_fused"),
                        "vendor_gemm_ms": r.get("gemm_ms"),
                        # the fastest in-kernel GEMM without communication, and each one timed
@@ -200,9 +218,13 @@ class TPBench:
 
     def _print(self, summary: dict[str, Any]) -> None:
         t = Table(title="tensor-parallel workloads: best fused variant (ms, max over ranks)")
-        for col in ("case", "best variant", "ms", "host seq", "bound", "speedup", "overlap"):
+        for col in ("case", "best variant", "ms", "strong host", "host GEMM + collective", "bound",
+                    "speedup", "overlap", "torch fused"):
             t.add_column(col)
         for case, s in summary.items():
+            fused = s.get("torch_fused_ms")
             t.add_row(case, s["variant"], f"{s['ms']:.3f}", f"{s['host_ms']:.3f}",
-                      f"{s['bound_ms']:.3f}", f"{s['speedup']:.2f}", f"{s['overlap_eff']:.2f}")
+                      f"{s.get('host_gemm')} + {s.get('host_collective')}",
+                      f"{s['bound_ms']:.3f}", f"{s['speedup']:.2f}", f"{s['overlap_eff']:.2f}",
+                      f"{fused:.3f}" if fused else "-")
         self.console.print(t)

@@ -276,5 +276,7 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             for count in ("calls_verified", "calls_checked"):
                 if any(count in r for r in recs):
                     m[count] = min(r.get(count, 0) for r in recs)
+        if "notes" in recs[0]:  # what a program is made of (agreed by every rank): rank 0's
+            m["notes"] = recs[0]["notes"]
         out[name] = m
     return out

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 STORAGE = {"bf16": "uint16", "fp16": "float16", "fp32": "float32"}
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Unit roundoff of each dtype (half an ulp of 1.0): the scale of every tolerance.
+EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 NAN_BITS = {"bf16": 0x7FC0}
 
 

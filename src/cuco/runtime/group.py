@@ -108,6 +108,9 @@ class WorkerGroup:
     start_timeout_s: float = 180.0
     env: dict[str, str] = field(default_factory=dict)
     lsa_barriers: int = 256
+    #: torch in the workers (its GEMM among the host baseline's, its fused ops as peers):
+    #: None imports it where it is installed, False never
+    torch: bool | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -116,6 +119,9 @@ class WorkerGroup:
             self.nccl = self.gpu
         if not self.gpu and (self.nccl or self.nvshmem):
             raise ValueError("nccl/nvshmem need gpu=True")
+        if self.torch is None:
+            from cuco.runtime.torch_bridge import installed
+            self.torch = self.gpu and installed()
         self._procs: list[_Proc] = []
         self._conns: list[Connection] = []
         self._job_id = 0
@@ -142,7 +148,8 @@ class WorkerGroup:
             os.environ["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH"]
         apply_safe_env()
         opts = WorkerOptions(gpu=self.gpu, nccl=bool(self.nccl), nvshmem=self.nvshmem,
-                             arch=self.arch, lsa_barriers=self.lsa_barriers, env=env)
+                             arch=self.arch, lsa_barriers=self.lsa_barriers, torch=bool(self.torch),
+                             env=env)
         child_env = dict(os.environ)
         child_env.update(env)
         # the workers import what this process can import (tests, notebooks, src layouts)

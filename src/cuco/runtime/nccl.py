@@ -19,6 +19,8 @@ from cuco.kernels.compiler import SHIM_DIR, Compiler
 DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
           "fp16": 6, "fp32": 7, "fp64": 8, "bf16": 9}
 SUM = 0
+#: ncclRedOp_t values
+OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 WIN_COLL_SYMMETRIC = 1
 UNIQUE_ID_BYTES = 128
 
@@ -154,8 +156,9 @@ class Communicator:
         self.windows.remove(w)
 
     # ---- host collectives (the references) -------------------------------------------
-    def all_reduce(self, send: int, recv: int, count: int, dtype: str, stream: int) -> None:
-        check(library().ncclAllReduce(send, recv, count, DTYPES[dtype], SUM, self.ptr, stream),
+    def all_reduce(self, send: int, recv: int, count: int, dtype: str, stream: int,
+                   op: str = "sum") -> None:
+        check(library().ncclAllReduce(send, recv, count, DTYPES[dtype], OPS[op], self.ptr, stream),
               "ncclAllReduce", self.ptr)
 
     def all_gather(self, send: int, recv: int, count: int, dtype: str, stream: int) -> None:

@@ -29,6 +29,9 @@ class WorkerOptions:
     nvshmem: bool = False
     arch: str = "sm_90a"
     lsa_barriers: int = 256
+    #: import torch at start (before cuco's NCCL: both then use torch's libnccl) and open
+    #: the rendezvous of a torch process group (:mod:`cuco.runtime.torch_bridge`)
+    torch: bool = False
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -43,6 +46,7 @@ class WorkerContext:
     comm: Any = None  # cuco.runtime.nccl.Communicator
     nvshmem: Any = None  # cuco.runtime.nvshmem.Nvshmem
     stream: Any = None  # cupy.cuda.Stream
+    torch_port: int | None = None  # rank 0's TCPStore for a torch process group (None: no torch)
     scratch: dict[str, Any] = field(default_factory=dict)
     _devcomm: Any = None
     _modules: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +95,21 @@ class WorkerContext:
         return lib
 
 
+def _start_torch(ctx: WorkerContext, ids: dict[str, Any]) -> str:
+    """Import torch before cuco's NCCL loads (one libnccl in the process: torch's) and, on
+    rank 0, open the store of a later torch process group; returns torch's version or why
+    torch is not used here."""
+    from cuco.runtime import torch_bridge
+    why = torch_bridge.missing()
+    if why is not None:
+        return f"not used: {why}"
+    import torch
+    torch.cuda.set_device(ctx.device)
+    if ctx.rank == 0:
+        ctx.scratch["torch_store"], ids["torch_port"] = torch_bridge.open_store(ctx.world_size)
+    return torch.__version__
+
+
 def _has_nvshmem(cubin: str) -> bool:
     """A cubin device-linked against libnvshmem_device carries its state symbols."""
     return b"nvshmemi_device" in Path(cubin).read_bytes()
@@ -119,8 +138,10 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             info["device_name"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
             info["cc"] = f"{props['major']}.{props['minor']}"
             info["sms"] = int(props["multiProcessorCount"])
+        ids: dict[str, Any] = {}
+        if options.gpu and options.torch:
+            info["torch"] = _start_torch(ctx, ids)
         if options.nccl or options.nvshmem:
-            ids: dict[str, bytes] = {}
             if rank == 0:
                 if options.nccl:
                     from cuco.runtime import nccl
@@ -130,6 +151,7 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
                     ids["nvshmem"] = nvshmem.get_unique_id(options.arch)
                 conn.send(("ids", ids))
             ids = conn.recv()
+            ctx.torch_port = ids.get("torch_port")
             if options.nccl:
                 from cuco.runtime.nccl import Communicator, in_process, version
                 ctx.comm = Communicator(ids["nccl"], rank, world_size)
@@ -175,6 +197,9 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
 
 def _shutdown(ctx: WorkerContext) -> None:
     try:
+        if "torch_group" in ctx.scratch:
+            import torch.distributed as dist
+            dist.destroy_process_group()
         if ctx._devcomm is not None:
             ctx._devcomm.destroy()
         if ctx.nvshmem is not None:

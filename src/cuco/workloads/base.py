@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cuco.design import Backend, DesignSpace, Directives, Placement, Problem, register_workload
 from cuco.design.problem import check_workload
 from cuco.errors import DirectiveError, InputError, UnknownId
+from cuco.runtime.dtypes import EPS
 from cuco.runtime.peaks import Work
 
 if TYPE_CHECKING:
     from cuco.kernels.collectives import KernelSource
     from cuco.runtime.arena import Arena, ArenaLayout
 
-EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 
 Buffers = dict[str, Any]
 
@@ -48,6 +49,17 @@ class Runner(Protocol):
     stress_us: float
 
     def __call__(self) -> None: ...
+
+
+@dataclass
+class Peer:
+    """Another library's fused op checked and timed beside the variants: ``call()`` runs it
+    on the job's stream; ``settle()``, enqueued after the call's closing event (never timed),
+    puts what it returned into ``output``, the buffer the job poisons and checks."""
+
+    call: Callable[[], None]
+    output: Any
+    settle: Callable[[], None]
 
 
 class Workload(ABC):
@@ -210,6 +222,25 @@ class Workload(ABC):
     def baselines(self, ctx, inputs: Buffers) -> dict[str, tuple[Callable[[], None], Any]]:
         """Extra programs checked and timed beside the variants: ``{name: (fn, output)}``
         (e.g. the host program overlapped by hand on two streams)."""
+        return {}
+
+    def host_notes(self, ctx) -> dict[str, Any]:
+        """What the host program is made of (e.g. which GEMM and collective won), reported
+        with its record; called after the job's programs were built."""
+        return {}
+
+    def peers(self, ctx, inputs: Buffers, out) -> dict[str, Peer]:
+        """Other libraries' fused ops of this workload on ``inputs``, each writing to ``out``
+        (checked and timed like variants); see :meth:`peer_gaps` for those missing."""
+        return {}
+
+    def peer_gaps(self, ctx) -> dict[str, str]:
+        """``{peer: why it is not run here}`` (e.g. torch absent; no such op)."""
+        return {}
+
+    def timed_alone(self, ctx) -> dict[str, Callable[[Buffers], Callable[[], None]]]:
+        """Extra pieces timed beside the bound's halves (not verified): ``{name: make}``,
+        ``make(inputs)`` returning the call (e.g. another library's GEMM alone)."""
         return {}
 
     def __repr__(self) -> str:

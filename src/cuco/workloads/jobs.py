@@ -134,13 +134,29 @@ class Program:
     runners: list[Any] = field(default_factory=list)
     arena: Any = None
     shares: tuple[str, ...] = ()
+    #: per set, run after the call's closing event and before its check (a peer's result
+    #: into its checked output: never timed)
+    settle: list[Callable[[], None]] = field(default_factory=list)
 
 
 def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[InputSet], elems: int,
                  dtype: str) -> Program:
-    """A host-driven program, one callable per input set, all writing one guarded output."""
+    """A host-driven program, one callable per input set, each writing the guarded output
+    it is given, or the buffer its callable names as ``output`` (e.g. a registered NCCL
+    window the result lands in)."""
     out, outer = guarded_output(elems, dtype)
-    return Program([make(st.inputs, out) for st in sets], [out] * len(sets), outer)
+    calls = [make(st.inputs, out) for st in sets]
+    outputs = [getattr(c, "output", out) for c in calls]
+    return Program(calls, outputs, outer if all(o is out for o in outputs) else ())
+
+
+def peer_programs(wl: Workload, ctx, sets: list[InputSet], elems: int) -> dict[str, Program]:
+    """Other libraries' fused ops of ``wl`` (:meth:`Workload.peers`), one program each, all
+    writing one guarded output (checked right after each call, so they can share it)."""
+    out, outer = guarded_output(elems, wl.dtype)
+    per_set = [wl.peers(ctx, st.inputs, out) for st in sets]
+    return {name: Program([p[name].call for p in per_set], [out] * len(sets), outer,
+                          settle=[p[name].settle for p in per_set]) for name in per_set[0]}
 
 
 def variant_program(make: Callable[[Buffers, Any], Any], arena, sets: list[InputSet], elems: int,
@@ -214,6 +230,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
                 call.stress.before(ctx, s, hog_stream)
                 prog.calls[call.input_set]()
                 call.stress.after(s, hog_stream)
+                if prog.settle:
+                    prog.settle[call.input_set]()
                 if runner is not None:
                     runner.stress_us = 0.0
                 got = compare(out, st.ref, dtype, rtol, st.atol)
@@ -242,6 +260,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
                 st = sets[call.input_set]
                 v0, v1 = cupy.cuda.Event(), cupy.cuda.Event()
                 v0.record(s)
+                if prog.settle:
+                    prog.settle[call.input_set]()
                 count_bad_async(prog.outputs[call.input_set], st.ref, dtype, rtol, st.atol,
                                 counts[idx:idx + 1], s)
                 v1.record(s)
@@ -290,9 +310,12 @@ class VariantSpec:
 @dataclass
 class Case:
     """The job that verifies and times fused variants of any workload on every rank
-    (see :func:`judge`): the host-driven program, the workload's extra baselines and every
-    variant are verified and timed in one schedule; the compute alone and the
-    communication alone (the halves of the bound) are timed beside them."""
+    (see :func:`judge`): the host-driven program (``host_nccl``: the strongest one the
+    workload has), the workload's extra baselines and every variant are verified and
+    timed in one schedule; the compute alone and the communication alone (the halves of
+    the bound) are timed beside them. ``peers``: other libraries' fused ops (torch) join
+    the schedule as programs, and their pieces alone (torch's GEMM) are timed; a missing
+    one is named with the reason under ``host_nccl``'s ``notes["peers_skipped"]``."""
 
     workload: Workload
     variants: list[VariantSpec] = field(default_factory=list)
@@ -305,6 +328,7 @@ class Case:
     busy_us: float = 40.0
     stress_us: float = STRESS_US
     schedule_seed: int = field(default_factory=fresh_seed)
+    peers: bool = False
 
     def __call__(self, ctx) -> dict[str, Any]:
         wl, s = self.workload, ctx.stream
@@ -324,6 +348,9 @@ class Case:
             per_set = [wl.baselines(ctx, st.inputs) for st in sets]
             for name in per_set[0]:
                 programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set])
+            gaps = wl.peer_gaps(ctx) if self.peers else {}
+            if self.peers:
+                programs.update(peer_programs(wl, ctx, sets, elems))
             for v in self.variants:
                 d = directives[v.name]
                 arena = arenas[d.backend.value]
@@ -332,6 +359,14 @@ class Case:
                     arena, sets, elems, wl.dtype)
         extras = {"compute_only": lambda: wl.compute_only(ctx, sets[0].inputs),
                   "comm_only": lambda: wl.comm_only(ctx, sets[0].inputs)}
+        if self.peers:
+            extras.update({name: (lambda make=make: make(sets[0].inputs))
+                           for name, make in wl.timed_alone(ctx).items()})
         work = wl.work()  # peaks are measured (once per worker) only where there is work to bound
         floor = physical_floor_ms(work, MeasurePeaks()(ctx)) if work is not None else 0.0
-        return judge(ctx, self, programs, extras, sets, rtol, wl.dtype, layout, floor)
+        result = judge(ctx, self, programs, extras, sets, rtol, wl.dtype, layout, floor)
+        notes = wl.host_notes(ctx)
+        if self.peers:
+            notes["peers_skipped"] = gaps
+        result["variants"]["host_nccl"]["notes"] = notes
+        return result

@@ -23,16 +23,28 @@ from cuco.design.tiles import ChunkPlan, chunk_sizes
 from cuco.errors import DirectiveError
 from cuco.kernels import tp as templates
 from cuco.kernels.collectives import KernelSource
-from cuco.runtime import dtypes
+from cuco.runtime import dtypes, host_collective, host_gemm, torch_bridge
 from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
-from cuco.workloads.base import EPS, Buffers, Runner, Workload, register
+from cuco.workloads import torch_fused
+from cuco.workloads.base import EPS, Buffers, Peer, Runner, Workload, register
 from cuco.design.problem import Dtype
 
 
 def _ptr(a) -> int:
     return int(a.data.ptr)
+
+
+def _in_order(*calls: Callable[[], None], output) -> Callable[[], None]:
+    """One host program: ``calls`` enqueued one after the other; ``output`` is where its
+    result lands (the job checks that buffer) and stays alive with it."""
+    def run() -> None:
+        for call in calls:
+            call()
+    run.output = output  # type: ignore[attr-defined]
+    run.keepalive = calls  # type: ignore[attr-defined]
+    return run
 
 
 def _random_matrix(shape: tuple[int, int], dtype: str, seed: int, scale: float = 1.0):
@@ -230,8 +242,76 @@ class GemmWorkload(Workload):
     def gemm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
         """The GEMM alone (the compute half of the bound)."""
 
+    # ---- host baselines: the strongest host program, the old one, torch's peers ----------
+    @abstractmethod
+    def host_parts(self, ctx) -> tuple[host_gemm.HostGemm, host_collective.HostCollective]:
+        """The fastest GEMM and the faster NCCL (plain or registered buffers) of this shape,
+        chosen once per worker: the pieces of the strongest host program."""
+
+    @abstractmethod
+    def host_sequence_default(self, ctx, inputs: Buffers, out) -> Callable[[], None]:
+        """The host program before #21: cuBLAS ``gemmEx`` (default algorithm), then NCCL on
+        plain buffers (kept as the ``host_nccl_default`` baseline)."""
+
+    def builtin_host(self) -> bool:
+        """Whether the host program is the built-in one (a subclass that writes its own, e.g.
+        with an epilogue, keeps its compute half and gets no default baseline or peer)."""
+        return type(self).host_sequence in (GemmAllReduce.host_sequence, GemmReduceScatter.host_sequence,
+                                            AllGatherGemm.host_sequence)
+
     def compute_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
-        return self.gemm_only(ctx, inputs)
+        """The fastest host GEMM alone (the compute half of the bound)."""
+        if not self.builtin_host():
+            return self.gemm_only(ctx, inputs)
+        m, n, k = self.local_gemm()
+        a = inputs["x"] if self.family != "allgather_gemm" else dtypes.random(m * k, self.dtype, 11 + ctx.rank)
+        c = dtypes.empty(m * n, self.dtype)
+        call = self.host_parts(ctx)[0].bind(_ptr(a), _ptr(inputs["w"]), _ptr(c))
+        call.keepalive = (a, c)  # type: ignore[attr-defined]
+        return call
+
+    def baselines(self, ctx, inputs: Buffers) -> dict[str, tuple[Callable[[], None], object]]:
+        """The host program before #21 (``host_nccl_default``), checked and timed beside the
+        strongest one (``host_nccl``)."""
+        if not self.builtin_host():
+            return {}
+        out = dtypes.empty(self.output_elems(), self.dtype)
+        return {"host_nccl_default": (self.host_sequence_default(ctx, inputs, out), out)}
+
+    def host_notes(self, ctx) -> dict[str, object]:
+        """What the strongest host program is made of, each candidate's time and why the
+        others lost or were out."""
+        if not self.builtin_host():
+            return {"gemm": "the workload's own host_sequence"}
+        gemm_choice, coll = self.host_parts(ctx)
+        return {**gemm_choice.notes(), **coll.notes()}
+
+    def peers(self, ctx, inputs: Buffers, out) -> dict[str, Peer]:
+        """PyTorch's fused op of this pattern (``torch_fused``), where there is one."""
+        if self.peer_gaps(ctx):
+            return {}
+        return {torch_fused.PEER: torch_fused.peer(ctx, self.family, inputs, out, self.dtype)}
+
+    def peer_gaps(self, ctx) -> dict[str, str]:
+        if not self.builtin_host():
+            return {torch_fused.PEER: "the workload writes its own host program; torch's fused op "
+                                      "computes the plain GEMM and collective"}
+        why = torch_fused.gap(ctx, self.family)
+        return {torch_fused.PEER: why} if why else {}
+
+    def timed_alone(self, ctx) -> dict[str, Callable[[Buffers], Callable[[], None]]]:
+        """``torch.matmul`` of the per-rank GEMM alone (``torch_gemm``) where torch runs."""
+        if torch_bridge.unusable(ctx):
+            return {}
+        m, n, k = self.local_gemm()
+
+        def make(inputs: Buffers) -> Callable[[], None]:
+            a = inputs["x"] if self.family != "allgather_gemm" else dtypes.random(m * k, self.dtype, 13 + ctx.rank)
+            c = dtypes.empty(m * n, self.dtype)
+            call = host_gemm.torch_matmul(ctx, _ptr(a), _ptr(inputs["w"]), _ptr(c), m, n, k, self.dtype)
+            call.keepalive = (a, c)  # type: ignore[attr-defined]
+            return call
+        return {"torch_gemm": make}
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
         from cuco.workloads.in_kernel import runner_class
@@ -293,7 +373,20 @@ class GemmAllReduce(_RowParallel):
         ctx.comm.all_reduce(_ptr(part), _ptr(out), part.size, "fp32", ctx.stream.ptr)
         return out
 
+    def host_parts(self, ctx):
+        m, n, kl = self.local_gemm()
+        return (host_gemm.select(ctx, m, n, kl, self.dtype),
+                host_collective.select(ctx, "all_reduce", m * n, self.dtype))
+
     def host_sequence(self, ctx, inputs: Buffers, out):
+        """The fastest GEMM into the all-reduce's buffer (``out``, or a registered window,
+        where the result then lands), then the faster NCCL all-reduce in place."""
+        gemm_choice, coll = self.host_parts(ctx)
+        dst = coll.buffer(ctx, "recv", out)
+        return _in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(dst)),
+                         coll.bind(ctx, dst, dst), output=dst)
+
+    def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, kl = self.local_gemm()
         x, w, o = _ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(out)
 
@@ -303,9 +396,9 @@ class GemmAllReduce(_RowParallel):
         return run
 
     def comm_only(self, ctx, inputs: Buffers):
-        buf = dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank)
-        p = _ptr(buf)
-        return lambda: ctx.comm.all_reduce(p, p, self.m * self.n, self.dtype, ctx.stream.ptr)
+        coll = self.host_parts(ctx)[1]
+        buf = coll.buffer(ctx, "recv", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
+        return _in_order(coll.bind(ctx, buf, buf), output=buf)
 
 
 @register
@@ -328,7 +421,22 @@ class GemmReduceScatter(_RowParallel):
         ctx.comm.reduce_scatter(_ptr(part), _ptr(out), rows * n, "fp32", ctx.stream.ptr)
         return out
 
+    def host_parts(self, ctx):
+        m, n, kl = self.local_gemm()
+        return (host_gemm.select(ctx, m, n, kl, self.dtype),
+                host_collective.select(ctx, "reduce_scatter", m * n // self.world_size, self.dtype))
+
     def host_sequence(self, ctx, inputs: Buffers, out):
+        """The fastest GEMM into the reduce-scatter's send buffer, then the faster NCCL
+        reduce-scatter into ``out`` (or a registered window, where the result then lands)."""
+        gemm_choice, coll = self.host_parts(ctx)
+        m, n, _ = self.local_gemm()
+        src = coll.buffer(ctx, "send", dtypes.empty(m * n, self.dtype))
+        dst = coll.buffer(ctx, "recv", out)
+        return _in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(src)),
+                         coll.bind(ctx, src, dst), output=dst)
+
+    def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, kl = self.local_gemm()
         tmp = dtypes.empty(m * n, self.dtype)
         x, w, t, o = _ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(tmp), _ptr(out)
@@ -341,11 +449,10 @@ class GemmReduceScatter(_RowParallel):
         return run
 
     def comm_only(self, ctx, inputs: Buffers):
-        src = dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank)
-        dst = dtypes.empty(self.m * self.n // self.world_size, self.dtype)
-        count = self.m * self.n // self.world_size
-        s, d = _ptr(src), _ptr(dst)
-        return lambda: ctx.comm.reduce_scatter(s, d, count, self.dtype, ctx.stream.ptr)
+        coll = self.host_parts(ctx)[1]
+        src = coll.buffer(ctx, "send", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
+        dst = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.n // self.world_size, self.dtype))
+        return _in_order(coll.bind(ctx, src, dst), output=dst)
 
 
 @register
@@ -382,7 +489,21 @@ class AllGatherGemm(GemmWorkload):
         ctx.comm.all_gather(_ptr(x32), _ptr(full), x32.size, "fp32", ctx.stream.ptr)
         return full @ dtypes.to_float32(inputs["w"], self.dtype)
 
+    def host_parts(self, ctx):
+        m, n, k = self.local_gemm()
+        return (host_gemm.select(ctx, m, n, k, self.dtype),
+                host_collective.select(ctx, "all_gather", m * k // self.world_size, self.dtype))
+
     def host_sequence(self, ctx, inputs: Buffers, out):
+        """The faster NCCL all-gather of X (from a registered window holding it, where that
+        is faster), then the fastest GEMM into ``out``."""
+        gemm_choice, coll = self.host_parts(ctx)
+        m, n, k = self.local_gemm()
+        full = coll.buffer(ctx, "recv", dtypes.empty(m * k, self.dtype))
+        return _in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full),
+                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out)
+
+    def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, k = self.local_gemm()
         full = dtypes.empty(m * k, self.dtype)
         x, w, f, o = _ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(full), _ptr(out)
@@ -402,6 +523,6 @@ class AllGatherGemm(GemmWorkload):
         return lambda: gemm(f, w, o, m, n, k, self.dtype, ctx.stream)
 
     def comm_only(self, ctx, inputs: Buffers):
-        full = dtypes.empty(self.m * self.k, self.dtype)
-        x, f, count = _ptr(inputs["x"]), _ptr(full), inputs["x"].size
-        return lambda: ctx.comm.all_gather(x, f, count, self.dtype, ctx.stream.ptr)
+        coll = self.host_parts(ctx)[1]
+        full = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.k, self.dtype))
+        return _in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full), output=full)

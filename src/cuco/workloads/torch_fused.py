@@ -1,0 +1,54 @@
+"""PyTorch's fused tensor-parallel ops as peers of cuco's variants, inside cuco's workers.
+
+GEMM+ReduceScatter: ``torch.ops.symm_mem.fused_matmul_reduce_scatter``; AllGather+GEMM:
+``torch.ops.symm_mem.fused_all_gather_matmul`` (async tensor parallelism over symmetric
+memory, multicast off). They run on the job's stream in a torch process group of the
+same workers, interleaved with cuco's variants in one schedule, and every call is
+verified like a variant's: the op returns a fresh tensor, which is copied into the
+poisoned output after the call's closing event (so the copy is never timed) and checked
+there. PyTorch has no fused matmul + all-reduce.
+"""
+
+from __future__ import annotations
+
+from cuco.runtime import torch_bridge
+from cuco.workloads.base import Buffers, Peer
+
+PEER = "torch_fused"
+FUSED_OPS = {"gemm_reducescatter": "fused_matmul_reduce_scatter",
+             "allgather_gemm": "fused_all_gather_matmul"}
+
+
+def gap(ctx, family: str) -> str | None:
+    """Why ``family`` has no torch peer in this worker (None: it has one)."""
+    if family not in FUSED_OPS:
+        return f"PyTorch has no fused op for {family}"
+    return torch_bridge.unusable(ctx)
+
+
+def peer(ctx, family: str, inputs: Buffers, out, dtype: str) -> Peer:
+    """The fused op of ``family`` on this input set; its result lands in ``out``."""
+    import torch
+    group = torch_bridge.process_group(ctx)
+    stream = torch_bridge.stream(ctx)
+    x, w = inputs["x"], inputs["w"]
+    a, b = torch_bridge.tensor(x, dtype), torch_bridge.tensor(w, dtype)
+    op = getattr(torch.ops.symm_mem, FUSED_OPS[family])
+    got: list = []
+
+    if family == "gemm_reducescatter":  # Y_r = rows_r(sum_s X_s @ W_s)
+        def call() -> None:
+            with torch.cuda.stream(stream):
+                got[:] = [op(a, b, "sum", 0, group)]
+    else:  # allgather_gemm: Y_r = allgather_rows(X_s) @ W_r
+        def call() -> None:
+            with torch.cuda.stream(stream):
+                got[:] = [op(a, [b], 0, group)[1][0]]
+
+    dst = torch_bridge.tensor(out, dtype, (out.size,))
+
+    def settle() -> None:
+        """The op's result into the checked output, after the timed call."""
+        with torch.cuda.stream(stream):
+            dst.copy_(got.pop().reshape(-1))
+    return Peer(call, out, settle)
