@@ -138,17 +138,19 @@ def test_report_unknown_run(scored, tmp_path):
 
 
 # ---- unclear messages ------------------------------------------------------------------------
-def test_shape_no_tile_divides_names_the_dimension(tmp_path):
+def test_shape_whose_rows_are_not_16_byte_units_names_the_dimension(tmp_path):
     out = refused(cuco("search", "--dry-run", "--shape", "3000x8192x8191", "--db", str(tmp_path / "c.db")),
-                  2, "M=3000 is not a multiple of tile_m=128", "2944 or 3072",
-                  "N=8191 is not a multiple of tile_n=128", "8064 or 8192")
-    assert "widen its choices" not in out
+                  2, "N=8191 makes rows of 16382 bytes", "multiple of 8", "--shape 3000x8192x8192")
+    assert "widen its choices" not in out and len(out.strip().splitlines()) == 1
     assert not (tmp_path / "c.db").exists()
 
 
 def test_shape_the_world_size_does_not_divide(tmp_path):
     refused(cuco("search", "--dry-run", "--shape", "8192x8191x8192", "--db", str(tmp_path / "c.db")), 2,
-            "K=8191 is split over 2 ranks", "--shape 8192x8190x8192")
+            "K=8191 is split over 2 ranks", "--shape 8192x8192x8192")
+    refused(cuco("search", "--dry-run", "--workload", "gemm_reducescatter", "--shape", "3001x8192x8192",
+                 "--db", str(tmp_path / "c.db")), 2,
+            "M=3001 rows are scattered/gathered over 2 ranks", "--shape 3000x8192x8192")
 
 
 def test_report_of_a_missing_database_names_its_argument(tmp_path):

@@ -71,8 +71,11 @@ def test_shapes_that_do_not_divide_are_refused():
         GemmProblem(workload="allgather_gemm", m=999, n=1000, k=64, world_size=3)
     with pytest.raises(ShapeError, match="M=4097 rows"):
         GemmProblem(workload="gemm_reducescatter", m=4097, n=64, k=64, world_size=2)
-    assert GemmProblem(workload="gemm_allreduce", m=8, n=8, k=12, world_size=3).label == \
-        "gemm_allreduce/M8K12N8/bf16"
+    with pytest.raises(ShapeError, match="K=12 makes rows of 24 bytes") as err:
+        GemmProblem(workload="gemm_allreduce", m=8, n=8, k=12, world_size=3)
+    assert (err.value.param, err.value.fix) == ("k", 24)  # 16-byte rows, split over 3 ranks
+    assert GemmProblem(workload="gemm_allreduce", m=3, n=8, k=24, world_size=3).label == \
+        "gemm_allreduce/M3K24N8/bf16"
 
 
 def test_json_round_trip_over_samples():

@@ -20,11 +20,11 @@ def test_reducescatter_order_interleaves_owners_and_covers_all_rows(w):
     plan = ChunkPlan.for_problem(p, side(chunk_bytes=4 << 20))
     assert plan.rows == 256 and plan.blocks == w
     order = plan.order()
-    assert [b for _, b, _ in order[:w]] == list(range(w))
-    rows = sorted(r for _, _, r in order)
+    assert [c.block for c in order[:w]] == list(range(w))
+    rows = sorted(c.row for c in order)
     assert rows == list(range(0, 8192, plan.rows))
-    for j, block, row in order:
-        assert row // plan.block_rows == block == j % w
+    for j, block, row, rows in order:
+        assert row // plan.block_rows == block == j % w and rows == plan.rows
 
 
 @pytest.mark.parametrize("w", [2, 4, 8])
@@ -36,7 +36,7 @@ def test_allreduce_and_allgather_plans(w):
     ag = ChunkPlan.for_problem(GemmProblem(workload="allgather_gemm", m=2048, n=4096, k=4096,
                                        world_size=w), side(chunk_bytes=1 << 20))
     assert ag.row_elems == 4096 and ag.block_rows == 2048 // w
-    assert [b for _, b, _ in ag.order()] == sorted(b for _, b, _ in ag.order())
+    assert [c.block for c in ag.order()] == sorted(c.block for c in ag.order())
 
 
 def test_plans_that_cannot_exist_are_refused():

@@ -14,6 +14,7 @@ The design layer knows shapes but not how to compute them; workloads
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -25,6 +26,8 @@ Dtype = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: Rows per chunk of the pipelines are a multiple of this (or the whole block).
 ROW_ALIGN = 8
+#: Rows that cross ranks (and every vector load) move in 16-byte units.
+ROW_BYTES = 16
 #: The most ranks one kernel's peer tables hold.
 MAX_RANKS = 8
 
@@ -101,20 +104,28 @@ class GemmProblem(Problem):
 
     @model_validator(mode="after")
     def _divides(self) -> "GemmProblem":
-        split = SPLIT_DIM.get(self.workload)
+        """N and K make rows of whole 16-byte units (operand rows, the copies that move
+        results); the dimension the pattern splits, and M where it scatters or gathers rows,
+        divide by the world size. Each refusal names the multiple to choose and the nearest one."""
         w = self.world_size
-        dims = {"m": self.m, "n": self.n, "k": self.k}
-        if split is not None and dims[split] % w:
-            fix = dims[split] - dims[split] % w or w
-            raise ShapeError(
-                f"{self.workload}: {split.upper()}={dims[split]} is split over "
-                f"{w} ranks but is not divisible by {w}; choose {split.upper()} a "
-                f"multiple of {w} (e.g. {fix})", param=split, fix=fix)
-        if self.workload in ("gemm_reducescatter", "allgather_gemm") and self.m % w:
-            fix = self.m - self.m % w or w
-            raise ShapeError(
-                f"{self.workload}: M={self.m} rows are scattered/gathered over {w} "
-                f"ranks but M is not divisible by {w}; choose M a multiple of {w}", param="m", fix=fix)
+        split = SPLIT_DIM.get(self.workload)
+        row_step = ROW_BYTES // self.dtype_bytes
+        for dim in ("m", "n", "k"):
+            value = getattr(self, dim)
+            why = [f"{dim.upper()}={value} makes rows of {value * self.dtype_bytes} bytes, "
+                   f"not whole {ROW_BYTES}-byte units"] if dim != "m" and value % row_step else []
+            if dim == "m" and self.workload in SCATTERS_ROWS and value % w:
+                why.append(f"M={value} rows are scattered/gathered over {w} ranks but M is not "
+                           f"divisible by {w}")
+            if dim == split and value % w:
+                why.append(f"{dim.upper()}={value} is split over {w} ranks but is not divisible "
+                           f"by {w}")
+            if why:
+                step = math.lcm(w if dim == split or dim == "m" else 1, 1 if dim == "m" else row_step)
+                below = value - value % step
+                nearest = below + step if not below or value - below > below + step - value else below
+                raise ShapeError(f"{self.workload}: {'; '.join(why)}; choose {dim.upper()} a "
+                                 f"multiple of {step}", param=dim, fix=nearest)
         return self
 
     @property
@@ -250,12 +261,13 @@ class CPProblem(Problem):
 
 
 # Workloads whose split of M/N/K over ranks is known to the design layer: the dimension
-# each divides by the world size.
+# each divides by the world size (and those whose M rows are scattered/gathered over ranks).
 SPLIT_DIM: dict[str, str] = {
     "gemm_allreduce": "k",
     "gemm_reducescatter": "k",
     "allgather_gemm": "n",
 }
+SCATTERS_ROWS = ("gemm_reducescatter", "allgather_gemm")
 
 #: Every workload cuco knows and its problem class: the built-ins, and each user
 #: ``Workload`` subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).

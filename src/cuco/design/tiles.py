@@ -9,19 +9,39 @@ disagree. Pure Python, unit-tested on the CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cuco.design.directives import Directives
 from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN, GemmProblem
 from cuco.errors import DirectiveError
 
 
+#: A shape whose M is a multiple of this (the smallest tile_m: every shape the tile rules
+#: accepted before ragged plans existed) is cut into equal chunks that divide each block, as
+#: it always was, so its kernels stay byte-identical; any other M gets a ragged plan.
+EQUAL_CHUNKS_M = 64
+
+
+class Chunk(NamedTuple):
+    """One chunk of a plan: its index (flag slot), the block it belongs to (owner for
+    ReduceScatter, source rank for AllGather), its first row and its number of rows."""
+
+    index: int
+    block: int
+    row: int
+    rows: int
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """Rows of one workload cut into chunks.
 
-    ``blocks`` groups of ``chunks_per_block`` chunks of ``rows`` rows each:
-    one group for GEMM+AllReduce (all M rows), one per destination rank for
-    GEMM+ReduceScatter, one per source rank (X shard) for AllGather+GEMM.
+    ``blocks`` groups of ``chunks_per_block`` chunks: one group for GEMM+AllReduce (all M
+    rows), one per destination rank for GEMM+ReduceScatter, one per source rank (X shard)
+    for AllGather+GEMM. Every chunk has ``rows`` rows except the last of each block, which
+    has ``last_rows`` (equal unless the plan is ``ragged``). A ``ragged`` plan (M not a
+    multiple of :data:`EQUAL_CHUNKS_M`) renders the templates' general chunk bodies, which
+    take each chunk's own row count; the others render the equal-chunk bodies.
     """
 
     workload: str
@@ -31,6 +51,8 @@ class ChunkPlan:
     blocks: int
     row_elems: int
     dtype_bytes: int
+    last_rows: int
+    ragged: bool = False
 
     @property
     def n_chunks(self) -> int:
@@ -38,18 +60,23 @@ class ChunkPlan:
 
     @property
     def block_rows(self) -> int:
-        return self.rows * self.chunks_per_block
+        return self.rows * (self.chunks_per_block - 1) + self.last_rows
 
     @property
     def chunk_elems(self) -> int:
+        """Elements of a full chunk (the last of a block may have fewer: :meth:`rows_of`)."""
         return self.rows * self.row_elems
 
     @property
     def chunk_bytes(self) -> int:
         return self.chunk_elems * self.dtype_bytes
 
-    def order(self) -> list[tuple[int, int, int]]:
-        """Chunks in the order the GEMM produces them: ``(index, owner block, first row)``.
+    def rows_of(self, local: int) -> int:
+        """Rows of chunk ``local`` (0 <= local < chunks_per_block) of any block."""
+        return self.last_rows if local == self.chunks_per_block - 1 else self.rows
+
+    def order(self) -> list[Chunk]:
+        """Chunks in the order the GEMM produces them.
 
         ReduceScatter interleaves owners so every rank has reduction work
         throughout the GEMM; the others go block by block.
@@ -60,7 +87,7 @@ class ChunkPlan:
                 block, local = j % self.blocks, j // self.blocks
             else:
                 block, local = j // self.chunks_per_block, j % self.chunks_per_block
-            out.append((j, block, block * self.block_rows + local * self.rows))
+            out.append(Chunk(j, block, block * self.block_rows + local * self.rows, self.rows_of(local)))
         return out
 
     @classmethod
@@ -75,21 +102,38 @@ class ChunkPlan:
         else:
             raise DirectiveError([f"workload: no chunk plan for {problem.workload!r}"])
         target = max(1, d.chunk_bytes // (row_elems * esz))
+        if problem.m % EQUAL_CHUNKS_M:
+            return cls._ragged(problem.workload, w, blocks, unit, row_elems, esz, target, d)
         rows = largest_divisor(unit, min(target, unit))
         if rows is None:
-            raise DirectiveError([
-                f"chunk_bytes: no chunk of at most {d.chunk_bytes} bytes cuts {unit} rows of "
-                f"{row_elems * esz} bytes into multiples of {ROW_ALIGN} rows; choose chunk_bytes "
-                f">= {ROW_ALIGN * row_elems * esz}"])
-        plan = cls(problem.workload, w, rows, unit // rows, blocks, row_elems, esz)
+            raise DirectiveError([_too_small(d, unit, row_elems * esz)])
+        plan = cls(problem.workload, w, rows, unit // rows, blocks, row_elems, esz, rows)
         if problem.workload == "gemm_allreduce" and (plan.chunk_elems * esz) % (16 * w):
             raise DirectiveError([
                 f"chunk_bytes: a chunk of {plan.chunk_elems} elements does not split into "
                 f"{w} slices of 16-byte vectors; choose N a multiple of {8 * w}"])
-        if (row_elems * esz) % 16:
-            raise DirectiveError([f"shape: rows of {row_elems} elements are not 16-byte "
-                                  "multiples; pad N (or K) to a multiple of 8"])
         return plan
+
+    @classmethod
+    def _ragged(cls, workload: str, w: int, blocks: int, unit: int, row_elems: int, esz: int,
+                target: int, d: Directives) -> "ChunkPlan":
+        """``unit`` rows per block in chunks of at most ``target`` rows (a multiple of
+        :data:`ROW_ALIGN`), as equal as that allows: the last chunk of a block takes the rest."""
+        if target >= unit:
+            return cls(workload, w, unit, 1, blocks, row_elems, esz, unit, True)
+        cap = target // ROW_ALIGN * ROW_ALIGN
+        if cap == 0:
+            raise DirectiveError([_too_small(d, unit, row_elems * esz)])
+        chunks = -(-unit // cap)
+        rows = -(-unit // chunks)
+        rows = -(-rows // ROW_ALIGN) * ROW_ALIGN  # <= cap, so (chunks - 1) * rows < unit
+        return cls(workload, w, rows, chunks, blocks, row_elems, esz, unit - (chunks - 1) * rows, True)
+
+
+def _too_small(d: Directives, unit: int, row_bytes: int) -> str:
+    return (f"chunk_bytes: no chunk of at most {d.chunk_bytes} bytes cuts {unit} rows of "
+            f"{row_bytes} bytes into multiples of {ROW_ALIGN} rows; choose chunk_bytes "
+            f">= {ROW_ALIGN * row_bytes}")
 
 
 def chunk_sizes(problem: GemmProblem, parts=(4, 8, 16), floor_log2: int = 12) -> list[int]:

@@ -19,7 +19,7 @@ from typing import Any
 from cuco.design import Directives, GemmProblem
 from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
-from cuco.design.tiles import ChunkPlan
+from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.compiler import LAUNCHER_PARTS
@@ -117,6 +117,24 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, **LAUNCHER_PARTS)
 
 
+def side_stream_plan(problem: GemmProblem, d: Directives) -> ChunkPlan:
+    """The chunk plan of a ``side_stream`` point, or :class:`DirectiveError` naming what to
+    change when its templates cannot take it (too many chunks for the flag slots; a ragged
+    plan on the GIN template, whose receive slots assume equal chunks)."""
+    plan = ChunkPlan.for_problem(problem, d)
+    out = []
+    if plan.n_chunks >= FLAG_STRIDE // 2:
+        out.append(f"chunk_bytes: {plan.n_chunks} chunks exceed {FLAG_STRIDE // 2 - 1}; "
+                   "choose a larger chunk_bytes")
+    if plan.ragged and d.backend.value == "gin":
+        out.append(f"backend: the gin side-stream kernels cut rows into equal chunks; M={problem.m} "
+                   f"needs a ragged plan; choose backend=lsa or nvshmem, or pad M to a multiple "
+                   f"of {EQUAL_CHUNKS_M}")
+    if out:
+        raise DirectiveError(out)
+    return plan
+
+
 def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
               ) -> tuple[KernelSource, ChunkPlan | None]:
     """Kernel source and chunk plan (None for in-kernel placements, whose unit is a tile)
@@ -141,10 +159,7 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
         return KernelSource(name, src, needs, ("cuco_fused_launch",)), None
     if gemm_only:
         raise ValueError("gemm_only renders in-kernel placements only")
-    plan = ChunkPlan.for_problem(problem, d)
-    if plan.n_chunks >= FLAG_STRIDE // 2:
-        raise DirectiveError([f"chunk_bytes: {plan.n_chunks} chunks exceed {FLAG_STRIDE // 2 - 1}; "
-                              "choose a larger chunk_bytes"])
+    plan = side_stream_plan(problem, d)
     template = "tp_side_stream_gin.cu.j2" if d.backend.value == "gin" else "tp_side_stream.cu.j2"
     src = render(template, workload=problem.workload, backend=d.backend.value,
                  issuer=d.issuer.value, ctype=CTYPES[problem.dtype], plan=plan,

@@ -58,7 +58,7 @@ class SideStreamRunner:
         self._warm_gemm()
 
     def _warm_gemm(self) -> None:
-        """Run the chunk-shaped GEMM, the epilogue and the stress spin once alone, so
+        """Run the chunk-shaped GEMMs, the epilogue and the stress spin once alone, so
         no first launch (module loading, which waits for running kernels; library
         heuristics) ever happens while the communication kernel spins."""
         wl, plan = self.wl, self.plan
@@ -66,8 +66,9 @@ class SideStreamRunner:
         esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
         dst = self.arena.ptr + self.layout.data["p"] if "p" in self.layout.data else int(self.out.data.ptr)
-        gemm(x, w, dst, plan.rows, n, k, wl.dtype, self.ctx.stream)
-        wl.chunk_epilogue(self.ctx, self.inputs, dst, 0, plan.rows, self.ctx.stream)
+        for rows in sorted({plan.rows, plan.last_rows}):  # a ragged plan's short chunk too
+            gemm(x, w, dst, rows, n, k, wl.dtype, self.ctx.stream)
+            wl.chunk_epilogue(self.ctx, self.inputs, dst, 0, rows, self.ctx.stream)
         spin(self.ctx.stream, 0.0)
         self.ctx.stream.synchronize()
 
@@ -89,13 +90,14 @@ class SideStreamRunner:
             dest = u64(lay.data["o"]) if self.pattern == "gemm_allreduce" else self.out
             self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), dest, u64(lay.flags),
                                     u64(lay.bar), e), stream=cs)
-            for j, _, row in plan.order():
+            for chunk in plan.order():
                 if self.stress_us:
                     spin(s, self.stress_us)
-                dst = base + lay.data["p"] + row * n * esz
-                gemm(x + row * k * esz, w, dst, plan.rows, n, k, wl.dtype, s)
-                wl.chunk_epilogue(ctx, self.inputs, dst, row, plan.rows, s)
-                self.signal((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(j), e), stream=s)
+                dst = base + lay.data["p"] + chunk.row * n * esz
+                gemm(x + chunk.row * k * esz, w, dst, chunk.rows, n, k, wl.dtype, s)
+                wl.chunk_epilogue(ctx, self.inputs, dst, chunk.row, chunk.rows, s)
+                self.signal((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(chunk.index), e),
+                            stream=s)
         else:  # allgather_gemm: own shard first from X itself, then peers' as they arrive
             self.comm(grid, block, (*a.args(ctx), self.inputs["x"], u64(lay.data["xf"]),
                                     u64(lay.flags), u64(lay.bar), e), stream=cs)
@@ -105,7 +107,7 @@ class SideStreamRunner:
             for step in range(W):
                 src = (me + step) % W
                 for c in range(plan.chunks_per_block):
-                    row = src * plan.block_rows + c * plan.rows
+                    row, rows = src * plan.block_rows + c * plan.rows, plan.rows_of(c)
                     if self.stress_us:
                         spin(s, self.stress_us)
                     if src == me:
@@ -114,7 +116,7 @@ class SideStreamRunner:
                         self.wait((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(src),
                                                np.int32(c), u64(int(a.counts[c]))), stream=s)
                         a_ptr = base + lay.data["xf"] + row * k * esz
-                    gemm(a_ptr, w, o + row * n * esz, plan.rows, n, k, wl.dtype, s)
-                    wl.chunk_epilogue(ctx, self.inputs, o + row * n * esz, row, plan.rows, s)
+                    gemm(a_ptr, w, o + row * n * esz, rows, n, k, wl.dtype, s)
+                    wl.chunk_epilogue(ctx, self.inputs, o + row * n * esz, row, rows, s)
         self.done.record(cs)
         s.wait_event(self.done)

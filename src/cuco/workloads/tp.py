@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from cuco.design import DesignSpace, Directives, GemmProblem, Placement
-from cuco.design.tiles import ChunkPlan, chunk_sizes
-from cuco.errors import DirectiveError
+from cuco.design.tiles import EQUAL_CHUNKS_M, chunk_sizes
+from cuco.errors import DirectiveError, ShapeError
 from cuco.kernels import tp as templates
 from cuco.kernels.collectives import KernelSource
 from cuco.runtime import dtypes, host_collective, host_gemm, torch_bridge
@@ -30,6 +30,10 @@ from cuco.runtime.peaks import Work
 from cuco.workloads import torch_fused
 from cuco.workloads.base import EPS, Buffers, Peer, Runner, Workload, register
 from cuco.design.problem import Dtype
+
+
+#: The in-kernel placements' row tile in this workload's space (and their smallest).
+IN_KERNEL_TILE_M = 128
 
 
 def _ptr(a) -> int:
@@ -149,6 +153,18 @@ class GemmWorkload(Workload):
         return (w + 1) * eps, eps * (w + math.sqrt(self.k / 65536.0))
 
     # ---- templates ----------------------------------------------------------------------
+    def whole_tiles_refusal(self, tile_m: int = IN_KERNEL_TILE_M) -> str | None:
+        """Why the in-kernel placements cannot take this shape's rows, naming the fix (None
+        when they can): they run whole ``tile_m``-row tiles over each rank's block of M/w
+        rows; ``side_stream`` takes any M (its last chunk of a block is short)."""
+        m, step = self.m, self.world_size * tile_m
+        if m % step == 0:
+            return None
+        return (f"epilogue and dedicated_ctas run whole {tile_m}-row output tiles over "
+                f"each of the {self.world_size} ranks' blocks of M/{self.world_size} rows, and "
+                f"M={m} does not fill them; use placement=side_stream or pad M to a multiple of "
+                f"{step} (e.g. {-(-m // step) * step})")
+
     def supported(self, d: Directives) -> list[str]:
         """The one-kernel templates' refusals, or a side-stream chunk plan that does not fit."""
         problem = self.pattern_problem
@@ -157,17 +173,18 @@ class GemmWorkload(Workload):
                 return [f"placement: {type(self).__name__} adds a chunk_epilogue (Python, "
                         f"between chunks); placement={d.placement.value} runs the whole GEMM in "
                         "one kernel; use placement=side_stream"]
-            return templates.supported(problem, d)
+            rows = self.whole_tiles_refusal(d.tile_m)
+            return ([f"placement: {rows}"] if rows else []) + templates.supported(problem, d)
         try:
-            plan = ChunkPlan.for_problem(problem, d)
+            templates.side_stream_plan(problem, d)
         except DirectiveError as exc:
             return list(exc.problems)
-        if plan.n_chunks >= templates.FLAG_STRIDE // 2:
-            return [f"chunk_bytes: {plan.n_chunks} chunks exceed {templates.FLAG_STRIDE // 2 - 1}; "
-                    "choose a larger chunk_bytes"]
         return []
 
     def render(self, d: Directives) -> KernelSource:
+        rows = self.whole_tiles_refusal(d.tile_m) if d.placement.in_kernel else None
+        if rows:  # before the design rules' tile message, which cannot name side_stream
+            raise DirectiveError([f"placement: {rows}"])
         return templates.render_tp(self.pattern_problem, d)[0]
 
     def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
@@ -179,12 +196,20 @@ class GemmWorkload(Workload):
         per flag, tiles 128x128 (4 stages) or 128x256 (3), row-by-row or grouped tile
         order, the epilogue on the consumers or on 3 spare producer warps, 8 or 16
         communication CTAs. A workload whose Python ``chunk_epilogue`` runs between chunks
-        gets ``side_stream`` only.
+        gets ``side_stream`` only, and so does a shape whose rows the in-kernel tiles do not
+        fill (M not a multiple of ``world_size * 128``); asked for the in-kernel placements
+        alone, such a shape is a :class:`ShapeError` naming side_stream.
         """
         placements = self.check_placements(placements or self.placements)
         if self.has_chunk_epilogue():
             placements = self.check_placements([p for p in placements if not p.in_kernel]
                                                or [Placement.SIDE_STREAM])
+        rows = self.whole_tiles_refusal()
+        if rows and any(p.in_kernel for p in placements):
+            if all(p.in_kernel for p in placements):
+                raise ShapeError(f"{self.problem.label}: {rows}",
+                                 param="placements", fix="side_stream")
+            placements = tuple(p for p in placements if not p.in_kernel)
         problem = self.problem
         side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
         in_kernel = [p for p in placements if p.in_kernel]
@@ -220,8 +245,11 @@ class GemmWorkload(Workload):
                            comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
 
     def small_problem(self) -> GemmProblem:
+        """A few chunks per rank, with M's residue mod 64 kept: a ragged M checks the
+        ragged kernel bodies (whose EVOLVE-BLOCKs the evaluator splices into this shape)."""
         w = self.world_size
-        return self.problem.model_copy(update={"m": 256 * w, "n": 512 * w, "k": 512 * w})
+        return self.problem.model_copy(update={"m": 256 * w + self.m % (EQUAL_CHUNKS_M * w),
+                                               "n": 512 * w, "k": 512 * w})
 
     def small_directives(self, d: Directives, small: Workload) -> Directives:
         """``d`` with its chunk cut to fit the small shape (a few chunks, at least one tile);
