@@ -44,6 +44,6 @@ def test_side_stream_grid_is_correct(gpu_group, family, shape):
         res = gpu_group.run(case, timeout=100)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
-        assert set(merged) == {"host_nccl", *(s.name for s in specs)}
+        assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
         for name, rec in merged.items():
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"

@@ -49,7 +49,7 @@ def test_in_kernel_grid_is_correct(gpu_group, family, shape):
                             timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
-        assert set(merged) == {"host_nccl", *(s.name for s in specs)}
+        assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
         for name, rec in merged.items():
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
 

@@ -321,6 +321,10 @@ class Evaluator:
                             overlap_eff=bound / t,
                             extra={"compute_ms": merged["compute_only"]["ms"],
                                    "comm_ms": merged["comm_only"]["ms"],
+                                   # what the strongest host program is made of, and the old one
+                                   "host": {k: merged["host_nccl"].get("notes", {}).get(k)
+                                            for k in ("gemm", "collective")},
+                                   "host_default_ms": merged.get("host_nccl_default", {}).get("ms"),
                                    "floor_ms": floor,
                                    "calls_verified": merged["candidate"].get("calls_verified"),
                                    "compile_s": built["compile_s"]})
