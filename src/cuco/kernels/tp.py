@@ -150,7 +150,7 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
     bad = supported(problem, d)
     if bad:
         raise DirectiveError(bad)
-    name = f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
+    name = kernel_name(problem, d)
     if d.placement.in_kernel:
         src = render("tp_fused.cu.j2", **fused_context(problem, d, gemm_only=gemm_only))
         if gemm_only:
@@ -159,6 +159,13 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
         return KernelSource(name, src, needs, ("cuco_fused_launch",)), None
     if gemm_only:
         raise ValueError("gemm_only renders in-kernel placements only")
+    return render_side_stream(problem, d)
+
+
+def render_side_stream(problem: GemmProblem, d: Directives) -> tuple[KernelSource, ChunkPlan]:
+    """The side-stream kernels of ``d`` and their chunk plan, for a point the design rules
+    accepted (:func:`render_tp` checks them first); :class:`DirectiveError` when the plan
+    does not fit the templates."""
     plan = side_stream_plan(problem, d)
     template = "tp_side_stream_gin.cu.j2" if d.backend.value == "gin" else "tp_side_stream.cu.j2"
     src = render(template, workload=problem.workload, backend=d.backend.value,
@@ -166,4 +173,10 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
                  comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
                  flag_stride=FLAG_STRIDE, name=d.full_name)
     needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-    return KernelSource(name, src, needs, ("comm_kernel", "signal_chunk", "wait_chunk")), plan
+    return KernelSource(kernel_name(problem, d), src, needs, ("comm_kernel", "signal_chunk",
+                                                            "wait_chunk")), plan
+
+
+def kernel_name(problem: GemmProblem, d: Directives) -> str:
+    """The name a fused variant's kernel source carries (and the compile cache shows)."""
+    return f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
