@@ -9,10 +9,10 @@ Without enough GPUs it compiles every kernel (a compile-only pass) and says so.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from cuco.benchmarks.collectives import SIZES, CollectivesBench
 from cuco.runtime import visible_gpus
+from cuco.errors import run_script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,4 +41,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

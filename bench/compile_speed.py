@@ -24,7 +24,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from cuco.kernels.compiler import device_code, source_file_name
 from cuco.kernels.render import environment
 from cuco.kernels.toolchain import find_nvcc
 from cuco.kernels.tp import fused_context, in_kernel, render_tp
+from cuco.errors import run_script
 
 BIG = dict(m=8192, n=8192, k=8192, world_size=2)
 CANDIDATES = {
@@ -170,4 +170,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

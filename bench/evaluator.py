@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from cuco.evaluate.evaluator import Candidate
 from cuco.kernels import Compiler
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.workloads import get
+from cuco.errors import run_script
 
 
 def _candidates(problem, n: int, seed: int) -> list:
@@ -125,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -14,13 +14,13 @@ compiles every variant and says so.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from cuco.benchmarks.pipelines import PipelineBench
 from cuco.runtime import visible_gpus
 from cuco.workloads.cp_attention import CPAttention
 from cuco.workloads.kv_transfer import KVTransfer
 from cuco.workloads.moe import MoE
+from cuco.errors import run_script
 
 
 def configs(w: int, small: bool) -> dict:
@@ -56,4 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -43,6 +43,7 @@ from cuco.kernels import Compiler
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.runtime.collective_ops import merge_ranks
 from cuco.workloads import Case, VariantSpec, for_problem
+from cuco.errors import run_script
 
 
 def grid_sweep(ev: Evaluator, space, iters: int) -> list[dict]:
@@ -222,4 +223,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

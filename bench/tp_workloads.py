@@ -9,10 +9,10 @@ Shapes are MxKxN (global). Without enough GPUs it compiles every variant and say
 from __future__ import annotations
 
 import argparse
-import sys
 
 from cuco.benchmarks.tp_workloads import FAMILIES, PLACEMENTS, SHAPES, TPBench
 from cuco.runtime import visible_gpus
+from cuco.errors import run_script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,4 +43,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

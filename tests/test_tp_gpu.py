@@ -47,3 +47,39 @@ def test_side_stream_grid_is_correct(gpu_group, family, shape):
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
         for name, rec in merged.items():
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
+
+
+RAGGED = [("gemm_allreduce", (3000, 1536, 1536)), ("gemm_reducescatter", (3000, 1536, 1536)),
+          ("allgather_gemm", (3000, 1536, 1536)),
+          ("gemm_allreduce", (3001, 1544, 1536))]  # odd M, 193 units a row: uneven slices
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("family,shape", RAGGED, ids=[f"{f}-M{s[0]}N{s[1]}" for f, s in RAGGED])
+def test_side_stream_is_correct_at_a_ragged_m(gpu_group, family, shape, dtype):
+    """Issue #21: M=3000 (1500 rows per rank for ReduceScatter/AllGather), K=N=1536, and an
+    odd M with rows of an odd number of 16-byte units: every element of every side-stream
+    variant (ragged chunk plans: a short last chunk per block, AllReduce's uneven slices)
+    against the fp32 reference, on fresh seeds; both backends, all issuers, chunk sizes
+    whose plans are ragged and one of a single chunk per block."""
+    from cuco.design.tiles import ChunkPlan
+    from cuco.kernels.tp import render_side_stream
+    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.workloads import Case, VariantSpec, for_problem
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2, dtype=dtype)
+    points = grid(problem) + [Directives(backend="lsa", placement="side_stream", sync_scope="chunk",
+                                         issuer="cta", chunk_bytes=8 << 20, comm_ctas=8)]
+    plans = [ChunkPlan.for_problem(problem, d) for d in points]
+    assert all(p.ragged for p in plans) and any(p.last_rows != p.rows for p in plans)
+    sources = [render_side_stream(problem, d)[0] for d in points]  # the design rules' tile
+    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])  # shapes aside
+    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
+    for seed in (5, 6):
+        res = gpu_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False), timeout=200)
+        assert res.ok, res.error_text()
+        merged = merge_ranks(res.results)
+        assert {s.name for s in specs} <= set(merged)
+        for name, rec in merged.items():
+            assert rec["correct"], f"{family} {dtype} {shape} seed {seed} {name}: {rec}"

@@ -57,12 +57,10 @@ def _spell(exc) -> str:
 
 def _fail(exc: BaseException) -> int:
     """One red line for an error; its exit status (2: fix the command, 1: the machine/data)."""
-    from cuco.errors import CucoError, DirectiveError, InputError
+    from cuco.errors import CucoError, exit_code
 
-    if isinstance(exc, (InputError, DirectiveError)):
-        code = 2
-    elif isinstance(exc, CucoError):
-        code = 1
+    if isinstance(exc, CucoError):
+        code = exit_code(exc)
     elif isinstance(exc, OSError):
         code = 1
     else:

@@ -99,3 +99,26 @@ class CompileError(CucoError):
 
 class DatabaseError(CucoError):
     """The candidate database cannot be opened or is of a newer schema."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """A command's exit status for ``exc``: 2 when the user fixes the command (a refused
+    argument, shape or directive), 1 when the machine or data is at fault."""
+    return 2 if isinstance(exc, (InputError, DirectiveError)) else 1
+
+
+def run_script(main) -> None:
+    """Run a script's ``main()`` (returning its exit status): a :class:`CucoError` is one
+    line on stderr and exit :func:`exit_code`, never a traceback (``CUCO_DEBUG=1`` shows it)."""
+    import os
+    import sys
+    try:
+        code = main()
+    except CucoError as exc:
+        if os.environ.get("CUCO_DEBUG", "") not in ("", "0"):
+            raise
+        text = " ".join((exc.render() if not isinstance(exc, DirectiveError)
+                         else "invalid directives: " + "; ".join(exc.problems)).split())
+        print(f"error: {text}", file=sys.stderr)
+        sys.exit(exit_code(exc))
+    sys.exit(code)
