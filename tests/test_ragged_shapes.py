@@ -8,7 +8,6 @@ import random
 import pytest
 
 from cuco import DirectiveError, Directives, GemmProblem, ShapeError
-from cuco.design.rules import violations
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan, largest_divisor
 from cuco.evaluate.static import static_violations
 from cuco.kernels import evolve
@@ -165,15 +164,8 @@ def test_shapes_that_cannot_run_name_the_parameter_and_the_nearest_fix(shape, pa
     assert "multiple of" in str(err.value)
 
 
-# The design rules (design/rules.py, another change's file) still hold side_stream to the
-# in-kernel tile shapes; once they apply the tile rules to the in-kernel placements only,
-# these run for real (strict: an unexpected pass fails, so the marker is removed then).
-RULES_ALLOW_RAGGED = not violations(side().__dict__, GemmProblem(workload="gemm_allreduce", **RAGGED))
-needs_rules = pytest.mark.xfail(not RULES_ALLOW_RAGGED, strict=True,
-                                reason="design/rules.py applies tile_m/tile_n/tile_k to side_stream")
 
 
-@needs_rules
 @pytest.mark.parametrize("wl", [GemmAllReduce(3000, 1536, 1536, 2), GemmReduceScatter(3000, 1536, 1536, 2),
                                 AllGatherGemm(1000, 5120, 4096, 2)], ids=FAMILIES)
 def test_a_ragged_shape_searches_side_stream(wl):

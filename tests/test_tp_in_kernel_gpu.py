@@ -1,5 +1,6 @@
-"""GPU tests (2 GPUs): the in-kernel placements (epilogue, dedicated_ctas) are correct on
-fresh seeds at two shapes, and a variant that skips its flag waits is caught."""
+"""GPU tests: the in-kernel placements (epilogue, dedicated_ctas) are correct on fresh seeds
+at three shapes (2 ranks where there are two GPUs, else one: the mainloops, tile orders and
+epilogue handovers need no peer), and a variant that skips its flag waits is caught (2 GPUs)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import pytest
 from cuco.design import GemmProblem
 from cuco.kernels import Compiler
 from cuco.kernels.tp import in_kernel, render_tp
+from conftest import TEST_WORLD
 
-pytestmark = pytest.mark.gpu(count=2)
+pytestmark = pytest.mark.gpu(count=1)
 
 SHAPES = [(512, 1024, 2048), (1024, 512, 1024)]  # (m, n, k)
+#: Several tiles per CTA (odd and even counts): both pingpong warpgroups take turns.
+MANY_TILES = (4096, 2048, 256)
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 
 
@@ -23,7 +27,27 @@ def grid():
             # the epilogue handed to spare producer warps; grouped tile orders
             in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=4),
             in_kernel("epilogue", "nvshmem", "thread", comm_warps=1, raster_group=16),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, raster_group=8)]
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, raster_group=8),
+            *pingpong()]
+
+
+def pingpong():
+    """The two consumer warpgroups on tiles of their own, taking turns."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong"),
+            in_kernel("epilogue", "nvshmem", "warp", tile_n=128, stages=6, comm_warps=3,
+                      raster_group=8, schedule="pingpong"),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_n=128, stages=6,
+                      comm_warps=2, raster_group=16, schedule="pingpong")]
+
+
+@pytest.fixture(scope="module")
+def group():
+    """TEST_WORLD ranks with NVSHMEM, shared by this module's tests."""
+    from cuco.runtime import WorkerGroup
+    g = WorkerGroup(TEST_WORLD, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
+    g.start()
+    yield g
+    g.close()
 
 
 def build(problem, points, edit=None):
@@ -36,16 +60,18 @@ def build(problem, points, edit=None):
     return [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
 
 
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in SHAPES])
-def test_in_kernel_grid_is_correct(gpu_group, family, shape):
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES)])
+def test_in_kernel_grid_is_correct(group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
     from cuco.workloads import Case, for_problem
 
     m, n, k = shape
-    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)
-    specs = build(problem, grid())
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = grid() if shape != MANY_TILES else [in_kernel("epilogue", "lsa", "cta", comm_warps=3,
+                                                           raster_group=8), *pingpong()]
+    specs = build(problem, points)
     for seed in (5, 6):
-        res = gpu_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+        res = group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
                             timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
@@ -54,8 +80,10 @@ def test_in_kernel_grid_is_correct(gpu_group, family, shape):
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
 
 
-@pytest.mark.parametrize("comm_warps", [0, 3])
-def test_a_reduction_that_skips_its_flag_wait_is_caught(gpu_group, comm_warps):
+@pytest.mark.gpu(count=2)
+@pytest.mark.parametrize("comm_warps,schedule", [(0, "cooperative"), (3, "cooperative"),
+                                                 (0, "pingpong"), (3, "pingpong")])
+def test_a_reduction_that_skips_its_flag_wait_is_caught(group, comm_warps, schedule):
     """The owner reads its peers' partials without waiting for their flags (in the consumer
     warpgroups or in the comm warps): the stressed correctness run must see NaN poison (or
     a stale partial) and fail it."""
@@ -63,11 +91,12 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(gpu_group, comm_warps):
     from cuco.workloads import Case, GemmReduceScatter
 
     m, n, k = 1024, 1024, 2048
-    d = in_kernel("epilogue", "lsa", "cta", comm_warps=comm_warps)
+    d = in_kernel("epilogue", "lsa", "cta", comm_warps=comm_warps, schedule=schedule,
+                  **({"tile_n": 128, "stages": 6} if schedule == "pingpong" else {}))
     cheat = "  wait_peers<N>(p, me, [&](int r) { return partial_slot(r, t); });\n"
     specs = build(GemmProblem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
                   edit=lambda s: s.replace(cheat, "  group_sync<N>();\n"))
-    res = gpu_group.run(Case(GemmReduceScatter(m, n, k, 2), variants=specs, seed=7, time=False),
+    res = group.run(Case(GemmReduceScatter(m, n, k, 2), variants=specs, seed=7, time=False),
                         timeout=120)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)

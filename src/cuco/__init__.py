@@ -7,7 +7,7 @@ Importing cuco needs neither torch nor a GPU.
 from cuco.db import Candidate, CandidateDB, Evaluation
 from cuco.design import (
     Backend, ChunkSchedule, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
-    MoEProblem, Placement, Problem, SyncScope, make_problem,
+    MoEProblem, Placement, Problem, Schedule, SyncScope, make_problem,
 )
 from cuco.errors import (
     CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryConflict, LibraryNotFound,
@@ -66,7 +66,7 @@ __all__ = [
     "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError",
     "CucoError", "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem",
     "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
-    "MoEProblem", "NoGPUError", "Placement", "Problem", "ShapeError", "SyncScope",
+    "MoEProblem", "NoGPUError", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",
     "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",
     *sorted(_LAZY),
 ]

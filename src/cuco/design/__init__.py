@@ -1,6 +1,6 @@
 """The design space: five dimensions of fused compute+communication kernels."""
 
-from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, Placement, SyncScope
+from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope
 from cuco.design.directives import Directives
 from cuco.design.problem import (
     CPProblem, GemmProblem, KVProblem, MoEProblem, Problem, check_count, check_workload,
@@ -11,7 +11,7 @@ from cuco.design.space import DesignSpace, as_rng
 
 __all__ = [
     "Backend", "CPProblem", "ChunkSchedule", "DesignSpace", "Directives", "GemmProblem",
-    "Issuer", "KVProblem", "MoEProblem", "Placement", "Problem", "SyncScope", "as_rng",
+    "Issuer", "KVProblem", "MoEProblem", "Placement", "Problem", "Schedule", "SyncScope", "as_rng",
     "check_count", "check_workload", "make_problem", "parse_shape", "problem_class",
     "problem_from_dict", "register_workload", "violations",
 ]

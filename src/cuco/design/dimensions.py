@@ -54,6 +54,13 @@ class Issuer(str, Enum):
     CTA = "cta"
 
 
+class Schedule(str, Enum):
+    """How the two consumer warpgroups of an in-kernel placement share the output tiles."""
+
+    COOPERATIVE = "cooperative"  # both compute each tile, half of its rows each
+    PINGPONG = "pingpong"  # each computes tiles of its own; their MMAs and epilogues take turns
+
+
 class ChunkSchedule(str, Enum):
     """Order in which chunks visit peers (Syncopate-style ring, or direct)."""
 

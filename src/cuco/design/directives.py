@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cuco.design.dimensions import (
-    Backend, ChunkSchedule, Issuer, Placement, SyncScope, format_bytes,
+    Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope, format_bytes,
 )
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
@@ -61,6 +61,9 @@ class Directives(BaseModel):
     comm_warps: int = Field(default=0, ge=0, le=3, description="in-kernel placements: spare "
                             "producer warps that run each tile's epilogue while the consumer "
                             "warpgroups compute the next tile (0: the consumers run it)")
+    schedule: Schedule = Field(default=Schedule.COOPERATIVE, description="in-kernel placements: "
+                               "cooperative (both consumer warpgroups on each tile) or pingpong "
+                               "(each its own tiles, taking turns)")
 
     @field_validator("chunk_bytes")
     @classmethod
@@ -113,6 +116,8 @@ class Directives(BaseModel):
             extra += f".g{self.raster_group}"
         if self.comm_warps:
             extra += f".cw{self.comm_warps}"
+        if self.schedule is Schedule.PINGPONG:
+            extra += ".pp"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def to_json(self) -> str:

@@ -16,6 +16,8 @@ from cuco.design.problem import GemmProblem, Problem
 # Hopper: 227 KiB of shared memory per block once the dynamic limit is raised.
 SMEM_LIMIT_BYTES = 227 * 1024
 OPERAND_BYTES = 2  # bf16/fp16 operands in the GEMM mainloop
+#: Pingpong: one warpgroup's fp32 accumulators of a tile (128 registers a thread at most).
+PINGPONG_TILE_ELEMS = 128 * 128
 
 
 def _v(x: Any) -> Any:
@@ -66,6 +68,18 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "comm_warps: placement=side_stream moves chunks from a kernel of its own; comm_warps "
             "hands the tiles of the in-kernel placements to spare warps only; set comm_warps=0"
         )
+    if _v(d.get("schedule", "cooperative")) == "pingpong":
+        if not where.in_kernel:
+            out.append(
+                "schedule: placement=side_stream runs a vendor GEMM per chunk; schedule=pingpong "
+                "applies to the in-kernel placements' mainloop only; set schedule=cooperative"
+            )
+        if tm * tn > PINGPONG_TILE_ELEMS:
+            out.append(
+                f"schedule: under pingpong one warpgroup holds a whole {tm}x{tn} tile's "
+                f"accumulators; choose tile_m x tile_n <= {PINGPONG_TILE_ELEMS} (128x128 or "
+                "64x256) or schedule=cooperative"
+            )
     need = smem_bytes(tm, tn, tk, stages)
     if need > SMEM_LIMIT_BYTES:
         fit = SMEM_LIMIT_BYTES // smem_bytes(tm, tn, tk, 1)
@@ -83,14 +97,25 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "NVLink host choose backend=lsa or backend=nvshmem"
         )
     if isinstance(problem, GemmProblem):
-        out += _gemm_violations(tm, tn, tk, chunk, problem)
+        out += _gemm_violations(tm, tn, tk, chunk, problem, where.in_kernel)
     return out
 
 
-def _gemm_violations(tm: int, tn: int, tk: int, chunk: int, problem: GemmProblem) -> list[str]:
-    """The rules of a GEMM problem: tiles divide each rank's GEMM, a chunk holds a tile and
-    fits each rank's output."""
+def _gemm_violations(tm: int, tn: int, tk: int, chunk: int, problem: GemmProblem,
+                     tiled: bool) -> list[str]:
+    """The rules of a GEMM problem: a chunk fits each rank's output; where the placement runs
+    cuco's own mainloop (``tiled``), tiles divide each rank's GEMM and a chunk holds a tile
+    (side_stream runs a vendor GEMM per chunk, so any M works there)."""
     out: list[str] = []
+    out_bytes = problem.output_bytes_per_rank()
+    if chunk > out_bytes:
+        out.append(
+            f"chunk_bytes: chunk_bytes={format_bytes(chunk)} exceeds the "
+            f"{format_bytes(out_bytes)} each rank produces; choose chunk_bytes <= "
+            f"{format_bytes(out_bytes)}"
+        )
+    if not tiled:
+        return out
     rows, cols = problem.output_shape_per_rank()
     k_local = problem.k // problem.world_size if problem.workload in (
         "gemm_allreduce", "gemm_reducescatter") else problem.k
@@ -111,17 +136,10 @@ def _gemm_violations(tm: int, tn: int, tk: int, chunk: int, problem: GemmProblem
                    + (f", or {name} from {ok}" if ok else ""))
             out.append(f"{name}: {label}={extent} is not a multiple of {name}={tile}; {fix}")
     tile_bytes = tm * tn * problem.dtype_bytes
-    out_bytes = problem.output_bytes_per_rank()
     if chunk < tile_bytes:
         out.append(
             f"chunk_bytes: chunk_bytes={format_bytes(chunk)} is smaller than one "
             f"{tm}x{tn} {problem.dtype} output tile ({format_bytes(tile_bytes)}); "
             f"choose chunk_bytes >= {format_bytes(tile_bytes)}"
-        )
-    if chunk > out_bytes:
-        out.append(
-            f"chunk_bytes: chunk_bytes={format_bytes(chunk)} exceeds the "
-            f"{format_bytes(out_bytes)} each rank produces; choose chunk_bytes <= "
-            f"{format_bytes(out_bytes)}"
         )
     return out

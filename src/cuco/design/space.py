@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, KIB, MIB, Placement, SyncScope
+from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, KIB, MIB, Placement, Schedule, SyncScope
 from pydantic import TypeAdapter
 from typing import Annotated
 
@@ -42,6 +42,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "comm_ctas": (0, 4, 8, 16),
     "raster_group": (1,),
     "comm_warps": (0,),
+    "schedule": (Schedule.COOPERATIVE,),
     "chunk_schedule": tuple(ChunkSchedule),
 }
 

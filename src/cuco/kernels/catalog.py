@@ -43,18 +43,23 @@ def in_kernel_sources() -> list[KernelSource]:
     from cuco.design import GemmProblem
     from cuco.kernels.tp import TP_FAMILIES, in_kernel, render_tp
 
-    # (placement, backend, issuer, comm_warps, raster_group, world size): both epilogue owners
-    # (the consumers, spare producer warps), both tile orders, and world sizes 4 and 8
-    picks = {"gemm_allreduce": (("epilogue", "lsa", "warp", 3, 4, 4), ("dedicated_ctas", "nvshmem", "warp", 0, 1, 2)),
-             "gemm_reducescatter": (("epilogue", "nvshmem", "thread", 0, 1, 2), ("dedicated_ctas", "lsa", "cta", 1, 4, 2)),
-             "allgather_gemm": (("epilogue", "nvshmem", "cta", 2, 16, 8), ("dedicated_ctas", "lsa", "thread", 3, 1, 2))}
+    # (placement, backend, issuer, comm_warps, raster_group, world size, schedule): both
+    # epilogue owners (the consumers, spare producer warps), both tile orders, both consumer
+    # schedules, and world sizes 4 and 8
+    picks = {"gemm_allreduce": (("epilogue", "lsa", "warp", 3, 4, 4, "cooperative"),
+                                ("dedicated_ctas", "nvshmem", "warp", 0, 1, 2, "pingpong")),
+             "gemm_reducescatter": (("epilogue", "nvshmem", "thread", 0, 1, 2, "pingpong"),
+                                    ("dedicated_ctas", "lsa", "cta", 1, 4, 2, "cooperative")),
+             "allgather_gemm": (("epilogue", "nvshmem", "cta", 2, 16, 8, "cooperative"),
+                                ("dedicated_ctas", "lsa", "thread", 3, 1, 2, "pingpong"))}
     out = []
     for fam in TP_FAMILIES:
-        for placement, backend, issuer, warps, group, w in picks[fam]:
+        for placement, backend, issuer, warps, group, w, schedule in picks[fam]:
             problem = GemmProblem(workload=fam, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)),
                                   k=1024, world_size=w)
+            tile = {"tile_n": 128, "stages": 6} if schedule == "pingpong" else {}
             d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
-                          comm_warps=warps, raster_group=group)
+                          comm_warps=warps, raster_group=group, schedule=schedule, **tile)
             out.append(render_tp(problem, d)[0])
     return out
 

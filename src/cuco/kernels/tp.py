@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from cuco.design import Directives, GemmProblem
-from cuco.design.dimensions import Placement, format_bytes
+from cuco.design.dimensions import Placement, Schedule, format_bytes
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
@@ -32,16 +32,21 @@ TP_FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 #: The in-kernel placements' names, derived from :attr:`Placement.in_kernel` (test it there).
 IN_KERNEL = tuple(p.value for p in Placement if p.in_kernel)
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
+#: The in-kernel mainloops a search sweeps, ``(schedule, tile_n, stages)`` at tile_m 128: the
+#: most stages that fit beside the staged output tile. On one H200 the best of them ran
+#: 1.003-1.078x torch.matmul on each of 12 GEMMs; pingpong won 8, cooperative 128x256 the
+#: large-N ones (bench/results/gemm_mainloop.json, python bench/gemm_mainloop.py).
+MAINLOOPS = (("cooperative", 128, 4), ("cooperative", 256, 3), ("pingpong", 128, 6))
 
 
 def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int = 256,
               stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2, raster_group: int = 1,
-              comm_warps: int = 0) -> Directives:
+              comm_warps: int = 0, schedule: str = "cooperative") -> Directives:
     """An ``epilogue``/``dedicated_ctas`` point: tile 128 x ``tile_n`` x 64, one tile per flag."""
     return Directives(backend=backend, placement=placement, sync_scope="chunk", issuer=issuer,
                       tile_m=128, tile_n=tile_n, tile_k=64, stages=stages, comm_ctas=comm_ctas,
                       chunk_bytes=128 * tile_n * dtype_bytes, raster_group=raster_group,
-                      comm_warps=comm_warps)
+                      comm_warps=comm_warps, schedule=schedule)
 
 
 def local_gemm(problem: GemmProblem) -> tuple[int, int, int]:
@@ -74,9 +79,13 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     if d.chunk_schedule.value != "direct":
         out.append(f"chunk_schedule: placement={p} sends each tile straight to its owner; set "
                    "chunk_schedule=direct")
-    if d.tile_m not in (128, 256):
-        out.append(f"tile_m: placement={p} uses two consumer warpgroups of 64+ rows; choose "
-                   "tile_m 128 or 256")
+    if d.schedule is Schedule.COOPERATIVE and d.tile_m not in (128, 256):
+        out.append(f"tile_m: placement={p} with schedule=cooperative splits each tile's rows "
+                   "between two consumer warpgroups of 64+ rows; choose tile_m 128 or 256 (or "
+                   "schedule=pingpong)")
+    if d.schedule is Schedule.PINGPONG and d.tile_m not in (64, 128):
+        out.append(f"tile_m: placement={p} with schedule=pingpong gives each consumer warpgroup "
+                   "whole tiles; choose tile_m 64 or 128")
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
     if smem > SMEM_LIMIT_BYTES - 1024:
         fit = (SMEM_LIMIT_BYTES - 1024 - d.tile_m * (d.tile_n + 8) * problem.dtype_bytes) \
@@ -113,6 +122,7 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 issuer=d.issuer.value, ctype=CTYPES[problem.dtype], cutlass_type=CUTLASS_TYPES[problem.dtype],
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
+                schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
                 flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, **LAUNCHER_PARTS)
 

@@ -193,9 +193,9 @@ class GemmWorkload(Workload):
         ``side_stream``: vendor GEMM per chunk (tile fields unused, kept at 128x128x64, 4
         stages); chunk sizes of 2 to 32 chunks per rank, 8 to 64 communication CTAs.
         ``epilogue`` / ``dedicated_ctas``: the one-kernel CUTLASS templates, one output tile
-        per flag, tiles 128x128 (4 stages) or 128x256 (3), row-by-row or grouped tile
-        order, the epilogue on the consumers or on 3 spare producer warps, 8 or 16
-        communication CTAs. A workload whose Python ``chunk_epilogue`` runs between chunks
+        per flag, the mainloops of :data:`cuco.kernels.tp.MAINLOOPS`, row-by-row or grouped tile
+        order (8 or 16 m-tiles), the epilogue on the consumers or on 3 spare producer warps,
+        8 or 16 communication CTAs. A workload whose Python ``chunk_epilogue`` runs between chunks
         gets ``side_stream`` only, and so does a shape whose rows the in-kernel tiles do not
         fill (M not a multiple of ``world_size * 128``); asked for the in-kernel placements
         alone, such a shape is a :class:`ShapeError` naming side_stream.
@@ -231,17 +231,19 @@ class GemmWorkload(Workload):
                 return out or self.supported(Directives.model_construct(**values))
             if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
                 return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
-            if (values["tile_n"], values["stages"]) not in ((128, 4), (256, 3)):
-                return ["stages: the in-kernel tiles are 128x128 with 4 stages or 128x256 with 3"]
+            if (values["schedule"].value, values["tile_n"], values["stages"]) not in templates.MAINLOOPS:
+                return ["stages: the in-kernel mainloops of this space are " + ", ".join(
+                    f"{s} 128x{n} with {st} stages" for s, n, st in templates.MAINLOOPS)]
             return self.supported(Directives.model_construct(**values))
 
         return DesignSpace(problem, rules=rules, backend=[b.value for b in self.backends],
                            placement=list(placements), sync_scope=["chunk"],
                            chunk_bytes=sorted({*side, *tiles}), tile_m=[128],
                            tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
-                           stages=[3, 4] if in_kernel else [4], comm_ctas=sorted(set(comm)),
-                           issuer=["thread", "warp", "cta"],
-                           raster_group=[1, 8] if in_kernel else [1],
+                           stages=sorted({st for _, _, st in templates.MAINLOOPS}) if in_kernel else [4],
+                           comm_ctas=sorted(set(comm)), issuer=["thread", "warp", "cta"],
+                           schedule=["cooperative", "pingpong"] if in_kernel else ["cooperative"],
+                           raster_group=[1, 8, 16] if in_kernel else [1],
                            comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
 
     def small_problem(self) -> GemmProblem:
