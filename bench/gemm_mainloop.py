@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from cuco.benchmarks.gemm_alone import GemmAloneBench
-from cuco.errors import CucoError
+from cuco.errors import run_script
 
 
 def main() -> int:
@@ -30,13 +30,9 @@ def main() -> int:
         except ValueError:
             print(f"--shape takes MxNxK, e.g. 8192x8192x4096 (got {args.shape})", file=sys.stderr)
             return 2
-    try:
-        GemmAloneBench(rounds=args.rounds, name=args.name, **kw).run()
-    except CucoError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    GemmAloneBench(rounds=args.rounds, name=args.name, **kw).run()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)
