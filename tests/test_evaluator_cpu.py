@@ -120,3 +120,20 @@ def test_a_user_workload_reuses_a_pattern_and_travels_with_its_jobs(tmp_path):
     r = ev.evaluate(Candidate(D))
     assert r.stage_reached == "compile" and "no worker group" in r.error  # static + compile passed
     assert [c.workload for c in db.candidates()] == ["scaled_gemm_allreduce"]
+
+
+def test_a_search_reports_where_each_generation_spent_its_time(ev):
+    """Build CPU seconds, GPU job seconds and GPU seconds waiting on builds reach the
+    generation summary (what `cuco search`'s live view shows); the builds are real nvcc runs."""
+    from cuco.agents import EvolutionAgent
+    from cuco.design import DesignSpace
+
+    space = DesignSpace(ev.problem, backend=["lsa"], placement=["side_stream"], sync_scope=["chunk"],
+                        issuer=["cta", "warp"], comm_ctas=[16], chunk_bytes=[1 << 20],
+                        tile_n=[128], stages=[4], tile_m=[128])
+    seen = []
+    EvolutionAgent(ev, ev.db, space=space, islands=1, population=2, children=1, budget=2,
+                   on_progress=seen.append).run()
+    assert seen and all({"compile_s", "gpu_s", "build_wait_s"} <= set(s) for s in seen)
+    assert sum(s["compile_s"] for s in seen) > 0  # two candidates were compiled from scratch
+    assert sum(s["gpu_s"] for s in seen) == 0  # no worker group: no GPU job ran

@@ -269,8 +269,12 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
         for isl in summary["islands"]:
             t.add_row(str(isl["island"]), str(isl["size"]), f"{isl['best']:.3f}",
                       f"{isl['mean']:.3f}", str(isl["ok"]))
-        if summary["failed"]:
-            t.caption = "failures: " + ", ".join(f"{k} x{v}" for k, v in summary["failed"].items())
+        spent = (f"this generation: builds {summary.get('compile_s', 0):.0f} CPU-s, GPU jobs "
+                 f"{summary.get('gpu_s', 0):.0f} s, GPUs waiting on builds "
+                 f"{summary.get('build_wait_s', 0):.0f} s")
+        fails = ("failures: " + ", ".join(f"{k} x{v}" for k, v in summary["failed"].items())
+                 if summary["failed"] else "")
+        t.caption = "\n".join(x for x in ("" if dry_run else spent, fails) if x)
         live.update(t)
 
     try:

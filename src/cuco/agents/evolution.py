@@ -89,6 +89,9 @@ class EvolutionAgent:
         self.rejected = 0
         self.history: list[dict[str, Any]] = []
         self.phase_switch: int | None = None
+        #: This generation's build CPU seconds, GPU job seconds and GPU seconds spent waiting
+        #: on builds (from each result's extra; the live view shows them).
+        self.spent = {"compile_s": 0.0, "gpu_s": 0.0, "build_wait_s": 0.0}
         self._t0 = time.perf_counter()
 
     # ---- bookkeeping ------------------------------------------------------------------
@@ -149,6 +152,8 @@ class EvolutionAgent:
                 store_result(self.db, self.problem.workload, cand, r, run_id)
             ind.status, ind.score, ind.stage, ind.error = r.status, r.score, r.stage_reached, r.error
             self.evaluated += 1
+            for key in self.spent:  # where this generation's time goes (build CPU, GPU, idle GPU)
+                self.spent[key] += float(getattr(r, "extra", {}).get(key) or 0.0)
             self.seen.add(ind.directives.full_name)
             self.statuses[r.status if r.status == "ok" else f"{r.stage_reached}:{r.status}"] += 1
             self.proposer.observe(ind)
@@ -284,7 +289,9 @@ class EvolutionAgent:
             isl.history.append(isl.stats()["best"])
         summary = {"generation": g, "phase": phase, "evaluations": self.evaluated,
                    "best": best, "islands": stats, "improved": notes[:8], "worsened": worse[:8],
-                   "failed": dict(failed), "elapsed_s": round(time.perf_counter() - self._t0, 2)}
+                   "failed": dict(failed), "elapsed_s": round(time.perf_counter() - self._t0, 2),
+                   **{k: round(v, 2) for k, v in self.spent.items()}}
+        self.spent = dict.fromkeys(self.spent, 0.0)
         self.history.append(summary)
         self.db.log_event(run_id, "generation", summary, g)
         if self.on_progress:

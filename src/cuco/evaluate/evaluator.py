@@ -118,6 +118,10 @@ class Evaluator:
         #: Seconds spent verifying (checked calls, device counts of the others) over this
         #: evaluator's life, slowest rank per job (``bench/evaluator.py``'s overhead).
         self.verify_s = 0.0
+        #: Seconds in GPU jobs, and seconds the GPUs waited on builds started in the
+        #: background (``evaluate_many``), over this evaluator's life.
+        self.gpu_s = 0.0
+        self.build_wait_s = 0.0
 
     # ---- hooks ------------------------------------------------------------------------
     def workload_at(self, problem: Problem) -> Workload:
@@ -175,9 +179,13 @@ class Evaluator:
                 pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, dict]:
         """``compile`` stage (or collect the builds ``evaluate_many`` started in the background)."""
         comp = self._compiler()
+        t0 = time.perf_counter()
         try:
             if pending is not None:
-                big, small = pending[0].result(), pending[1].result()
+                try:
+                    big, small = pending[0].result(), pending[1].result()
+                finally:  # the GPUs idled this long waiting for background builds
+                    self.build_wait_s += time.perf_counter() - t0
             else:
                 big = comp.compile(prepared["source"], needs=prepared["needs"], name=name)
                 small = comp.compile(prepared["small_source"], needs=prepared["needs"],
@@ -200,7 +208,9 @@ class Evaluator:
     def _run(self, job, timeout: float, stage: str) -> tuple[EvalResult | None, dict | None]:
         if not self.warm or self.group.respawns != self._respawns:
             self.warm_up()
+        t0 = time.perf_counter()
         res = self.group.run(job, timeout=timeout)
+        self.gpu_s += time.perf_counter() - t0
         if res.ok:
             self.verify_s += max(r.get("verify_s", 0.0) for r in res.results)
         if res.status in ("hang", "crash"):
@@ -243,9 +253,12 @@ class Evaluator:
 
     def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
                pending: tuple[Future, Future] | None = None) -> EvalResult:
-        t0 = time.perf_counter()
+        t0, gpu0, wait0 = time.perf_counter(), self.gpu_s, self.build_wait_s
         result = self._evaluate(cand, prepared, pending)
         result.extra.setdefault("seconds", round(time.perf_counter() - t0, 3))
+        # where this candidate's time went (cuco search shows them per generation)
+        result.extra.setdefault("gpu_s", round(self.gpu_s - gpu0, 3))
+        result.extra.setdefault("build_wait_s", round(self.build_wait_s - wait0, 3))
         self._store(cand, result)
         return result
 
