@@ -104,8 +104,8 @@ def test_a_user_workload_reuses_a_pattern_and_travels_with_its_jobs(tmp_path):
         family = "scaled_gemm_allreduce"
         pattern = "gemm_allreduce"
 
-    with pytest.raises(ShapeError, match="K=1023 is split over 2 ranks"):
-        Scaled(1024, 1024, 1023, 2)
+    with pytest.raises(ShapeError, match="K=1024 is split over 3 ranks"):
+        Scaled(1024, 1024, 1024, 3)
     wl = Scaled(1024, 1024, 2048, 2)
     assert wl.problem.workload == "scaled_gemm_allreduce"
     assert wl.pattern_problem.workload == "gemm_allreduce"

@@ -64,9 +64,10 @@ def test_every_mismatch_is_named(searched):
     with pytest.raises(ArtifactMismatch, match=r"shape: built for 2048x4096x4096, called with 8192x8192x8192"):
         load(art.path, shape="8192x8192x8192", arch="sm_90a")
     mf = json.loads((art.path / "manifest.json").read_text())
-    mf["versions"]["nccl"] = "2.0.0"
+    lib = "nccl" if "nccl" in mf["needs"] else "nvshmem"  # the library the winner links
+    mf["versions"][lib] = "2.0.0"
     (art.path / "manifest.json").write_text(json.dumps(mf))
-    with pytest.raises(ArtifactMismatch, match=r"nccl: built against 2.0.0.*pip install nvidia-nccl-cu13==2.0.0"):
+    with pytest.raises(ArtifactMismatch, match=rf"{lib}: built against 2.0.0.*pip install nvidia-{lib}-cu13==2.0.0"):
         load(art.path, arch="sm_90a")
     with pytest.raises(ArtifactMismatch, match="no manifest.json"):
         load(tmp)
