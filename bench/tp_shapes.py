@@ -21,7 +21,6 @@ from cuco.benchmarks.variants import compile_variants
 from cuco.design import GemmProblem, Placement
 from cuco.errors import CucoError, run_script
 from cuco.kernels.tp import render_tp
-from cuco.runtime import visible_gpus
 from cuco.workloads import for_problem
 
 #: (M, K, N) global shapes of real tensor-parallel layers, M from 128 to 16384 tokens (a
@@ -133,14 +132,7 @@ def main() -> int:
         print("\n".join(lines))
         print(f"{len(lines)} cases")
         return 0
-    if visible_gpus() < args.world_size:
-        specs = bench.compile_all("sm_90a")
-        print(f"compiled {sum(len(v) for v in specs.values())} variants for {len(specs)} cases")
-        print(f"{visible_gpus()} GPU(s) visible: the benchmark needs {args.world_size} GPUs; "
-              "only the compile-only pass ran.")
-        return 0
-    bench.run()
-    return 0
+    return bench.run_here()
 
 
 if __name__ == "__main__":

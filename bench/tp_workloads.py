@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 from cuco.benchmarks.tp_workloads import FAMILIES, PLACEMENTS, SHAPES, TPBench
-from cuco.runtime import visible_gpus
 from cuco.errors import run_script
 
 
@@ -32,14 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = TPBench(world_size=args.world_size, shapes=shapes, families=tuple(args.families.split(",")),
                     iters=args.iters, out_dir=args.out_dir, name=args.name,
                     peers=not args.no_peers, placements=tuple(args.placements.split(",")), quick=args.quick)
-    if visible_gpus() < args.world_size:
-        specs = bench.compile_all("sm_90a")
-        print(f"compiled {sum(len(v) for v in specs.values())} variants for {len(specs)} cases")
-        print(f"{visible_gpus()} GPU(s) visible: the benchmark needs {args.world_size} GPUs; "
-              "only the compile-only pass ran.")
-        return 0
-    bench.run()
-    return 0
+    return bench.run_here()
 
 
 if __name__ == "__main__":

@@ -135,6 +135,19 @@ class TPBench:
                        for p in self.problems() for d in PROFILED]
         return compile_variants(points, self.console, arch)
 
+    def run_here(self) -> int:
+        """:meth:`run` where ``world_size`` GPUs are visible; elsewhere compile every variant
+        (a compile check of the whole grid) and say why nothing was timed. Exit status 0."""
+        from cuco.runtime import visible_gpus
+        if visible_gpus() < self.world_size:
+            specs = self.compile_all("sm_90a")
+            print(f"compiled {sum(len(v) for v in specs.values())} variants for {len(specs)} cases")
+            print(f"{visible_gpus()} GPU(s) visible: the benchmark needs {self.world_size} GPUs; "
+                  "only the compile-only pass ran.")
+            return 0
+        self.run()
+        return 0
+
     def run(self) -> Path:
         from cuco.workloads import Case, for_problem
 
