@@ -137,3 +137,24 @@ def test_a_search_reports_where_each_generation_spent_its_time(ev):
     assert seen and all({"compile_s", "gpu_s", "build_wait_s"} <= set(s) for s in seen)
     assert sum(s["compile_s"] for s in seen) > 0  # two candidates were compiled from scratch
     assert sum(s["gpu_s"] for s in seen) == 0  # no worker group: no GPU job ran
+
+
+def test_a_batch_is_judged_in_the_order_its_builds_finish():
+    """evaluate_many's order: candidates with nothing to build first, then each as soon as
+    both its builds are done (real processes of different lengths stand in for builds)."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    from cuco.evaluate.evaluator import in_build_order
+
+    def build(seconds: float) -> float:
+        subprocess.run(["sleep", str(seconds)], check=True)
+        return seconds
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        pending = [(pool.submit(build, 1.2), pool.submit(build, 0.1)),   # slow: waits on its slow half
+                   None,                                                  # failed before building
+                   (pool.submit(build, 0.1), pool.submit(build, 0.2)),   # fast
+                   (pool.submit(build, 0.6), pool.submit(build, 0.1))]
+        order = list(in_build_order(pending))
+        assert order == [1, 2, 3, 0]
+        assert all(f.done() for p in pending if p for f in p)

@@ -34,7 +34,8 @@ import os
 import platform
 import secrets
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -264,7 +265,8 @@ class Evaluator:
 
     def evaluate_many(self, cands: list[Candidate | Directives]) -> list[EvalResult]:
         """Batch: every candidate compiles in the background on all cores while the
-        GPUs check and time the ones already built (in order)."""
+        GPUs check and time the ones already built, in the order their builds finish
+        (results come back in the order of ``cands``)."""
         cands = [c if isinstance(c, Candidate) else Candidate(c) for c in cands]
         prepared = [self.prepare(c) for c in cands]
         comp = self._compiler()
@@ -279,8 +281,11 @@ class Evaluator:
                     pool.submit(comp.compile, prep["source"], needs=prep["needs"], name=name),
                     pool.submit(comp.compile, prep["small_source"], needs=prep["needs"],
                                 name=name + ".small")))
+            results: list[EvalResult | None] = [None] * len(cands)
             try:
-                return [self._judge(c, p, f) for c, p, f in zip(cands, prepared, pending)]
+                for i in in_build_order(pending):
+                    results[i] = self._judge(cands[i], prepared[i], pending[i])
+                return results  # type: ignore[return-value]
             finally:
                 for f in pending:
                     for part in f or ():
@@ -352,6 +357,26 @@ class Evaluator:
     def _store(self, cand: Candidate, r: EvalResult) -> None:
         if self.db is not None:
             store_result(self.db, self.problem.workload, cand, r, self.run_id)
+
+
+def in_build_order(pending: Sequence[Sequence[Future] | None]) -> Iterator[int]:
+    """Indices of ``pending`` (each a candidate's build futures, or None: nothing to build)
+    as their builds finish, the unbuilt first: the GPUs judge whatever is ready instead of
+    idling on the slowest build of a batch (a CUTLASS build beside side-stream ones)."""
+    waiting = {}
+    for i, futures in enumerate(pending):
+        if futures is None:
+            yield i
+        else:
+            waiting[i] = futures
+    while waiting:
+        done = [i for i, futures in waiting.items() if all(f.done() for f in futures)]
+        if not done:
+            wait([f for futures in waiting.values() for f in futures], return_when=FIRST_COMPLETED)
+            continue
+        for i in done:
+            del waiting[i]
+            yield i
 
 
 def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,
