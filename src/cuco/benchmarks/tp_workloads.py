@@ -60,10 +60,11 @@ PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
 
 
 #: In-kernel points whose GEMM alone is timed beside them (``profile.gemm_only.*`` rows): the
-#: consumers' own epilogue in row-by-row order, and the epilogue handed to comm warps in
-#: row-by-row and grouped (8 m-tiles) order.
+#: consumers' own epilogue in row-by-row order, the epilogue handed to comm warps in
+#: row-by-row and grouped (8 m-tiles) order, and the pingpong mainloop (grouped, comm warps).
 PROFILED = (in_kernel("epilogue"), in_kernel("epilogue", comm_warps=3),
-            in_kernel("epilogue", comm_warps=3, raster_group=8))
+            in_kernel("epilogue", comm_warps=3, raster_group=8),
+            in_kernel("epilogue", tile_n=128, stages=6, comm_warps=3, raster_group=8, schedule="pingpong"))
 
 
 def grid(problem: GemmProblem, placements: tuple[str, ...] = PLACEMENTS, quick: bool = False) -> list[Directives]:
@@ -82,17 +83,22 @@ def grid(problem: GemmProblem, placements: tuple[str, ...] = PLACEMENTS, quick: 
                                       issuer="cta", chunk_bytes=chunk, comm_ctas=32))
     esz = problem.dtype_bytes
     if "epilogue" in placements:
-        # (backend, issuer, tile_n, stages, raster_group, comm_warps)
-        pts = [("nvshmem", "cta", 256, 3, 1, 0), ("nvshmem", "cta", 256, 3, 1, 3),
-               ("nvshmem", "cta", 256, 3, 8, 3), ("lsa", "cta", 256, 3, 8, 3),
-               ("lsa", "cta", 128, 4, 8, 3)]
+        # (backend, issuer, tile_n, stages, raster_group, comm_warps, schedule)
+        coop, pp = "cooperative", "pingpong"
+        pts = [("nvshmem", "cta", 256, 3, 1, 0, coop), ("nvshmem", "cta", 256, 3, 1, 3, coop),
+               ("nvshmem", "cta", 256, 3, 8, 3, coop), ("lsa", "cta", 256, 3, 8, 3, coop),
+               ("lsa", "cta", 128, 4, 8, 3, coop), ("nvshmem", "cta", 128, 6, 8, 3, pp),
+               ("lsa", "cta", 128, 6, 8, 3, pp)]
         if not quick:
-            pts += [("nvshmem", "cta", 256, 3, 16, 3), ("lsa", "cta", 256, 3, 1, 0), ("lsa", "warp", 256, 3, 8, 3),
-                    ("lsa", "thread", 256, 3, 8, 3), ("nvshmem", "cta", 256, 3, 4, 3),
-                    ("nvshmem", "cta", 256, 3, 8, 1), ("lsa", "cta", 128, 4, 1, 0)]
-        for backend, issuer, tile_n, stages, group, warps in pts:
+            pts += [("nvshmem", "cta", 256, 3, 16, 3, coop), ("lsa", "cta", 256, 3, 1, 0, coop),
+                    ("lsa", "warp", 256, 3, 8, 3, coop), ("lsa", "thread", 256, 3, 8, 3, coop),
+                    ("nvshmem", "cta", 256, 3, 4, 3, coop), ("nvshmem", "cta", 256, 3, 8, 1, coop),
+                    ("lsa", "cta", 128, 4, 1, 0, coop), ("nvshmem", "cta", 128, 6, 16, 3, pp),
+                    ("lsa", "cta", 128, 6, 8, 0, pp), ("lsa", "warp", 128, 6, 1, 3, pp)]
+        for backend, issuer, tile_n, stages, group, warps, schedule in pts:
             out.append(in_kernel("epilogue", backend, issuer, tile_n=tile_n, stages=stages,
-                                 dtype_bytes=esz, raster_group=group, comm_warps=warps))
+                                 dtype_bytes=esz, raster_group=group, comm_warps=warps,
+                                 schedule=schedule))
     if "dedicated_ctas" in placements:
         pts = [("lsa", 16, 8, 3)] if quick else [("lsa", 16, 8, 3), ("lsa", 8, 8, 3), ("lsa", 16, 1, 0),
                                                  ("nvshmem", 16, 8, 3)]
