@@ -21,7 +21,7 @@ RANK = {
     "evaluate": 5, "fused_call": 5,
     "cluster": 6,
     "agents": 7,
-    "export": 8, "report": 8, "benchmarks": 8, "doctor": 8, "results": 8,
+    "export": 8, "torch_ops": 8, "report": 8, "benchmarks": 8, "doctor": 8, "results": 8,
     "cli": 9,
     "__init__": 10,
 }

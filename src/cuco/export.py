@@ -10,7 +10,9 @@ once: one searches while the others wait on a file lock, then all load.
 
 ``Artifact.bind_torch()`` (inside a ``torch.distributed`` group) or
 ``Artifact.bind(rank, world_size, nccl_id)`` returns a callable,
-``y = call(x, w)``, on torch tensors or CuPy arrays (see :mod:`cuco.fused_call`).
+``y = call(x, w)``, on torch tensors or CuPy arrays (see :mod:`cuco.fused_call`);
+``Artifact.as_torch_op()`` makes it what a ``torch.ops.cuco`` op runs at its shape (see
+:mod:`cuco.torch_ops`: ``torch.compile`` and CUDA graphs see one op).
 """
 
 from __future__ import annotations
@@ -83,6 +85,12 @@ class Artifact:
         """The kernel as ``call(x, w)`` on torch tensors; every rank of ``group`` calls this."""
         from cuco.fused_call import bind_torch
         return bind_torch(self, group)
+
+    def as_torch_op(self):
+        """Register the kernel as what its pattern's ``torch.ops.cuco`` op (and the drop-ins
+        of :mod:`cuco.torch_ops`) runs at its shape; returns its :class:`~cuco.torch_ops.TorchOp`."""
+        from cuco.torch_ops import register
+        return register(self)
 
     def bind(self, rank: int, world_size: int, nccl_id: bytes, device: int | None = None):
         """The kernel as ``call(x, w)`` on CuPy arrays; ``nccl_id`` from

@@ -1,0 +1,436 @@
+"""Exported kernels as ``torch.library`` ops, so ``torch.compile`` and CUDA graphs see them.
+
+One op per tensor-parallel pattern, on each rank's 2-D operands (``w`` ranks):
+
+    torch.ops.cuco.matmul_all_reduce(A[M, K/w], B[K/w, N], group_name)      -> [M, N]
+    torch.ops.cuco.matmul_reduce_scatter(A[M, K/w], B[K/w, N], group_name)  -> [M/w, N]
+    torch.ops.cuco.all_gather_matmul(A[M/w, K], B[K, N/w], group_name)      -> [M, N/w]
+
+A kernel bakes its shape in, so each op runs the artifact registered for the call's
+pattern, dtype, world size and operand shapes: ``cuco.load(path).as_torch_op()`` (or
+:func:`register`) adds one. The ops are one per pattern, not one per artifact, so a traced
+graph holds the same op whatever shape a layer has. Their fake implementation gives the
+output's shape, dtype and device without a GPU: ``torch.compile(fullgraph=True)`` traces
+a model that calls them with no graph break.
+
+Drop-ins with the signatures and return conventions of PyTorch's symmetric-memory ops:
+:func:`fused_all_gather_matmul`, :func:`fused_matmul_reduce_scatter` (as
+``torch.ops.symm_mem``'s), and :func:`matmul_all_reduce` (``all_reduce(A @ B)``).
+
+Every refusal is a :class:`TorchOpError` raised in Python before anything launches, and
+names the fix. Eager and under ``torch.compile`` it reaches the caller as itself; under
+``fullgraph=True`` dynamo reports it as an "Observed exception" that quotes it.
+
+The first call of a registered kernel on a group binds it (:func:`cuco.fused_call.bind_torch`:
+its own NCCL communicator and arena, made collectively by every rank of the group), so
+make one eager call on every rank before capturing a CUDA graph. Replaying a captured call
+also needs the kernel's per-call epoch to live on the device: today the runners
+(:mod:`cuco.workloads.side_stream`, :mod:`cuco.workloads.in_kernel`) pass it from the host
+per call, so a graph freezes it (``tests/test_torch_ops_gpu.py`` holds the xfail test).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
+
+
+class TorchNotInstalled(CucoError, ImportError):
+    """``cuco.torch_ops`` needs torch, an optional extra of cuco."""
+
+
+try:
+    import torch
+except ImportError as exc:  # keep `import cuco` free of torch; only this module needs it
+    raise TorchNotInstalled("cuco.torch_ops needs torch: pip install 'cuco[torch]'") from exc
+
+
+# ---- errors: one kind per thing the caller fixes -------------------------------------------
+
+class TorchOpError(InputError):
+    """A call of a cuco torch op that cannot run as made; the message names the fix."""
+
+
+class OperandTypeError(TorchOpError):
+    """An operand that is not a torch tensor, or a group given as an object, not a name."""
+
+
+class DeviceError(TorchOpError):
+    """An operand on the CPU (or on another GPU than its partner)."""
+
+
+class DtypeError(TorchOpError):
+    """An operand dtype the kernel was not tuned for."""
+
+
+class LayoutError(TorchOpError):
+    """An operand that is not row-major contiguous, or a dimension the kernel cannot split."""
+
+
+class OperandShapeError(TorchOpError, ShapeError):
+    """Operands whose shapes do not multiply, or do not split over the group's ranks."""
+
+
+class UnknownGroupError(TorchOpError):
+    """A group name no ``torch.distributed`` group of this process has."""
+
+
+class GroupSizeError(TorchOpError):
+    """A group whose size is not the world size the kernels were built for."""
+
+
+class NoArtifactError(TorchOpError):
+    """No registered artifact has the call's shape."""
+
+
+class RegistrationError(TorchOpError):
+    """An artifact that cannot become a torch op (or clashes with one registered)."""
+
+
+class CaptureError(EnvironmentProblem):
+    """A first call (which binds the kernel, collectively) inside CUDA graph capture."""
+
+
+# ---- what an artifact takes ----------------------------------------------------------------
+
+#: cuco workload -> name of its op in the ``cuco`` namespace
+OP_OF = {"gemm_allreduce": "matmul_all_reduce", "gemm_reducescatter": "matmul_reduce_scatter",
+         "allgather_gemm": "all_gather_matmul"}
+#: torch dtype -> cuco's dtype name
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+#: Devices an operand may be on: CUDA to run, meta to trace shapes.
+DEVICES = ("cuda", "meta")
+
+Shape2 = tuple[int, int]
+
+
+def operand_shapes(problem) -> tuple[Shape2, Shape2, Shape2]:
+    """Per-rank ``A``, ``B`` and output shapes of a tensor-parallel GEMM problem's kernel."""
+    from cuco.workloads import for_problem
+    wl = for_problem(problem)
+    m, n, k = wl.local_gemm()
+    a_rows = problem.m // problem.world_size if problem.workload == "allgather_gemm" else m
+    return (a_rows, k), (k, n), tuple(wl.output_shape())
+
+
+def global_shape(pattern: str, a_shape: Shape2, b_shape: Shape2, world: int) -> str:
+    """The ``MxKxN`` a call with these per-rank shapes would tune (inverse of
+    :func:`operand_shapes`)."""
+    (ra, ca), (_, cb) = a_shape, b_shape
+    if pattern == "allgather_gemm":
+        return f"{ra * world}x{ca}x{cb * world}"
+    return f"{ra}x{ca * world}x{cb}"
+
+
+# ---- the registry --------------------------------------------------------------------------
+
+#: (pattern, dtype, world size, A shape, B shape) -> the registered kernel
+_REGISTRY: dict[tuple, "TorchOp"] = {}
+
+
+class TorchOp:
+    """One artifact behind its pattern's op: ``op(A, B, group_name)`` on 2-D operands."""
+
+    def __init__(self, artifact):
+        p = artifact.problem
+        if p.workload not in OP_OF:
+            raise RegistrationError(
+                f"{p.workload}: only gemm_allreduce, gemm_reducescatter and allgather_gemm "
+                "kernels are torch ops (a user workload's epilogue makes it no plain matmul; "
+                "the pipelines run inside cuco's workers); export one of those")
+        if artifact.directives.backend.value != "lsa":
+            raise RegistrationError(
+                f"backend {artifact.directives.backend.value}: only LSA kernels are callable "
+                "outside cuco's workers; export an LSA candidate (`cuco db ls`, `cuco export ID`)")
+        self.artifact, self.pattern, self.dtype = artifact, p.workload, p.dtype
+        self.world_size = p.world_size
+        self.a_shape, self.b_shape, self.output_shape = operand_shapes(p)
+        self.key = (self.pattern, self.dtype, self.world_size, self.a_shape, self.b_shape)
+        self._bound: dict[str, Any] = {}  # group name -> FusedCall, made on first call
+
+    @property
+    def name(self) -> str:
+        return f"cuco::{OP_OF[self.pattern]}"
+
+    @property
+    def op(self):
+        return getattr(torch.ops.cuco, OP_OF[self.pattern]).default
+
+    def __repr__(self) -> str:
+        return (f"TorchOp({self.name}, A{list(self.a_shape)} B{list(self.b_shape)} {self.dtype} "
+                f"over {self.world_size} ranks, {self.artifact.path})")
+
+    def __call__(self, A, B, group_name: str):
+        for what, t, want in (("A", A, self.a_shape), ("B", B, self.b_shape)):
+            if isinstance(t, torch.Tensor) and tuple(t.shape) != want:
+                raise OperandShapeError(f"{self.name}: {what} has shape {list(t.shape)}; this kernel "
+                                        f"({self.artifact.path}) takes {list(want)}")
+        resolve(self.pattern, A, B, group_name)
+        return self.op(A, B, group_name)
+
+    def bound(self, group_name: str):
+        """The kernel bound to ``group_name`` (bound on first use: a collective step)."""
+        call = self._bound.get(group_name)
+        if call is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise CaptureError(
+                    f"{self.name} is called for the first time on group {group_name!r} inside "
+                    "CUDA graph capture; binding it (an NCCL communicator and arena, made by every "
+                    "rank) cannot be captured: make one eager call on every rank before capturing")
+            from cuco.fused_call import bind_torch
+            call = self._bound[group_name] = bind_torch(self.artifact, _group(group_name))
+        return call
+
+    def close(self) -> None:
+        """Free every binding's communicator and arena."""
+        for call in self._bound.values():
+            call.close()
+        self._bound.clear()
+
+
+def register(artifact) -> TorchOp:
+    """Make ``artifact`` the kernel its pattern's op runs at its shape, dtype and world size
+    (again for the same artifact: the same :class:`TorchOp`)."""
+    op = TorchOp(artifact)
+    have = _REGISTRY.get(op.key)
+    if have is not None:
+        if have.artifact.path.resolve() == op.artifact.path.resolve():
+            return have
+        raise RegistrationError(
+            f"{op.name} already runs {have.artifact.path} at A{list(op.a_shape)} "
+            f"B{list(op.b_shape)} {op.dtype} over {op.world_size} ranks; call "
+            "cuco.torch_ops.unregister(...) on it first to replace it")
+    _REGISTRY[op.key] = op
+    return op
+
+
+def unregister(op: TorchOp) -> None:
+    """Remove ``op`` from the registry and free its bindings."""
+    if _REGISTRY.get(op.key) is op:
+        del _REGISTRY[op.key]
+    op.close()
+
+
+def registered() -> list[TorchOp]:
+    return list(_REGISTRY.values())
+
+
+# ---- checks, before anything launches ------------------------------------------------------
+
+@torch.compiler.assume_constant_result
+def group_size(group_name: str) -> int:
+    """Ranks in the named group; 0 when there is none (a constant to ``torch.compile``)."""
+    try:
+        return _group(group_name).size()
+    except (RuntimeError, ValueError, KeyError, AttributeError):
+        return 0
+
+
+def _group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(group_name)
+
+
+def world_of(op: str, group_name) -> int:
+    """The group's size, or the error naming the fix."""
+    if not isinstance(group_name, str):
+        raise OperandTypeError(f"{op}: group_name is a {type(group_name).__name__}; pass the "
+                               "group's name (group.group_name), as torch.ops.symm_mem takes it")
+    world = group_size(group_name)
+    if world == 0:
+        raise UnknownGroupError(f"{op}: no torch.distributed group of this process is named "
+                                f"{group_name!r}; pass group.group_name of a group this rank is in "
+                                "(torch.distributed.group.WORLD.group_name for the default)")
+    return world
+
+
+def check_operand(op: str, what: str, t, min_dims: int = 2, max_dims: int | None = None) -> None:
+    """Refuse an operand the kernels cannot take: kind, device, dtype, rank, layout."""
+    if not isinstance(t, torch.Tensor):
+        raise OperandTypeError(f"{op}: {what} is a {type(t).__name__}; pass a torch.Tensor")
+    if t.device.type not in DEVICES:
+        raise DeviceError(f"{op}: {what} is on {t.device}; move it to this rank's GPU "
+                          f"({what}.cuda())")
+    if t.dtype not in DTYPES:
+        raise DtypeError(f"{op}: {what} is {t.dtype}; cuco kernels take bfloat16, float16 or "
+                         f"float32 ({what}.to(torch.bfloat16))")
+    if t.dim() < min_dims or (max_dims is not None and t.dim() > max_dims):
+        want = "a matrix" if max_dims == 2 else f"at least {min_dims} dims"
+        raise OperandShapeError(f"{op}: {what} has shape {list(t.shape)}; pass {want}")
+    if not t.is_contiguous():
+        hint = (" (B.t() of an nn.Linear weight? keep the weight as a contiguous [K, N] tensor, "
+                "made once with W.t().contiguous())" if what == "B" else "")
+        raise LayoutError(f"{op}: {what} of shape {list(t.shape)} is not row-major contiguous{hint}; "
+                          f"pass {what}.contiguous()")
+
+
+def check_pair(op: str, A, B) -> None:
+    """A and B together: one device, one dtype, and shapes that multiply."""
+    if A.device != B.device:
+        raise DeviceError(f"{op}: A is on {A.device}, B on {B.device}; put both on this rank's GPU")
+    if A.dtype != B.dtype:
+        raise DtypeError(f"{op}: A is {A.dtype}, B is {B.dtype}; cast both to the dtype the kernel "
+                         "was tuned for")
+    if A.shape[-1] != B.shape[0]:
+        raise OperandShapeError(f"{op}: A{list(A.shape)} @ B{list(B.shape)} do not multiply "
+                                f"(A's last dim {A.shape[-1]} != B's rows {B.shape[0]})")
+
+
+def resolve(pattern: str, A, B, group_name: str) -> TorchOp:
+    """The registered kernel for this call, or the error that says what to fix."""
+    op = OP_OF[pattern]
+    check_operand(op, "A", A, max_dims=2)
+    check_operand(op, "B", B, max_dims=2)
+    check_pair(op, A, B)
+    world = world_of(op, group_name)
+    key = (pattern, DTYPES[A.dtype], world, tuple(A.shape), tuple(B.shape))
+    found = _REGISTRY.get(key)
+    if found is None:
+        raise _missing(key, group_name)
+    return found
+
+
+def tune_call(pattern: str, shape: str, world: int, dtype: str) -> str:
+    """The line that tunes and registers a kernel for this call."""
+    what = (f"{pattern!r}, {shape!r}, world_size={world}" if dtype == "bf16" else
+            f"cuco.make_problem({pattern!r}, {shape!r}, world_size={world}, dtype={dtype!r})")
+    return f"cuco.tune({what}, cache_dir=...).as_torch_op()"
+
+
+def _missing(key: tuple, group_name: str) -> TorchOpError:
+    """Why no kernel has ``key``: the group's size, the dtype, or the shape."""
+    pattern, dtype, world, a_shape, b_shape = key
+    op, mine = OP_OF[pattern], [o for o in _REGISTRY.values() if o.pattern == pattern]
+    tune = tune_call(pattern, global_shape(pattern, a_shape, b_shape, world), world, dtype)
+    if mine and all(o.world_size != world for o in mine):
+        sizes = sorted({o.world_size for o in mine})
+        return GroupSizeError(f"{op}: group {group_name!r} has {world} ranks; the registered {op} "
+                              f"kernels were built for {sizes} ranks: call from a group of that "
+                              f"size, or tune for {world} ranks ({tune})")
+    other = [o.dtype for o in mine if o.key[2:] == key[2:]]
+    if other:
+        return DtypeError(f"{op}: A and B are {dtype}; the kernel for this shape was tuned for "
+                          f"{other[0]}: cast them, or tune {dtype} ({tune})")
+    have = "; ".join(f"A{list(o.a_shape)} B{list(o.b_shape)} {o.dtype}" for o in mine
+                     if o.world_size == world) or "none"
+    return NoArtifactError(f"{op}: no kernel registered for A{list(a_shape)} B{list(b_shape)} "
+                           f"{dtype} over {world} ranks (registered: {have}); kernels bake their "
+                           f"shape in: tune and register this one ({tune})")
+
+
+def leading_dim(op: str, name: str, dim: int, A) -> int:
+    """``dim`` as a non-negative index of one of A's leading (row) dims."""
+    d = dim + A.dim() if dim < 0 else dim
+    if not 0 <= d < A.dim() - 1:
+        raise LayoutError(f"{op}: {name}={dim} for A of shape {list(A.shape)}; cuco kernels split "
+                          f"rows: pass one of A's leading dims (0..{A.dim() - 2})")
+    return d
+
+
+# ---- the ops -------------------------------------------------------------------------------
+
+_TAGS = (torch.Tag.needs_fixed_stride_order,)
+
+
+def _launch(pattern: str, A, B, group_name: str):
+    kernel = resolve(pattern, A, B, group_name)
+    out = A.new_empty(kernel.output_shape)
+    kernel.bound(group_name)(A, B, out=out)
+    return out
+
+
+def _fake(pattern: str, A, B, group_name: str):
+    return A.new_empty(resolve(pattern, A, B, group_name).output_shape)
+
+
+@torch.library.custom_op("cuco::matmul_all_reduce", mutates_args=(), tags=_TAGS)
+def _matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
+    return _launch("gemm_allreduce", A, B, group_name)
+
+
+@torch.library.custom_op("cuco::matmul_reduce_scatter", mutates_args=(), tags=_TAGS)
+def _matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
+    return _launch("gemm_reducescatter", A, B, group_name)
+
+
+@torch.library.custom_op("cuco::all_gather_matmul", mutates_args=(), tags=_TAGS)
+def _all_gather_matmul(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
+    return _launch("allgather_gemm", A, B, group_name)
+
+
+_matmul_all_reduce.register_fake(lambda A, B, group_name: _fake("gemm_allreduce", A, B, group_name))
+_matmul_reduce_scatter.register_fake(
+    lambda A, B, group_name: _fake("gemm_reducescatter", A, B, group_name))
+_all_gather_matmul.register_fake(lambda A, B, group_name: _fake("allgather_gemm", A, B, group_name))
+
+
+# ---- drop-ins ------------------------------------------------------------------------------
+
+def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``all_reduce(A @ B, "sum", group_name)`` in one fused kernel (row-parallel linear):
+    ``A[..., K/w]``, ``B[K/w, N]`` -> ``[..., N]``, the same on every rank."""
+    op = "matmul_all_reduce"
+    check_operand(op, "A", A)
+    check_operand(op, "B", B, max_dims=2)
+    check_pair(op, A, B)
+    A2 = A.flatten(0, -2)  # contiguous: a view
+    resolve("gemm_allreduce", A2, B, group_name)
+    return torch.ops.cuco.matmul_all_reduce(A2, B, group_name).view(*A.shape[:-1], B.shape[1])
+
+
+def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str,
+                                scatter_dim: int, group_name: str) -> torch.Tensor:
+    """``torch.ops.symm_mem.fused_matmul_reduce_scatter``: ``reduce_scatter(A @ B)`` along
+    ``scatter_dim`` (one of A's leading dims), ``reduce_op`` ``"sum"`` or ``"avg"``."""
+    op = "fused_matmul_reduce_scatter"
+    check_operand(op, "A", A)
+    check_operand(op, "B", B, max_dims=2)
+    check_pair(op, A, B)
+    if reduce_op not in ("sum", "avg"):
+        raise TorchOpError(f"{op}: reduce_op={reduce_op!r}; cuco kernels sum: pass 'sum' or 'avg'")
+    dim = leading_dim(op, "scatter_dim", scatter_dim, A)
+    world = world_of(op, group_name)
+    if A.shape[dim] % world:
+        raise OperandShapeError(f"{op}: A's dim {dim} ({A.shape[dim]}) does not split over the "
+                                f"group's {world} ranks; pad it to a multiple of {world}")
+    x = A.movedim(dim, 0)  # rows of the scattered dim first (a copy unless dim == 0, as torch's)
+    A2 = x.reshape(-1, x.shape[-1])
+    resolve("gemm_reducescatter", A2, B, group_name)
+    out = torch.ops.cuco.matmul_reduce_scatter(A2, B, group_name)
+    out = out.view(x.shape[0] // world, *x.shape[1:-1], B.shape[1]).movedim(0, dim)
+    return out / world if reduce_op == "avg" else out
+
+
+def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int,
+                            group_name: str, *, return_A: bool = True
+                            ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """``torch.ops.symm_mem.fused_all_gather_matmul``: ``all_gather(A_shard, gather_dim) @ B``
+    for each ``B`` of ``Bs``, returned as ``(A, [A @ B, ...])``.
+
+    Each ``B`` is one fused call (one registered kernel per ``B`` shape). ``return_A=True``
+    adds one all-gather of ``A_shard`` (the kernel keeps the gathered rows in its arena, not
+    in a tensor): pass ``return_A=False`` where A is not needed.
+    """
+    op = "fused_all_gather_matmul"
+    check_operand(op, "A_shard", A_shard)
+    if not isinstance(Bs, (list, tuple)) or not Bs:
+        raise OperandTypeError(f"{op}: Bs is {type(Bs).__name__}; pass a non-empty list of matrices")
+    for B in Bs:
+        check_operand(op, "B", B, max_dims=2)
+        check_pair(op, A_shard, B)
+    dim = leading_dim(op, "gather_dim", gather_dim, A_shard)
+    world = world_of(op, group_name)
+    x = A_shard.movedim(dim, 0)
+    A2 = x.reshape(-1, x.shape[-1])
+    outs = []
+    for B in Bs:
+        resolve("allgather_gemm", A2, B, group_name)
+        y = torch.ops.cuco.all_gather_matmul(A2, B, group_name)
+        outs.append(y.view(x.shape[0] * world, *x.shape[1:-1], B.shape[1]).movedim(0, dim))
+    gathered = None
+    if return_A:  # the ops torch's own fallback uses (the same in torch 2.11 and later)
+        rows = torch.ops._c10d_functional.all_gather_into_tensor(A2, world, group_name)
+        rows = torch.ops._c10d_functional.wait_tensor(rows)
+        gathered = rows.view(x.shape[0] * world, *x.shape[1:]).movedim(0, dim)
+    return gathered, outs
