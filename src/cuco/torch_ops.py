@@ -402,26 +402,26 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     return out / world if reduce_op == "avg" else out
 
 
-def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int,
+def fused_all_gather_matmul(A: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int,
                             group_name: str, *, return_A: bool = True
                             ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-    """``torch.ops.symm_mem.fused_all_gather_matmul``: ``all_gather(A_shard, gather_dim) @ B``
-    for each ``B`` of ``Bs``, returned as ``(A, [A @ B, ...])``.
+    """``torch.ops.symm_mem.fused_all_gather_matmul``: ``all_gather(A, gather_dim) @ B`` for
+    each ``B`` of ``Bs`` (``A`` is this rank's shard), returned as ``(gathered A, [.. @ B])``.
 
     Each ``B`` is one fused call (one registered kernel per ``B`` shape). ``return_A=True``
-    adds one all-gather of ``A_shard`` (the kernel keeps the gathered rows in its arena, not
+    adds one all-gather of ``A`` (the kernel keeps the gathered rows in its arena, not
     in a tensor): pass ``return_A=False`` where A is not needed.
     """
     op = "fused_all_gather_matmul"
-    check_operand(op, "A_shard", A_shard)
+    check_operand(op, "A", A)
     if not isinstance(Bs, (list, tuple)) or not Bs:
         raise OperandTypeError(f"{op}: Bs is {type(Bs).__name__}; pass a non-empty list of matrices")
     for B in Bs:
         check_operand(op, "B", B, max_dims=2)
-        check_pair(op, A_shard, B)
-    dim = leading_dim(op, "gather_dim", gather_dim, A_shard)
+        check_pair(op, A, B)
+    dim = leading_dim(op, "gather_dim", gather_dim, A)
     world = world_of(op, group_name)
-    x = A_shard.movedim(dim, 0)
+    x = A.movedim(dim, 0)
     A2 = x.reshape(-1, x.shape[-1])
     outs = []
     for B in Bs:
