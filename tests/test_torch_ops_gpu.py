@@ -1,0 +1,92 @@
+"""cuco's torch ops on 2 GPUs (``cuco.torch_ops``; the CPU half is test_torch_ops_cpu.py).
+
+Each pattern's kernel (side stream, LSA) is evaluated by cuco's evaluator, exported, and
+called from torch under torchrun (``gpu_scripts/torch_ops.py``): the drop-ins against an
+fp32 reference, plain TP (bf16 matmul + NCCL) and torch's own fused ops, every element;
+``torch.compile`` on CUDA; CUDA-graph capture and 1000 replays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuco import CandidateDB, Directives
+from cuco.evaluate import Evaluator
+from cuco.export import export
+from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
+
+pytestmark = pytest.mark.gpu(count=2)
+SCRIPT = Path(__file__).parent / "gpu_scripts" / "torch_ops.py"
+SIDE = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=32,
+                  chunk_bytes=4 << 20)
+SHAPE = (2048, 4096, 4096)  # m, n, k
+
+
+@pytest.fixture(scope="module")
+def artifacts(gpu_group, tmp_path_factory):
+    """One checked kernel per pattern, exported."""
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("torch_ops_gpu")
+    db = CandidateDB(root / "c.db")
+    paths = []
+    for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm):
+        wl = cls(*SHAPE, 2)
+        run = db.create_run("torch-ops-gpu", wl.family, problem=wl.problem.model_dump())
+        r = Evaluator(wl, group=gpu_group, db=db, run_id=run).evaluate(SIDE)
+        assert r.status == "ok", r.error
+        paths.append(str(export(db, db.candidates(run_id=run)[-1].id, root / wl.family).path))
+    return paths
+
+
+def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:
+    """The script's verdict (its whole process group killed on a timeout: a hung kernel
+    must not outlive the test)."""
+    out = tmp_path / f"{mode}.json"
+    env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "2", str(SCRIPT), mode, str(out), *paths],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"{mode}: no verdict within {timeout} s (a hang)") from None
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    verdict = json.loads(out.read_text())
+    print(json.dumps(verdict))
+    return verdict
+
+
+def test_drop_ins_match_torch_fused_ops_and_plain_tp_element_by_element(artifacts, tmp_path):
+    v = torchrun("check", artifacts, tmp_path)
+    assert v["gemm_allreduce"] == {"shape": [2048, 4096], "vs_fp32": 0, "vs_plain_tp": 0}
+    assert v["gemm_reducescatter"] == {"shape": [1024, 4096], "vs_fp32": 0, "vs_plain_tp": 0,
+                                       "vs_torch_fused": 0}
+    assert v["allgather_gemm"] == {"shape": [2048, 2048], "vs_fp32": 0, "vs_plain_tp": 0,
+                                   "vs_torch_fused": 0, "gathered_A_differs": 0}
+
+
+def test_torch_compile_traces_the_ops_without_graph_breaks_on_cuda(artifacts, tmp_path):
+    v = torchrun("compile", artifacts, tmp_path)
+    assert v["graph_breaks"] == 0, v["break_reasons"]
+    assert v["compiled_vs_eager"] == 0  # the same kernels: the same bits
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the fused kernels' per-call epoch is a kernel argument the host passes per call "
+    "(p.epoch in kernels/templates/tp_fused.cu.j2; arena.epoch += 1 in "
+    "workloads/in_kernel.py and side_stream.py, and side_stream's host-side chunk counters), "
+    "so a captured graph replays one frozen epoch; passes once that state lives on the device"))
+def test_cuda_graph_capture_replays_1000_times_with_random_replays_checked(artifacts, tmp_path):
+    v = torchrun("graph", artifacts, tmp_path, timeout=300)
+    assert v["replays"] == 1000 and len(v["checked"]) == 25
+    assert v["failures"] == []
