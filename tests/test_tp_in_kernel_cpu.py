@@ -23,7 +23,7 @@ def test_benchmark_points_render_one_kernel_with_cutlass(family):
         for d in points:
             src, plan = render_tp(p, d)
             assert plan is None and "cutlass" in src.needs
-            assert "KernelTmaWarpSpecializedCooperative" in src.source
+            assert f"KernelTmaWarpSpecialized{d.schedule.value.capitalize()}" in src.source
             assert f"constexpr int kTileM = 128, kTileN = {d.tile_n}" in src.source
             assert static_violations(src.source) == []
             names = set(evolve.blocks(src.source))
