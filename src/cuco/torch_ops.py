@@ -18,8 +18,9 @@ Drop-ins with the signatures and return conventions of PyTorch's symmetric-memor
 ``torch.ops.symm_mem``'s), and :func:`matmul_all_reduce` (``all_reduce(A @ B)``).
 
 Every refusal is a :class:`TorchOpError` raised in Python before anything launches, and
-names the fix. Eager and under ``torch.compile`` it reaches the caller as itself; under
-``fullgraph=True`` dynamo reports it as an "Observed exception" that quotes it.
+names the fix. It is raised outside any trace (:func:`refuse`), so eager and under
+``torch.compile`` it reaches the caller as itself; ``fullgraph=True`` cannot fall back to
+eager, and dynamo's error there points at the check that refused (``refuse(LayoutError, ...)``).
 
 The first call of a registered kernel on a group binds it (:func:`cuco.fused_call.bind_torch`:
 its own NCCL communicator and arena, made collectively by every rank of the group), so
@@ -31,7 +32,7 @@ per call, so a graph freezes it (``tests/test_torch_ops_gpu.py`` holds the xfail
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
 
@@ -164,7 +165,7 @@ class TorchOp:
     def __call__(self, A, B, group_name: str):
         for what, t, want in (("A", A, self.a_shape), ("B", B, self.b_shape)):
             if isinstance(t, torch.Tensor) and tuple(t.shape) != want:
-                raise OperandShapeError(f"{self.name}: {what} has shape {list(t.shape)}; this kernel "
+                refuse(OperandShapeError, f"{self.name}: {what} has shape {list(t.shape)}; this kernel "
                                         f"({self.artifact.path}) takes {list(want)}")
         resolve(self.pattern, A, B, group_name)
         return self.op(A, B, group_name)
@@ -218,6 +219,18 @@ def registered() -> list[TorchOp]:
 
 # ---- checks, before anything launches ------------------------------------------------------
 
+@torch.compiler.disable
+def refuse(kind: type[TorchOpError], message: str) -> NoReturn:
+    """Raise ``kind(message)`` outside any trace: at a bad call ``torch.compile`` falls back to
+    running it eagerly, so the caller gets the error itself (dynamo cannot trace every raise)."""
+    raise kind(message)
+
+
+@torch.compiler.disable
+def refuse_missing(key: tuple, group_name: str) -> NoReturn:
+    raise _missing(key, group_name)
+
+
 @torch.compiler.assume_constant_result
 def group_size(group_name: str) -> int:
     """Ranks in the named group; 0 when there is none (a constant to ``torch.compile``)."""
@@ -235,11 +248,11 @@ def _group(group_name: str):
 def world_of(op: str, group_name) -> int:
     """The group's size, or the error naming the fix."""
     if not isinstance(group_name, str):
-        raise OperandTypeError(f"{op}: group_name is a {type(group_name).__name__}; pass the "
+        refuse(OperandTypeError, f"{op}: group_name is a {type(group_name).__name__}; pass the "
                                "group's name (group.group_name), as torch.ops.symm_mem takes it")
     world = group_size(group_name)
     if world == 0:
-        raise UnknownGroupError(f"{op}: no torch.distributed group of this process is named "
+        refuse(UnknownGroupError, f"{op}: no torch.distributed group of this process is named "
                                 f"{group_name!r}; pass group.group_name of a group this rank is in "
                                 "(torch.distributed.group.WORLD.group_name for the default)")
     return world
@@ -248,32 +261,32 @@ def world_of(op: str, group_name) -> int:
 def check_operand(op: str, what: str, t, min_dims: int = 2, max_dims: int | None = None) -> None:
     """Refuse an operand the kernels cannot take: kind, device, dtype, rank, layout."""
     if not isinstance(t, torch.Tensor):
-        raise OperandTypeError(f"{op}: {what} is a {type(t).__name__}; pass a torch.Tensor")
+        refuse(OperandTypeError, f"{op}: {what} is a {type(t).__name__}; pass a torch.Tensor")
     if t.device.type not in DEVICES:
-        raise DeviceError(f"{op}: {what} is on {t.device}; move it to this rank's GPU "
+        refuse(DeviceError, f"{op}: {what} is on {t.device}; move it to this rank's GPU "
                           f"({what}.cuda())")
     if t.dtype not in DTYPES:
-        raise DtypeError(f"{op}: {what} is {t.dtype}; cuco kernels take bfloat16, float16 or "
+        refuse(DtypeError, f"{op}: {what} is {t.dtype}; cuco kernels take bfloat16, float16 or "
                          f"float32 ({what}.to(torch.bfloat16))")
     if t.dim() < min_dims or (max_dims is not None and t.dim() > max_dims):
         want = "a matrix" if max_dims == 2 else f"at least {min_dims} dims"
-        raise OperandShapeError(f"{op}: {what} has shape {list(t.shape)}; pass {want}")
+        refuse(OperandShapeError, f"{op}: {what} has shape {list(t.shape)}; pass {want}")
     if not t.is_contiguous():
         hint = (" (B.t() of an nn.Linear weight? keep the weight as a contiguous [K, N] tensor, "
                 "made once with W.t().contiguous())" if what == "B" else "")
-        raise LayoutError(f"{op}: {what} of shape {list(t.shape)} is not row-major contiguous{hint}; "
+        refuse(LayoutError, f"{op}: {what} of shape {list(t.shape)} is not row-major contiguous{hint}; "
                           f"pass {what}.contiguous()")
 
 
 def check_pair(op: str, A, B) -> None:
     """A and B together: one device, one dtype, and shapes that multiply."""
     if A.device != B.device:
-        raise DeviceError(f"{op}: A is on {A.device}, B on {B.device}; put both on this rank's GPU")
+        refuse(DeviceError, f"{op}: A is on {A.device}, B on {B.device}; put both on this rank's GPU")
     if A.dtype != B.dtype:
-        raise DtypeError(f"{op}: A is {A.dtype}, B is {B.dtype}; cast both to the dtype the kernel "
+        refuse(DtypeError, f"{op}: A is {A.dtype}, B is {B.dtype}; cast both to the dtype the kernel "
                          "was tuned for")
     if A.shape[-1] != B.shape[0]:
-        raise OperandShapeError(f"{op}: A{list(A.shape)} @ B{list(B.shape)} do not multiply "
+        refuse(OperandShapeError, f"{op}: A{list(A.shape)} @ B{list(B.shape)} do not multiply "
                                 f"(A's last dim {A.shape[-1]} != B's rows {B.shape[0]})")
 
 
@@ -287,7 +300,7 @@ def resolve(pattern: str, A, B, group_name: str) -> TorchOp:
     key = (pattern, DTYPES[A.dtype], world, tuple(A.shape), tuple(B.shape))
     found = _REGISTRY.get(key)
     if found is None:
-        raise _missing(key, group_name)
+        refuse_missing(key, group_name)
     return found
 
 
@@ -323,7 +336,7 @@ def leading_dim(op: str, name: str, dim: int, A) -> int:
     """``dim`` as a non-negative index of one of A's leading (row) dims."""
     d = dim + A.dim() if dim < 0 else dim
     if not 0 <= d < A.dim() - 1:
-        raise LayoutError(f"{op}: {name}={dim} for A of shape {list(A.shape)}; cuco kernels split "
+        refuse(LayoutError, f"{op}: {name}={dim} for A of shape {list(A.shape)}; cuco kernels split "
                           f"rows: pass one of A's leading dims (0..{A.dim() - 2})")
     return d
 
@@ -388,11 +401,11 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     check_operand(op, "B", B, max_dims=2)
     check_pair(op, A, B)
     if reduce_op not in ("sum", "avg"):
-        raise TorchOpError(f"{op}: reduce_op={reduce_op!r}; cuco kernels sum: pass 'sum' or 'avg'")
+        refuse(TorchOpError, f"{op}: reduce_op={reduce_op!r}; cuco kernels sum: pass 'sum' or 'avg'")
     dim = leading_dim(op, "scatter_dim", scatter_dim, A)
     world = world_of(op, group_name)
     if A.shape[dim] % world:
-        raise OperandShapeError(f"{op}: A's dim {dim} ({A.shape[dim]}) does not split over the "
+        refuse(OperandShapeError, f"{op}: A's dim {dim} ({A.shape[dim]}) does not split over the "
                                 f"group's {world} ranks; pad it to a multiple of {world}")
     x = A.movedim(dim, 0)  # rows of the scattered dim first (a copy unless dim == 0, as torch's)
     A2 = x.reshape(-1, x.shape[-1])
@@ -415,7 +428,7 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: list[torch.Tensor], gather_dim:
     op = "fused_all_gather_matmul"
     check_operand(op, "A", A)
     if not isinstance(Bs, (list, tuple)) or not Bs:
-        raise OperandTypeError(f"{op}: Bs is {type(Bs).__name__}; pass a non-empty list of matrices")
+        refuse(OperandTypeError, f"{op}: Bs is {type(Bs).__name__}; pass a non-empty list of matrices")
     for B in Bs:
         check_operand(op, "B", B, max_dims=2)
         check_pair(op, A, B)
