@@ -47,23 +47,11 @@ def operands(pattern):
     return a, b
 
 
-def reference(pattern, a, b):
-    """fp32 matmul, then the collective from the host in fp32."""
-    if pattern == "allgather_gemm":
-        full = a.new_empty((a.shape[0] * world, a.shape[1]), dtype=torch.float32)
-        dist.all_gather_into_tensor(full, a.float())
-        return full @ b.float()
-    part = a.float() @ b.float()
-    if pattern == "gemm_allreduce":
-        dist.all_reduce(part)
-        return part
-    out = part.new_empty((part.shape[0] // world, part.shape[1]))
-    dist.reduce_scatter_tensor(out, part)
-    return out
-
-
-def plain_tp(pattern, a, b):
-    """What a user writes without fused kernels: bf16 matmul, then NCCL."""
+def host_tp(pattern, a, b, fp32: bool):
+    """The layer as the host runs it: matmul, then the NCCL collective; in fp32 (the
+    reference) or in the operands' dtype (plain TP, what a user writes without fused kernels)."""
+    if fp32:
+        a, b = a.float(), b.float()
     if pattern == "allgather_gemm":
         full = a.new_empty((a.shape[0] * world, a.shape[1]))
         dist.all_gather_into_tensor(full, a)
@@ -75,6 +63,14 @@ def plain_tp(pattern, a, b):
     out = part.new_empty((part.shape[0] // world, part.shape[1]))
     dist.reduce_scatter_tensor(out, part)
     return out
+
+
+def reference(pattern, a, b):
+    return host_tp(pattern, a, b, fp32=True)
+
+
+def plain_tp(pattern, a, b):
+    return host_tp(pattern, a, b, fp32=False)
 
 
 def bad(pattern, y, ref, slack=1.0):
