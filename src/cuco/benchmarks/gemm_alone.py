@@ -24,6 +24,7 @@ from rich.table import Table
 from cuco import results
 from cuco.design import Directives, GemmProblem
 from cuco.kernels.tp import MAINLOOPS, TP_FAMILIES, in_kernel, local_gemm, render_tp
+from cuco.runtime import dtypes
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
 #: on 2 ranks are the "nine pairs" whose GEMM issue #21 asks to match cuBLASLt on.
@@ -114,7 +115,7 @@ class GemmAloneBench:
         rng = cupy.random.default_rng(m * 7 + n * 5 + k)
         a = (rng.standard_normal((m, k), dtype=cupy.float32) / k ** 0.25).astype(cupy.float32)
         b = (rng.standard_normal((k, n), dtype=cupy.float32) / k ** 0.25).astype(cupy.float32)
-        a16, b16 = _to_bf16(a), _to_bf16(b)
+        a16, b16 = dtypes.from_float32(a, "bf16"), dtypes.from_float32(b, "bf16")
         del a, b
         ref = cupy.empty((m, n), dtype=cupy.float32)  # bf16 products are exact in fp32; fp32 sums
         _cublas(a16, b16, ref, "fp32")
@@ -159,7 +160,7 @@ class GemmAloneBench:
 
     @staticmethod
     def _check(fn: Callable[[], None], out, ref) -> int:
-        out.view("uint16").fill(0x7FC0)  # NaN: an element the call does not write fails
+        dtypes.poison(out, "bf16")  # an element the call does not write fails
         fn()
         return _bad(out, ref)
 
@@ -195,13 +196,6 @@ class GemmAloneBench:
                       f"{s.get('cublas_gemmex_ms', 0):.4f}", f"{s.get('speedup', 0):.3f}")
         self.console.print(t)
         self.console.print(f"min speedup over the nine-pair GEMMs (*): {summary['min_speedup_nine_pair']}")
-
-
-def _to_bf16(x):
-    """fp32 -> bf16 bits (round to nearest even), as uint16."""
-    import cupy
-    u = x.view(cupy.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
 
 
 def _bad(out, ref) -> int:
