@@ -125,3 +125,20 @@ def test_the_split_build_makes_the_same_kernel_as_a_whole_build(tmp_path):
     whole = device_code(whole_build(comp, source.source, tuple(sorted(source.needs)), source.name, tmp_path))
     assert any(".text.fused_kernel" in key for key in whole)
     assert device_code(split.path.read_bytes()) == whole
+
+
+def test_relocatable_builds_that_differ_only_in_text_keep_their_device_code(tmp_path):
+    """NVSHMEM kernels build relocatable (-rdc): nvcc names their internal statics after a
+    hash of the source file (``__nv_static_<n>__<hash>_...``), so any edit, even a comment,
+    renames them. device_code blanks those hashes: a refactor is judged on its machine code,
+    and a real change of the code still shows."""
+    kernel = ('#include <cuda/atomic>\n#include <nvshmem.h>\n{note}\n'
+              'extern "C" __global__ void k(unsigned long long* f, unsigned long long v) {{\n'
+              '  cuda::atomic_ref<unsigned long long, cuda::thread_scope_system>(*f).store(v{op}, '
+              'cuda::memory_order_release);\n}}\n')
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    a, b, c = (comp.compile(kernel.format(note=note, op=op), needs=("nvshmem",), name="rdc")
+               for note, op in (("// one", ""), ("// two", ""), ("// one", " + 1")))
+    assert a.path.read_bytes() != b.path.read_bytes()  # the statics' names differ ...
+    assert device_code(a.path.read_bytes()) == device_code(b.path.read_bytes())  # ... the code does not
+    assert device_code(a.path.read_bytes()) != device_code(c.path.read_bytes())

@@ -160,9 +160,10 @@ def device_code(binary: bytes) -> dict[str, bytes]:
 
 
 _ELF_MAGIC = b"\x7fELF\x02\x01"
-#: ``_INTERNAL_<hash>_<n>_<file>_cu_<hash>`` (and ``_GLOBAL__N__`` alike): names of a
-#: file's internal symbols and anonymous namespaces.
-_INTERNAL = re.compile(rb"(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_(\d+_[A-Za-z0-9_]*?_cu)_[0-9a-f]{8}")
+#: ``_INTERNAL_<hash>_<n>_<file>_cu[_<hash>]`` (and ``_GLOBAL__N__``, and ``__nv_static_<n>__``
+#: of relocatable (-rdc, NVSHMEM) builds, alike; the second hash only after long file
+#: names): names of a file's internal symbols and anonymous namespaces.
+_INTERNAL = re.compile(rb"(_INTERNAL_|_GLOBAL__N__|__nv_static_\d+__)[0-9a-f]{8}_(\d+_[A-Za-z0-9_]*?_cu)(?:_[0-9a-f]{8})?")
 _EM_CUDA = 190
 
 
