@@ -84,7 +84,7 @@ def test_comm_warps_are_an_in_kernel_tunable():
 
 def test_a_block_of_rows_that_does_not_tile_is_refused():
     p = GemmProblem(workload="gemm_reducescatter", m=384, n=1024, k=1024, world_size=2)  # 192 rows/rank
-    with pytest.raises(DirectiveError, match="multiple of tile_m=128; choose M a multiple of 256"):
+    with pytest.raises(DirectiveError, match="use placement=side_stream or pad M to a multiple of 256"):
         render_tp(p, in_kernel("epilogue"))
 
 

@@ -62,6 +62,19 @@ def fused_tiles(problem: GemmProblem, d: Directives) -> int:
     return (m // d.tile_m) * (n // d.tile_n)
 
 
+def whole_tiles_refusal(problem: GemmProblem, tile_m: int) -> str | None:
+    """Why the in-kernel placements cannot take ``problem``'s rows, naming the fix (None when
+    they can): they run whole ``tile_m``-row tiles over each rank's block of M/w rows;
+    ``side_stream`` takes any M (the last chunk of a block is short)."""
+    m, w = problem.m, problem.world_size
+    step = w * tile_m
+    if m % step == 0:
+        return None
+    return (f"epilogue and dedicated_ctas run whole {tile_m}-row output tiles over each of the "
+            f"{w} ranks' blocks of M/{w} rows, and M={m} does not fill them; use "
+            f"placement=side_stream or pad M to a multiple of {step} (e.g. {-(-m // step) * step})")
+
+
 def supported(problem: GemmProblem, d: Directives) -> list[str]:
     """Why ``d`` has no template for ``problem`` (empty when it has one)."""
     if not d.placement.in_kernel:
@@ -98,10 +111,9 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
         out.append(f"chunk_bytes: placement={p} moves one {d.tile_m}x{d.tile_n} output tile "
                    f"per flag; set chunk_bytes={format_bytes(tile_bytes)} ({tile_bytes})")
     m, n, k = local_gemm(problem)
-    w = problem.world_size
-    if m % (w * d.tile_m):
-        out.append(f"tile_m: each rank's block of {m // w} rows must be a multiple of "
-                   f"tile_m={d.tile_m}; choose M a multiple of {w * d.tile_m} or a smaller tile_m")
+    rows = whole_tiles_refusal(problem, d.tile_m)
+    if rows:
+        out.append(f"placement: {rows}")
     if n % d.tile_n or k % d.tile_k:
         out.append(f"tile_n/tile_k: the local GEMM {m}x{n}x{k} does not tile by "
                    f"{d.tile_n} (N) and {d.tile_k} (K)")

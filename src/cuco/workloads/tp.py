@@ -154,16 +154,9 @@ class GemmWorkload(Workload):
 
     # ---- templates ----------------------------------------------------------------------
     def whole_tiles_refusal(self, tile_m: int = IN_KERNEL_TILE_M) -> str | None:
-        """Why the in-kernel placements cannot take this shape's rows, naming the fix (None
-        when they can): they run whole ``tile_m``-row tiles over each rank's block of M/w
-        rows; ``side_stream`` takes any M (its last chunk of a block is short)."""
-        m, step = self.m, self.world_size * tile_m
-        if m % step == 0:
-            return None
-        return (f"epilogue and dedicated_ctas run whole {tile_m}-row output tiles over "
-                f"each of the {self.world_size} ranks' blocks of M/{self.world_size} rows, and "
-                f"M={m} does not fill them; use placement=side_stream or pad M to a multiple of "
-                f"{step} (e.g. {-(-m // step) * step})")
+        """Why the in-kernel placements cannot take this shape's rows (see
+        :func:`cuco.kernels.tp.whole_tiles_refusal`); None when they can."""
+        return templates.whole_tiles_refusal(self.pattern_problem, tile_m)
 
     def supported(self, d: Directives) -> list[str]:
         """The one-kernel templates' refusals, or a side-stream chunk plan that does not fit."""
@@ -173,8 +166,7 @@ class GemmWorkload(Workload):
                 return [f"placement: {type(self).__name__} adds a chunk_epilogue (Python, "
                         f"between chunks); placement={d.placement.value} runs the whole GEMM in "
                         "one kernel; use placement=side_stream"]
-            rows = self.whole_tiles_refusal(d.tile_m)
-            return ([f"placement: {rows}"] if rows else []) + templates.supported(problem, d)
+            return templates.supported(problem, d)
         try:
             templates.side_stream_plan(problem, d)
         except DirectiveError as exc:
