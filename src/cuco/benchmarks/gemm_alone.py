@@ -236,15 +236,10 @@ def _launcher(path: str, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
     """One call of a gemm_only in-kernel build on the current stream (one rank: no peers,
     the arena is the XF buffer its descriptor is built over)."""
     import cupy
-    lib = ctypes.CDLL(path)
-    v = ctypes.c_void_p
-    lib.cuco_fused_launch.argtypes = [ctypes.c_int, v, ctypes.c_int, v, v, v, v, v,
-                                      ctypes.POINTER(v), ctypes.c_int, *([ctypes.c_ulonglong] * 5)]
-    lib.cuco_fused_launch.restype = ctypes.c_int
+    from cuco.runtime.worker import load_launcher
     dev = cupy.cuda.Device().id
-    if lib.cuco_fused_setup(dev) != 0:
-        raise RuntimeError(f"{path}: loading the kernel failed")
-    peers = (v * 1)(gathered.data.ptr)
+    lib = load_launcher(path, dev)
+    peers = (ctypes.c_void_p * 1)(gathered.data.ptr)
 
     def call() -> None:
         rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, a16.data.ptr,

@@ -80,19 +80,24 @@ class WorkerContext:
         key = str(path)
         lib = self._modules.get(key)
         if lib is None:
-            import ctypes
-            lib = ctypes.CDLL(key)
-            c = ctypes
-            lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p,
-                                              c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
-                                              *([c.c_ulonglong] * 5)]
-            lib.cuco_fused_launch.restype = c.c_int
-            rc = lib.cuco_fused_setup(self.device)
-            if rc != 0:
-                raise RuntimeError(f"{Path(key).name}: loading the fused kernel failed (CUDA "
-                                   f"error {rc}); was it built for this GPU's arch?")
-            self._modules[key] = lib
+            lib = self._modules[key] = load_launcher(key, self.device)
         return lib
+
+
+def load_launcher(path: str | Path, device: int):
+    """A fused kernel's shared object (:func:`cuco.kernels.compiler.is_launcher`) as a ctypes
+    library with ``cuco_fused_launch``'s signature declared, its module loaded on ``device``."""
+    import ctypes as c
+    lib = c.CDLL(str(path))
+    lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p,
+                                      c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
+                                      *([c.c_ulonglong] * 5)]
+    lib.cuco_fused_launch.restype = c.c_int
+    rc = lib.cuco_fused_setup(device)
+    if rc != 0:
+        raise RuntimeError(f"{Path(path).name}: loading the fused kernel failed (CUDA "
+                           f"error {rc}); was it built for this GPU's arch?")
+    return lib
 
 
 def _start_torch(ctx: WorkerContext, ids: dict[str, Any]) -> str:
