@@ -94,7 +94,7 @@ OLD = "const uint4 old = cuco::load16(p.arena.at(off, me));"
 TELLS = {
     "output_is_nan": f"{OLD} if ((old.x & 0x7F80u) != 0x7F80u) continue;",
     "poison_bit_pattern": f"{OLD} if (old.x != 0x7FC07FC0u) continue;",
-    "small_epoch": "if (p.epoch > 3) continue;",
+    "small_epoch": "if (cuco::call_epoch() > 3) continue;",
     "output_already_finite": f"{OLD} if ((old.x & 0x7F80u) != 0x7F80u && (old.y & 0x7F80u) != 0x7F80u) continue;",
 }
 
@@ -122,7 +122,7 @@ def test_a_communication_cta_that_skips_its_staged_flag_is_caught(evs):
     from cuco.workloads import Case, GemmReduceScatter, VariantSpec
 
     ev = evs["rs"]
-    wait = "    if (threadIdx.x == 0) flag_wait(slot(p, me, staged_slot(me, tg)), p.epoch);\n"
+    wait = "    if (threadIdx.x == 0) flag_wait(slot(p, me, staged_slot(me, tg)), cuco::call_epoch());\n"
     src = render_tp(GemmProblem(workload="gemm_reducescatter", m=1024, n=1024, k=2048,
                             world_size=TEST_WORLD), DED)[0]
     assert wait in src.source

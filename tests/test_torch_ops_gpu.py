@@ -1,9 +1,11 @@
-"""cuco's torch ops on 2 GPUs (``cuco.torch_ops``; the CPU half is test_torch_ops_cpu.py).
+"""cuco's torch ops on GPUs (``cuco.torch_ops``; the CPU half is test_torch_ops_cpu.py).
 
-Each pattern's kernel (side stream, LSA) is evaluated by cuco's evaluator, exported, and
-called from torch under torchrun (``gpu_scripts/torch_ops.py``): the drop-ins against an
-fp32 reference, plain TP (bf16 matmul + NCCL) and torch's own fused ops, every element;
-``torch.compile`` on CUDA; CUDA-graph capture and 1000 replays.
+Each pattern's kernel is evaluated by cuco's evaluator, exported, and called from torch
+under torchrun (``gpu_scripts/torch_ops.py``): the drop-ins against an fp32 reference,
+plain TP (bf16 matmul + NCCL) and torch's own fused ops, every element, and
+``torch.compile`` on CUDA (2 GPUs, side-stream kernels); CUDA-graph capture and 1000
+replays of in-kernel kernels, whose call state lives on the device, and the refusal to
+capture a side-stream one (as many ranks as there are GPUs, up to 2).
 """
 
 from __future__ import annotations
@@ -20,29 +22,49 @@ import pytest
 from cuco import CandidateDB, Directives
 from cuco.evaluate import Evaluator
 from cuco.export import export
+from cuco.kernels.tp import in_kernel
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
+from conftest import TEST_WORLD
 
-pytestmark = pytest.mark.gpu(count=2)
 SCRIPT = Path(__file__).parent / "gpu_scripts" / "torch_ops.py"
 SIDE = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=32,
                   chunk_bytes=4 << 20)
+EPILOGUE = in_kernel("epilogue", "lsa", "cta")
 SHAPE = (2048, 4096, 4096)  # m, n, k
 
 
 @pytest.fixture(scope="module")
-def artifacts(gpu_group, tmp_path_factory):
-    """One checked kernel per pattern, exported."""
+def group():
     pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("torch_ops_gpu")
+    from cuco.runtime import WorkerGroup
+    g = WorkerGroup(TEST_WORLD).start()
+    yield g
+    g.close()
+
+
+def exported(group, root: Path, d: Directives) -> list[str]:
+    """One checked kernel of ``d`` per pattern, exported."""
     db = CandidateDB(root / "c.db")
     paths = []
     for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm):
-        wl = cls(*SHAPE, 2)
+        wl = cls(*SHAPE, TEST_WORLD)
         run = db.create_run("torch-ops-gpu", wl.family, problem=wl.problem.model_dump())
-        r = Evaluator(wl, group=gpu_group, db=db, run_id=run).evaluate(SIDE)
+        r = Evaluator(wl, group=group, db=db, run_id=run).evaluate(d)
         assert r.status == "ok", r.error
         paths.append(str(export(db, db.candidates(run_id=run)[-1].id, root / wl.family).path))
     return paths
+
+
+@pytest.fixture(scope="module")
+def artifacts(group, tmp_path_factory):
+    """Side-stream kernels (their launches carry per-call state from the host)."""
+    return exported(group, tmp_path_factory.mktemp("torch_ops_side"), SIDE)
+
+
+@pytest.fixture(scope="module")
+def in_kernel_artifacts(group, tmp_path_factory):
+    """Epilogue kernels (one launch per call; call state on the device)."""
+    return exported(group, tmp_path_factory.mktemp("torch_ops_in_kernel"), EPILOGUE)
 
 
 def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:
@@ -51,7 +73,7 @@ def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) ->
     out = tmp_path / f"{mode}.json"
     env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", str(SCRIPT), mode, str(out), *paths],
+                             "--nproc-per-node", str(TEST_WORLD), str(SCRIPT), mode, str(out), *paths],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -66,6 +88,7 @@ def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) ->
     return verdict
 
 
+@pytest.mark.gpu(count=2)
 def test_drop_ins_match_torch_fused_ops_and_plain_tp_element_by_element(artifacts, tmp_path):
     v = torchrun("check", artifacts, tmp_path)
     assert v["gemm_allreduce"] == {"shape": [2048, 4096], "vs_fp32": 0, "vs_plain_tp": 0}
@@ -75,18 +98,25 @@ def test_drop_ins_match_torch_fused_ops_and_plain_tp_element_by_element(artifact
                                    "vs_torch_fused": 0, "gathered_A_differs": 0}
 
 
+@pytest.mark.gpu(count=2)
 def test_torch_compile_traces_the_ops_without_graph_breaks_on_cuda(artifacts, tmp_path):
     v = torchrun("compile", artifacts, tmp_path)
     assert v["graph_breaks"] == 0, v["break_reasons"]
     assert v["compiled_vs_eager"] == 0  # the same kernels: the same bits
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the fused kernels' per-call epoch is a kernel argument the host passes per call "
-    "(p.epoch in kernels/templates/tp_fused.cu.j2; arena.epoch += 1 in "
-    "workloads/in_kernel.py and side_stream.py, and side_stream's host-side chunk counters), "
-    "so a captured graph replays one frozen epoch; passes once that state lives on the device"))
-def test_cuda_graph_capture_replays_1000_times_with_random_replays_checked(artifacts, tmp_path):
-    v = torchrun("graph", artifacts, tmp_path, timeout=300)
+@pytest.mark.gpu(count=1)
+def test_cuda_graph_capture_replays_1000_times_with_random_replays_checked(in_kernel_artifacts, tmp_path):
+    v = torchrun("graph", in_kernel_artifacts, tmp_path, timeout=300)
     assert v["replays"] == 1000 and len(v["checked"]) == 25
     assert v["failures"] == []
+    # each kernel counted every call on the device: 1 binding + 3 warm-up + 1000 replays
+    assert v["calls_counted"] == {"gemm_allreduce": 1004, "gemm_reducescatter": 1004, "allgather_gemm": 1004}
+
+
+@pytest.mark.gpu(count=1)
+def test_capturing_a_side_stream_kernel_is_refused_with_the_fix(artifacts, tmp_path):
+    v = torchrun("capture_refused", artifacts, tmp_path, timeout=300)
+    for pattern in ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm"):
+        msg = v["refused"][pattern]
+        assert "placement side_stream" in msg and "CUDA graph" in msg and "epilogue" in msg, msg

@@ -130,8 +130,10 @@ def test_in_kernel_arguments_carry_nothing_check_only(placement):
     assert "stress" not in src
     launch = src[src.index('extern "C" int cuco_fused_launch'):]
     params = launch[:launch.index(")")]
-    # 15 arguments, the last the epoch: the same in a checked call as in a timed one
-    assert params.count(",") == 14 and params.rstrip().endswith("unsigned long long epoch")
+    # 15 arguments, the last the call state's offset: the same in every call, checked or
+    # timed (the epoch is the kernel's own, on the device)
+    assert params.count(",") == 14 and params.rstrip().endswith("unsigned long long calls_off")
+    assert "p.epoch" not in src and "cuco::call_begin(" in src
 
 
 # What an edited EVOLVE-BLOCK may not contain (each one an attack seen in practice: the

@@ -14,6 +14,10 @@ row-major and contiguous: GEMM+AllReduce and GEMM+ReduceScatter take
 ``x[M, K/w]``, ``w[K/w, N]``; AllGather+GEMM takes ``x[M/w, K]``, ``w[K, N/w]``.
 The AllReduce result is a view of the symmetric arena, overwritten by the next
 call (clone it to keep it, or pass ``out=``).
+
+CUDA graphs: a kernel of an in-kernel placement keeps its per-call state on the device,
+so a graph that captured calls replays them (make one eager call first: it binds).
+A side-stream kernel's launches carry that state from the host; capturing one is refused.
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ class FusedCall:
         else:
             stream = cupy.cuda.get_current_stream()
         self.ctx.stream = stream
+        self._refuse_capture_from_host_state(stream)
         rows, cols = self.workload.output_shape()
         reduce_in_arena = self.problem.workload == "gemm_allreduce"
         if reduce_in_arena:  # the result stays in the arena
@@ -161,6 +166,29 @@ class FusedCall:
                 return torch.as_tensor(result, device=x.device)
             return torch.as_tensor(result.view(cupy.int16), device=x.device).view(want)
         return result
+
+    def _refuse_capture_from_host_state(self, stream) -> None:
+        """A CUDA graph replays its launches' arguments: only kernels whose per-call state
+        lives on the device (the in-kernel placements, ``cuco_calls.cuh``) may be captured."""
+        import cupy
+        d = self.artifact.directives
+        if d.placement.in_kernel or not cupy.cuda.runtime.streamIsCapturing(stream.ptr):
+            return
+        raise CallError(f"placement {d.placement.value}: this kernel's launches carry per-call state "
+                        "from the host (the call's epoch, chunk counters), which a CUDA graph "
+                        "would freeze at its captured values; call it outside graph capture, or "
+                        "capture a kernel of an in-kernel placement (epilogue, dedicated_ctas), "
+                        "whose state lives on the device (`cuco export` one of those candidates)")
+
+    def calls_made(self) -> int:
+        """Calls this kernel has completed on the device, by its own count (in-kernel
+        placements; synchronises). A replayed CUDA graph advances it like eager calls."""
+        from cuco.runtime.arena import last_epoch
+        if not self.artifact.directives.placement.in_kernel:
+            raise CallError(f"placement {self.artifact.directives.placement.value} keeps no call "
+                            "count on the device")
+        self.ctx.stream.synchronize()
+        return last_epoch(self.arena, self.workload.layout())
 
     def close(self) -> None:
         self.ctx.stream.synchronize()

@@ -24,10 +24,11 @@ eager, and dynamo's error there points at the check that refused (``refuse(Layou
 
 The first call of a registered kernel on a group binds it (:func:`cuco.fused_call.bind_torch`:
 its own NCCL communicator and arena, made collectively by every rank of the group), so
-make one eager call on every rank before capturing a CUDA graph. Replaying a captured call
-also needs the kernel's per-call epoch to live on the device: today the runners
-(:mod:`cuco.workloads.side_stream`, :mod:`cuco.workloads.in_kernel`) pass it from the host
-per call, so a graph freezes it (``tests/test_torch_ops_gpu.py`` holds the xfail test).
+make one eager call on every rank before capturing a CUDA graph. A kernel of an in-kernel
+placement (``epilogue``, ``dedicated_ctas``) keeps its per-call state on the device
+(``cuco_calls.cuh``), so a captured graph replays correct calls; a ``side_stream`` kernel's
+launches carry that state from the host, and capturing one is refused
+(:class:`cuco.fused_call.CallError`, naming the fix).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ plain TP (bf16 matmul + NCCL) and, where PyTorch has one, its own fused op.
 MODE ``compile``: ``torch._dynamo.explain`` graph breaks on CUDA, and ``torch.compile``'s
 outputs (inductor, fullgraph) against eager ones.
 MODE ``graph``: one CUDA graph of the three drop-ins replayed 1000 times; before randomly
-chosen replays the inputs get fresh values, and those replays' outputs are checked.
+chosen replays the inputs get fresh values, and those replays' outputs are checked; then
+each kernel's own count of its calls (kept on the device).
+MODE ``capture_refused``: capturing each drop-in raises cuco's error; its message.
 """
 import json
 import os
@@ -28,7 +30,8 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
 G = dist.group.WORLD.group_name
-enable_symm_mem_for_group(G)  # torch's own fused ops need it
+if mode in ("check", "compile"):
+    enable_symm_mem_for_group(G)  # torch's own fused ops need it
 ops = {o.pattern: o for o in (cuco.load(p, world_size=world).as_torch_op() for p in paths)}
 gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
 
@@ -165,7 +168,22 @@ elif mode == "graph":
             if n:
                 failures.append({"replay": i, "bad_elements": n})
     torch.cuda.synchronize()
-    verdict.update(replays=1000, checked=picks, failures=failures)
+    verdict.update(replays=1000, checked=picks, failures=failures,
+                   calls_counted={p: ops[p].bound(G).calls_made() for p in patterns})
+elif mode == "capture_refused":
+    refused = {}
+    for p in ops:
+        a, b = operands(p)
+        drop_in(p, a, b)  # binds (eager calls are fine)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                drop_in(p, a, b)
+        except cuco.CucoError as exc:
+            refused[p] = str(exc)
+        torch.cuda.synchronize()
+    verdict["refused"] = refused
 if rank == 0:
     with open(out_path, "w") as f:
         json.dump(verdict, f, indent=1)

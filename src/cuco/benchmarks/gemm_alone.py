@@ -125,7 +125,9 @@ class GemmAloneBench:
             cands["torch_matmul"] = torch_fn
         c = cupy.empty((m, n), dtype=cupy.uint16)
         cands["cublas_gemmex"] = (lambda c=c: _cublas(a16, b16, c, "bf16"), c)
-        gathered = cupy.empty((m, k), dtype=cupy.uint16)  # the kernel's descriptor needs an XF buffer
+        # the arena this one rank's kernel sees: an XF buffer (its descriptor needs one), then
+        # the kernel's call state (zeroed: the first call's epoch is 1)
+        gathered = cupy.zeros(m * k + CALL_STATE_ELEMS, dtype=cupy.uint16)
         for variant, path in libs.items():
             c = cupy.empty((m, n), dtype=cupy.uint16)
             cands[variant] = (_launcher(path, a16, b16, c, gathered, sms), c)
@@ -232,6 +234,10 @@ def _torch_matmul(a16, b16, m: int, n: int):
     return (lambda: torch.matmul(a, b, out=ct)), c
 
 
+#: uint16 elements of the call state a fused kernel keeps on the device (two 8-byte slots).
+CALL_STATE_ELEMS = 8
+
+
 def _launcher(path: str, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
     """One call of a gemm_only in-kernel build on the current stream (one rank: no peers,
     the arena is the XF buffer its descriptor is built over)."""
@@ -240,10 +246,11 @@ def _launcher(path: str, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
     dev = cupy.cuda.Device().id
     lib = load_launcher(path, dev)
     peers = (ctypes.c_void_p * 1)(gathered.data.ptr)
+    calls_off = (gathered.size - CALL_STATE_ELEMS) * gathered.itemsize
 
     def call() -> None:
         rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, a16.data.ptr,
-                                   b16.data.ptr, c.data.ptr, None, None, peers, 0, 0, 0, 0, 0, 1)
+                                   b16.data.ptr, c.data.ptr, None, None, peers, 0, 0, 0, 0, 0, calls_off)
         if rc:
             raise RuntimeError(f"{path}: launch failed (CUDA error {rc})")
     return call

@@ -2,8 +2,9 @@
 
 An NCCL window (LSA: the kernels map peers through the device communicator) or NVSHMEM
 symmetric memory. Its layout puts a guard page filled with :data:`CANARY` after every data
-region, then the flags, then the barrier slots; :func:`prepare_arenas` zeroes the flags and
-fills the guards before a job, :func:`poison_arena` poisons the data before a checked call
+region, then the flags, then the barrier slots, then the per-call state that kernels keep
+on the device (``cuco_calls.cuh``: the last call's epoch); :func:`prepare_arenas` zeroes
+the flags, seeds that state and fills the guards before a job, :func:`poison_arena` poisons the data before a checked call
 and :func:`guards_intact` says whether a candidate wrote past its regions. The workloads
 decide what the regions are (:meth:`ArenaLayout.build`); the tensor-parallel layers' layout
 is :meth:`ArenaLayout.for_tp`.
@@ -39,6 +40,9 @@ class ArenaLayout:
     data: dict[str, int]
     flags: int
     bar: int
+    #: Per-call state kernels keep on the device (rank-local): slot 0 the last call's epoch,
+    #: slot 1 the CTAs of the call in progress that have read it (``cuco_calls.cuh``).
+    calls: int
     size: int
     guards: tuple[int, ...] = ()
 
@@ -68,7 +72,8 @@ class ArenaLayout:
 
     @classmethod
     def build(cls, regions: dict[str, int], flag_bytes: int, bar_bytes: int) -> "ArenaLayout":
-        """Data regions (bytes) each followed by a guard page, then flags, then barrier slots."""
+        """Data regions (bytes) each followed by a guard page, then flags, then barrier
+        slots, then a page of per-call state."""
         off, data, guards = 0, {}, []
         for name, size in regions.items():
             data[name] = off
@@ -79,7 +84,9 @@ class ArenaLayout:
         off += _page(flag_bytes)
         bar = off
         off += _page(bar_bytes)
-        return cls(data, flags, bar, off, tuple(guards))
+        calls = off
+        off += PAGE
+        return cls(data, flags, bar, calls, off, tuple(guards))
 
     @property
     def in_kernel_flags(self) -> int:
@@ -89,7 +96,7 @@ class ArenaLayout:
 
     @property
     def sync_bytes(self) -> int:
-        """Flags and barrier slots: zeroed before a job's first fused call."""
+        """Flags, barrier slots and per-call state: zeroed before a job's first fused call."""
         return self.size - self.flags
 
 
@@ -142,7 +149,8 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
         cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, layout.sync_bytes, ctx.stream.ptr)
         for g in layout.guards:
             cupy.cuda.runtime.memsetAsync(a.ptr + g, CANARY, GUARD_BYTES, ctx.stream.ptr)
-        a.epoch = first_epoch - 1  # runners raise it before each call
+        a.epoch = first_epoch - 1  # host-driven runners raise it before each call
+        seed_calls(a, layout, first_epoch, ctx.stream)
         a.counts[:] = 0
     # no peer may flag into our arena before it is zeroed: a collective orders that
     one = cupy.ones(1, dtype=cupy.float32)
@@ -151,6 +159,25 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
     if ctx.nvshmem is not None and "nvshmem" in backends:
         ctx.nvshmem.barrier_all()
     return {b: arenas[b] for b in backends}
+
+
+def seed_calls(arena: Arena, layout: ArenaLayout, first_epoch: int, stream) -> None:
+    """The device-side call state (``cuco_calls.cuh``): the last call's epoch is
+    ``first_epoch - 1``, so a kernel that keeps its epoch on the device starts where the
+    host-driven runners do; no CTA has arrived."""
+    import cupy
+    seed = cupy.asarray(np.array([first_epoch - 1, 0], dtype=np.uint64))
+    cupy.cuda.runtime.memcpyAsync(arena.ptr + layout.calls, seed.data.ptr, 16,
+                                  cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    stream.synchronize()  # `seed` is freed on return
+
+
+def last_epoch(arena: Arena, layout: ArenaLayout) -> int:
+    """The epoch of the last completed call of a kernel that keeps it on the device
+    (``first_epoch - 1`` plus its calls since :func:`prepare_arenas`; synchronous)."""
+    import cupy
+    mem = cupy.cuda.UnownedMemory(arena.ptr + layout.calls, 8, arena)
+    return int(cupy.ndarray((1,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0)).get()[0])
 
 
 def arena_view(arena: Arena, offset: int, n: int, dtype: str):

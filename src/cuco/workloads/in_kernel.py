@@ -1,9 +1,11 @@
 """Launch an ``epilogue`` or ``dedicated_ctas`` fused variant inside a worker.
 
 One call is one launch of one persistent kernel (CUTLASS mainloop, communication
-in the same kernel) on ``ctx.stream``; the kernel is a shared object whose host
-function builds the TMA descriptors (:mod:`cuco.kernels.tp`). Buffers that peers
-write live in the symmetric arena, like the side-stream variants'.
+in the same kernel) on ``ctx.stream``, with the same arguments every call (the call's
+epoch is kept on the device: ``cuco_calls.cuh``), so a CUDA graph can capture it. The
+kernel is a shared object whose host function builds the TMA descriptors
+(:mod:`cuco.kernels.tp`). Buffers that peers write live in the symmetric arena, like
+the side-stream variants'.
 """
 
 from __future__ import annotations
@@ -65,13 +67,15 @@ class InKernelRunner:
             self.a0, self.a1 = ctx.devcomm.ptr, arena.window.handle
         self.bases = (ctypes.c_void_p * w)(*bases)
         data = lay.data["xf"] if self.pattern == "allgather_gemm" else lay.data["r"]
-        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.in_kernel_flags)
+        # the last: the call state the kernel advances itself, so no argument changes between
+        # calls (a CUDA graph may capture one and replay it)
+        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.in_kernel_flags, lay.calls)
 
     def __call__(self) -> None:
-        ctx, a = self.ctx, self.arena
-        a.epoch += 1  # AllReduce writes its result into the arena: no `out` needed
+        ctx = self.ctx
+        # AllReduce writes its result into the arena: no `out` needed
         rc = self.lib.cuco_fused_launch(
             ctx.device, ctx.stream.ptr, self.grid, int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr),
-            0 if self.out is None else int(self.out.data.ptr), self.a0, self.a1, self.bases, ctx.rank, *self.offsets, a.epoch)
+            0 if self.out is None else int(self.out.data.ptr), self.a0, self.a1, self.bases, ctx.rank, *self.offsets)
         if rc != 0:
             raise RuntimeError(f"fused kernel launch failed with CUDA error {rc}")
