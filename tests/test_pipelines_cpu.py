@@ -10,7 +10,7 @@ from cuco.design import Directives
 from cuco.errors import DirectiveError, ShapeError
 from cuco.workloads.cp_attention import CPAttention
 from cuco.workloads.kv_transfer import KVTransfer
-from cuco.workloads.moe import MoE, route
+from cuco.workloads.moe import MoE, route, routing_tables
 
 
 def side(**kw) -> Directives:
@@ -80,28 +80,41 @@ def test_routing_is_seeded_and_edge_routings_hold(w):
     assert (empty % local < local // 2).all()                       # half of every rank's experts idle
 
 
-@pytest.mark.parametrize("w", [2, 4, 8])
-def test_moe_row_tables_match_a_brute_force_layout(w):
-    wl = MoE(w, tokens=64, hidden=512, ffn=256, experts=16, topk=3)
-    C = np.stack([np.bincount(route(wl.shape, w, 9, r)[0].ravel(), minlength=16) for r in range(w)])
-    t = wl.tables(C)
+@pytest.mark.parametrize("w", [1, 2, 4, 8])
+def test_moe_routing_tables_match_a_brute_force_layout(w):
+    """The layout route_kernel computes on the device (its numpy model), against each owner's
+    expert-major buffer built row by row, including experts no token picked."""
+    wl = MoE(w, tokens=64, hidden=512, ffn=256, experts=16, topk=3, routing="empty_experts")
+    ids = [route(wl.shape, w, 9, r)[0] for r in range(w)]
+    tables = routing_tables(ids, 16)
+    flat = [i.ravel() for i in ids]
     el = wl.local_experts
     for o in range(w):
-        # expert-major buffer of owner o, built row by row
-        rows = [(e, s, i) for e in range(o * el, (o + 1) * el) for s in range(w) for i in range(C[s, e])]
-        for pos, (e, s, i) in enumerate(rows):
-            assert t["recv_off"][e, s] + i == pos
-            assert t["expert_start"][e] <= pos < t["expert_start"][e] + t["expert_rows"][e]
-        # what NCCL delivers is [source][expert]: expert_major_order maps back to it
+        rows = [(s, p) for e in range(o * el, (o + 1) * el) for s in range(w)
+                for p in range(flat[s].size) if flat[s][p] == e]
+        for pos, (s, p) in enumerate(rows):
+            assert tables[s]["dest"][p] == pos
+        starts = [sum(1 for s, p in rows if flat[s][p] < e) for e in range(o * el, (o + 1) * el + 1)]
+        assert list(tables[o]["local_start"]) == starts
+        assert starts[-1] <= wl.max_recv_rows
+    for s in range(w):
+        assert list(tables[s]["order"]) == [p for e in range(16) for p in range(flat[s].size)
+                                            if flat[s][p] == e]
+        assert list(tables[s]["send_start"]) == [int((flat[s] < e).sum()) for e in range(17)]
+    assert any(np.diff(tables[0]["local_start"]) == 0)  # some experts got no row
+
+
+@pytest.mark.parametrize("w", [2, 4])
+def test_moe_expert_major_order_maps_what_nccl_delivers(w):
+    wl = MoE(w, tokens=64, hidden=512, ffn=256, experts=16, topk=3)
+    C = np.stack([np.bincount(route(wl.shape, w, 9, r)[0].ravel(), minlength=16) for r in range(w)])
+    el = wl.local_experts
+    for o in range(w):
+        em = [(e, s, i) for e in range(o * el, (o + 1) * el) for s in range(w) for i in range(C[s, e])]
         delivered = [(s, e, i) for s in range(w) for e in range(o * el, (o + 1) * el)
                      for i in range(C[s, e])]
         order = wl.expert_major_order(C, o)
-        assert [delivered[j] for j in order] == [(s, e, i) for (e, s, i) in rows]
-    for s in range(w):
-        flat = [(e, i) for e in range(16) for i in range(C[s, e])]
-        for pos, (e, i) in enumerate(flat):
-            assert t["send_off"][s, e] + i == pos
-    assert wl.max_recv_rows >= max(C[:, o * el:(o + 1) * el].sum() for o in range(w))
+        assert [delivered[j] for j in order] == [(s, e, i) for (e, s, i) in em]
 
 
 def test_moe_groups_divide_the_local_experts():

@@ -148,8 +148,11 @@ class GemmProblem(Problem):
 
 
 class MoEProblem(Problem):
-    """An MoE layer (dispatch, expert FFN, combine), experts split over ranks. Defaults:
-    DeepSeek-V3 sizes at a decode batch."""
+    """An MoE layer (dispatch, expert SwiGLU FFN with a gate, combine), experts split over
+    ranks. Defaults: DeepSeek-V3 sizes at a decode batch."""
+
+    #: The routing kernel keeps a counter per expert and warp in shared memory.
+    MAX_EXPERTS: ClassVar[int] = 8192
 
     SHAPE: ClassVar[tuple[str, ...]] = ("tokens", "hidden", "ffn", "experts", "topk", "routing")
     workload: Literal["moe"] = "moe"
@@ -180,9 +183,13 @@ class MoEProblem(Problem):
                              f"multiple of {w}", param="experts", fix=self.experts - self.experts % w or w)
         if w > MAX_RANKS:
             raise ShapeError(f"moe: world_size={w} > {MAX_RANKS} (the kernel's peer tables)")
+        if self.experts > self.MAX_EXPERTS:
+            raise ShapeError(f"moe: experts={self.experts} > {self.MAX_EXPERTS} (the routing "
+                             "kernel counts per expert in shared memory)", param="experts",
+                             fix=self.MAX_EXPERTS)
         if self.dtype != "bf16":
-            raise ShapeError("moe: only bf16 so far (its activation kernel is bf16)",
-                             param="dtype", fix="bf16")
+            raise ShapeError("moe: only bf16 so far (its grouped GEMM and SwiGLU kernels are "
+                             "bf16)", param="dtype", fix="bf16")
         return self
 
     @property

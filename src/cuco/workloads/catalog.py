@@ -14,6 +14,7 @@ from cuco.kernels.collectives import KernelSource
 from cuco.workloads.cp_attention import CPAttention
 from cuco.workloads.kv_transfer import KVTransfer
 from cuco.workloads.moe import MoE
+from cuco.workloads.moe_gemm import grouped_gemm_source
 
 
 def pipeline_sources() -> list[KernelSource]:
@@ -29,6 +30,7 @@ def pipeline_sources() -> list[KernelSource]:
                 d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
                 out.append(wl.render(d))
+    out.append(grouped_gemm_source())  # the MoE layer's expert GEMMs (one build, any shape)
     return out
 
 

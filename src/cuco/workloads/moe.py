@@ -1,26 +1,26 @@
-"""MoE layer: token dispatch -> expert FFN -> combine, experts split across ranks.
+"""MoE layer: token dispatch -> expert SwiGLU FFN -> combine, experts split across ranks.
 
 DeepSeek-V3-like by default (256 experts, top-8, hidden 7168, expert FFN 2048).
 Each rank holds ``tokens`` tokens ``x [T, H]``, the router's picks (``ids [T, K]``,
 drawn from a seeded router with realistic imbalance, or one of the edge routings)
 and ``experts / w`` experts; expert ``e`` lives on rank ``e // (E / w)`` and computes
-``silu(x @ W1_e) @ W2_e`` (one up and one down projection: the gate of SwiGLU is left
-out). Each rank's output is ``out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t])``.
+``(silu(x Wg_e) * (x Wu_e)) Wd_e`` (SwiGLU with a gate, as DeepSeek-V3's experts). The
+weights are stored with K contiguous, as the GEMMs read them: ``wgu [E/w, 2F, H]`` (gate
+rows then up rows) and ``wd [E/w, H, F]``. Each rank's output is
+``out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t])``.
 
-Both programs sort their token-expert pairs by expert (so an expert's rows are
-contiguous) and learn the count matrix ``C[source][expert]`` on the host (its sizes
-drive the per-expert GEMM launches), then:
+* host-driven (:mod:`cuco.workloads.moe_host`): sort, gather, counts on the host, NCCL
+  all-to-all, a grouped GEMM per projection, NCCL back, a fused weighted sum;
+* fused (``side_stream``, ``moe.cu.j2``): device-side end to end; routing tables and the
+  exchange of counts in a kernel, rows stored straight into the owner's expert-major
+  buffer, one CUTLASS grouped GEMM per projection whose sizes the device writes
+  (:mod:`cuco.workloads.moe_gemm`), and a combine that reads each pair's output from its
+  owner and writes the weighted sum. No host synchronisation in a call.
 
-* host-driven: NCCL send/recv of the rows (all-to-all), a gather into expert-major
-  order, per-expert cuBLAS GEMMs, the reverse gather, NCCL send/recv back, weighted sum;
-* fused (``side_stream``): a kernel stores each group of experts' rows straight into the
-  owner's expert-major buffer with an arrival counter per group; each group's GEMMs
-  start once its rows arrived; a second kernel stores each computed group back into
-  the sources' return buffers; the weighted sum runs when all returned.
-
-The fp32 reference all-gathers tokens and picks, computes every local expert's
-weighted output for every token (bf16 products exact in fp32; the activation split
-into two bf16 terms), and reduce-scatters the partial sums in fp32 over NCCL.
+The layout both sides agree on is :func:`routing_tables` (numpy; the kernel computes the
+same on the device). The fp32 reference all-gathers tokens and picks, computes every local
+expert's weighted output for every token that picked it (bf16 products exact in fp32; the
+activation split into two bf16 terms), and reduce-scatters the partial sums in fp32.
 """
 
 from __future__ import annotations
@@ -35,12 +35,18 @@ from cuco.design.tiles import sizes_cutting
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
-from cuco.runtime.arena import ArenaLayout, arena_view
+from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
+from cuco.workloads import moe_host
 from cuco.workloads.base import EPS, Buffers, Runner, register
-from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload
+from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check
+
+#: Shared memory the routing kernel may use for its per-warp expert counters.
+ROUTE_SMEM = 40 << 10
+#: Threads of the combine kernel's CTAs, and at most how many CTAs it runs.
+COMBINE_THREADS, COMBINE_CTAS = 256, 528
 
 
 def route(shape: MoEProblem, world_size: int, seed: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,21 +70,35 @@ def route(shape: MoEProblem, world_size: int, seed: int, rank: int) -> tuple[np.
     return ids, (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
-_SILU_BF16 = None
+def routing_tables(ids: list[np.ndarray], experts: int) -> list[dict[str, np.ndarray]]:
+    """What ``route_kernel`` computes on each rank, from every rank's ``ids [T, K]``:
 
-
-def silu_bf16(h) -> None:
-    """In-place SiLU on bf16 storage (one pass; the host program's activation)."""
-    global _SILU_BF16
-    import cupy
-    if _SILU_BF16 is None:
-        _SILU_BF16 = cupy.ElementwiseKernel(
-            "uint16 x", "uint16 y",
-            "float f = __int_as_float(((unsigned int)x) << 16);"
-            "unsigned int u = __float_as_int(f / (1.f + __expf(-f)));"
-            "y = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);",
-            "cuco_silu_bf16")
-    _SILU_BF16(h, h)
+    * ``dest [T*K]``: pair p's row in its expert's owner's expert-major receive buffer, where
+      expert e's rows come before e+1's, inside one expert the sources' in rank order, and
+      inside one source its pairs in order;
+    * ``order [T*K]``: this rank's pairs sorted by expert (stable); ``send_start [E+1]``: where
+      each expert's pairs start in it;
+    * ``local_start [E/w + 1]``: where each local expert's rows start in this rank's buffer
+      (the last entry: rows it receives).
+    """
+    W = len(ids)
+    el = experts // W
+    flat = [i.reshape(-1).astype(np.int64) for i in ids]
+    C = np.stack([np.bincount(f, minlength=experts) for f in flat])      # [source, expert]
+    total = C.sum(axis=0)
+    start = np.concatenate([[0], np.cumsum(total)])                     # over all experts
+    owner_first = (np.arange(experts) // el) * el
+    out = []
+    for s, f in enumerate(flat):
+        order = np.argsort(f, kind="stable")
+        send_start = np.concatenate([[0], np.cumsum(C[s])])
+        rank = np.empty_like(f)
+        rank[order] = np.arange(f.size) - send_start[f[order]]
+        base = start[:-1] - start[owner_first] + C[:s].sum(axis=0)
+        out.append({"dest": (base[f] + rank).astype(np.int32), "order": order.astype(np.int32),
+                    "send_start": send_start.astype(np.int32),
+                    "local_start": (start[s * el:(s + 1) * el + 1] - start[s * el]).astype(np.int32)})
+    return out
 
 
 @register
@@ -122,50 +142,55 @@ class MoE(PipelineWorkload):
             g -= 1
         return g
 
+    def route_warps(self) -> int:
+        """Warps of the routing kernel: one counter row per warp and expert in shared memory."""
+        return max(1, min(32, ROUTE_SMEM // (4 * self.shape.experts)))
+
     def layout(self) -> ArenaLayout:
-        s = self.shape
-        return ArenaLayout.build({"recv": self.max_recv_rows * self.row_bytes,
-                                  "ret": self.pairs * self.row_bytes,
-                                  "counts": self.world_size * s.experts * 4}, MAX_FLAGS * 8, 0)
+        rows = self.max_recv_rows * self.row_bytes
+        return ArenaLayout.build({"recv": rows, "y": rows,
+                                  "counts": self.world_size * self.shape.experts * 4}, MAX_FLAGS * 8, 0)
 
     def work(self) -> Work:
         """An average rank (the busiest does at least as much): its share of the pairs
-        through both expert GEMMs, the rows through HBM once (not the weights: an expert
-        no token picked need not read them), the rows it receives from peers for dispatch
-        and back for combine."""
+        through the three expert projections, the rows through HBM once (not the weights: an
+        expert no token picked need not read them), the rows it receives from peers for
+        dispatch and reads back for combine."""
         s, w = self.shape, self.world_size
         rows_in = self.pairs * (w - 1) / w
-        return Work(4.0 * self.pairs * s.hidden * s.ffn, 3 * self.pairs * self.row_bytes,
+        return Work(6.0 * self.pairs * s.hidden * s.ffn, 3 * self.pairs * self.row_bytes,
                     2 * rows_in * self.row_bytes)
 
     def plan(self, d: Directives) -> dict:
         """One chunk per group of experts (any chunk size groups the experts somehow)."""
-        return {"groups": self.groups(d)}
+        g = self.groups(d)
+        flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, "moe")
+        return {"groups": g}
 
     def chunk_choices(self) -> list[int]:
         return sizes_cutting(self.pairs * self.row_bytes, (1, 2, 4, 8, 16))
 
     def render(self, d: Directives) -> KernelSource:
         self.check(d)
+        s = self.shape
         src = render("moe.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
-                     ctype=CTYPES[self.dtype], experts=self.shape.experts,
-                     experts_per_rank=self.local_experts, row_bytes=self.row_bytes,
-                     max_ranks=MAX_RANKS, threads=THREADS, open_slot=OPEN_SLOT,
-                     name=d.full_name, **self.plan(d))
+                     ctype=CTYPES[self.dtype], experts=s.experts, experts_per_rank=self.local_experts,
+                     tokens=s.tokens, topk=s.topk, hidden=s.hidden, ffn=s.ffn,
+                     row_bytes=self.row_bytes, max_ranks=MAX_RANKS, threads=THREADS,
+                     open_slot=OPEN_SLOT, route_warps=self.route_warps(), name=d.full_name,
+                     **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        return KernelSource(self.kernel_name(d), src, needs, ("share_counts", "dispatch_kernel", "combine_kernel",
-                                               "silu_inplace", "wait_flags", "set_own_flag",
-                                               "set_peer_flag"))
+        return KernelSource(self.kernel_name(d), src, needs, MoERunner.KERNELS)
 
     def grid(self) -> list[Directives]:
         return self.grid_of(sizes_cutting(self.pairs * self.row_bytes, (1, 4, 16)),
                             [("lsa", "warp", 16), ("lsa", "cta", 32), ("nvshmem", "warp", 16)])
 
     def tolerance(self) -> tuple[float, float]:
-        """The activation and each expert's output are rounded to the dtype once, the
-        weighted sum once more."""
+        """The gate/up outputs, the activation, each expert's output and the weighted sum are
+        each rounded to the dtype once."""
         eps = EPS[self.dtype]
-        return 3 * eps, 3 * eps * (1 + math.sqrt(self.shape.ffn / 65536.0))
+        return 4 * eps, 4 * eps * (1 + math.sqrt(self.shape.ffn / 65536.0))
 
     # ---- GPU side -------------------------------------------------------------------------
     def make_inputs(self, ctx, seed: int) -> Buffers:
@@ -175,14 +200,14 @@ class MoE(PipelineWorkload):
         rs = cupy.random.RandomState(1000 * seed + 10 * ctx.rank)
         x = dtypes.from_float32(rs.standard_normal((s.tokens, s.hidden), dtype=cupy.float32),
                                 self.dtype)
-        w1 = cupy.empty((el, s.hidden, s.ffn), dtype=cupy.uint16)
-        w2 = cupy.empty((el, s.ffn, s.hidden), dtype=cupy.uint16)
+        wgu = cupy.empty((el, 2 * s.ffn, s.hidden), dtype=cupy.uint16)
+        wd = cupy.empty((el, s.hidden, s.ffn), dtype=cupy.uint16)
         for e in range(el):  # expert by expert: no fp32 copy of all weights at once
-            w1[e] = dtypes.from_float32(rs.standard_normal((s.hidden, s.ffn), dtype=cupy.float32)
-                                        * cupy.float32(1 / math.sqrt(s.hidden)), self.dtype)
-            w2[e] = dtypes.from_float32(rs.standard_normal((s.ffn, s.hidden), dtype=cupy.float32)
+            wgu[e] = dtypes.from_float32(rs.standard_normal((2 * s.ffn, s.hidden), dtype=cupy.float32)
+                                         * cupy.float32(1 / math.sqrt(s.hidden)), self.dtype)
+            wd[e] = dtypes.from_float32(rs.standard_normal((s.hidden, s.ffn), dtype=cupy.float32)
                                         * cupy.float32(1 / math.sqrt(s.ffn)), self.dtype)
-        return {"x": x, "ids": cupy.asarray(ids), "weights": cupy.asarray(w), "w1": w1, "w2": w2}
+        return {"x": x, "ids": cupy.asarray(ids), "weights": cupy.asarray(w), "wgu": wgu, "wd": wd}
 
     def reference(self, ctx, inputs: Buffers):
         import cupy
@@ -203,16 +228,17 @@ class MoE(PipelineWorkload):
             if n == 0:
                 continue
             xe = xg[tok]
-            h = cupy.empty((n, F), dtype=cupy.float32)
-            gemm(int(xe.data.ptr), int(inputs["w1"][j].data.ptr), int(h.data.ptr), n, F, H,
-                 self.dtype, ctx.stream, out_dtype="fp32")
-            h = h / (1 + cupy.exp(-h))
-            hi = dtypes.from_float32(h, self.dtype)
-            lo = dtypes.from_float32(h - dtypes.to_float32(hi, self.dtype), self.dtype)
+            h = cupy.empty((n, 2 * F), dtype=cupy.float32)
+            gemm(int(xe.data.ptr), int(inputs["wgu"][j].data.ptr), int(h.data.ptr), n, 2 * F, H,
+                 self.dtype, ctx.stream, out_dtype="fp32", trans_b=True)
+            g, u = h[:, :F], h[:, F:]
+            act = cupy.ascontiguousarray(g / (1 + cupy.exp(-g)) * u)
+            hi = dtypes.from_float32(act, self.dtype)
+            lo = dtypes.from_float32(act - dtypes.to_float32(hi, self.dtype), self.dtype)
             y = cupy.empty((n, H), dtype=cupy.float32)
             for i, part in enumerate((hi, lo)):
-                gemm(int(part.data.ptr), int(inputs["w2"][j].data.ptr), int(y.data.ptr), n, H, F,
-                     self.dtype, ctx.stream, out_dtype="fp32", accumulate=i == 1)
+                gemm(int(part.data.ptr), int(inputs["wd"][j].data.ptr), int(y.data.ptr), n, H, F,
+                     self.dtype, ctx.stream, out_dtype="fp32", accumulate=i == 1, trans_b=True)
             partial[tok] += wg[tok, slot][:, None] * y  # an expert sees a token at most once
         out = cupy.empty((T, H), dtype=cupy.float32)
         ctx.comm.reduce_scatter(int(partial.data.ptr), int(out.data.ptr), T * H, "fp32", st)
@@ -221,32 +247,7 @@ class MoE(PipelineWorkload):
     def output_elems(self) -> int:
         return self.shape.tokens * self.shape.hidden
 
-    # -- shared by both programs --
-    def sort_pairs(self, inputs: Buffers):
-        """``(order, counts)``: pairs sorted by expert (stable) and pairs per expert."""
-        import cupy
-        flat = inputs["ids"].reshape(-1)
-        order = cupy.argsort(flat)
-        counts = cupy.bincount(flat, minlength=self.shape.experts).astype(cupy.int32)
-        return order, counts
-
-    def tables(self, C: np.ndarray) -> dict[str, np.ndarray]:
-        """Row offsets from the count matrix ``C[source, expert]`` (host)."""
-        W, E, el = self.world_size, self.shape.experts, self.local_experts
-        send_off = np.zeros((W, E), dtype=np.int64)
-        send_off[:, 1:] = np.cumsum(C, axis=1)[:, :-1]
-        per_expert = C.sum(axis=0)  # rows each expert computes
-        recv_off = np.zeros((E, W), dtype=np.int64)
-        expert_start = np.zeros(E, dtype=np.int64)
-        for o in range(W):
-            ex = slice(o * el, (o + 1) * el)
-            starts = np.concatenate([[0], np.cumsum(per_expert[ex])[:-1]])
-            expert_start[ex] = starts
-            recv_off[ex] = starts[:, None] + np.concatenate(
-                [np.zeros((el, 1), dtype=np.int64), np.cumsum(C[:, ex].T, axis=1)[:, :-1]], axis=1)
-        return {"send_off": send_off, "recv_off": recv_off, "expert_rows": per_expert,
-                "expert_start": expert_start}
-
+    # -- host programs (cuco.workloads.moe_host) --
     def expert_major_order(self, C: np.ndarray, owner: int) -> np.ndarray:
         """For each row of ``owner``'s expert-major buffer, its row in the [source][expert]
         buffer NCCL delivers (segments of ``C[s, e]`` rows, e local to ``owner``)."""
@@ -257,278 +258,119 @@ class MoE(PipelineWorkload):
         dst_start = np.cumsum(n) - n
         return np.repeat(src_start.T.reshape(-1) - dst_start, n) + np.arange(int(n.sum()))
 
-    def expert_ffn(self, ctx, inputs: Buffers, xin, h, y, start: np.ndarray, rows: np.ndarray,
-                   experts, silu) -> None:
-        """Per-expert GEMMs over expert-major rows (host knows each expert's rows)."""
-        s, el, esz = self.shape, self.local_experts, DTYPE_BYTES[self.dtype]
-        H, F = s.hidden, s.ffn
-        w1, w2 = int(inputs["w1"].data.ptr), int(inputs["w2"].data.ptr)
-        lo_row = hi_row = None
-        for e in experts:
-            j = e % el
-            n = int(rows[e])
-            if n == 0:
-                continue
-            r0 = int(start[e])
-            lo_row = r0 if lo_row is None else lo_row
-            hi_row = r0 + n
-            gemm(xin + r0 * H * esz, w1 + j * H * F * esz, h + r0 * F * esz, n, F, H, self.dtype,
-                 ctx.stream)
-        if lo_row is None:
-            return
-        silu(h + lo_row * F * esz, (hi_row - lo_row) * F)
-        for e in experts:
-            j, n = e % el, int(rows[e])
-            if n:
-                r0 = int(start[e])
-                gemm(h + r0 * F * esz, w2 + j * F * H * esz, y + r0 * H * esz, n, H, F,
-                     self.dtype, ctx.stream)
-
-    def weighted_sum(self, inputs: Buffers, order, ret, out) -> None:
-        """``out[t] = sum_k weight[t, k] * ret[position of pair (t, k)]`` (fp32, rounded once)."""
-        import cupy
-        s = self.shape
-        inv = cupy.empty_like(order)
-        inv[order] = cupy.arange(order.size, dtype=order.dtype)
-        y = dtypes.to_float32(ret.reshape(self.pairs, s.hidden)[inv], self.dtype)
-        y = y.reshape(s.tokens, s.topk, s.hidden)
-        acc = (y * inputs["weights"][:, :, None]).sum(axis=1)
-        out.reshape(s.tokens, s.hidden)[...] = dtypes.from_float32(acc, self.dtype)
-
-    def _buffers(self, ctx):
-        key = ("moe_buffers", self.label)
-        b = ctx.scratch.get(key)
-        if b is None:
-            s = self.shape
-            rows = self.max_recv_rows
-            b = ctx.scratch[key] = {
-                "send": dtypes.empty(self.pairs * s.hidden, self.dtype),
-                "h": dtypes.empty(rows * s.ffn, self.dtype),
-                "y": dtypes.empty(rows * s.hidden, self.dtype),
-            }
-        return b
-
     def host_sequence(self, ctx, inputs: Buffers, out):
-        import cupy
-        s, W, E, el = self.shape, self.world_size, self.shape.experts, self.local_experts
-        H, K = s.hidden, s.topk
-        esz = DTYPE_BYTES[self.dtype]
-        b = self._buffers(ctx)
-        rows = self.max_recv_rows
-        recv = dtypes.empty(rows * H, self.dtype)     # [source][expert] as NCCL delivers
-        xin = dtypes.empty(rows * H, self.dtype)      # expert-major
-        yout = dtypes.empty(rows * H, self.dtype)     # [source][expert] again
-        ret = dtypes.empty(self.pairs * H, self.dtype)
-        cmat = cupy.empty((W, E), dtype=cupy.int32)
-        st = ctx.stream.ptr
-        me = ctx.rank
+        """NCCL all-to-all + a grouped GEMM per projection (torch's where torch runs in the
+        worker, CUTLASS's otherwise)."""
+        return moe_host.host_program(self, ctx, inputs, out, moe_host.ffn_choice(ctx))
 
-        def run():
-            order, counts = self.sort_pairs(inputs)
-            b["send"].reshape(self.pairs, H)[...] = inputs["x"][order // K]
-            ctx.comm.all_gather(int(counts.data.ptr), int(cmat.data.ptr), E, "fp32", st)
-            C = cupy.asnumpy(cmat, stream=ctx.stream)  # the sizes drive NCCL and the GEMMs
-            ctx.stream.synchronize()
-            t = self.tables(C)
-            # [source][expert] layout of what each rank receives, and its expert-major order
-            src_rows = C[:, me * el:(me + 1) * el].sum(axis=1)
-            src_start = np.concatenate([[0], np.cumsum(src_rows)[:-1]])
-            perm = self.expert_major_order(C, me)
-            perm_d = cupy.asarray(perm)
-            with ctx.comm.group():
-                for o in range(W):
-                    n = int(C[me, o * el:(o + 1) * el].sum())
-                    off = int(t["send_off"][me, o * el])
-                    if n:
-                        ctx.comm.send(int(b["send"].data.ptr) + off * H * esz, n * H, self.dtype, o, st)
-                    if src_rows[o]:
-                        ctx.comm.recv(int(recv.data.ptr) + int(src_start[o]) * H * esz,
-                                      int(src_rows[o]) * H, self.dtype, o, st)
-            total = perm.size
-            if total:
-                xin.reshape(rows, H)[:total] = recv.reshape(rows, H)[perm_d]
-            self.expert_ffn(ctx, inputs, int(xin.data.ptr), int(b["h"].data.ptr),
-                            int(b["y"].data.ptr), t["expert_start"], t["expert_rows"],
-                            range(me * el, (me + 1) * el),
-                            lambda p, n: silu_bf16(_view(p, n)))
-            if total:
-                yout.reshape(rows, H)[perm_d] = b["y"].reshape(rows, H)[:total]
-            with ctx.comm.group():
-                for o in range(W):
-                    if src_rows[o]:
-                        ctx.comm.send(int(yout.data.ptr) + int(src_start[o]) * H * esz,
-                                      int(src_rows[o]) * H, self.dtype, o, st)
-                    n = int(C[me, o * el:(o + 1) * el].sum())
-                    off = int(t["send_off"][me, o * el])
-                    if n:
-                        ctx.comm.recv(int(ret.data.ptr) + off * H * esz, n * H, self.dtype, o, st)
-            self.weighted_sum(inputs, order, ret, out)
-        return run
+    def baselines(self, ctx, inputs: Buffers) -> dict:
+        """The per-expert cuBLAS program, and the CUTLASS grouped GEMM program where the
+        host program runs torch's."""
+        out = {}
+        names = ["per_expert"] + (["cutlass"] if moe_host.ffn_choice(ctx) == "torch" else [])
+        for ffn in names:
+            buf = dtypes.empty(self.output_elems(), self.dtype)
+            out[f"host_{ffn}"] = (moe_host.host_program(self, ctx, inputs, buf, ffn), buf)
+        return out
+
+    def host_notes(self, ctx) -> dict:
+        return {"grouped_gemm": moe_host.ffn_choice(ctx)}
 
     def compute_only(self, ctx, inputs: Buffers):
-        """The expert FFNs on this rank's share of rows, as the routing gives them."""
-        import cupy
-        s, W, el = self.shape, self.world_size, self.local_experts
-        b = self._buffers(ctx)
-        xin = dtypes.random(self.max_recv_rows * s.hidden, self.dtype, 41 + ctx.rank)
-        counts = cupy.bincount(inputs["ids"].reshape(-1), minlength=s.experts).astype(cupy.int32)
-        cmat = cupy.empty((W, s.experts), dtype=cupy.int32)
-        ctx.comm.all_gather(int(counts.data.ptr), int(cmat.data.ptr), s.experts, "fp32",
-                            ctx.stream.ptr)
-        t = self.tables(cupy.asnumpy(cmat, stream=ctx.stream))
-        me = ctx.rank
-        return lambda: self.expert_ffn(ctx, inputs, int(xin.data.ptr), int(b["h"].data.ptr),
-                                       int(b["y"].data.ptr), t["expert_start"], t["expert_rows"],
-                                       range(me * el, (me + 1) * el),
-                                       lambda p, n: silu_bf16(_view(p, n)))
+        return moe_host.compute_only(self, ctx, inputs)
 
     def comm_only(self, ctx, inputs: Buffers):
-        """Both all-to-alls (dispatch and combine) of the routing's row counts, by NCCL."""
-        import cupy
-        s, W, el, H = self.shape, self.world_size, self.local_experts, self.shape.hidden
-        esz = DTYPE_BYTES[self.dtype]
-        counts = cupy.bincount(inputs["ids"].reshape(-1), minlength=s.experts).astype(cupy.int32)
-        cmat = cupy.empty((W, s.experts), dtype=cupy.int32)
-        ctx.comm.all_gather(int(counts.data.ptr), int(cmat.data.ptr), s.experts, "fp32",
-                            ctx.stream.ptr)
-        C = cupy.asnumpy(cmat, stream=ctx.stream)
-        me, st = ctx.rank, ctx.stream.ptr
-        send = dtypes.random(self.pairs * H, self.dtype, 51 + me)
-        recv = dtypes.empty(self.max_recv_rows * H, self.dtype)
-        sends = [int(C[me, o * el:(o + 1) * el].sum()) for o in range(W)]
-        recvs = [int(C[o, me * el:(me + 1) * el].sum()) for o in range(W)]
-
-        def a2a(sn, rn):
-            so = ro = 0
-            with ctx.comm.group():
-                for o in range(W):
-                    if sn[o]:
-                        ctx.comm.send(int(send.data.ptr) + so * H * esz, sn[o] * H, self.dtype, o, st)
-                    if rn[o]:
-                        ctx.comm.recv(int(recv.data.ptr) + ro * H * esz, rn[o] * H, self.dtype, o, st)
-                    so, ro = so + sn[o], ro + rn[o]
-
-        def run():
-            a2a(sends, recvs)
-            a2a(recvs, sends)
-        return run
+        return moe_host.comm_only(self, ctx, inputs)
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
         return MoERunner(ctx, self, d, binary, arena, inputs, out)
 
 
-def _view(ptr: int, n: int):
-    """A uint16 CuPy view of ``n`` elements at device address ``ptr``."""
-    import cupy
-    mem = cupy.cuda.UnownedMemory(ptr, n * 2, None)
-    return cupy.ndarray((n,), dtype=cupy.uint16, memptr=cupy.cuda.MemoryPointer(mem, 0))
+def _u64(x) -> np.uint64:
+    return np.uint64(x if isinstance(x, int) else int(x.data.ptr))
 
 
 class MoERunner:
-    """Counts shared on the device (then read by the host for the GEMM sizes); rows
-    dispatched and returned by two kernels on the side stream, expert groups computed
-    on the compute stream as their rows arrive."""
+    """One fused call, device-side end to end (see ``moe.cu.j2``): routing and the counts'
+    exchange, then rows dispatched on the side stream while the compute stream runs each
+    expert group's grouped GEMMs as its rows arrive, then the combine."""
+
+    KERNELS = ("route_kernel", "expert_tables", "dispatch_kernel", "swiglu_kernel", "combine_kernel",
+               "set_flag_everywhere", "set_peer_flag", "wait_flags")
 
     def __init__(self, ctx, wl: MoE, d: Directives, cubin: str, arena, inputs: Buffers, out):
         import cupy
+        from cuco.workloads.moe_gemm import GroupedGemm, load
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.output = out
         self.stress_us = 0.0
         self.layout = wl.layout()
         self.groups = wl.groups(d)
-        self.f = {n: ctx.function(cubin, n) for n in
-                  ("share_counts", "dispatch_kernel", "combine_kernel", "silu_inplace",
-                   "wait_flags", "set_own_flag", "set_peer_flag")}
+        self.f = {n: ctx.function(cubin, n) for n in self.KERNELS}
         self.comm_stream = ctx.scratch.setdefault("side_streams", {}).setdefault(
             "comm", cupy.cuda.Stream(non_blocking=True))
-        self.b = wl._buffers(ctx)
-        s = wl.shape
-        self.counts_view = arena_view(arena, self.layout.data["counts"], 2 * wl.world_size * s.experts,
-                                       "bf16").view(cupy.int32)
-        self.recv = arena.ptr + self.layout.data["recv"]
-        self.ret = arena_view(arena, self.layout.data["ret"], wl.pairs * s.hidden, wl.dtype)
+        s, el = wl.shape, wl.local_experts
+        rows = wl.max_recv_rows
+        i32 = cupy.int32
+        self.dest, self.order = cupy.empty(wl.pairs, i32), cupy.empty(wl.pairs, i32)
+        self.send_start = cupy.empty(s.experts + 1, i32)
+        self.local_start = cupy.empty(el + 1, i32)
+        self.h = dtypes.empty(rows * 2 * s.ffn, wl.dtype)
+        self.act = dtypes.empty(rows * s.ffn, wl.dtype)
+        lib, sms = load(ctx), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        self.gu = GroupedGemm(lib, ctx.device, el, 2 * s.ffn, s.hidden, sms)
+        self.dn = GroupedGemm(lib, ctx.device, el, s.hidden, s.ffn, sms)
         self.start = cupy.cuda.Event(disable_timing=True)
         self.done = cupy.cuda.Event(disable_timing=True)
-        self.pinned = cupy.cuda.alloc_pinned_memory(wl.world_size * s.experts * 4)
-        # every GEMM shape's first launch, the activation and the sorting kernels, alone
-        order, counts = wl.sort_pairs(inputs)
-        self.b["send"].reshape(wl.pairs, s.hidden)[...] = inputs["x"][order // s.topk]
-        wl.weighted_sum(inputs, order, self.ret, out)
-        self._silu(int(self.b["h"].data.ptr), 8)
-        spin(ctx.stream, 0.0)
+        self.combine_ctas = max(1, min(COMBINE_CTAS, -(-s.tokens * (self.wl.row_bytes // 16)
+                                                       // COMBINE_THREADS)))
         ctx.stream.synchronize()
-        self.warm_rows: set[int] = set()
-
-    def _silu(self, ptr: int, n: int) -> None:
-        self.f["silu_inplace"]((264,), (256,), (np.uint64(ptr), np.int64(n)), stream=self.ctx.stream)
-
-    def _warm(self, t: dict) -> None:
-        """cuBLAS picks (and may load) a kernel per new row count: run each once alone."""
-        wl, ctx = self.wl, self.ctx
-        el, me = wl.local_experts, ctx.rank
-        new = {int(t["expert_rows"][e]) for e in range(me * el, (me + 1) * el)} - self.warm_rows
-        new.discard(0)
-        if not new:
-            return
-        s = wl.shape
-        x, h, y = self.recv, int(self.b["h"].data.ptr), int(self.b["y"].data.ptr)
-        w1, w2 = int(self.inputs["w1"].data.ptr), int(self.inputs["w2"].data.ptr)
-        for n in sorted(new):
-            gemm(x, w1, h, n, s.ffn, s.hidden, wl.dtype, ctx.stream)
-            gemm(h, w2, y, n, s.hidden, s.ffn, wl.dtype, ctx.stream)
-        ctx.stream.synchronize()
-        self.warm_rows |= new
 
     def __call__(self) -> None:
         import cupy
         ctx, a, wl, st, cs = self.ctx, self.arena, self.wl, self.ctx.stream, self.comm_stream
-        s, W, me, G = wl.shape, wl.world_size, ctx.rank, self.groups
-        el, H = wl.local_experts, s.hidden
+        W, me, G, el = wl.world_size, ctx.rank, self.groups, wl.local_experts
+        per = el // G
+        data = self.layout.data
         a.epoch += 1
         e = np.uint64(a.epoch)
         flags = np.uint64(self.layout.flags)
         args = a.args(ctx)
-        # arrival counters (dispatch and return) restart at zero; then peers may write here
-        cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags, 0, 2 * G * 8 * 8, st.ptr)
-        k_ret = G * 8  # must match kRet = kGroups * kMaxRanks of the template (8 ranks)
+        k_cnt = G * MAX_RANKS  # kCnt of the template; kDone, kFin follow
+        k_done, k_fin = k_cnt + MAX_RANKS, k_cnt + 2 * MAX_RANKS
+        # arrival counters restart at zero; then peers may write here
+        cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags, 0, k_cnt * 8, st.ptr)
         for r in range(W):
-            self.f["set_peer_flag"]((1,), (1,), (*args, flags, np.int32(OPEN_SLOT + me),
-                                                 np.int32(r), e), stream=st)
-        order, counts = wl.sort_pairs(self.inputs)
-        self.b["send"].reshape(wl.pairs, H)[...] = self.inputs["x"][order // s.topk]
-        self.f["share_counts"]((1,), (256,), (*args, counts, np.uint64(self.layout.data["counts"]),
-                                              flags, e), stream=st)
-        cupy.cuda.runtime.memcpyAsync(self.pinned.ptr, int(self.counts_view.data.ptr),
-                                      W * s.experts * 4, 2, st.ptr)
-        st.synchronize()  # the host needs the sizes for the GEMM launches
-        C = np.frombuffer(self.pinned, dtype=np.int32, count=W * s.experts).reshape(W, s.experts).copy()
-        t = wl.tables(C)
-        self._warm(t)
-        send_off = cupy.asarray(t["send_off"])
-        recv_off = cupy.asarray(t["recv_off"])
-        cmat = cupy.asarray(C)
+            self.f["set_peer_flag"]((1,), (1,), (*args, flags, np.int32(OPEN_SLOT + me), np.int32(r), e),
+                                    stream=st)
+        inp = self.inputs
+        self.f["route_kernel"]((1,), (32 * wl.route_warps(),), (
+            *args, inp["ids"], self.dest, self.order, self.send_start, self.local_start,
+            np.uint64(data["counts"]), flags, e), stream=st)
         self.start.record(st)
         cs.wait_event(self.start)
-        grid, block = (self.d.comm_ctas,), (THREADS,)
-        self.f["dispatch_kernel"](grid, block, (*args, self.b["send"], cmat, send_off, recv_off,
-                                                np.uint64(self.layout.data["recv"]), flags, e),
-                                  stream=cs)
-        self.f["combine_kernel"](grid, block, (*args, self.b["y"], cmat, send_off, recv_off,
-                                               np.uint64(self.layout.data["ret"]), flags, e),
-                                 stream=cs)
-        per = el // G
+        self.f["dispatch_kernel"]((self.d.comm_ctas,), (THREADS,), (
+            *args, inp["x"], self.order, self.send_start, self.dest, np.uint64(data["recv"]), flags),
+            stream=cs)
+        recv, y = np.uint64(a.ptr + data["recv"]), np.uint64(a.ptr + data["y"])
+        self.f["expert_tables"]((-(-el // 128),), (128,), (
+            self.local_start, recv, inp["wgu"], self.h, self.act, inp["wd"], y,
+            *(np.uint64(p) for p in self.gu.table_ptrs()), *(np.uint64(p) for p in self.dn.table_ptrs())),
+            stream=st)
         for g in range(G):
             if self.stress_us:
                 spin(st, self.stress_us)
-            self.f["wait_flags"]((1,), (32,), (*args, flags, np.int32(g * W), np.int32(W),
+            self.f["wait_flags"]((1,), (32,), (*args, flags, np.int32(g * MAX_RANKS), np.int32(W),
                                                np.uint64(self.d.comm_ctas)), stream=st)
-            experts = range(me * el + g * per, me * el + (g + 1) * per)
-            wl.expert_ffn(ctx, self.inputs, self.recv, int(self.b["h"].data.ptr),
-                          int(self.b["y"].data.ptr), t["expert_start"], t["expert_rows"],
-                          experts, self._silu)
-            self.f["set_own_flag"]((1,), (1,), (*args, flags, np.int32(2 * k_ret + g), e), stream=st)
-        self.f["wait_flags"]((1,), (256,), (*args, flags, np.int32(k_ret), np.int32(G * W),
-                                            np.uint64(self.d.comm_ctas)), stream=st)
-        wl.weighted_sum(self.inputs, order, self.ret, self.output)
+            self.gu(st.ptr, g * per, per)
+            self.f["swiglu_kernel"]((264,), (256,), (self.h, self.act, self.local_start,
+                                                     np.int32(g * per), np.int32((g + 1) * per)), stream=st)
+            self.dn(st.ptr, g * per, per)
+        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_done), e), stream=st)
+        self.f["combine_kernel"]((self.combine_ctas,), (COMBINE_THREADS,), (
+            *args, inp["ids"], inp["weights"], self.dest, self.output, np.uint64(data["y"]), flags, e),
+            stream=st)
+        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_fin), e), stream=st)
+        self.f["wait_flags"]((1,), (32,), (*args, flags, np.int32(k_fin), np.int32(W), e), stream=st)
         self.done.record(cs)
         st.wait_event(self.done)

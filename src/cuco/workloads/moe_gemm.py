@@ -1,0 +1,110 @@
+"""The MoE layer's expert GEMMs: one CUTLASS grouped GEMM over all local experts per projection.
+
+``moe_grouped_gemm.cu.j2`` renders CUTLASS's Hopper ptr-array grouped GEMM as a launcher
+library. Its problem shapes and pointers are device tables, so one build serves every
+shape (gate/up and down projections, any hidden size and FFN width) and every routing:
+a kernel fills the tables from the routing counts and no host synchronisation is needed.
+
+:class:`GroupedGemm` is one such GEMM bound to fixed device tables: ``groups`` slots of
+(M, N, K), A, B and D pointers, strides filled once (they depend on N and K only).
+"""
+
+from __future__ import annotations
+
+import ctypes as c
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cuco.kernels.collectives import KernelSource
+from cuco.kernels.compiler import LAUNCHER_PARTS
+from cuco.kernels.render import render
+
+#: The configuration built (one compile serves every shape): cooperative 128x128x64 tiles.
+TILE = (128, 128, 64)
+SCHEDULE = "cooperative"
+#: bytes of one group's (M, N, K) entry, as the MoE kernels write it
+SHAPE_BYTES = 12
+
+
+def grouped_gemm_source(tile: tuple[int, int, int] = TILE, schedule: str = SCHEDULE) -> KernelSource:
+    """The launcher source of the grouped GEMM (bf16, fp32 accumulation)."""
+    tm, tn, tk = tile
+    src = render("moe_grouped_gemm.cu.j2", cutlass_type="cutlass::bfloat16_t", tile_m=tm, tile_n=tn,
+                 tile_k=tk, schedule=schedule, name=f"{schedule} t{tm}x{tn}x{tk}", **LAUNCHER_PARTS)
+    return KernelSource("moe_grouped_gemm", src, ("cutlass",), ("cuco_gg_run",))
+
+
+def build(compiler=None) -> Path:
+    """The launcher library's path (compiled once per configuration, then cached)."""
+    from cuco.kernels import Compiler
+    s = grouped_gemm_source()
+    return (compiler or Compiler()).compile(s.source, needs=s.needs, name=s.name).path
+
+
+def load(ctx, path: str | Path | None = None):
+    """The launcher library of this worker (built if needed), its module loaded on the device."""
+    key = ("moe_grouped_gemm", str(path))
+    lib = ctx.scratch.get(key)
+    if lib is None:
+        lib = c.CDLL(str(path or build()))
+        lib.cuco_gg_run.argtypes = [c.c_int, c.c_void_p, c.c_int, *([c.c_void_p] * 8), c.c_int]
+        lib.cuco_gg_run.restype = c.c_int
+        lib.cuco_gg_workspace_bytes.argtypes = [c.c_int, c.c_int]
+        lib.cuco_gg_workspace_bytes.restype = c.c_ulonglong
+        lib.cuco_gg_strides.argtypes = [c.c_int, c.c_int, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p]
+        sizes = (c.c_int * 5)()
+        lib.cuco_gg_sizes(sizes)
+        if sizes[0] != SHAPE_BYTES:
+            raise RuntimeError(f"grouped GEMM problem shapes are {sizes[0]} bytes, the MoE kernels "
+                               f"write {SHAPE_BYTES}")
+        lib.stride_bytes = tuple(sizes[1:4])
+        rc = lib.cuco_gg_setup(ctx.device)
+        if rc != 0:
+            raise RuntimeError(f"loading the grouped GEMM failed (CUDA error {rc})")
+        ctx.scratch[key] = lib
+    return lib
+
+
+@dataclass
+class GroupedGemm:
+    """``groups`` GEMMs of width ``n`` and depth ``k`` over device tables this object owns:
+    ``shapes`` (int32 [groups, 3]) and ``a``, ``b``, ``d`` (uint64 [groups]) are filled on the
+    device by whoever knows the sizes; :meth:`__call__` launches all groups at once."""
+
+    lib: object
+    device: int
+    groups: int
+    n: int
+    k: int
+    sms: int
+
+    def __post_init__(self) -> None:
+        import cupy
+        g = self.groups
+        self.shapes = cupy.zeros((g, 3), dtype=cupy.int32)
+        self.a = cupy.zeros(g, dtype=cupy.uint64)
+        self.b = cupy.zeros(g, dtype=cupy.uint64)
+        self.d = cupy.zeros(g, dtype=cupy.uint64)
+        host = [np.zeros(g * nb, dtype=np.uint8) for nb in self.lib.stride_bytes]
+        self.lib.cuco_gg_strides(g, self.n, self.k, *(h.ctypes.data for h in host))
+        self.strides = [cupy.asarray(h) for h in host]
+        self.workspace = cupy.zeros(max(1, int(self.lib.cuco_gg_workspace_bytes(g, self.sms))),
+                                    dtype=cupy.uint8)
+
+    def table_ptrs(self) -> tuple[int, int, int, int]:
+        """Device addresses of the shapes, A, B and D tables (for the kernel that fills them)."""
+        return (int(self.shapes.data.ptr), int(self.a.data.ptr), int(self.b.data.ptr),
+                int(self.d.data.ptr))
+
+    def __call__(self, stream_ptr: int, first: int = 0, count: int | None = None) -> None:
+        """Groups ``[first, first + count)`` (all by default) on ``stream_ptr``."""
+        count = self.groups - first if count is None else count
+        sa, sb, sd = (int(s.data.ptr) for s in self.strides)
+        sh, a, b, d = self.table_ptrs()
+        rc = self.lib.cuco_gg_run(self.device, stream_ptr, count, sh + 12 * first, a + 8 * first,
+                                  sa, b + 8 * first, sb, d + 8 * first, sd,
+                                  int(self.workspace.data.ptr), self.sms)
+        if rc != 0:
+            raise RuntimeError(f"grouped GEMM launch failed (CUDA error {rc})")

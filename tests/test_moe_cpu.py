@@ -1,0 +1,70 @@
+"""The device-side MoE layer on the CPU: its templates build with nvcc for sm_90a, the grouped
+GEMM library's host side fills the strides the kernel reads, and bad shapes are refused
+with the fix. (The routing layout is checked in test_pipelines_cpu.py.)"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from cuco.design import Directives
+from cuco.errors import DirectiveError, ShapeError
+from cuco.kernels import Compiler
+from cuco.workloads.moe import MoE, MoERunner
+from cuco.workloads.moe_gemm import SHAPE_BYTES, grouped_gemm_source
+
+
+def side(**kw) -> Directives:
+    base = dict(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="warp",
+                chunk_bytes=1 << 20, comm_ctas=4)
+    return Directives(**{**base, **kw})
+
+
+@pytest.mark.slow
+def test_grouped_gemm_builds_and_its_host_side_fills_strides():
+    """One CUTLASS build (about 1.5 min on 2 cores; shared with test_kernels' cache). The
+    host functions touch no GPU: the sizes its tables use, and packed K-major strides."""
+    s = grouped_gemm_source()
+    built = Compiler(arch="sm_90a").compile(s.source, needs=s.needs, name=s.name)
+    assert built.launcher and b"grouped_gemm_kernel" in built.path.read_bytes()
+    lib = ctypes.CDLL(str(built.path))
+    sizes = (ctypes.c_int * 5)()
+    lib.cuco_gg_sizes(sizes)
+    assert sizes[0] == SHAPE_BYTES and sizes[1] == sizes[2] == sizes[3] == 8
+    assert 100 << 10 < sizes[4] <= 227 << 10  # the mainloop's stages fill shared memory
+    groups, n, k = 3, 384, 640
+    host = [np.zeros(groups, dtype=np.int64) for _ in range(3)]
+    lib.cuco_gg_strides(groups, n, k, *(ctypes.c_void_p(h.ctypes.data) for h in host))
+    assert list(host[0]) == [k] * 3 and list(host[1]) == [k] * 3 and list(host[2]) == [n] * 3
+
+
+def test_moe_template_builds_every_kernel_the_runner_launches():
+    wl = MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2, routing="empty_experts")
+    src = wl.render(side(issuer="cta", chunk_bytes=16 << 10))
+    assert "kGroups = 4;" in src.source and "kRouteWarps = 32;" in src.source
+    built = Compiler(arch="sm_90a").compile(src.source, needs=src.needs, name=src.name)
+    image = built.path.read_bytes()
+    for name in MoERunner.KERNELS:
+        assert name.encode() in image, name
+
+
+def test_moe_plan_follows_chunk_bytes():
+    wl = MoE(2, tokens=128, experts=256, topk=8)
+    assert wl.plan(side(chunk_bytes=1 << 28)) == {"groups": 1}
+    assert wl.plan(side(chunk_bytes=1 << 20)) == {"groups": 8}   # 14.7 MB of rows / 1 MiB
+    assert wl.route_warps() == 32 and MoE(2, experts=8192, topk=8).route_warps() == 1
+    with pytest.raises(DirectiveError, match="side_stream"):
+        wl.render(Directives(backend="lsa", placement="epilogue", comm_ctas=0))
+
+
+@pytest.mark.parametrize("kw,fix", [
+    (dict(experts=16384, topk=8), "experts=8192"),
+    (dict(hidden=7170), "multiples of 8"),
+    (dict(ffn=100), "multiples of 8"),
+    (dict(experts=8, topk=9), "topk=9"),
+])
+def test_bad_moe_shapes_are_refused_with_the_fix(kw, fix):
+    with pytest.raises(ShapeError, match=fix):
+        MoE(2, **kw)
