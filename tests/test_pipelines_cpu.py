@@ -50,7 +50,7 @@ def test_kv_chunks_follow_chunk_bytes_and_flags_are_bounded():
     with pytest.raises(DirectiveError, match="chunk_bytes >= 8192"):
         wl.chunk_rows(side(chunk_bytes=4096))
     assert [wl.peer(r) for r in range(2)] == [1, 0]
-    w8 = KVTransfer(8, layers=1, tokens=64, hidden=64, kv_dim=64)
+    w8 = KVTransfer(8, layers=1, tokens=64, hidden=64, kv_dim=64, heads=2, head_dim=32)
     assert [w8.peer(r) for r in range(8)] == [4, 5, 6, 7, 0, 1, 2, 3]
     assert [w8.is_prefill(r) for r in range(8)] == [True] * 4 + [False] * 4
 
@@ -134,7 +134,7 @@ def test_cp_sources_follow_the_mask():
 
 
 def test_labels_name_every_size():
-    assert KVTransfer(2).label == "kv_transfer/L32T4096H8192KV2048/bf16"
+    assert KVTransfer(2).label == "kv_transfer/L4T4096H8192KV2048h64d128F28672/bf16"
     assert MoE(2, tokens=4096).label == "moe/T4096H7168F2048E256k8/bf16"
     assert MoE(2, routing="one_expert").label == "moe/T128H7168F2048E256k8-one_expert/bf16"
     assert CPAttention(2, causal=False).label == "cp_attention/S32768H32D128full/bf16"

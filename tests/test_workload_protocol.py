@@ -120,7 +120,7 @@ def test_cli_searches_a_pipeline_and_refuses_what_it_lacks(tmp_path):
     ok = cuco("search", "--workload", "kv_transfer", "--shape", SHAPES["kv_transfer"], "--dry-run",
               "--budget", "6", "--islands", "2", "--db", db, "--placements", "side_stream")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "layers=2,tokens=256,hidden=512,kv_dim=256 w=2" in ok.stdout
+    assert "layers=2,tokens=256,hidden=512,kv_dim=256," in ok.stdout and "w=2" in ok.stdout
     no = cuco("search", "--workload", "moe", "--dry-run", "--placements", "epilogue",
               "--db", str(tmp_path / "n.db"))
     assert no.returncode == 2 and "placements side_stream" in no.stdout and "Traceback" not in no.stdout

@@ -44,6 +44,10 @@ class SyncScope(str, Enum):
     CHUNK = "chunk"  # a flag / signal per chunk
     CTA = "cta"  # a barrier per CTA
     KERNEL = "kernel"  # one team barrier per kernel
+    # the transfer of a chunk is enqueued on the side stream after the chunk's event (a short
+    # kernel per chunk, or a copy-engine copy): nothing polls for it on the sender's SMs; the
+    # receiver still waits on a flag per chunk. Rules: cuco.design.stream_order
+    STREAM = "stream"
 
 
 class Issuer(str, Enum):
@@ -52,6 +56,14 @@ class Issuer(str, Enum):
     THREAD = "thread"
     WARP = "warp"
     CTA = "cta"
+    # the copy engine: a peer cudaMemcpyAsync per chunk, then a stream-ordered flag write; no SM
+    # moves the bytes. Rules and the workloads that have it: cuco.design.stream_order
+    COPY_ENGINE = "copy_engine"
+
+    @property
+    def on_sms(self) -> bool:
+        """Threads of a kernel move the bytes (``thread``, ``warp``, ``cta``)."""
+        return self is not Issuer.COPY_ENGINE
 
 
 class Schedule(str, Enum):

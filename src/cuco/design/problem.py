@@ -200,15 +200,25 @@ class MoEProblem(Problem):
 
 
 class KVProblem(Problem):
-    """A prefill -> decode KV-cache transfer while later layers compute. Defaults: a
-    70B-class model, 4K prompt."""
+    """A prefill -> decode KV-cache transfer while later layers compute. The prefill rank runs
+    ``layers`` pre-norm transformer layers (QKV projection, causal GQA attention, output
+    projection, SwiGLU MLP, residuals); each layer's K/V (``kv_dim = 2 x kv_heads x head_dim``
+    per token) moves to the decode rank. Defaults: Llama-3-70B-like layers (hidden 8192, 64
+    heads of 128, 8 KV heads, FFN 28672), a 4K prompt, 4 layers (tens of ms a call)."""
 
-    SHAPE: ClassVar[tuple[str, ...]] = ("layers", "tokens", "hidden", "kv_dim")
+    SHAPE: ClassVar[tuple[str, ...]] = ("layers", "tokens", "hidden", "kv_dim", "heads",
+                                        "head_dim", "ffn")
     workload: Literal["kv_transfer"] = "kv_transfer"
-    layers: int = Field(32, gt=0)
+    layers: int = Field(4, gt=0)
     tokens: int = Field(4096, gt=0, description="prompt tokens")
     hidden: int = Field(8192, gt=0)
     kv_dim: int = Field(2048, gt=0, description="2 x kv_heads x head_dim per token per layer")
+    heads: int = Field(64, gt=0, description="query heads")
+    head_dim: int = Field(128, gt=0)
+    ffn: int = Field(28672, gt=0, description="SwiGLU MLP width")
+
+    #: The prefill attention holds one head's ``tokens x tokens`` fp32 scores at a time.
+    MAX_TOKENS: ClassVar[int] = 16384
 
     @model_validator(mode="after")
     def _aligned(self) -> "KVProblem":
@@ -217,19 +227,50 @@ class KVProblem(Problem):
         if w < 2 or w % 2:
             raise ShapeError(f"kv_transfer pairs prefill and decode ranks: world_size={w} must "
                              "be even and >= 2", param="world_size", fix=2)
-        if (self.kv_dim * esz) % 16 or (self.hidden * esz) % 16:
-            raise ShapeError(f"kv_transfer: kv_dim={self.kv_dim} and hidden={self.hidden} must "
-                             f"make rows of 16-byte multiples; use multiples of {16 // esz}")
+        if self.dtype == "fp32":
+            raise ShapeError("kv_transfer: the prefill layers run in bf16 or fp16 (their fp32 "
+                             "twin is the reference)", param="dtype", fix="bf16")
+        for name in ("kv_dim", "hidden", "head_dim", "ffn"):
+            value = getattr(self, name)
+            if (value * esz) % 16:
+                step = 16 // esz
+                raise ShapeError(f"kv_transfer: {name}={value} must make rows of 16-byte "
+                                 f"multiples; use multiples of {step}", param=name,
+                                 fix=value - value % step or step)
+        if self.kv_dim % (2 * self.head_dim):
+            raise ShapeError(f"kv_transfer: kv_dim={self.kv_dim} is K and V of whole heads of "
+                             f"head_dim={self.head_dim}; choose kv_dim a multiple of "
+                             f"{2 * self.head_dim}", param="kv_dim",
+                             fix=max(2 * self.head_dim, self.kv_dim - self.kv_dim % (2 * self.head_dim)))
+        if self.heads % self.kv_heads:
+            raise ShapeError(f"kv_transfer: heads={self.heads} are shared by kv_heads="
+                             f"{self.kv_heads} (kv_dim / 2 head_dim) in equal groups; choose "
+                             f"heads a multiple of {self.kv_heads}", param="heads",
+                             fix=max(self.kv_heads, self.heads - self.heads % self.kv_heads))
         if self.tokens % ROW_ALIGN:
             raise ShapeError(f"kv_transfer: tokens={self.tokens} must be a multiple of "
                              f"{ROW_ALIGN} (chunks are whole groups of {ROW_ALIGN} rows)",
                              param="tokens", fix=self.tokens - self.tokens % ROW_ALIGN or ROW_ALIGN)
+        if self.tokens > self.MAX_TOKENS:
+            raise ShapeError(f"kv_transfer: tokens={self.tokens}; the prefill attention keeps a "
+                             f"tokens x tokens score matrix per head: choose tokens <= "
+                             f"{self.MAX_TOKENS}", param="tokens", fix=self.MAX_TOKENS)
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads: ``kv_dim / (2 head_dim)`` (``heads / kv_heads`` query heads share one)."""
+        return self.kv_dim // (2 * self.head_dim)
 
     @property
     def label(self) -> str:
         return (f"kv_transfer/L{self.layers}T{self.tokens}H{self.hidden}KV{self.kv_dim}"
-                f"/{self.dtype}")
+                f"h{self.heads}d{self.head_dim}F{self.ffn}/{self.dtype}")
+
+
+#: Query rows per work item of the context-parallel attention kernel (a zig-zag chunk holds
+#: whole ones; cuco_cp_attention.cuh: kBr).
+CP_Q_TILE = 128
 
 
 class CPProblem(Problem):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cuco.design import stream_order
 from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.problem import GemmProblem, Problem
 
@@ -48,11 +49,12 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             f"comm_ctas: comm_ctas={comm_ctas} does not apply to placement=epilogue (the "
             "compute CTAs communicate); set comm_ctas=0 or another placement"
         )
-    if placement == "side_stream" and sync != "chunk":
+    if placement == "side_stream" and sync not in ("chunk", "stream"):
         out.append(
             f"sync_scope: placement=side_stream is driven by per-chunk flags, not "
             f"sync_scope={sync}; set sync_scope=chunk"
         )
+    out += stream_order.violations(d, None if problem is None else problem.workload)
     if schedule == "ring" and sync == "kernel":
         out.append(
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "

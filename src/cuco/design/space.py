@@ -17,6 +17,7 @@ from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, KIB, MIB, Pla
 from pydantic import TypeAdapter
 from typing import Annotated
 
+from cuco.design import stream_order
 from cuco.design.directives import Directives, check_field
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
@@ -32,8 +33,8 @@ ORDINAL: frozenset[str] = frozenset(
 DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "backend": tuple(Backend),
     "placement": tuple(Placement),
-    "sync_scope": tuple(SyncScope),
-    "issuer": tuple(Issuer),
+    "sync_scope": stream_order.SM_SYNC_SCOPES,  # stream and copy_engine: workloads that have
+    "issuer": stream_order.SM_ISSUERS,          # them list them (cuco.design.stream_order)
     "chunk_bytes": (64 * KIB, 256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB),
     "tile_m": (128, 256),
     "tile_n": (128, 256),
@@ -238,8 +239,10 @@ class DesignSpace:
                 values["comm_ctas"] = r.choice(nonzero)
         if not values["placement"].own_comm_ctas and 0 in self.choices["comm_ctas"]:
             values["comm_ctas"] = 0
-        if values["placement"] == Placement.SIDE_STREAM and SyncScope.CHUNK in self.choices["sync_scope"]:
+        if (values["placement"] == Placement.SIDE_STREAM and values["sync_scope"] != SyncScope.STREAM
+                and SyncScope.CHUNK in self.choices["sync_scope"]):
             values["sync_scope"] = SyncScope.CHUNK
+        stream_order.repair(values, self.choices)
         if not values["placement"].in_kernel:  # tile order and comm warps: in-kernel only
             for f, neutral in (("raster_group", 1), ("comm_warps", 0)):
                 if neutral in self.choices[f]:

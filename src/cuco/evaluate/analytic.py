@@ -87,7 +87,7 @@ class AnalyticEvaluator:
         comm_share = min(1.0, d.comm_ctas / 32)
         comp_slow = t_comp * (1 + d.comm_ctas / SMS)
         comm_eff = t_comm / (0.4 + 0.6 * comm_share)
-        issuer = {"cta": 1.0, "warp": 1.03, "thread": 1.08}[d.issuer.value]
+        issuer = {"cta": 1.0, "warp": 1.03, "thread": 1.08, "copy_engine": 1.0}[d.issuer.value]
         t = max(comp_slow, comm_eff * issuer) + min(comp_slow, comm_eff) / chunks \
             + chunks * mc.sync_us * 1e-3 + {"lsa": 0.0, "nvshmem": 0.01, "gin": 0.02}[d.backend.value]
         return t, host, t_comp, t_comm

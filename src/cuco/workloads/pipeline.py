@@ -19,7 +19,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from cuco.design import DesignSpace, Directives, Placement
+from cuco.design import DesignSpace, Directives, Placement, stream_order
 from cuco.design.problem import validated
 from cuco.errors import DirectiveError
 from cuco.runtime.checking import compare
@@ -89,13 +89,15 @@ class PipelineWorkload(Workload):
         return []
 
     def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
-        """Side-stream points: every backend and issuer, :meth:`chunk_choices` and
+        """Side-stream points: every backend, issuer and sync scope the family has
+        (:mod:`cuco.design.stream_order`), :meth:`chunk_choices` and
         :attr:`comm_cta_choices`, filtered by :meth:`supported` (tile fields unused)."""
         self.check_placements(placements or self.placements)
         return DesignSpace(self.problem, rules=lambda values, _p: self.supported(
                                Directives.model_construct(**values)),
                            backend=[b.value for b in self.backends], placement=["side_stream"],
-                           sync_scope=["chunk"], issuer=["thread", "warp", "cta"],
+                           sync_scope=[v.value for v in stream_order.sync_scopes_of(self.family)],
+                           issuer=[v.value for v in stream_order.issuers_of(self.family)],
                            chunk_bytes=sorted(self.chunk_choices()),
                            comm_ctas=list(self.comm_cta_choices), tile_m=[128], tile_n=[128],
                            tile_k=[64], stages=[4], raster_group=[1], comm_warps=[0],
