@@ -25,7 +25,7 @@ def side(**kw) -> Directives:
     (lambda: KVTransfer(2, kv_dim=100), "16-byte"),
     (lambda: MoE(4, experts=6, topk=2), "multiple of 4"),
     (lambda: MoE(2, experts=8, topk=9), "topk=9"),
-    (lambda: CPAttention(2, seq=1000), "multiple of 16"),
+    (lambda: CPAttention(2, seq=1000), "multiple of 512"),
     (lambda: CPAttention(2, head_dim=96), "head_dim"),
 ])
 def test_bad_shapes_are_refused_with_the_fix(make, fix):
@@ -125,12 +125,13 @@ def test_moe_groups_divide_the_local_experts():
     assert wl.groups(side(chunk_bytes=1 << 28)) == 1
 
 
-def test_cp_sources_follow_the_mask():
+def test_cp_sources_follow_the_zigzag_split():
     causal = CPAttention(4, seq=4096, heads=2, causal=True)
     full = CPAttention(4, seq=4096, heads=2, causal=False)
-    assert [causal.sources(r) for r in range(4)] == [[], [0], [1, 0], [2, 1, 0]]
-    assert full.sources(1) == [2, 3, 0]
-    assert causal.kv_len(2) == 3 * 1024 and full.kv_len(0) == 4096
+    # every peer's half 0 (chunk p < 2W-1-r) is seen by rank r: all send, nearest first
+    assert [causal.sources(r) for r in range(4)] == [[3, 2, 1], [0, 3, 2], [1, 0, 3], [2, 1, 0]]
+    assert full.sources(1) == [0, 3, 2]
+    assert causal.chunk == 512 and causal.shard == 1024
 
 
 def test_labels_name_every_size():

@@ -274,8 +274,9 @@ CP_Q_TILE = 128
 
 
 class CPProblem(Problem):
-    """Context-parallel attention: the sequence split over ranks. Defaults: 32k tokens,
-    32 heads of 128, causal."""
+    """Context-parallel attention: the sequence cut into 2 x world_size chunks, rank r holding
+    chunks r and 2W-1-r (a zig-zag split: equal causal work). Defaults: 32k tokens, 32 heads
+    of 128, causal."""
 
     SHAPE: ClassVar[tuple[str, ...]] = ("seq", "heads", "head_dim", "causal")
     workload: Literal["cp_attention"] = "cp_attention"
@@ -288,18 +289,19 @@ class CPProblem(Problem):
     def _dims(self) -> "CPProblem":
         w = self.world_size
         if self.head_dim not in (64, 128):
-            raise ShapeError(f"cp_attention: head_dim={self.head_dim}; flash attention is used "
-                             "for head_dim 64 or 128", param="head_dim", fix=128)
+            raise ShapeError(f"cp_attention: head_dim={self.head_dim}; the attention kernel is "
+                             "built for head_dim 64 or 128", param="head_dim", fix=128)
         if self.dtype == "fp32":
-            raise ShapeError("cp_attention: dtype must be bf16 or fp16 (flash attention)",
+            raise ShapeError("cp_attention: dtype must be bf16 or fp16 (tensor-core attention)",
                              param="dtype", fix="bf16")
-        if self.seq % w or (self.seq // w) % ROW_ALIGN:
-            step = ROW_ALIGN * w
-            raise ShapeError(f"cp_attention: seq={self.seq} is split over {w} ranks into "
-                             f"shards of a multiple of {ROW_ALIGN} tokens; choose seq a multiple "
-                             f"of {step}", param="seq", fix=self.seq - self.seq % step or step)
         if w > MAX_RANKS:
             raise ShapeError(f"cp_attention: world_size={w} > {MAX_RANKS}")
+        step = 2 * w * CP_Q_TILE
+        if self.seq % step:
+            raise ShapeError(f"cp_attention: seq={self.seq} is cut into 2 x {w} zig-zag chunks of "
+                             f"whole {CP_Q_TILE}-token query tiles; choose seq a multiple of "
+                             f"{step} (2 x world_size x {CP_Q_TILE})", param="seq",
+                             fix=self.seq - self.seq % step or step)
         return self
 
     @property

@@ -1,31 +1,39 @@
-"""Context-parallel attention: each rank's queries against every rank's keys and values.
+"""Context-parallel attention: each rank's queries against every rank's keys and values,
+over a load-balanced (zig-zag) split of the sequence.
 
-Rank ``r`` of ``w`` holds tokens ``[r S/w, (r+1) S/w)`` of Q, K and V, laid out
-``[S/w, H, D]`` (bf16). Its output is attention of its queries over all keys it
-may see (all of them; or, causal, its own shard causally and earlier shards fully).
+The sequence is cut into ``2W`` chunks of ``C = S / 2W`` tokens; rank ``r`` holds chunks ``r``
+and ``2W-1-r`` (its halves 0 and 1) of Q, K and V, laid out ``[2C, H, D]`` (bf16). Under a
+causal mask every rank then does the same work. Its output is attention of its queries over
+every key they may see (all of them; causal: every key at or before the query's position).
 
-* host-driven: NCCL all-gather of K and V, then one flash-attention call over the
-  gathered keys (PyTorch's ``scaled_dot_product_attention``, lower-right causal mask);
-* fused (``side_stream``): a persistent kernel pushes this rank's K/V chunks into
-  every rank that needs them (LSA stores / NVSHMEM pointers) and counts arrivals;
-  the compute stream attends to its own shard first, then to each chunk as it
-  arrives (flash attention returning the log-sum-exp), merging partial results.
+* host-driven (``host_nccl``): NCCL all-gather of K and V, then cuco's attention kernel
+  (``cp_attention_core.cu.j2``) over the gathered slots in one pass;
+  ``host_torch_flash``: the same all-gather, K/V put in sequence order, PyTorch's flash
+  attention (one call per half);
+* fused (``side_stream``): a persistent kernel pushes the halves of this rank's K/V that each
+  peer needs, chunk by chunk, counting arrivals; the same attention kernel attends every q
+  tile to the local slot first (state parked), then to each peer's chunks as they arrive,
+  keeping the online softmax in registers and writing the output once.
 
-The attention kernels are PyTorch's (flash attention): this workload needs torch on
-the GPU machines. The reference is computed per head with bf16 products exact in
-fp32 (cuBLAS, fp32 accumulation), softmax in fp32 and the probabilities split into
-two bf16 terms for the product with V (about 16 significant bits).
+The tile walk (which K/V tiles a q tile needs, which are skipped) is defined here and in
+``cuco_cp_attention.cuh`` alike; the CPU tests hold the two to a brute-force mask.
+The reference is computed per head with bf16 products exact in fp32 (cuBLAS, fp32
+accumulation), softmax in fp32 and the probabilities split into two bf16 terms for the
+product with V (about 16 significant bits).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from cuco.design import CPProblem, Directives
-from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN
-from cuco.design.tiles import largest_divisor, sizes_cutting
+from cuco.design.problem import CP_Q_TILE, DTYPE_BYTES
+from cuco.design.tiles import sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
@@ -39,18 +47,126 @@ from cuco.workloads.pipeline import (
     MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check,
 )
 
+#: Query rows per work item and keys per K/V tile of the attention kernel
+#: (``cuco_cp_attention.cuh``: kBr, kBc).
+Q_TILE, KV_TILE = CP_Q_TILE, 64
+#: Threads per CTA of the attention kernel (kWarps x 32).
+ATTN_THREADS = 256
+SKIP, FULL, DIAGONAL = "skip", "full", "diagonal"
+
+
+# ---- the zig-zag split (CPU; mirrored by cuco_cp_attention.cuh) ------------------------------
+def zigzag_chunk(rank: int, half: int, w: int) -> int:
+    """The global chunk (of ``2w``) that half ``half`` of rank ``rank``'s shard holds."""
+    return rank if half == 0 else 2 * w - 1 - rank
+
+
+def token_positions(rank: int, w: int, chunk: int) -> np.ndarray:
+    """Global sequence positions of the ``2 * chunk`` rows of rank ``rank``'s shard."""
+    return np.concatenate([zigzag_chunk(rank, h, w) * chunk + np.arange(chunk) for h in (0, 1)])
+
+
+def pair_kind(qi: int, kj: int, causal: bool) -> str:
+    """What query chunk ``qi`` does with key chunk ``kj``: skip it (masked), attend to all of
+    it, or to its causal part (the diagonal)."""
+    if not causal:
+        return FULL
+    return FULL if kj < qi else DIAGONAL if kj == qi else SKIP
+
+
+def needs_half(src: int, half: int, dst: int, w: int, causal: bool) -> bool:
+    """Does rank ``dst`` attend to any key of half ``half`` of rank ``src``'s shard (is it sent)?"""
+    kj = zigzag_chunk(src, half, w)
+    return any(pair_kind(zigzag_chunk(dst, qh, w), kj, causal) != SKIP for qh in (0, 1))
+
+
+def slot_order(me: int, w: int, phase: str = "all") -> list[int]:
+    """The K/V slots (ranks) a q tile walks, in order: its own, then ``me-1``, ``me-2``, ...
+    (the order the peers' data arrives in). ``phase``: ``all``, ``local`` or ``remote``."""
+    order = [(me - k) % w for k in range(w)]
+    return {"all": order, "local": order[:1], "remote": order[1:]}[phase]
+
+
+@dataclass(frozen=True)
+class KVTile:
+    slot: int      # whose K/V
+    token: int     # first key, relative to that rank's shard
+    masked: bool   # a diagonal tile with keys after some of the tile's queries
+
+
+def kv_tiles(me: int, w: int, chunk: int, row0: int, causal: bool, phase: str = "all") -> list[KVTile]:
+    """The K/V tiles the q tile at shard row ``row0`` of rank ``me`` attends to, in the kernel's
+    order; chunks the mask empties are not listed (never computed, never waited for)."""
+    half = row0 // chunk
+    qi, q0c = zigzag_chunk(me, half, w), row0 - half * chunk
+    out = []
+    for slot in slot_order(me, w, phase):
+        for kh in (0, 1):
+            kind = pair_kind(qi, zigzag_chunk(slot, kh, w), causal)
+            n = chunk // KV_TILE if kind == FULL else (q0c + Q_TILE) // KV_TILE if kind == DIAGONAL else 0
+            out += [KVTile(slot, kh * chunk + t * KV_TILE, kind == DIAGONAL and t * KV_TILE + KV_TILE - 1 > q0c)
+                    for t in range(n)]
+    return out
+
+
+def kernel_constants() -> dict[str, int]:
+    """The tile constants ``cuco_cp_attention.cuh`` is written for (kBr, kBc, kWarps)."""
+    text = (Path(__file__).parents[1] / "kernels" / "include" / "cuco_cp_attention.cuh").read_text()
+    m = re.search(r"kBr = (\d+), kBc = (\d+), kWarps = (\d+)", text)
+    return {"kBr": int(m[1]), "kBc": int(m[2]), "kWarps": int(m[3])}
+
+
+def attention_grid(sms: int, per_sm: int, items: int, reserve_sms: int = 0) -> int:
+    """CTAs of the persistent attention kernel: every resident slot less ``reserve_sms`` whole
+    SMs left to a communication kernel that cannot share an SM with it (CTAs that spin on a
+    flag must never keep the kernel that raises it from starting), at most one per item."""
+    return max(1, min(items, (sms - reserve_sms) * per_sm))
+
+
+def parked_floats(wl_heads: int, head_dim: int, shard: int) -> int:
+    """fp32 values of the state parked between a fused call's two phases, for every item."""
+    items = (shard // Q_TILE) * wl_heads
+    return items * (head_dim // 8 + 1) * ATTN_THREADS * 4
+
 
 def _torch():
     try:
         import torch
     except ImportError:
-        raise EnvironmentProblem("cp_attention runs PyTorch's flash attention on the GPUs: "
-                                 "install torch there (pip install 'cuco[torch]')") from None
+        raise EnvironmentProblem("cp_attention's host_torch_flash baseline runs PyTorch's flash "
+                                 "attention: install torch there (pip install 'cuco[torch]')") from None
     import cupy
     dev = cupy.cuda.Device().id
     if torch.cuda.current_device() != dev:
         torch.cuda.set_device(dev)  # the worker's GPU, not cuda:0
     return torch
+
+
+class AttentionKernel:
+    """``cp_attend`` of a cubin: its shared memory opted in, its persistent grid sized."""
+
+    def __init__(self, function, head_dim: int, dtype: str):
+        import cupy
+        drv = cupy.cuda.driver
+        self.f = function
+        self.smem = (Q_TILE + 4 * KV_TILE) * head_dim * DTYPE_BYTES[dtype]
+        # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 in every CUDA release
+        drv.funcSetAttribute(function.ptr, getattr(drv, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8),
+                             self.smem)
+        occupancy = getattr(drv, "occupancyMaxActiveBlocksPerMultiprocessor", None)
+        self.per_sm = max(1, occupancy(function.ptr, ATTN_THREADS, self.smem)) if occupancy else 1
+        self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def __call__(self, stream, items: int, q, out, slots, *, me: int, world: int, chunk: int,
+                 flags: int = 0, need: int = 0, chunk_rows: int = KV_TILE, n_chunks: int = 1,
+                 scratch=None, reserve_sms: int = 0) -> None:
+        grid = attention_grid(self.sms, self.per_sm, items, reserve_sms)
+        ptr = (lambda x: np.uint64(x if isinstance(x, int) else x.data.ptr))
+        self.f((grid,), (ATTN_THREADS,),
+               (ptr(q), ptr(out), ptr(slots), np.uint64(flags), np.uint64(need), np.int32(chunk_rows),
+                np.int32(n_chunks), np.uint64(0 if scratch is None else scratch.data.ptr),
+                np.int32(me), np.int32(world), np.int32(chunk), np.int32(scratch is not None)),
+               stream=stream, shared_mem=self.smem)
 
 
 @register
@@ -63,12 +179,17 @@ class CPAttention(PipelineWorkload):
     problem: CPProblem
 
     def small_problem(self) -> CPProblem:
-        """256 tokens per rank, 4 heads of the same head dim, the same mask."""
-        return self.problem.model_copy(update={"seq": 256 * self.world_size, "heads": 4})
+        """Two q tiles per chunk (512 tokens per rank), 4 heads of the same head dim, the same mask."""
+        return self.problem.model_copy(update={"seq": 2 * Q_TILE * 2 * self.world_size, "heads": 4})
+
+    @property
+    def chunk(self) -> int:
+        """Tokens per zig-zag chunk (a rank holds two)."""
+        return self.shape.seq // (2 * self.world_size)
 
     @property
     def shard(self) -> int:
-        return self.shape.seq // self.world_size
+        return 2 * self.chunk
 
     @property
     def row_elems(self) -> int:
@@ -78,44 +199,56 @@ class CPAttention(PipelineWorkload):
     def esz(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
+    @property
+    def items(self) -> int:
+        """Work items of the attention kernel: q tiles x heads."""
+        return self.shard // Q_TILE * self.shape.heads
+
     def sources(self, rank: int) -> list[int]:
         """Ranks whose keys ``rank`` attends to besides its own, in the order it uses them."""
-        w = self.world_size
-        if self.shape.causal:
-            return list(range(rank - 1, -1, -1))
-        return [(rank + i) % w for i in range(1, w)]
+        return [p for p in slot_order(rank, self.world_size, "remote")
+                if any(needs_half(p, h, rank, self.world_size, self.shape.causal) for h in (0, 1))]
 
     def chunk_rows(self, d: Directives) -> int:
+        """Tokens per transfer chunk: whole K/V tiles dividing a zig-zag chunk, at most
+        ``chunk_bytes`` of K (a flag guards each)."""
         row_bytes = self.row_elems * self.esz
-        rows = largest_divisor(self.shard, max(1, min(d.chunk_bytes // row_bytes, self.shard)))
-        if rows is None:
-            raise DirectiveError([f"chunk_bytes: a chunk of {d.chunk_bytes} bytes holds fewer than "
-                                  f"{ROW_ALIGN} tokens of {row_bytes} bytes; choose chunk_bytes >= "
-                                  f"{ROW_ALIGN * row_bytes}"])
-        return rows
+        cap = d.chunk_bytes // row_bytes
+        fits = [r for r in range(KV_TILE, self.chunk + 1, KV_TILE) if self.chunk % r == 0 and r <= cap]
+        if not fits:
+            raise DirectiveError([f"chunk_bytes: a transfer chunk of {d.chunk_bytes} bytes holds fewer "
+                                  f"than one K/V tile ({KV_TILE} tokens of {row_bytes} bytes); choose "
+                                  f"chunk_bytes >= {KV_TILE * row_bytes}"])
+        return max(fits)
 
     def layout(self) -> ArenaLayout:
         gathered = self.world_size * 2 * self.shard * self.row_elems * self.esz
         return ArenaLayout.build({"kvg": gathered}, MAX_FLAGS * 8, 0)
 
     def work(self) -> Work:
-        """An average rank (the last causal one does more): its queries against the keys
-        it may see (QK^T and PV), Q/K/V/O through HBM once, the K/V shards it receives."""
+        """One rank (all do the same under the zig-zag split): its queries against the keys
+        they see (QK^T and PV), Q/K/V/O through HBM once, the K/V halves it receives."""
         s, w, shard = self.shape, self.world_size, self.shard
-        keys = (w * shard / 2 if s.causal else s.seq)  # mean keys a query sees, over ranks
-        peers = (w - 1) / 2 if s.causal else w - 1  # mean shards a rank receives
-        shard_bytes = shard * self.row_elems * self.esz
-        return Work(4.0 * shard * keys * self.row_elems, 4 * shard_bytes, 2 * peers * shard_bytes)
+        keys = (s.seq + 1) / 2 if s.causal else s.seq  # mean keys a query sees
+        halves = sum(needs_half(p, h, 0, w, s.causal) for p in range(1, w) for h in (0, 1))
+        half_bytes = self.chunk * self.row_elems * self.esz
+        return Work(4.0 * shard * keys * self.row_elems, 8 * half_bytes, 2 * halves * half_bytes)
 
     def plan(self, d: Directives) -> dict:
-        """Chunks of whole token groups of this rank's shard, a flag per chunk and peer."""
+        """Transfer chunks of whole K/V tiles, a flag per chunk and source rank."""
         rows = self.chunk_rows(d)
         n = self.shard // rows
         flag_plan_check(MAX_RANKS * n + MAX_RANKS, f"{n} chunks per rank")
         return {"n_chunks": n, "chunk_rows": rows}
 
     def chunk_choices(self) -> list[int]:
-        return sizes_cutting(self.shard * self.row_elems * self.esz, (1, 2, 4, 8))
+        return sizes_cutting(self.chunk * self.row_elems * self.esz, (1, 2, 4, 8))
+
+    def core_source(self) -> str:
+        """The attention kernel alone (what the host programs run after their all-gather)."""
+        s = self.shape
+        return render("cp_attention_core.cu.j2", ctype=CTYPES[self.dtype], head_dim=s.head_dim,
+                      heads=s.heads, causal=s.causal)
 
     def render(self, d: Directives) -> KernelSource:
         self.check(d)
@@ -126,18 +259,16 @@ class CPAttention(PipelineWorkload):
                      threads=THREADS, max_ranks=MAX_RANKS, open_slot=OPEN_SLOT,
                      name=d.full_name, **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        return KernelSource(self.kernel_name(d), src, needs, ("comm_kernel", "init_acc", "merge_partial",
-                                               "finish", "wait_flags", "set_peer_flag"))
+        return KernelSource(self.kernel_name(d), src, needs, ("comm_kernel", "cp_attend", "set_peer_flag"))
 
     def grid(self) -> list[Directives]:
-        shard_bytes = self.shard * self.row_elems * self.esz
-        return self.grid_of(sizes_cutting(shard_bytes, (1, 2, 4)),
-                            [("lsa", "warp", 8), ("lsa", "cta", 16), ("lsa", "warp", 32),
-                             ("nvshmem", "cta", 16)])
+        half_bytes = self.chunk * self.row_elems * self.esz
+        return self.grid_of(sizes_cutting(half_bytes, (1, 4, 16)),
+                            [("lsa", "warp", 4), ("lsa", "cta", 8), ("lsa", "warp", 16),
+                             ("nvshmem", "cta", 8)])
 
     def tolerance(self) -> tuple[float, float]:
-        """Flash attention rounds P to the dtype before P @ V and the output once; a
-        merge of partials adds one more rounding of each partial."""
+        """The kernel rounds P to the dtype before P @ V and the output once."""
         eps = EPS[self.dtype]
         return 3 * eps, 3 * eps
 
@@ -151,36 +282,32 @@ class CPAttention(PipelineWorkload):
             out[name] = dtypes.from_float32(rs.standard_normal(n, dtype=cupy.float32), self.dtype)
         return out
 
-    def _t(self, arr, shape):
-        """A torch view of a CuPy storage array in the workload dtype."""
-        torch = _torch()
-        import cupy
-        t = torch.as_tensor(arr.view(cupy.int16), device="cuda")
-        return t.view(torch.bfloat16 if self.dtype == "bf16" else torch.float16).view(*shape)
-
-    def _gather(self, ctx, inputs: Buffers):
-        """K and V of every rank, [S, H, D] each, by NCCL all-gather (exact: no arithmetic)."""
+    def _gather(self, ctx, k, v, kg=None, vg=None):
+        """K and V of every rank (slot r = rank r's shard), by NCCL all-gather (exact)."""
         n = self.shard * self.row_elems
-        kg = dtypes.empty(self.world_size * n, self.dtype)
-        vg = dtypes.empty(self.world_size * n, self.dtype)
-        for src, dst in ((inputs["k"], kg), (inputs["v"], vg)):
+        kg = dtypes.empty(self.world_size * n, self.dtype) if kg is None else kg
+        vg = dtypes.empty(self.world_size * n, self.dtype) if vg is None else vg
+        for src, dst in ((k, kg), (v, vg)):
             ctx.comm.all_gather(int(src.data.ptr), int(dst.data.ptr), n, self.dtype, ctx.stream.ptr)
         return kg, vg
 
-    def kv_len(self, rank: int) -> int:
-        return (rank + 1) * self.shard if self.shape.causal else self.shape.seq
+    def key_positions(self) -> np.ndarray:
+        """Global positions of the gathered keys (slot by slot)."""
+        return np.concatenate([token_positions(p, self.world_size, self.chunk)
+                               for p in range(self.world_size)])
 
     def reference(self, ctx, inputs: Buffers):
-        """fp32-grade attention per head (see the module doc), [S/w, H, D]."""
+        """fp32-grade attention per head (see the module doc), [2C, H, D]."""
         import cupy
-        s, rows, kvl = self.shape, self.shard, self.kv_len(ctx.rank)
-        kg, vg = self._gather(ctx, inputs)
-        ld = self.row_elems
+        s, rows = self.shape, self.shard
+        kg, vg = self._gather(ctx, inputs["k"], inputs["v"])
+        kvl, ld = s.seq, self.row_elems
         scores = cupy.empty((rows, kvl), dtype=cupy.float32)
         out = cupy.empty((rows, s.heads, s.head_dim), dtype=cupy.float32)
-        q0 = ctx.rank * rows
         if s.causal:
-            masked = cupy.arange(kvl)[None, :] > (q0 + cupy.arange(rows))[:, None]
+            qpos = cupy.asarray(token_positions(ctx.rank, self.world_size, self.chunk))
+            masked = cupy.asarray(self.key_positions())[None, :] > qpos[:, None]
+        tmp = cupy.empty((rows, s.head_dim), dtype=cupy.float32)
         for h in range(s.heads):
             off = h * s.head_dim * self.esz
             gemm(int(inputs["q"].data.ptr) + off, int(kg.data.ptr) + off, int(scores.data.ptr),
@@ -194,59 +321,62 @@ class CPAttention(PipelineWorkload):
             scores /= scores.sum(axis=1, keepdims=True)
             hi = dtypes.from_float32(scores, self.dtype)
             lo = dtypes.from_float32(scores - dtypes.to_float32(hi, self.dtype), self.dtype)
-            o = out[:, h, :]
-            tmp = cupy.empty((rows, s.head_dim), dtype=cupy.float32)
             for i, part in enumerate((hi, lo)):
                 gemm(int(part.data.ptr), int(vg.data.ptr) + off, int(tmp.data.ptr), rows,
                      s.head_dim, kvl, self.dtype, ctx.stream, ldb=ld, out_dtype="fp32",
                      accumulate=i == 1)
-            o[...] = tmp
+            out[:, h, :] = tmp
         return out
 
     def output_elems(self) -> int:
         return self.shard * self.row_elems
 
-    def attention(self, q, k, v, causal: bool):
-        """``(o [1, H, Sq, D], lse [1, H, Sq])`` of PyTorch's flash attention."""
-        torch = _torch()
-        res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)
-        return res[0], res[1]
+    # ---- the attention kernel on the GPU ------------------------------------------------------
+    def attention_kernel(self, ctx) -> AttentionKernel:
+        """``cp_attend`` built for this shape (cached per worker), as the host programs run it."""
+        cache = ctx.scratch.setdefault("cp_attend", {})
+        key = self.core_source()
+        if key not in cache:
+            from cuco.kernels import Compiler
+            built = Compiler().compile(key, needs=(), name=f"cp_attend.{self.label.replace('/', '.')}")
+            cache[key] = AttentionKernel(ctx.function(str(built.path), "cp_attend"),
+                                         self.shape.head_dim, self.dtype)
+        return cache[key]
 
-    def _bhsd(self, arr, rows: int):
-        s = self.shape
-        return self._t(arr, (1, rows, s.heads, s.head_dim)).transpose(1, 2)
+    def slots(self, kbases: list[int], vbases: list[int]):
+        """The kernel's slot table: K base of every rank, then V base of every rank."""
+        import cupy
+        return cupy.asarray(np.array([*kbases, *vbases], dtype=np.uint64))
+
+    def gathered_slots(self, kg, vg):
+        step = self.shard * self.row_elems * self.esz
+        w = self.world_size
+        return self.slots([int(kg.data.ptr) + r * step for r in range(w)],
+                          [int(vg.data.ptr) + r * step for r in range(w)])
 
     def host_sequence(self, ctx, inputs: Buffers, out):
-        torch = _torch()
-        s, rows, kvl = self.shape, self.shard, self.kv_len(ctx.rank)
-        n = rows * self.row_elems
+        """NCCL all-gather of K and V, then the attention kernel over every slot in one pass."""
+        attend = self.attention_kernel(ctx)
+        n = self.shard * self.row_elems
         kg = dtypes.empty(self.world_size * n, self.dtype)
         vg = dtypes.empty(self.world_size * n, self.dtype)
-        q = self._bhsd(inputs["q"], rows)
-        kt, vt = self._bhsd(kg, s.seq)[:, :, :kvl], self._bhsd(vg, s.seq)[:, :, :kvl]
-        o_view = self._bhsd(out, rows)
-        stream = torch.cuda.ExternalStream(ctx.stream.ptr)
+        slots = self.gathered_slots(kg, vg)
 
         def run():
-            for src, dst in ((inputs["k"], kg), (inputs["v"], vg)):
-                ctx.comm.all_gather(int(src.data.ptr), int(dst.data.ptr), n, self.dtype,
-                                    ctx.stream.ptr)
-            with torch.cuda.stream(stream):
-                o, _ = self.attention(q, kt, vt, s.causal)
-                o_view.copy_(o)
+            self._gather(ctx, inputs["k"], inputs["v"], kg, vg)
+            attend(ctx.stream, self.items, inputs["q"], out, slots, me=ctx.rank,
+                   world=self.world_size, chunk=self.chunk)
         return run
 
     def compute_only(self, ctx, inputs: Buffers):
-        torch = _torch()
-        s, rows, kvl = self.shape, self.shard, self.kv_len(ctx.rank)
-        kg = dtypes.random(s.seq * self.row_elems, self.dtype, 21 + ctx.rank)
-        q = self._bhsd(inputs["q"], rows)
-        kt = self._bhsd(kg, s.seq)[:, :, :kvl]
-        stream = torch.cuda.ExternalStream(ctx.stream.ptr)
+        attend = self.attention_kernel(ctx)
+        kv = dtypes.random(self.shape.seq * self.row_elems, self.dtype, 21 + ctx.rank)
+        slots = self.gathered_slots(kv, kv)
+        out = dtypes.empty(self.shard * self.row_elems, self.dtype)
 
         def run():
-            with torch.cuda.stream(stream):
-                self.attention(q, kt, kt, s.causal)
+            attend(ctx.stream, self.items, inputs["q"], out, slots, me=ctx.rank,
+                   world=self.world_size, chunk=self.chunk)
         return run
 
     def comm_only(self, ctx, inputs: Buffers):
@@ -260,67 +390,99 @@ class CPAttention(PipelineWorkload):
                                     ctx.stream.ptr)
         return run
 
+    def baselines(self, ctx, inputs: Buffers) -> dict:
+        """``host_torch_flash``: the all-gather, K/V put in sequence order, PyTorch's flash
+        attention per half (what a user of torch writes); absent without torch."""
+        try:
+            _torch()
+        except EnvironmentProblem:
+            return {}
+        out = dtypes.empty(self.output_elems(), self.dtype)
+        return {"host_torch_flash": (self.torch_flash(ctx, inputs, out), out)}
+
+    def _bhsd(self, arr, rows: int):
+        """A torch [1, H, rows, D] view of a CuPy storage array in the workload dtype."""
+        torch = _torch()
+        import cupy
+        s = self.shape
+        t = torch.as_tensor(arr.view(cupy.int16), device="cuda")
+        t = t.view(torch.bfloat16 if self.dtype == "bf16" else torch.float16)
+        return t.view(1, rows, s.heads, s.head_dim).transpose(1, 2)
+
+    def torch_flash(self, ctx, inputs: Buffers, out):
+        torch = _torch()
+        s, w, c = self.shape, self.world_size, self.chunk
+        n = self.shard * self.row_elems
+        kg = dtypes.empty(w * n, self.dtype)
+        vg = dtypes.empty(w * n, self.dtype)
+        # gathered token index of every global position: sequence order
+        order = torch.as_tensor(np.argsort(self.key_positions()), device="cuda")
+        kt, vt = self._bhsd(kg, s.seq), self._bhsd(vg, s.seq)
+        q, o = self._bhsd(inputs["q"], self.shard), self._bhsd(out, self.shard)
+        stream = torch.cuda.ExternalStream(ctx.stream.ptr)
+        fa = torch.ops.aten._scaled_dot_product_flash_attention
+
+        def run():
+            self._gather(ctx, inputs["k"], inputs["v"], kg, vg)
+            with torch.cuda.stream(stream):
+                if not s.causal:  # every key, in any order
+                    o.copy_(fa(q, kt, vt, 0.0, False, False)[0])
+                    return
+                ks, vs = kt.index_select(2, order), vt.index_select(2, order)
+                for half in (0, 1):
+                    end = (zigzag_chunk(ctx.rank, half, w) + 1) * c  # keys up to the chunk's end
+                    rows = slice(half * c, (half + 1) * c)
+                    o[:, :, rows].copy_(fa(q[:, :, rows], ks[:, :, :end], vs[:, :, :end], 0.0, True,
+                                           False)[0])
+        return run
+
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
         return CPRunner(ctx, self, d, binary, arena, inputs, out)
 
 
 class CPRunner:
-    """Comm kernel pushes K/V chunks; the compute stream attends to each as it arrives."""
+    """The comm kernel pushes K/V chunks on a side stream; the attention kernel attends to the
+    local slot, then to each peer's chunks as their flags say they arrived."""
 
     stress_us = 0.0
 
     def __init__(self, ctx, wl: CPAttention, d: Directives, cubin: str, arena, inputs: Buffers,
                  out):
         import cupy
-        torch = _torch()
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.output = out
         self.layout = wl.layout()
         self.rows = wl.chunk_rows(d)
         self.n = wl.shard // self.rows
-        self.per_call = d.comm_ctas  # arrival adds per chunk per call (one per CTA)
-        f = {name: ctx.function(cubin, name) for name in
-             ("comm_kernel", "init_acc", "merge_partial", "finish", "wait_flags", "set_peer_flag")}
-        self.f = f
+        self.f = {name: ctx.function(cubin, name) for name in ("comm_kernel", "set_peer_flag")}
+        self.attend = AttentionKernel(ctx.function(cubin, "cp_attend"), wl.shape.head_dim, wl.dtype)
         self.comm_stream = ctx.scratch.setdefault("side_streams", {}).setdefault(
             "comm", cupy.cuda.Stream(non_blocking=True))
-        self.tstream = torch.cuda.ExternalStream(ctx.stream.ptr)
-        s, shard = wl.shape, wl.shard
-        self.q = wl._bhsd(inputs["q"], shard)
-        self.k = wl._bhsd(inputs["k"], shard)
-        self.v = wl._bhsd(inputs["v"], shard)
-        n = shard * wl.row_elems
-        kvg = arena_view(arena, self.layout.data["kvg"], wl.world_size * 2 * n, wl.dtype)
-        self.blocks = {}
-        for src in wl.sources(ctx.rank):
-            kb = wl._bhsd(kvg[2 * src * n:(2 * src + 1) * n], shard)
-            vb = wl._bhsd(kvg[(2 * src + 1) * n:(2 * src + 2) * n], shard)
-            self.blocks[src] = [(kb[:, :, c * self.rows:(c + 1) * self.rows],
-                                 vb[:, :, c * self.rows:(c + 1) * self.rows]) for c in range(self.n)]
-        self.acc_o = cupy.empty(n, dtype=cupy.float32)
-        self.acc_lse = cupy.empty(s.heads * shard, dtype=cupy.float32)
-        self.start = cupy.cuda.Event(disable_timing=True)
+        w, me = wl.world_size, ctx.rank
+        step = wl.shard * wl.row_elems * wl.esz
+        kvg = arena.ptr + self.layout.data["kvg"]
+        self.slots = wl.slots([int(inputs["k"].data.ptr) if p == me else kvg + 2 * p * step for p in range(w)],
+                              [int(inputs["v"].data.ptr) if p == me else kvg + (2 * p + 1) * step
+                               for p in range(w)])
+        self.scratch = cupy.empty(parked_floats(wl.shape.heads, wl.shape.head_dim, wl.shard),
+                                  dtype=cupy.float32)
         self.done = cupy.cuda.Event(disable_timing=True)
-        # every attention shape and kernel once, alone: no first launch beside a spinning kernel
-        with torch.cuda.stream(self.tstream):
-            o, lse = wl.attention(self.q, self.k, self.v, s.causal)
-            self._fold(f["init_acc"], o, lse)
-            if self.blocks:
-                kb, vb = next(iter(self.blocks.values()))[0]
-                o, lse = wl.attention(self.q, kb, vb, False)
-                self._fold(f["merge_partial"], o, lse)
-        spin(ctx.stream, 0.0)
+        self.start = cupy.cuda.Event(disable_timing=True)
+        # the attention kernel once alone (no flags: it reads whatever the slots hold), so its
+        # module is never first loaded beside a spinning kernel
+        junk = dtypes.empty(wl.output_elems(), wl.dtype)
+        self._attend(junk, flags=0)
         ctx.stream.synchronize()
 
-    def _fold(self, fn, o, lse) -> None:
-        rows = self.wl.shard
-        fn((264,), (256,), (self.acc_o, self.acc_lse, np.uint64(o.data_ptr()),
-                            np.uint64(lse.data_ptr()), np.int64(o.stride(1)), np.int64(o.stride(2)),
-                            np.int64(lse.stride(1)), np.int32(rows)), stream=self.ctx.stream)
+    def _attend(self, out, flags: int) -> None:
+        wl = self.wl
+        self.attend(self.ctx.stream, wl.items, self.inputs["q"], out, self.slots, me=self.ctx.rank,
+                    world=wl.world_size, chunk=wl.chunk, flags=flags, need=self.d.comm_ctas,
+                    chunk_rows=self.rows, n_chunks=self.n, scratch=self.scratch,
+                    reserve_sms=self.d.comm_ctas)
 
     def __call__(self) -> None:
         import cupy
-        torch = _torch()
         ctx, a, wl, s, cs = self.ctx, self.arena, self.wl, self.ctx.stream, self.comm_stream
         a.epoch += 1
         e = np.uint64(a.epoch)
@@ -335,21 +497,11 @@ class CPRunner:
                                         stream=s)
         self.start.record(s)
         cs.wait_event(self.start)
+        if self.stress_us:  # checked calls: the transfers start late, so a missing wait reads poison
+            spin(cs, self.stress_us)
         self.f["comm_kernel"]((self.d.comm_ctas,), (THREADS,),
                               (*a.args(ctx), self.inputs["k"], self.inputs["v"],
                                np.uint64(self.layout.data["kvg"]), flags, e), stream=cs)
-        with torch.cuda.stream(self.tstream):
-            o, lse = wl.attention(self.q, self.k, self.v, wl.shape.causal)
-            self._fold(self.f["init_acc"], o, lse)
-            for src, chunks in self.blocks.items():
-                for c, (kb, vb) in enumerate(chunks):
-                    if self.stress_us:
-                        spin(s, self.stress_us)
-                    self.f["wait_flags"]((1,), (32,), (*a.args(ctx), flags,
-                                                       np.int32(src * self.n + c), np.int32(1),
-                                                       np.uint64(self.per_call)), stream=s)
-                    o, lse = wl.attention(self.q, kb, vb, False)
-                    self._fold(self.f["merge_partial"], o, lse)
-        self.f["finish"]((264,), (256,), (self.acc_o, self.output, np.int32(wl.shard)), stream=s)
+        self._attend(self.output, flags=a.ptr + self.layout.flags)
         self.done.record(cs)
         s.wait_event(self.done)
