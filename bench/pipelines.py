@@ -5,8 +5,8 @@
     python bench/pipelines.py --small               # small configs (a quick check)
 
 Configs: MoE DeepSeek-V3-like (256 experts, top-8, hidden 7168, FFN 2048) at 128
-(decode-like) and 4096 (prefill-like) tokens per rank; KV transfer of 32 layers x
-4096 tokens x 2048 (8 KV heads of 128, K and V) with hidden 8192; context-parallel
+(decode-like) and 4096 (prefill-like) tokens per rank; KV transfer of 4 Llama-3-70B-like
+layers (hidden 8192, 64 heads of 128, 8 KV heads, FFN 28672) over 4096 tokens; context-parallel
 attention over 32k tokens, 32 heads of 128, causal and not. Without enough GPUs it
 compiles every variant and says so.
 """
@@ -26,7 +26,8 @@ from cuco.errors import run_script
 def configs(w: int, small: bool) -> dict:
     if small:
         return {"moe": [MoE(w, tokens=256, hidden=1024, ffn=512, experts=16, topk=4)],
-                "kv_transfer": [KVTransfer(w, layers=4, tokens=1024, hidden=2048, kv_dim=512)],
+                "kv_transfer": [KVTransfer(w, layers=4, tokens=1024, hidden=2048, kv_dim=512,
+                                           heads=16, head_dim=128, ffn=5632)],
                 "cp_attention": [CPAttention(w, seq=4096, heads=8, causal=c) for c in (True, False)]}
     return {"moe": [MoE(w, tokens=t) for t in (128, 4096)],
             "kv_transfer": [KVTransfer(w)],

@@ -16,7 +16,8 @@ def _workloads():
     from cuco.workloads.kv_transfer import KVTransfer
     from cuco.workloads.moe import MoE
     return {
-        "kv": KVTransfer(2, layers=3, tokens=512, hidden=1024, kv_dim=256),
+        "kv": KVTransfer(2, layers=3, tokens=512, hidden=1024, kv_dim=256, heads=8, head_dim=64,
+                         ffn=2048),
         "moe": MoE(2, tokens=96, hidden=512, ffn=256, experts=8, topk=3),
         "moe_one_expert": MoE(2, tokens=96, hidden=512, ffn=256, experts=8, topk=3,
                               routing="one_expert"),
@@ -34,6 +35,13 @@ def grid(wl) -> list[Directives]:
             for chunk in (16 << 10, 256 << 10):
                 out.append(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                       issuer=issuer, chunk_bytes=chunk, comm_ctas=3))
+    if wl.family == "kv_transfer":  # a kernel per chunk and the copy engine
+        for backend in ("lsa", "nvshmem"):
+            for issuer, ctas in (("thread", 2), ("warp", 3), ("cta", 3), ("copy_engine", 1)):
+                for chunk in (16 << 10, 256 << 10):
+                    out.append(Directives(backend=backend, placement="side_stream",
+                                          sync_scope="stream", issuer=issuer, chunk_bytes=chunk,
+                                          comm_ctas=ctas))
     return out
 
 
@@ -69,6 +77,25 @@ def test_a_variant_that_skips_its_flag_wait_is_caught(gpu_group):
     racy = src.source.replace("wait_flag(a, flag_off + (kReady + c) * 8, epoch);", "")
     assert racy != src.source
     built = Compiler().compile(racy, needs=src.needs, name="kv_racy")
+    res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
+                             time=False), timeout=150)
+    assert res.ok, res.error_text()
+    assert not merge_ranks(res.results)["racy"]["correct"]
+
+
+def test_a_decode_rank_that_skips_its_flag_wait_is_caught(gpu_group):
+    """The copy-engine variant whose decode rank ends its call without waiting for the
+    chunks' flags returns a cache still holding NaN poison (later layers are in flight)."""
+    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.workloads import Case, VariantSpec
+
+    wl = _workloads()["kv"]
+    d = Directives(backend="lsa", placement="side_stream", sync_scope="stream",
+                   issuer="copy_engine", chunk_bytes=64 << 10, comm_ctas=1)
+    src = wl.render(d)
+    racy = src.source.replace("flag_wait_ge(a, flag_off + (size_t)(first + i) * 8, v);", "")
+    assert racy != src.source
+    built = Compiler().compile(racy, needs=src.needs, name="kv_racy_decode")
     res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
                              time=False), timeout=150)
     assert res.ok, res.error_text()
