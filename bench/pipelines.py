@@ -7,7 +7,8 @@
 Configs: MoE DeepSeek-V3-like (256 experts, top-8, hidden 7168, FFN 2048) at 128
 (decode-like) and 4096 (prefill-like) tokens per rank; KV transfer of 4 Llama-3-70B-like
 layers (hidden 8192, 64 heads of 128, 8 KV heads, FFN 28672) over 4096 tokens; context-parallel
-attention over 32k tokens, 32 heads of 128, causal and not. Without enough GPUs it
+attention (zig-zag split) over 32k tokens, 32 heads of 128, causal and not, and causal at
+16k and 8k tokens with 64 or 32 heads of 64 (communication share >= 10 %). Without enough GPUs it
 compiles every variant and says so.
 """
 
@@ -29,9 +30,14 @@ def configs(w: int, small: bool) -> dict:
                 "kv_transfer": [KVTransfer(w, layers=4, tokens=1024, hidden=2048, kv_dim=512,
                                            heads=16, head_dim=128, ffn=5632)],
                 "cp_attention": [CPAttention(w, seq=4096, heads=8, causal=c) for c in (True, False)]}
+    # context-parallel attention: the 32k shapes, and shorter sequences with more, smaller
+    # heads, where the host program's communication share is >= 10 %
     return {"moe": [MoE(w, tokens=t) for t in (128, 4096)],
             "kv_transfer": [KVTransfer(w)],
-            "cp_attention": [CPAttention(w, causal=c) for c in (True, False)]}
+            "cp_attention": [CPAttention(w, causal=c) for c in (True, False)] +
+                            [CPAttention(w, seq=16384, heads=64, head_dim=64),
+                             CPAttention(w, seq=8192, heads=64, head_dim=64),
+                             CPAttention(w, seq=8192, heads=32, head_dim=64)]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,9 +30,11 @@ def _workloads():
 
 def grid(wl) -> list[Directives]:
     out = []
+    # a CP transfer chunk holds whole 64-token K/V tiles (64 KiB at 4 heads of 128)
+    chunks = (64 << 10, 256 << 10) if wl.family == "cp_attention" else (16 << 10, 256 << 10)
     for backend in ("lsa", "nvshmem"):
         for issuer in ("thread", "warp", "cta"):
-            for chunk in (16 << 10, 256 << 10):
+            for chunk in chunks:
                 out.append(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                       issuer=issuer, chunk_bytes=chunk, comm_ctas=3))
     if wl.family == "kv_transfer":  # a kernel per chunk and the copy engine
@@ -96,6 +98,26 @@ def test_a_decode_rank_that_skips_its_flag_wait_is_caught(gpu_group):
     racy = src.source.replace("flag_wait_ge(a, flag_off + (size_t)(first + i) * 8, v);", "")
     assert racy != src.source
     built = Compiler().compile(racy, needs=src.needs, name="kv_racy_decode")
+    res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
+                             time=False), timeout=150)
+    assert res.ok, res.error_text()
+    assert not merge_ranks(res.results)["racy"]["correct"]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_cp_variant_that_skips_its_flag_wait_is_caught(gpu_group, causal):
+    """The attention kernel reading peers' slots without waiting on their chunks' flags (the
+    transfers start late in checked calls) reads the arena's poison."""
+    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.workloads import Case, VariantSpec
+
+    wl = _workloads()["cp_causal" if causal else "cp_full"]
+    d = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="cta",
+                   chunk_bytes=64 << 10, comm_ctas=3)
+    src = wl.render(d)
+    racy = src.source.replace("Args<AttnT> args{q, out, slots, flags,", "Args<AttnT> args{q, out, slots, nullptr,")
+    assert racy != src.source
+    built = Compiler().compile(racy, needs=src.needs, name="cp_racy")
     res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
                              time=False), timeout=150)
     assert res.ok, res.error_text()

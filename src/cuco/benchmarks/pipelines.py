@@ -5,7 +5,8 @@ communication alone, any extra baselines the workload names (e.g. the host progr
 overlapped by hand) and every fused variant of its directive grid — all checked
 against the fp32 reference, then timed interleaved in one job.
 ``bound = max(t_compute, t_comm)``, ``speedup = t_host / t``, ``overlap_eff = bound / t``;
-KV-transfer rows add ``hidden_fraction = 1 - max(0, t - t_compute) / t_comm``.
+KV-transfer and CP-attention rows add ``hidden_fraction = 1 - max(0, t - t_compute) / t_comm``;
+every row has ``comm_share = t_comm / t_host`` (the communication's share of the host program).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class PipelineBench:
                    "correct": m.get("correct"), "bad_elements": m.get("bad_elements"),
                    "rel_l2_error": m.get("rel_l2_error"), "backend": name.split(".")[0],
                    "suspect": name not in BASELINES and m["ms"] < 0.98 * bound}
-            if wl.family == "kv_transfer":
+            row["comm_share"] = round(t_comm / host, 4)  # of the host program
+            if wl.family in ("kv_transfer", "cp_attention"):
                 row["hidden_fraction"] = round(1 - max(0.0, m["ms"] - t_comp) / t_comm, 4)
             out.append(row)
         return out
@@ -100,8 +102,9 @@ class PipelineBench:
                 best[r["case"]] = r
         out = {}
         for case, r in best.items():
-            out[case] = {k: r.get(k) for k in ("variant", "ms", "baseline_ms", "bound_ms", "speedup",
-                                               "overlap_eff", "hidden_fraction") if k in r}
+            out[case] = {k: r.get(k) for k in ("variant", "ms", "baseline", "baseline_ms", "bound_ms",
+                                               "speedup", "overlap_eff", "hidden_fraction",
+                                               "comm_share") if k in r}
             out[case]["other_baselines_ms"] = extra.get(case, {})
         return out
 
