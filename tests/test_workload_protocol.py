@@ -43,7 +43,7 @@ def test_every_workload_has_a_typed_problem_that_round_trips():
     ("moe", "experts=9", "experts", 8),            # experts split over 2 ranks
     ("moe", "topk=300", "topk", 256),
     ("kv_transfer", "tokens=100", "tokens", 96),    # whole groups of 8 rows
-    ("cp_attention", "seq=1000", "seq", 992),       # shards of a multiple of 8 tokens
+    ("cp_attention", "seq=1000", "seq", 512),       # 2 x 2 zig-zag chunks of whole 128-row q tiles
     ("cp_attention", "head_dim=96", "head_dim", 128),
     ("gemm_reducescatter", "1000x1026x1024", "m", 999),  # rows scattered over 3 ranks
 ])
