@@ -55,6 +55,19 @@ def swiglu(h, act, rows: int, ffn: int) -> None:
         _kernel("swiglu")(h, np.int64(ffn), act[:rows * ffn])
 
 
+def all_to_all(wl, ctx, src, dst, send_rows: list[int], recv_rows: list[int]) -> None:
+    """Rows ``send_rows[o]`` of ``src`` to rank o, ``recv_rows[o]`` from it into ``dst`` (NCCL)."""
+    H, esz, st = wl.shape.hidden, DTYPE_BYTES[wl.dtype], ctx.stream.ptr
+    so = ro = 0
+    with ctx.comm.group():
+        for o in range(wl.world_size):
+            if send_rows[o]:
+                ctx.comm.send(int(src.data.ptr) + so * H * esz, send_rows[o] * H, wl.dtype, o, st)
+            if recv_rows[o]:
+                ctx.comm.recv(int(dst.data.ptr) + ro * H * esz, recv_rows[o] * H, wl.dtype, o, st)
+            so, ro = so + send_rows[o], ro + recv_rows[o]
+
+
 class HostMoE:
     """One host program on one input set of one rank: ``HostMoE(wl, ctx, inputs, out, gemm)()``."""
 
@@ -99,19 +112,6 @@ class HostMoE:
         C = cupy.asnumpy(self.cmat, stream=ctx.stream)  # NCCL's sizes come from the host
         ctx.stream.synchronize()
         return order, C
-
-    def all_to_all(self, src, dst, send_rows: list[int], recv_rows: list[int]) -> None:
-        """Rows ``send_rows[o]`` of ``src`` to rank o, ``recv_rows[o]`` from it into ``dst``."""
-        wl, ctx = self.wl, self.ctx
-        H, esz, st = wl.shape.hidden, DTYPE_BYTES[wl.dtype], ctx.stream.ptr
-        so = ro = 0
-        with ctx.comm.group():
-            for o in range(wl.world_size):
-                if send_rows[o]:
-                    ctx.comm.send(int(src.data.ptr) + so * H * esz, send_rows[o] * H, wl.dtype, o, st)
-                if recv_rows[o]:
-                    ctx.comm.recv(int(dst.data.ptr) + ro * H * esz, recv_rows[o] * H, wl.dtype, o, st)
-                so, ro = so + send_rows[o], ro + recv_rows[o]
 
     def expert_ffn(self, C: np.ndarray) -> None:
         """``y = FFN(recv)`` of every received segment ([source][expert] order kept)."""
@@ -200,9 +200,9 @@ class HostMoE:
         self.send.reshape(wl.pairs, H)[...] = self.inputs["x"][order // K]
         to_owner = [int(C[me, o * el:(o + 1) * el].sum()) for o in range(wl.world_size)]
         from_src = [int(C[o, me * el:(me + 1) * el].sum()) for o in range(wl.world_size)]
-        self.all_to_all(self.send, self.recv, to_owner, from_src)
+        all_to_all(wl, self.ctx, self.send, self.recv, to_owner, from_src)
         self.expert_ffn(C)
-        self.all_to_all(self.y, self.ret, from_src, to_owner)
+        all_to_all(wl, self.ctx, self.y, self.ret, from_src, to_owner)
         self.weighted_sum(order)
 
     def weighted_sum(self, order) -> None:
@@ -278,14 +278,12 @@ def comm_only(wl, ctx, inputs) -> Callable[[], None]:
     ctx.comm.all_gather(int(counts.data.ptr), int(cmat.data.ptr), s.experts, "fp32", ctx.stream.ptr)
     C = cupy.asnumpy(cmat, stream=ctx.stream)
     me = ctx.rank
-    prog = HostMoE.__new__(HostMoE)
-    prog.wl, prog.ctx = wl, ctx
     send = dtypes.random(wl.pairs * H, wl.dtype, 51 + me)
     recv = dtypes.empty(wl.max_recv_rows * H, wl.dtype)
     to_owner = [int(C[me, o * el:(o + 1) * el].sum()) for o in range(W)]
     from_src = [int(C[o, me * el:(me + 1) * el].sum()) for o in range(W)]
 
     def run():
-        prog.all_to_all(send, recv, to_owner, from_src)
-        prog.all_to_all(recv, send, from_src, to_owner)
+        all_to_all(wl, ctx, send, recv, to_owner, from_src)
+        all_to_all(wl, ctx, recv, send, from_src, to_owner)
     return run
