@@ -8,7 +8,7 @@ from cuco.benchmarks.tp_workloads import SHAPES, grid
 from cuco.design import Directives, GemmProblem
 from cuco.errors import DirectiveError
 from cuco.kernels import evolve
-from cuco.kernels.tp import IN_KERNEL, in_kernel, render_tp
+from cuco.kernels.tp import IN_KERNEL, in_kernel, local_gemm, render_tp
 
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 
@@ -33,14 +33,21 @@ def test_benchmark_points_render_one_kernel_with_cutlass(family):
                 assert f"constexpr int kCommCtas = {d.comm_ctas};" in src.source
 
 
-def test_world_size_and_shape_reach_the_kernel():
+def test_world_size_reaches_the_kernel_and_the_shape_is_a_launch_argument():
     p = GemmProblem(workload="gemm_reducescatter", m=4096, n=2048, k=8192, world_size=4)
     src, _ = render_tp(p, in_kernel("epilogue"))
     assert "constexpr int kW = 4;" in src.source
-    assert "constexpr int kM = 4096, kN = 2048, kK = 2048;" in src.source  # K split over 4 ranks
+    assert local_gemm(p) == (4096, 2048, 2048)  # K split over 4 ranks: what the runner passes
     ag = GemmProblem(workload="allgather_gemm", m=4096, n=2048, k=8192, world_size=8)
-    src, _ = render_tp(ag, in_kernel("dedicated_ctas", comm_ctas=8))
-    assert "constexpr int kM = 4096, kN = 256, kK = 8192;" in src.source  # N split over 8 ranks
+    assert local_gemm(ag) == (4096, 256, 8192)  # N split over 8 ranks
+    # every shape of one configuration renders the same source: one build serves them all
+    for family, shapes in (("gemm_reducescatter", [(4096, 2048, 8192), (1024, 512, 4096)]),
+                           ("allgather_gemm", [(4096, 2048, 8192), (2048, 8192, 1024)])):
+        d = in_kernel("dedicated_ctas", comm_ctas=8)
+        sources = {render_tp(GemmProblem(workload=family, m=m, n=n, k=k, world_size=8), d)[0].source
+                   for m, n, k in shapes}
+        assert len(sources) == 1
+        assert "cuco_fused_launch(int device, void* stream, int grid, int m, int n, int k," in sources.pop()
 
 
 @pytest.mark.parametrize("change,field,fix", [
@@ -90,13 +97,15 @@ def test_a_block_of_rows_that_does_not_tile_is_refused():
 
 HARNESS = """
 #include <cstdio>
-constexpr int kW = {{ w }}, kBlockMT = {{ bmt }}, kNT = {{ nt }}, kBlockTiles = kBlockMT * kNT;
+constexpr int kW = {{ w }};
+struct Dims { int block_mt, nt, block_tiles, group_m; };
 {% include "_raster.cu.j2" %}
 int main() {
+  const Dims s{ {{ bmt }}, {{ nt }}, {{ bmt }} * {{ nt }}, {{ group }} < {{ bmt }} ? {{ group }} : {{ bmt }} };
   for (int me = 0; me < kW; ++me)
-    for (int i = 0; i < kW * kBlockTiles; ++i) {
+    for (int i = 0; i < kW * s.block_tiles; ++i) {
       int blk, mt, nt;
-      tile_of(i, me, blk, mt, nt);
+      tile_of(s, i, me, blk, mt, nt);
       std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
     }
 }
@@ -113,7 +122,7 @@ def test_tile_order_is_a_bijection_in_block_order(tmp_path, workload, w, bmt, nt
     from cuco.kernels import toolchain
     from cuco.kernels.render import environment
     src = environment().from_string(HARNESS).render(w=w, bmt=bmt, nt=nt, workload=workload,
-                                                    raster_group=group)
+                                                    group=group)
     (tmp_path / "order.cu").write_text(src)
     subprocess.run([str(toolchain.find_nvcc()), "-std=c++17", str(tmp_path / "order.cu"), "-o",
                     str(tmp_path / "order")], check=True, capture_output=True)

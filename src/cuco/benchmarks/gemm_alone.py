@@ -249,7 +249,7 @@ def _launcher(path: str, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
     calls_off = (gathered.size - CALL_STATE_ELEMS) * gathered.itemsize
 
     def call() -> None:
-        rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, a16.data.ptr,
+        rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, *c.shape, a16.shape[1], a16.data.ptr,
                                    b16.data.ptr, c.data.ptr, None, None, peers, 0, 0, 0, 0, 0, calls_off)
         if rc:
             raise RuntimeError(f"{path}: launch failed (CUDA error {rc})")

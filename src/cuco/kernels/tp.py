@@ -127,9 +127,12 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
 
 def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = False) -> dict[str, Any]:
     """What ``tp_fused.cu.j2`` is rendered with for the in-kernel point ``d`` (one that
-    :func:`supported` accepts); ``bench/compile_speed.py`` renders the template of an
-    earlier commit with it, to compare builds before and after a change."""
-    m, n, k = local_gemm(problem)
+    :func:`supported` accepts): no shape, which each launch passes (:func:`local_gemm`), so
+    every shape of one workload, pattern, dtype and world size renders the same source and
+    builds once. ``bench/compile_speed.py`` and ``bench/kernel_identity.py`` render the
+    template of an earlier commit with it, to compare builds before and after a change
+    (hence ``m``, ``n``, ``k``, which templates before that took)."""
+    m, n, k = local_gemm(problem)  # read only by templates before the shape became an argument
     return dict(workload=problem.workload, placement=d.placement.value, backend=d.backend.value,
                 issuer=d.issuer.value, ctype=CTYPES[problem.dtype], cutlass_type=CUTLASS_TYPES[problem.dtype],
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,

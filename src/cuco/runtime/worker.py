@@ -86,10 +86,13 @@ class WorkerContext:
 
 def load_launcher(path: str | Path, device: int):
     """A fused kernel's shared object (:func:`cuco.kernels.compiler.is_launcher`) as a ctypes
-    library with ``cuco_fused_launch``'s signature declared, its module loaded on ``device``."""
+    library with ``cuco_fused_launch``'s signature declared, its module loaded on ``device``:
+    ``(device, stream, grid, m, n, k, x, w, out, a0, a1, peers, rank, data_off, stage_off,
+    out_off, flag_off, calls_off)``, this rank's GEMM being ``m x n x k``."""
     import ctypes as c
     lib = c.CDLL(str(path))
-    lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p,
+    lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int,
+                                      c.c_void_p, c.c_void_p, c.c_void_p,
                                       c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
                                       *([c.c_ulonglong] * 5)]
     lib.cuco_fused_launch.restype = c.c_int

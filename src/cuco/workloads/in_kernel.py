@@ -14,6 +14,7 @@ import ctypes
 from typing import TYPE_CHECKING
 
 from cuco.design import Directives
+from cuco.kernels.tp import local_gemm
 from cuco.runtime.arena import Arena, ArenaLayout, arena_view
 from cuco.workloads.base import Buffers
 from cuco.workloads.side_stream import SideStreamRunner
@@ -52,6 +53,7 @@ class InKernelRunner:
         self.grid = sm_count()  # persistent: one CTA per SM (the tile buffers fill its smem)
         if d.placement.own_comm_ctas and d.comm_ctas >= self.grid:
             raise ValueError(f"comm_ctas={d.comm_ctas} leaves no SM of {self.grid} for the GEMM")
+        self.gemm = local_gemm(wl.problem)  # this rank's m, n, k: the build takes any that tiles
         self.inputs, self.out = inputs, out
         if self.pattern == "gemm_allreduce":
             rows, cols = wl.output_shape()
@@ -75,7 +77,8 @@ class InKernelRunner:
         ctx = self.ctx
         # AllReduce writes its result into the arena: no `out` needed
         rc = self.lib.cuco_fused_launch(
-            ctx.device, ctx.stream.ptr, self.grid, int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr),
+            ctx.device, ctx.stream.ptr, self.grid, *self.gemm,
+            int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr),
             0 if self.out is None else int(self.out.data.ptr), self.a0, self.a1, self.bases, ctx.rank, *self.offsets)
         if rc != 0:
             raise RuntimeError(f"fused kernel launch failed with CUDA error {rc}")
