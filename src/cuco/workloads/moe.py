@@ -315,8 +315,9 @@ class MoERunner:
         self.dest, self.order = cupy.empty(wl.pairs, i32), cupy.empty(wl.pairs, i32)
         self.send_start = cupy.empty(s.experts + 1, i32)
         self.local_start = cupy.empty(el + 1, i32)
-        self.h = dtypes.empty(rows * 2 * s.ffn, wl.dtype)
-        self.act = dtypes.empty(rows * s.ffn, wl.dtype)
+        key = (wl.label, str(cubin))  # one variant's runners (one per input set) share these
+        self.h = moe_host.scratch(ctx, (*key, "h"), rows * 2 * s.ffn, wl.dtype)
+        self.act = moe_host.scratch(ctx, (*key, "act"), rows * s.ffn, wl.dtype)
         lib, sms = load(ctx), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         self.gu = GroupedGemm(lib, ctx.device, el, 2 * s.ffn, s.hidden, sms)
         self.dn = GroupedGemm(lib, ctx.device, el, s.hidden, s.ffn, sms)

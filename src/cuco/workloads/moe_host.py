@@ -55,6 +55,16 @@ def swiglu(h, act, rows: int, ffn: int) -> None:
         _kernel("swiglu")(h, np.int64(ffn), act[:rows * ffn])
 
 
+def scratch(ctx, key: tuple, n: int, dtype: str):
+    """A buffer of ``n`` elements kept in the worker under ``key``: one program's input sets
+    run one after another on one stream, so they share its working buffers."""
+    cache = ctx.scratch.setdefault("moe_scratch", {})
+    b = cache.get(key)
+    if b is None or b.size != n:
+        b = cache[key] = dtypes.empty(n, dtype)
+    return b
+
+
 def all_to_all(wl, ctx, src, dst, send_rows: list[int], recv_rows: list[int]) -> None:
     """Rows ``send_rows[o]`` of ``src`` to rank o, ``recv_rows[o]`` from it into ``dst`` (NCCL)."""
     H, esz, st = wl.shape.hidden, DTYPE_BYTES[wl.dtype], ctx.stream.ptr
@@ -76,12 +86,13 @@ class HostMoE:
         self.wl, self.ctx, self.inputs, self.out, self.ffn = wl, ctx, inputs, out, ffn
         s = wl.shape
         rows = wl.max_recv_rows
-        self.send = dtypes.empty(wl.pairs * s.hidden, wl.dtype)
-        self.recv = dtypes.empty(rows * s.hidden, wl.dtype)   # [source][expert], as NCCL delivers
-        self.h = dtypes.empty(rows * 2 * s.ffn, wl.dtype)
-        self.act = dtypes.empty(rows * s.ffn, wl.dtype)
-        self.y = dtypes.empty(rows * s.hidden, wl.dtype)      # same layout as recv
-        self.ret = dtypes.empty(wl.pairs * s.hidden, wl.dtype)
+        buf = lambda name, n: scratch(ctx, (wl.label, ffn, name), n, wl.dtype)  # noqa: E731
+        self.send = buf("send", wl.pairs * s.hidden)
+        self.recv = buf("recv", rows * s.hidden)    # [source][expert], as NCCL delivers
+        self.h = buf("h", rows * 2 * s.ffn)
+        self.act = buf("act", rows * s.ffn)
+        self.y = buf("y", rows * s.hidden)          # same layout as recv
+        self.ret = buf("ret", wl.pairs * s.hidden)
         self.cmat = cupy.empty((wl.world_size, s.experts), dtype=cupy.int32)
         if ffn == "cutlass":
             from cuco.workloads.moe_gemm import GroupedGemm, load
@@ -90,8 +101,8 @@ class HostMoE:
             self.gu = GroupedGemm(lib, ctx.device, g, 2 * s.ffn, s.hidden, sms)
             self.dn = GroupedGemm(lib, ctx.device, g, s.hidden, s.ffn, sms)
         if ffn == "per_expert":  # expert-major copies of the rows and outputs
-            self.xem = dtypes.empty(rows * s.hidden, wl.dtype)
-            self.yem = dtypes.empty(rows * s.hidden, wl.dtype)
+            self.xem = buf("xem", rows * s.hidden)
+            self.yem = buf("yem", rows * s.hidden)
         if ffn == "torch":
             from cuco.runtime import torch_bridge
             el, H, F = wl.local_experts, s.hidden, s.ffn
