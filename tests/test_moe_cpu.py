@@ -68,3 +68,18 @@ def test_moe_plan_follows_chunk_bytes():
 def test_bad_moe_shapes_are_refused_with_the_fix(kw, fix):
     with pytest.raises(ShapeError, match=fix):
         MoE(2, **kw)
+
+
+def test_benchmark_rows_measure_against_the_faster_correct_host_program():
+    from cuco.benchmarks.pipelines import PipelineBench
+    wl = MoE(2, tokens=128)
+
+    def rec(ms, correct=True):
+        return {"ms": ms, "rank_ms": [ms, ms], "correct": correct}
+    merged = {"host_nccl": rec(4.0), "host_cutlass": rec(3.2), "host_per_expert": rec(5.4),
+              "compute_only": rec(2.1), "comm_only": rec(0.1), "lsa.x": rec(2.0)}
+    rows = {r["variant"]: r for r in PipelineBench.rows(wl, merged)}
+    assert rows["lsa.x"]["baseline"] == "host_cutlass" and rows["lsa.x"]["speedup"] == 1.6
+    merged["host_cutlass"] = rec(3.2, correct=False)  # a wrong program is no baseline
+    rows = {r["variant"]: r for r in PipelineBench.rows(wl, merged)}
+    assert rows["lsa.x"]["baseline"] == "host_nccl" and rows["lsa.x"]["speedup"] == 2.0

@@ -109,6 +109,8 @@ class MoE(PipelineWorkload):
     family = "moe"
     problem_type = MoEProblem
     problem: MoEProblem
+    #: torch's grouped GEMM (host_nccl, where torch runs) or CUTLASS's: the faster is the baseline
+    host_programs = ("host_nccl", "host_cutlass")
 
     def small_problem(self) -> MoEProblem:
         """64 tokens, hidden 512, FFN 256, 4 experts per rank, at most top-2: the same
