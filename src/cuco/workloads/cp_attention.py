@@ -472,7 +472,9 @@ class CPRunner:
         # module is never first loaded beside a spinning kernel
         junk = dtypes.empty(wl.output_elems(), wl.dtype)
         self._attend(junk, flags=0)
-        ctx.stream.synchronize()
+        spin(self.comm_stream, 0.0)  # the stress spin too: CUDA loads a kernel's module lazily,
+        ctx.stream.synchronize()     # and a first load beside a spinning kernel can hang
+        self.comm_stream.synchronize()
 
     def _attend(self, out, flags: int) -> None:
         wl = self.wl
