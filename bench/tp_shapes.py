@@ -21,7 +21,6 @@ from cuco.benchmarks.variants import compile_variants
 from cuco.design import GemmProblem, Placement
 from cuco.errors import CucoError, run_script
 from cuco.kernels.tp import render_tp
-from cuco.workloads import for_problem
 
 #: (M, K, N) global shapes of real tensor-parallel layers, M from 128 to 16384 tokens (a
 #: quarter of them ragged: M not a multiple of 128, as real batches are), K and N from 1536
@@ -100,12 +99,13 @@ def _profile(p: GemmProblem, d):
 
 
 def listing(bench: TPBench) -> list[str]:
-    """One line per case: its label, whether M is ragged, and its grid by placement."""
+    """One line per case: its label, whether each rank's rows end in a short 128-row tile,
+    and its grid by placement."""
     lines = []
     for p in bench.problems():
         points = grid(p, bench.placements, bench.quick)
         side = sum(d.placement is Placement.SIDE_STREAM for d in points)
-        ragged = " ragged" if for_problem(p).whole_tiles_refusal() else ""
+        ragged = " ragged" if (p.m // p.world_size) % 128 else ""  # a short last row tile
         lines.append(f"{p.label:44s}{ragged:7s} grid {len(points):3d} "
                      f"(side_stream {side}, in-kernel {len(points) - side})")
     return lines

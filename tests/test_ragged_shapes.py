@@ -132,18 +132,24 @@ def test_ragged_side_stream_kernels_compile_with_nvcc(tmp_path):
 
 
 # ---- what cannot run says what to do ----------------------------------------------------
-def test_in_kernel_points_refuse_a_ragged_m_naming_side_stream():
-    wl = GemmReduceScatter(3000, 1536, 1536, 2)
-    d = in_kernel("epilogue", tile_n=128, stages=4)
-    why = wl.supported(d)
-    assert why and "use placement=side_stream or pad M to a multiple of 256 (e.g. 3072)" in why[0]
+def test_in_kernel_points_take_any_m_n_k_and_refuse_unequal_row_blocks_naming_side_stream():
+    # 1500 rows per rank: eleven whole 128-row tiles and a short one; N and K not tile multiples
+    for wl in (GemmReduceScatter(3000, 1544, 1544, 2), AllGatherGemm(3000, 1544, 1544, 2),
+               GemmAllReduce(3000, 1544, 1544, 2)):
+        d = in_kernel("epilogue", tile_n=128, stages=4)
+        assert wl.supported(d) == [] and wl.row_blocks_refusal() is None
+        assert "cuco_fused_launch" in wl.render(d).source
+        assert {"epilogue", "dedicated_ctas"} <= {p.value for p in wl.space().choices["placement"]}
+    # an AllReduce M that does not split into equal blocks per rank
+    wl = GemmAllReduce(3001, 1536, 1536, 2)
+    why = wl.supported(in_kernel("epilogue", tile_n=128, stages=4))
+    assert why and "use placement=side_stream or pad M to a multiple of 2 (e.g. 3002)" in why[0]
     with pytest.raises(DirectiveError, match="use placement=side_stream"):
-        wl.render(d)
+        wl.render(in_kernel("epilogue", tile_n=128, stages=4))
     with pytest.raises(ShapeError, match="use placement=side_stream") as err:
         wl.space(["epilogue", "dedicated_ctas"])
     assert (err.value.param, err.value.fix) == ("placements", "side_stream")
     assert {p.value for p in wl.space().choices["placement"]} == {"side_stream"}
-    assert GemmReduceScatter(3072, 1536, 1536, 2).whole_tiles_refusal() is None
 
 
 @pytest.mark.parametrize("shape,param,fix", [
@@ -164,14 +170,16 @@ def test_shapes_that_cannot_run_name_the_parameter_and_the_nearest_fix(shape, pa
     assert "multiple of" in str(err.value)
 
 
-
-
 @pytest.mark.parametrize("wl", [GemmAllReduce(3000, 1536, 1536, 2), GemmReduceScatter(3000, 1536, 1536, 2),
                                 AllGatherGemm(1000, 5120, 4096, 2)], ids=FAMILIES)
-def test_a_ragged_shape_searches_side_stream(wl):
+def test_a_ragged_shape_searches_every_placement(wl):
     from cuco.workloads.tp import GemmWorkload
     assert isinstance(wl, GemmWorkload)
     space = wl.space()
-    assert space.size > 0 and {d.placement.value for d in space.enumerate()} == {"side_stream"}
-    for d in list(space.enumerate())[:6]:
+    points = list(space.enumerate())
+    assert {d.placement.value for d in points} == {"side_stream", "epilogue", "dedicated_ctas"}
+    by_placement = {}
+    for d in points:
+        by_placement.setdefault(d.placement.value, d)
+    for d in by_placement.values():
         assert wl.render(d).source

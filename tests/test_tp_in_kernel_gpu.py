@@ -1,5 +1,6 @@
 """GPU tests: the in-kernel placements (epilogue, dedicated_ctas) are correct on fresh seeds
-at three shapes (2 ranks where there are two GPUs, else one: the mainloops, tile orders and
+at four shapes, one of them ragged (short last tiles in M, N and K), and one build runs
+every shape (2 ranks where there are two GPUs, else one: the mainloops, tile orders and
 epilogue handovers need no peer), and a variant that skips its flag waits is caught (2 GPUs)."""
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from conftest import TEST_WORLD
 pytestmark = pytest.mark.gpu(count=1)
 
 SHAPES = [(512, 1024, 2048), (1024, 512, 1024)]  # (m, n, k)
+#: 500 rows per rank (three 128-row tiles and a short one), N and K (and their per-rank
+#: halves) not multiples of any tile: every tile edge is ragged.
+RAGGED = (1000, 1040, 1040)
 #: Several tiles per CTA (odd and even counts): both pingpong warpgroups take turns.
 MANY_TILES = (4096, 2048, 256)
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
@@ -60,7 +64,7 @@ def build(problem, points, edit=None):
     return [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
 
 
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES)])
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES, RAGGED)])
 def test_in_kernel_grid_is_correct(group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
     from cuco.workloads import Case, for_problem
@@ -78,6 +82,25 @@ def test_in_kernel_grid_is_correct(group, family, shape):
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
         for name, rec in merged.items():
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_build_runs_every_shape(group, family):
+    """The kernel takes its shape per launch: built once (for the first shape), it is
+    correct at shapes it was not rendered for, whole-tiled and ragged."""
+    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.workloads import Case, for_problem
+
+    points = [in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8),
+              in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, tile_n=128, stages=6,
+                        schedule="pingpong")]
+    specs = build(GemmProblem(workload=family, m=512, n=1024, k=2048, world_size=TEST_WORLD), points)
+    for m, n, k in ((2048, 1024, 512), RAGGED, (136, 528, 784)):
+        problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+        res = group.run(Case(for_problem(problem), variants=specs, seed=7, time=False), timeout=120)
+        assert res.ok, res.error_text()
+        for name, rec in merge_ranks(res.results).items():
+            assert rec["correct"], f"{family} {(m, n, k)} {name}: {rec}"
 
 
 @pytest.mark.gpu(count=2)

@@ -41,7 +41,8 @@ def test_list_prints_every_case_and_its_grid_without_a_gpu():
         assert sum(line.startswith(family + "/") for line in cases) >= 24
     ragged = [line for line in cases if " ragged " in line]
     assert any("M3000K8192N8192" in line for line in ragged)
-    assert all(line.endswith("in-kernel 0)") for line in ragged)  # only what can run it
+    # a short last row tile runs in-kernel too
+    assert not any(line.endswith("in-kernel 0)") for line in ragged)
     assert all(" grid " in line for line in cases)
     whole = [line for line in cases if " ragged " not in line]
     assert all("in-kernel 0)" not in line for line in whole if "M8192K8192N8192" in line)

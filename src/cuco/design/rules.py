@@ -106,8 +106,9 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
 def _gemm_violations(tm: int, tn: int, tk: int, chunk: int, problem: GemmProblem,
                      tiled: bool) -> list[str]:
     """The rules of a GEMM problem: a chunk fits each rank's output; where the placement runs
-    cuco's own mainloop (``tiled``), tiles divide each rank's GEMM and a chunk holds a tile
-    (side_stream runs a vendor GEMM per chunk, so any M works there)."""
+    cuco's own mainloop (``tiled``), a chunk holds a tile. Tiles need not divide the GEMM:
+    the in-kernel kernels run a short last tile (TMA reads its missing rows as zeros and
+    the epilogue moves the rows that exist); side_stream runs a vendor GEMM per chunk."""
     out: list[str] = []
     out_bytes = problem.output_bytes_per_rank()
     if chunk > out_bytes:
@@ -118,25 +119,6 @@ def _gemm_violations(tm: int, tn: int, tk: int, chunk: int, problem: GemmProblem
         )
     if not tiled:
         return out
-    rows, cols = problem.output_shape_per_rank()
-    k_local = problem.k // problem.world_size if problem.workload in (
-        "gemm_allreduce", "gemm_reducescatter") else problem.k
-    w = problem.world_size
-    for name, tile, extent, dim, per in (
-        ("tile_m", tm, rows, "M", 1),
-        ("tile_n", tn, cols, "N", w if cols != problem.n else 1),
-        ("tile_k", tk, k_local, "K", w if k_local != problem.k else 1),
-    ):
-        label = dim if per == 1 else f"{dim} per rank"
-        if extent % tile:
-            ok = [t for t in (64, 128, 256) if extent % t == 0] if name != "tile_k" else [
-                t for t in (32, 64, 128) if extent % t == 0]
-            step = tile * per
-            whole = extent * per
-            near = sorted({v for v in (whole - whole % step, whole - whole % step + step) if v > 0})
-            fix = (f"choose {dim} a multiple of {step} (e.g. {' or '.join(map(str, near))})"
-                   + (f", or {name} from {ok}" if ok else ""))
-            out.append(f"{name}: {label}={extent} is not a multiple of {name}={tile}; {fix}")
     tile_bytes = tm * tn * problem.dtype_bytes
     if chunk < tile_bytes:
         out.append(

@@ -58,21 +58,23 @@ def local_gemm(problem: GemmProblem) -> tuple[int, int, int]:
 
 
 def fused_tiles(problem: GemmProblem, d: Directives) -> int:
+    """Output tiles of one rank's fused GEMM: each rank's block of M/w rows cut into
+    ``tile_m``-row tiles (the last one short where they do not divide), N likewise."""
     m, n, _ = local_gemm(problem)
-    return (m // d.tile_m) * (n // d.tile_n)
+    w = problem.world_size
+    return w * -(-(m // w) // d.tile_m) * -(-n // d.tile_n)
 
 
-def whole_tiles_refusal(problem: GemmProblem, tile_m: int) -> str | None:
+def row_blocks_refusal(problem: GemmProblem) -> str | None:
     """Why the in-kernel placements cannot take ``problem``'s rows, naming the fix (None when
-    they can): they run whole ``tile_m``-row tiles over each rank's block of M/w rows;
-    ``side_stream`` takes any M (the last chunk of a block is short)."""
+    they can): they cut M into ``world_size`` equal blocks of rows, one per rank (any block
+    size: a block's last tile may be short); ``side_stream`` takes any M."""
     m, w = problem.m, problem.world_size
-    step = w * tile_m
-    if m % step == 0:
+    if m % w == 0:
         return None
-    return (f"epilogue and dedicated_ctas run whole {tile_m}-row output tiles over each of the "
-            f"{w} ranks' blocks of M/{w} rows, and M={m} does not fill them; use "
-            f"placement=side_stream or pad M to a multiple of {step} (e.g. {-(-m // step) * step})")
+    return (f"epilogue and dedicated_ctas cut M into {w} equal blocks of rows, one per rank, and "
+            f"M={m} is not a multiple of {w}; use placement=side_stream or pad M to a multiple "
+            f"of {w} (e.g. {-(-m // w) * w})")
 
 
 def supported(problem: GemmProblem, d: Directives) -> list[str]:
@@ -110,14 +112,10 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     if d.chunk_bytes != tile_bytes:
         out.append(f"chunk_bytes: placement={p} moves one {d.tile_m}x{d.tile_n} output tile "
                    f"per flag; set chunk_bytes={format_bytes(tile_bytes)} ({tile_bytes})")
-    m, n, k = local_gemm(problem)
-    rows = whole_tiles_refusal(problem, d.tile_m)
+    rows = row_blocks_refusal(problem)
     if rows:
         out.append(f"placement: {rows}")
-    if n % d.tile_n or k % d.tile_k:
-        out.append(f"tile_n/tile_k: the local GEMM {m}x{n}x{k} does not tile by "
-                   f"{d.tile_n} (N) and {d.tile_k} (K)")
-    elif not out and fused_tiles(problem, d) > FLAG_STRIDE // 2 - 1:
+    if not out and fused_tiles(problem, d) > FLAG_STRIDE // 2 - 1:
         out.append(f"tile_n: {fused_tiles(problem, d)} output tiles exceed the "
                    f"{FLAG_STRIDE // 2 - 1} flag slots; choose larger tiles")
     if p == "dedicated_ctas" and d.comm_ctas > 32:

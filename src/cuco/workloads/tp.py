@@ -32,10 +32,6 @@ from cuco.workloads.base import EPS, Buffers, Peer, Runner, Workload, register
 from cuco.design.problem import Dtype
 
 
-#: The in-kernel placements' row tile in this workload's space (and their smallest).
-IN_KERNEL_TILE_M = 128
-
-
 def _ptr(a) -> int:
     return int(a.data.ptr)
 
@@ -153,10 +149,10 @@ class GemmWorkload(Workload):
         return (w + 1) * eps, eps * (w + math.sqrt(self.k / 65536.0))
 
     # ---- templates ----------------------------------------------------------------------
-    def whole_tiles_refusal(self, tile_m: int = IN_KERNEL_TILE_M) -> str | None:
+    def row_blocks_refusal(self) -> str | None:
         """Why the in-kernel placements cannot take this shape's rows (see
-        :func:`cuco.kernels.tp.whole_tiles_refusal`); None when they can."""
-        return templates.whole_tiles_refusal(self.pattern_problem, tile_m)
+        :func:`cuco.kernels.tp.row_blocks_refusal`); None when they can."""
+        return templates.row_blocks_refusal(self.pattern_problem)
 
     def supported(self, d: Directives) -> list[str]:
         """The one-kernel templates' refusals, or a side-stream chunk plan that does not fit."""
@@ -174,7 +170,7 @@ class GemmWorkload(Workload):
         return []
 
     def render(self, d: Directives) -> KernelSource:
-        rows = self.whole_tiles_refusal(d.tile_m) if d.placement.in_kernel else None
+        rows = self.row_blocks_refusal() if d.placement.in_kernel else None
         if rows:  # before the design rules' tile message, which cannot name side_stream
             raise DirectiveError([f"placement: {rows}"])
         return templates.render_tp(self.pattern_problem, d)[0]
@@ -188,15 +184,17 @@ class GemmWorkload(Workload):
         per flag, the mainloops of :data:`cuco.kernels.tp.MAINLOOPS`, row-by-row or grouped tile
         order (8 or 16 m-tiles), the epilogue on the consumers or on 3 spare producer warps,
         8 or 16 communication CTAs. A workload whose Python ``chunk_epilogue`` runs between chunks
-        gets ``side_stream`` only, and so does a shape whose rows the in-kernel tiles do not
-        fill (M not a multiple of ``world_size * 128``); asked for the in-kernel placements
-        alone, such a shape is a :class:`ShapeError` naming side_stream.
+        gets ``side_stream`` only, and so does a shape whose rows do not split into equal
+        blocks per rank (an AllReduce M not a multiple of ``world_size``); asked for the
+        in-kernel placements alone, such a shape is a :class:`ShapeError` naming side_stream.
+        Any other M, N and K take the in-kernel placements (a short last tile where the tiles
+        do not divide).
         """
         placements = self.check_placements(placements or self.placements)
         if self.has_chunk_epilogue():
             placements = self.check_placements([p for p in placements if not p.in_kernel]
                                                or [Placement.SIDE_STREAM])
-        rows = self.whole_tiles_refusal()
+        rows = self.row_blocks_refusal()
         if rows and any(p.in_kernel for p in placements):
             if all(p.in_kernel for p in placements):
                 raise ShapeError(f"{self.problem.label}: {rows}",
