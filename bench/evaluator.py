@@ -1,12 +1,18 @@
-"""Evaluator throughput -> bench/results/evaluator.json (top-level ``candidates_per_min``).
+"""Evaluator throughput -> bench/results/evaluator.json (top-level ``candidates_per_min``,
+``candidates_per_min_in_kernel``, ``candidates_per_min_side_stream``, ``compile_s_per_candidate``).
 
-    python bench/evaluator.py                       # GEMM+AllReduce 8192^3, 2 GPUs, 24 candidates
-    python bench/evaluator.py --ray                 # and the same batch through the Ray backend
+    python bench/evaluator.py                       # GEMM+AllReduce 8192^3, 2 GPUs, 24 + 24 candidates
+    python bench/evaluator.py --ray                 # and the mixed batch through the Ray backend
     python bench/evaluator.py --world-size 1 --name evaluator_w1   # one GPU (no peers)
 
+Two batches, one per kind of candidate: in-kernel ones (``epilogue``/``dedicated_ctas``:
+a CUTLASS build each, the GEMM's shape a launch argument, so the small-shape check runs
+the same binary) and side-stream ones (light cubins); ``compile_s_per_candidate`` is the
+median nvcc seconds of an in-kernel candidate inside its batch (all cores busy).
 Every candidate is a distinct directive point compiled from scratch (an empty
-compile cache), then checked (small shape, two seeds at full shape) and timed
-against the host-driven program in the same run. Every call of every stage is verified
+compile cache for its own source; a configuration's host part is built once), then
+checked (small shape, two seeds at full shape) and timed against the host-driven
+program in the same run. Every call of every stage is verified
 (timed calls on the device, after their closing event); ``verification_overhead`` is
 the share of the local batch's wall time spent verifying (checked calls in full on the
 host, device counts of every other call). The batch API compiles on all
@@ -18,6 +24,7 @@ the GPUs, its own empty compile cache), for the time per candidate of both.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import tempfile
@@ -34,10 +41,14 @@ from cuco.workloads import get
 from cuco.errors import run_script
 
 
-def _candidates(problem, n: int, seed: int) -> list:
+def _candidates(problem, n: int, seed: int) -> dict[str, list]:
+    """``n`` distinct points of each kind (shuffled), and one more to warm a fresh group up
+    (not counted)."""
     points = list(gpu_space(problem).enumerate())
     random.Random(seed).shuffle(points)
-    return points[: n + 1]  # the first warms a fresh group up and is not counted
+    in_kernel = [d for d in points if d.placement.in_kernel]
+    side = [d for d in points if not d.placement.in_kernel]
+    return {"warm_up": side[:1], "in_kernel": in_kernel[:n], "side_stream": side[1:n + 1]}
 
 
 def _summary(verdicts, seconds: float) -> dict:
@@ -62,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="gemm_allreduce")
     ap.add_argument("--shape", default="8192x8192x8192", help="MxKxN")
-    ap.add_argument("--candidates", type=int, default=24)
+    ap.add_argument("--candidates", type=int, default=24, help="per kind (in-kernel, side-stream)")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ray", action="store_true")
@@ -76,27 +87,34 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     workdir = Path(tempfile.mkdtemp(prefix="cuco-evalbench-"))
     wl = get(a.family)(m, n, k, w)
-    points = _candidates(wl.problem, a.candidates, a.seed)
+    batches = _candidates(wl.problem, a.candidates, a.seed)
     db = CandidateDB(workdir / "bench.db")
     make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local")
     ev = make()
     ev.db = db
     device = results.device_label(ev.group.infos)
     t0 = time.perf_counter()
-    ev.evaluate(points[0])
+    ev.evaluate(batches["warm_up"][0])
     warm_s = time.perf_counter() - t0
     verify0 = ev.verify_s
-    t0 = time.perf_counter()
-    local = ev.evaluate_many([Candidate(d) for d in points[1:]])
-    local_s = time.perf_counter() - t0
+    entries, rows, done, local_s = {}, [], [], 0.0
+    for kind in ("in_kernel", "side_stream"):
+        t0 = time.perf_counter()
+        verdicts = ev.evaluate_many([Candidate(d) for d in batches[kind]])
+        seconds = time.perf_counter() - t0
+        local_s += seconds
+        entries[kind] = _summary(verdicts, seconds)
+        done += list(zip(batches[kind], verdicts))
+        rows += [{"case": wl.label, "kind": kind, "variant": d.full_name, "status": v.status,
+                  "stage": v.stage_reached, "ms": v.time_ms, "baseline_ms": v.baseline_ms,
+                  "bound_ms": v.bound_ms, "speedup": v.speedup, "overlap_eff": v.overlap_eff,
+                  "gpu_stage_s": v.extra.get("seconds"), "compile_s": v.extra.get("compile_s")}
+                 for d, v in zip(batches[kind], verdicts)]
     verify_s = ev.verify_s - verify0
     ev.group.close()
-    entries = {"local": _summary(local, local_s)}
+    entries["local"] = _summary([v for _, v in done], local_s)
     entries["local"]["first_candidate_s_with_warm_up"] = round(warm_s, 2)
-    rows = [{"case": wl.label, "variant": d.full_name, "status": v.status, "stage": v.stage_reached,
-             "ms": v.time_ms, "baseline_ms": v.baseline_ms, "bound_ms": v.bound_ms,
-             "speedup": v.speedup, "overlap_eff": v.overlap_eff, "gpu_stage_s": v.extra.get("seconds"),
-             "compile_s": v.extra.get("compile_s")} for d, v in zip(points[1:], local)]
+    points = [*batches["warm_up"], *(d for d, _ in done)]
     if a.ray:
         from cuco.cluster import RayBackend
         backend = RayBackend(_make_evaluator(a.family, m, n, k, w, workdir / "cache-ray"),
@@ -111,13 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     path = results.write(a.name, rows, device=device, world_size=w, out_dir=a.out_dir,
                          extra={"workload": wl.label, "fresh_compile_each": True,
                                 "candidates_per_min": entries["local"]["candidates_per_min"],
+                                "candidates_per_min_in_kernel": entries["in_kernel"]["candidates_per_min"],
+                                "candidates_per_min_side_stream": entries["side_stream"]["candidates_per_min"],
+                                "compile_s_per_candidate": entries["in_kernel"]["median_compile_s"],
+                                "cpu_cores": os.cpu_count(),
                                 "verification_overhead": round(verify_s / local_s, 4),
                                 "verify_s": round(verify_s, 2),
                                 "backends": entries})
-    print(f"{'backend':8} {'cands':>5} {'ok':>3} {'s/cand':>7} {'cand/min':>8} {'gpu s':>6} {'compile s':>9}")
+    print(f"{'batch':11} {'cands':>5} {'ok':>3} {'s/cand':>7} {'cand/min':>8} {'gpu s':>6} {'compile s':>9}")
     for name, e in entries.items():
         if isinstance(e, dict):
-            print(f"{name:8} {e['candidates']:5d} {e['scored_ok']:3d} {e['seconds_per_candidate']:7.2f} "
+            print(f"{name:11} {e['candidates']:5d} {e['scored_ok']:3d} {e['seconds_per_candidate']:7.2f} "
                   f"{e['candidates_per_min']:8.1f} {e['median_gpu_stage_s']:6.2f} {e['median_compile_s']:9.2f}")
     print(f"verification: {verify_s:.1f} s of {local_s:.1f} s ({verify_s / local_s:.1%})")
     print(f"wrote {path}")
