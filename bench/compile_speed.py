@@ -14,7 +14,8 @@ starts from an empty cache for the candidate's own source. The CPU is shared, so
 order of before and after alternates from one repeat to the next (interleaved A/B) and
 the load average is recorded. ``sass_identical``: each pair's device code is the same
 (:func:`cuco.kernels.compiler.device_code`: SASS, resources and launch attributes).
-The evaluator builds two sources per candidate (the target shape and a small one).
+The evaluator builds one source per in-kernel candidate: since the kernels take their GEMM
+shape per launch, the small-shape check runs the binary that is timed (before that, two).
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         "compile_s_per_candidate_before": statistics.median(r["before_median_s"] for r in launchers),
         "compile_s_first_of_config": statistics.median(r["after_first_of_config_median_s"] for r in launchers),
         "sass_identical": all(r["sass_identical"] for r in launchers),
-        "note": "seconds of one in-kernel build on this machine; a search candidate is two "
-                "builds (target and small shape); candidates/min on 2 x H200 is bench/evaluator.py's",
+        "note": "seconds of one in-kernel build on this machine, which is one search candidate "
+                "(the small-shape check runs the same binary); candidates/min on 2 x H200 is "
+                "bench/evaluator.py's",
     }
     path = results.write(a.name, rows, device=f"CPU only: {machine['cpu']} ({machine['cores']} cores)",
                          world_size=2, out_dir=a.out_dir, extra=extra)
