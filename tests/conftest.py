@@ -51,6 +51,17 @@ def gpu_group():
     g.close()
 
 
+@pytest.fixture(scope="module")
+def world_group():
+    """TEST_WORLD ranks (2 where there are two GPUs, else 1) with NVSHMEM, shared by a
+    module's GPU tests."""
+    from cuco.runtime import WorkerGroup
+    g = WorkerGroup(TEST_WORLD, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
+    g.start()
+    yield g
+    g.close()
+
+
 def _pg_bin() -> str | None:
     import glob
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))

@@ -12,17 +12,9 @@ import pytest
 
 from conftest import TEST_WORLD
 from cuco.design import Directives
+from gpu_checks import assert_variants_correct
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def group():
-    from cuco.runtime import WorkerGroup
-    g = WorkerGroup(TEST_WORLD, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
-    g.start()
-    yield g
-    g.close()
 
 
 def side(backend="lsa", issuer="warp", chunk=16 << 10, ctas=3) -> Directives:
@@ -75,12 +67,12 @@ class GroupedGemmJob:
         return errs
 
 
-def test_grouped_gemm_reads_its_sizes_on_the_device(group):
+def test_grouped_gemm_reads_its_sizes_on_the_device(world_group):
     from cuco.workloads.moe_gemm import build
     path = str(build())
     rows = (0, 5, 130, 0, 1, 257, 0, 64)  # empty groups first, inside and ragged rows
     for n, k in ((512, 256), (256, 512)):
-        res = group.run(GroupedGemmJob(rows, n, k, path), timeout=300)
+        res = world_group.run(GroupedGemmJob(rows, n, k, path), timeout=300)
         assert res.ok, res.error_text()
         for errs in res.results:
             assert all(np.isfinite(errs)) and max(errs) < 2 * 2.0**-8, errs
@@ -125,13 +117,13 @@ def _moe(**kw):
 
 
 @pytest.mark.parametrize("routing", ["skewed", "empty_experts"])
-def test_routing_tables_and_output_of_one_call(group, routing):
+def test_routing_tables_and_output_of_one_call(world_group, routing):
     from cuco.kernels import Compiler
     wl = _moe(routing=routing)
     d = side()
     s = wl.render(d)
     built = Compiler().compile(s.source, needs=s.needs, name=s.name)
-    res = group.run(RoutingJob(wl, d, str(built.path), 5), timeout=300)
+    res = world_group.run(RoutingJob(wl, d, str(built.path), 5), timeout=300)
     assert res.ok, res.error_text()
     for same, cmp in res.results:
         assert all(same.values()), same
@@ -145,22 +137,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("key", list(CASES))
-def test_every_moe_program_is_correct(group, key):
+def test_every_moe_program_is_correct(world_group, key):
     """Fused variants (both backends, every issuer, one and several expert groups) and every
     host program (host_nccl, host_per_expert, host_cutlass where torch runs), on fresh seeds."""
-    from cuco.kernels import Compiler
-    from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
-    wl = _moe(**CASES[key])
     points = [side(b, i, c) for b in ("lsa", "nvshmem") for i, c in (("warp", 16 << 10), ("cta", 1 << 20),
                                                                    ("thread", 64 << 10))]
-    sources = [wl.render(d) for d in points]
-    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
-    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
-    for seed in (5, 6):
-        res = group.run(Case(wl, specs, seed=seed, time=False), timeout=300)
-        assert res.ok, res.error_text()
-        merged = merge_ranks(res.results)
-        assert set(merged) >= {"host_nccl", "host_per_expert", *(s.name for s in specs)}
-        for name, rec in merged.items():
-            assert rec["correct"], f"{wl.label} seed {seed} {name}: {rec}"
+    assert_variants_correct(world_group, _moe(**CASES[key]), points, timeout=300,
+                            programs=("host_nccl", "host_per_expert"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuco.design import Directives
-from cuco.kernels import Compiler
+from gpu_checks import assert_edit_is_caught, assert_variants_correct
 
 pytestmark = pytest.mark.gpu(count=2)
 
@@ -50,75 +50,32 @@ def grid(wl) -> list[Directives]:
 @pytest.mark.parametrize("key", ["kv", "moe", "moe_one_expert", "moe_empty_experts", "cp_causal",
                                  "cp_full"])
 def test_pipeline_variants_are_correct(gpu_group, key):
-    from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
-
     wl = _workloads()[key]
-    points = grid(wl)
-    sources = [wl.render(d) for d in points]
-    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
-    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
-    for seed in (5, 6):
-        res = gpu_group.run(Case(wl, specs, seed=seed, time=False), timeout=150)
-        assert res.ok, res.error_text()
-        merged = merge_ranks(res.results)
-        assert set(merged) >= {"host_nccl", *(s.name for s in specs)}
-        for name, rec in merged.items():
-            assert rec["correct"], f"{wl.label} seed {seed} {name}: {rec}"
+    assert_variants_correct(gpu_group, wl, grid(wl))
+
+
+def side(issuer: str = "cta", chunk: int = 64 << 10, ctas: int = 3, sync: str = "chunk") -> Directives:
+    return Directives(backend="lsa", placement="side_stream", sync_scope=sync, issuer=issuer,
+                      chunk_bytes=chunk, comm_ctas=ctas)
 
 
 def test_a_variant_that_skips_its_flag_wait_is_caught(gpu_group):
     """The KV sender copying chunks without waiting for them reads NaN poison."""
-    from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
-
-    wl = _workloads()["kv"]
-    d = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="cta",
-                   chunk_bytes=64 << 10, comm_ctas=3)
-    src = wl.render(d)
-    racy = src.source.replace("wait_flag(a, flag_off + (kReady + c) * 8, epoch);", "")
-    assert racy != src.source
-    built = Compiler().compile(racy, needs=src.needs, name="kv_racy")
-    res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
-                             time=False), timeout=150)
-    assert res.ok, res.error_text()
-    assert not merge_ranks(res.results)["racy"]["correct"]
+    assert_edit_is_caught(gpu_group, _workloads()["kv"], side(),
+                          "wait_flag(a, flag_off + (kReady + c) * 8, epoch);", "", "kv_racy")
 
 
 def test_a_decode_rank_that_skips_its_flag_wait_is_caught(gpu_group):
     """The copy-engine variant whose decode rank ends its call without waiting for the
     chunks' flags returns a cache still holding NaN poison (later layers are in flight)."""
-    from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
-
-    wl = _workloads()["kv"]
-    d = Directives(backend="lsa", placement="side_stream", sync_scope="stream",
-                   issuer="copy_engine", chunk_bytes=64 << 10, comm_ctas=1)
-    src = wl.render(d)
-    racy = src.source.replace("flag_wait_ge(a, flag_off + (size_t)(first + i) * 8, v);", "")
-    assert racy != src.source
-    built = Compiler().compile(racy, needs=src.needs, name="kv_racy_decode")
-    res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
-                             time=False), timeout=150)
-    assert res.ok, res.error_text()
-    assert not merge_ranks(res.results)["racy"]["correct"]
+    assert_edit_is_caught(gpu_group, _workloads()["kv"], side("copy_engine", ctas=1, sync="stream"),
+                          "flag_wait_ge(a, flag_off + (size_t)(first + i) * 8, v);", "", "kv_racy_decode")
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_cp_variant_that_skips_its_flag_wait_is_caught(gpu_group, causal):
     """The attention kernel reading peers' slots without waiting on their chunks' flags (the
     transfers start late in checked calls) reads the arena's poison."""
-    from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
-
-    wl = _workloads()["cp_causal" if causal else "cp_full"]
-    d = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="cta",
-                   chunk_bytes=64 << 10, comm_ctas=3)
-    src = wl.render(d)
-    racy = src.source.replace("Args<AttnT> args{q, out, slots, flags,", "Args<AttnT> args{q, out, slots, nullptr,")
-    assert racy != src.source
-    built = Compiler().compile(racy, needs=src.needs, name="cp_racy")
-    res = gpu_group.run(Case(wl, [VariantSpec("racy", d.to_json(), str(built.path))], seed=7,
-                             time=False), timeout=150)
-    assert res.ok, res.error_text()
-    assert not merge_ranks(res.results)["racy"]["correct"]
+    assert_edit_is_caught(gpu_group, _workloads()["cp_causal" if causal else "cp_full"], side(),
+                          "Args<AttnT> args{q, out, slots, flags,", "Args<AttnT> args{q, out, slots, nullptr,",
+                          "cp_racy")

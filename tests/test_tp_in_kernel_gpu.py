@@ -44,16 +44,6 @@ def pingpong():
                       comm_warps=2, raster_group=16, schedule="pingpong")]
 
 
-@pytest.fixture(scope="module")
-def group():
-    """TEST_WORLD ranks with NVSHMEM, shared by this module's tests."""
-    from cuco.runtime import WorkerGroup
-    g = WorkerGroup(TEST_WORLD, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
-    g.start()
-    yield g
-    g.close()
-
-
 def build(problem, points, edit=None):
     from cuco.workloads.jobs import VariantSpec
     sources = [render_tp(problem, d)[0] for d in points]
@@ -65,7 +55,7 @@ def build(problem, points, edit=None):
 
 
 @pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES, RAGGED)])
-def test_in_kernel_grid_is_correct(group, family, shape):
+def test_in_kernel_grid_is_correct(world_group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
     from cuco.workloads import Case, for_problem
 
@@ -75,7 +65,7 @@ def test_in_kernel_grid_is_correct(group, family, shape):
                                                            raster_group=8), *pingpong()]
     specs = build(problem, points)
     for seed in (5, 6):
-        res = group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
                             timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
@@ -85,7 +75,7 @@ def test_in_kernel_grid_is_correct(group, family, shape):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_one_build_runs_every_shape(group, family):
+def test_one_build_runs_every_shape(world_group, family):
     """The kernel takes its shape per launch: built once (for the first shape), it is
     correct at shapes it was not rendered for, whole-tiled and ragged."""
     from cuco.runtime.collective_ops import merge_ranks
@@ -97,7 +87,7 @@ def test_one_build_runs_every_shape(group, family):
     specs = build(GemmProblem(workload=family, m=512, n=1024, k=2048, world_size=TEST_WORLD), points)
     for m, n, k in ((2048, 1024, 512), RAGGED, (136, 528, 784)):
         problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
-        res = group.run(Case(for_problem(problem), variants=specs, seed=7, time=False), timeout=120)
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=7, time=False), timeout=120)
         assert res.ok, res.error_text()
         for name, rec in merge_ranks(res.results).items():
             assert rec["correct"], f"{family} {(m, n, k)} {name}: {rec}"
@@ -106,7 +96,7 @@ def test_one_build_runs_every_shape(group, family):
 @pytest.mark.gpu(count=2)
 @pytest.mark.parametrize("comm_warps,schedule", [(0, "cooperative"), (3, "cooperative"),
                                                  (0, "pingpong"), (3, "pingpong")])
-def test_a_reduction_that_skips_its_flag_wait_is_caught(group, comm_warps, schedule):
+def test_a_reduction_that_skips_its_flag_wait_is_caught(world_group, comm_warps, schedule):
     """The owner reads its peers' partials without waiting for their flags (in the consumer
     warpgroups or in the comm warps): the stressed correctness run must see NaN poison (or
     a stale partial) and fail it."""
@@ -119,7 +109,7 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(group, comm_warps, sched
     cheat = "  wait_peers<N>(p, me, [&](int r) { return partial_slot(r, t); });\n"
     specs = build(GemmProblem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
                   edit=lambda s: s.replace(cheat, "  group_sync<N>();\n"))
-    res = group.run(Case(GemmReduceScatter(m, n, k, 2), variants=specs, seed=7, time=False),
+    res = world_group.run(Case(GemmReduceScatter(m, n, k, 2), variants=specs, seed=7, time=False),
                         timeout=120)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)

@@ -37,6 +37,12 @@ struct Acc16 {
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] += to_float(e[i]);
   }
+  // weighted: v += w * raw (a top-k combine's sum)
+  __device__ __forceinline__ void add(float w, uint4 raw) {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += w * to_float(e[i]);
+  }
   __device__ __forceinline__ uint4 pack() const {
     uint4 raw;
     T* e = reinterpret_cast<T*>(&raw);

@@ -122,24 +122,5 @@ __device__ __forceinline__ uint4 load16_fresh(const void* p) {
   return __ldcv(reinterpret_cast<const uint4*>(p));
 }
 
-// sum_k w_k * row_k over 16-byte vectors of T, in fp32, rounded once.
-template <typename T>
-struct WeightedRow {
-  static constexpr int N = 16 / sizeof(T);
-  float v[N] = {};
-  __device__ __forceinline__ void add(float w, uint4 raw) {
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] += w * to_float(e[i]);
-  }
-  __device__ __forceinline__ uint4 pack() const {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N; ++i) e[i] = from_float<T>(v[i]);
-    return raw;
-  }
-};
-
 }  // namespace moe
 }  // namespace cuco

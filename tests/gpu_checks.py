@@ -1,0 +1,44 @@
+"""Checks the GPU tests of several workloads share: every variant of a grid is correct, and a
+variant edited to skip a wait is caught (each one Case run through a worker group)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cuco.design import Directives
+from cuco.kernels import Compiler
+
+
+def assert_variants_correct(group, wl, points: Sequence[Directives], *, seeds=(5, 6), timeout: int = 150,
+                            programs: Sequence[str] = ("host_nccl",)) -> None:
+    """Builds ``points`` for ``wl`` and runs them with ``programs`` on fresh ``seeds``: every
+    output of every one of them correct."""
+    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.workloads import Case, VariantSpec
+
+    sources = [wl.render(d) for d in points]
+    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
+    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
+    for seed in seeds:
+        res = group.run(Case(wl, specs, seed=seed, time=False), timeout=timeout)
+        assert res.ok, res.error_text()
+        merged = merge_ranks(res.results)
+        assert set(merged) >= {*programs, *(s.name for s in specs)}
+        for name, rec in merged.items():
+            assert rec["correct"], f"{wl.label} seed {seed} {name}: {rec}"
+
+
+def assert_edit_is_caught(group, wl, d: Directives, old: str, new: str, name: str, *,
+                          seed: int = 7, timeout: int = 150) -> None:
+    """``d``'s kernel with ``old`` replaced by ``new`` (a wait left out, say) is judged wrong."""
+    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.workloads import Case, VariantSpec
+
+    src = wl.render(d)
+    edited = src.source.replace(old, new)
+    assert edited != src.source, f"{old!r} is not in {src.name}"
+    built = Compiler().compile(edited, needs=src.needs, name=name)
+    res = group.run(Case(wl, [VariantSpec(name, d.to_json(), str(built.path))], seed=seed, time=False),
+                    timeout=timeout)
+    assert res.ok, res.error_text()
+    assert not merge_ranks(res.results)[name]["correct"]
