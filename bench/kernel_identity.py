@@ -3,6 +3,7 @@ commit, without a GPU -> bench/results/kernel_identity.json.
 
     python bench/kernel_identity.py --before-rev 9f0bf34
     python bench/kernel_identity.py --before-rev 9f0bf34 --cases tp_fused --cache-dir ~/.cache/cuco-identity
+    python bench/kernel_identity.py --before-rev 9f0bf34 --cases tp_fused --only ag.epilogue.pingpong --out-dir /tmp
 
 A refactor of the templates or of the device headers must not change a kernel (issue #19
 asks for ``tp_fused.cu.j2``'s arena, epoch flags and per-pattern epilogues as header
@@ -160,11 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before-rev", required=True, help="commit whose templates are 'before'")
     ap.add_argument("--cases", default=",".join(CASES), help=f"groups of cases: {', '.join(CASES)}")
+    ap.add_argument("--only", default="", help="comma-separated parts of case names: only the cases "
+                    "whose name holds one (one case at a time while a refactor is under way)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cuco-identity"))
     ap.add_argument("--name", default="kernel_identity")
     ap.add_argument("--out-dir", default="bench/results")
     a = ap.parse_args(argv)
-    cases = {name: f for group in a.cases.split(",") for name, f in CASES[group].items()}
+    only = [part for part in a.only.split(",") if part]
+    cases = {name: f for group in a.cases.split(",") for name, f in CASES[group].items()
+             if not only or any(part in name for part in only)}
+    if not cases:
+        raise SystemExit(f"no case of {a.cases} holds any of {only}")
     old_env = old_environment(a.before_rev)
     items, meta = [], []
     for case, render in cases.items():

@@ -81,6 +81,24 @@ def test_comm_warps_take_the_epilogue_off_the_consumers(family):
     assert "warpgroup_reg_alloc<232>" in own
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("placement,comm_ctas,comm_warps", [("epilogue", 0, 0), ("epilogue", 0, 3),
+                                                           ("dedicated_ctas", 4, 2)])
+def test_the_issuer_is_a_type_picked_on_one_line(family, placement, comm_ctas, comm_warps):
+    """Who polls the peers' flags is a type from cuco_issuer.cuh (Issuer::wait_in), not a
+    branch of the template: the three issuers render the same kernel but for the line that
+    picks the type (and the header comment naming the variant)."""
+    p = GemmProblem(workload=family, m=1024, n=1024, k=1024, world_size=2)
+    lines = {i: render_tp(p, in_kernel(placement, "lsa", i, comm_ctas=comm_ctas, comm_warps=comm_warps)
+                          )[0].source.splitlines() for i in ("thread", "warp", "cta")}
+    for issuer, src in lines.items():
+        assert src.count(f"using Issuer = cuco::Issuer{issuer.capitalize()};") == 1
+        assert len(src) == len(lines["thread"])
+        differ = [a for a, b in zip(lines["thread"], src) if a != b]
+        assert [a for a in differ if not a.startswith(("// issuer=", "using Issuer ="))] == [], issuer
+        assert "Issuer::wait_in<N>(" in "\n".join(src)
+
+
 def test_comm_warps_are_an_in_kernel_tunable():
     with pytest.raises(DirectiveError, match="comm_warps: placement=side_stream .* set comm_warps=0"):
         Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, comm_warps=2)

@@ -5,6 +5,9 @@
 //   Issuer::part(), parts()  this issuer's index and how many there are in the grid
 //   Issuer::wait(poll)       the issuer's poller runs `poll`, then the issuer goes on together
 //   Issuer::leads()          whether this thread speaks for its issuer (signals, counters)
+//   Issuer::wait_in<N>(poll, sync)  the same wait inside a group of N threads of a CTA (a
+//                            multiple of 32; thread i of the group is threadIdx.x % N), whose
+//                            own barrier `sync` ends it: warp specialised kernels (tp_fused)
 #pragma once
 
 #include <cstddef>
@@ -24,6 +27,11 @@ struct IssuerThread {
   template <typename F>
   static __device__ __forceinline__ void wait(F poll) { poll(); }
   static __device__ __forceinline__ bool leads() { return true; }
+  template <int N, typename F, typename Sync>
+  static __device__ __forceinline__ void wait_in(F poll, Sync sync) {
+    poll();
+    sync();
+  }
 };
 
 // A warp is an issuer: 32 consecutive units per step, lane 0 polls for the warp.
@@ -43,6 +51,12 @@ struct IssuerWarp {
     __syncwarp();
   }
   static __device__ __forceinline__ bool leads() { return threadIdx.x % 32 == 0; }
+  template <int N, typename F, typename Sync>
+  static __device__ __forceinline__ void wait_in(F poll, Sync sync) {
+    const int tid = threadIdx.x % N;
+    if (tid % 32 == 0) poll();
+    sync();
+  }
 };
 
 // A CTA is an issuer: one contiguous slice per CTA, thread 0 polls for the CTA.
@@ -61,6 +75,12 @@ struct IssuerCta {
     __syncthreads();
   }
   static __device__ __forceinline__ bool leads() { return threadIdx.x == 0; }
+  template <int N, typename F, typename Sync>
+  static __device__ __forceinline__ void wait_in(F poll, Sync sync) {
+    const int tid = threadIdx.x % N;
+    if (tid == 0) poll();
+    sync();
+  }
 };
 
 }  // namespace cuco
