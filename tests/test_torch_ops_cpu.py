@@ -288,3 +288,87 @@ def test_bad_calls_under_torch_compile_reach_the_caller(torch, T, ops, groups):
     torch._dynamo.reset()
     with pytest.raises(T.LayoutError, match="not row-major"):  # what the eager run then says
         layer(a, meta(torch, 512, 1024).t(), two)
+
+
+# ---- autograd: each op's backward is its dual, fused where a kernel is registered ----------
+
+#: a ReduceScatter kernel at the AllGather kernel's dual shape (M x N x K of its M x K x N)
+DUAL_SHAPE = "1024x512x2048"
+
+
+@pytest.fixture(scope="module")
+def dual_op(T, ops, tmp_path_factory):
+    """With it, AllGather+GEMM's backward runs it, and GEMM+ReduceScatter at this shape has
+    the AllGather kernel as its own backward."""
+    import cuco
+    root = tmp_path_factory.mktemp("torch_ops_dual")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUCO_CACHE_DIR", str(root / "kcache"))
+        art = cuco.tune("gemm_reducescatter", DUAL_SHAPE, 2, cache_dir=root / "tuned",
+                        dry_run=True, budget=6, placements=("side_stream",))
+    op = art.as_torch_op()
+    yield op
+    T.unregister(op)
+
+
+def _graphs_of(torch, fn, *args):
+    """(ops of the forward graph, ops of the backward graph) torch.compile makes of
+    ``fn(*args).sum().backward()``, and the gradients."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    seen = []
+
+    def record(gm, _):
+        seen.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    compiled(*args).sum().backward()
+    return seen[0], seen[1]
+
+
+def _leaf(torch, *shape):
+    return meta(torch, *shape).requires_grad_()
+
+
+def test_backward_runs_cuco_duals_where_registered_and_plain_torch_elsewhere(torch, T, ops, dual_op, groups):
+    two, _ = groups
+    # AllGather+GEMM (A[512, 2048], B[2048, 256]): its dual ReduceScatter(dY @ B^T) is dual_op
+    a, b = _leaf(torch, 512, 2048), _leaf(torch, 2048, 256)
+    fwd, bwd = _graphs_of(torch, lambda x, w: torch.ops.cuco.all_gather_matmul(x, w, two), a, b)
+    assert "cuco.all_gather_matmul.default" in fwd
+    assert "cuco.matmul_reduce_scatter.default" in bwd  # dA fused
+    assert "_c10d_functional.all_gather_into_tensor.default" in bwd  # A gathered again for dB
+    assert (a.grad.shape, b.grad.shape) == (a.shape, b.shape)
+    # GEMM+ReduceScatter at dual_op's shape (A[1024, 256], B[256, 2048]): dA is the AllGather kernel
+    a, b = _leaf(torch, 1024, 256), _leaf(torch, 256, 2048)
+    _, bwd = _graphs_of(torch, lambda x, w: T.fused_matmul_reduce_scatter(x, w, "sum", 0, two), a, b)
+    assert "cuco.all_gather_matmul.default" in bwd
+    assert (a.grad.shape, b.grad.shape) == (a.shape, b.shape)
+    # GEMM+ReduceScatter at A[1024, 1024], B[1024, 512]: no AllGather kernel at [512, 512] x
+    # [512, 1024], so plain torch: one gather of dY serves dA and dB
+    a, b = _leaf(torch, 1024, 1024), _leaf(torch, 1024, 512)
+    _, bwd = _graphs_of(torch, lambda x, w: T.fused_matmul_reduce_scatter(x, w, "sum", 0, two), a, b)
+    assert not any(t.startswith("cuco.") for t in bwd), bwd
+    assert "_c10d_functional.all_gather_into_tensor.default" in bwd
+    # GEMM+AllReduce: dY is the same on every rank; its backward communicates nothing
+    a, b = _leaf(torch, 1024, 1024), _leaf(torch, 1024, 512)
+    _, bwd = _graphs_of(torch, lambda x, w: T.matmul_all_reduce(x, w, two), a, b)
+    assert not any(t.startswith(("cuco.", "_c10d_functional.")) for t in bwd), bwd
+    # a column-parallel GEMM after a replicated input: dA = AllReduce(dY @ B^T), fused by the
+    # AllReduce kernel (A'[1024, 1024] B'[1024, 512]) where its shape matches, plain elsewhere
+    a, b = _leaf(torch, 1024, 512), _leaf(torch, 512, 1024)
+    fwd, bwd = _graphs_of(torch, lambda x, w: T.column_parallel_matmul(x, w, two), a, b)
+    assert not any(t.startswith(("cuco.", "_c10d_functional.")) for t in fwd), fwd
+    assert "cuco.matmul_all_reduce.default" in bwd
+    a, b = _leaf(torch, 1024, 512), _leaf(torch, 512, 768)
+    _, bwd = _graphs_of(torch, lambda x, w: T.column_parallel_matmul(x, w, two), a, b)
+    assert "_c10d_functional.all_reduce.default" in bwd and not any(t.startswith("cuco.") for t in bwd)
+
+
+def test_grads_only_for_operands_that_need_them(torch, T, ops, groups):
+    two, _ = groups
+    a, b = _leaf(torch, 512, 2048), meta(torch, 2048, 256)  # a frozen weight
+    torch.ops.cuco.all_gather_matmul(a, b, two).sum().backward()
+    assert a.grad.shape == a.shape and b.grad is None

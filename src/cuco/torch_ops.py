@@ -17,6 +17,12 @@ Drop-ins with the signatures and return conventions of PyTorch's symmetric-memor
 :func:`fused_all_gather_matmul`, :func:`fused_matmul_reduce_scatter` (as
 ``torch.ops.symm_mem``'s), and :func:`matmul_all_reduce` (``all_reduce(A @ B)``).
 
+The ops train: each one's backward is its dual (``register_autograd``; see "autograd" below):
+``AllGather(A) @ B`` -> ``dA = ReduceScatter(dY @ B^T)``; ``ReduceScatter(A @ B)`` ->
+``dA = AllGather(dY) @ B^T``; ``AllReduce(A @ B)`` -> ``dA = dY @ B^T``; and
+:func:`column_parallel_matmul` (``A @ B`` with a replicated input) -> ``dA = AllReduce(dY @ B^T)``.
+A dual runs cuco's op where a kernel is registered at its shape, plain torch otherwise.
+
 Every refusal is a :class:`TorchOpError` raised in Python before anything launches, and
 names the fix. It is raised outside any trace (:func:`refuse`), so eager and under
 ``torch.compile`` it reaches the caller as itself; ``fullgraph=True`` cannot fall back to
@@ -448,3 +454,160 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: list[torch.Tensor], gather_dim:
         rows = torch.ops._c10d_functional.wait_tensor(rows)
         gathered = rows.view(x.shape[0] * world, *x.shape[1:]).movedim(0, dim)
     return gathered, outs
+
+
+# ---- autograd: each pattern's backward is its dual ----------------------------------------
+#
+# The backward of a fused op is a GEMM fused with the dual collective, plus a second GEMM for
+# the weight. Each dual below runs cuco's op for its GEMM + collective where a kernel is
+# registered at that shape (tune it like any other: `cuco.tune(..., shape of the dual)`), and
+# plain torch otherwise (``torch.matmul`` + ``torch.ops._c10d_functional`` collectives, on
+# any backend, also gloo on the CPU). Correctness does not depend on what is registered.
+
+def gather_rows(x, group_name: str):
+    """``AllGather`` of ``x``'s rows over the group (plain torch; ranks' blocks in rank order)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_gather_into_tensor(x.contiguous(), group_size(group_name),
+                                                         group_name))
+
+
+def scatter_rows(x, group_name: str):
+    """``ReduceScatter`` (sum) of ``x``'s rows over the group: rank ``r`` keeps block ``r``."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.reduce_scatter_tensor(x.contiguous(), "sum",
+                                                       group_size(group_name), group_name))
+
+
+def sum_over_ranks(x, group_name: str):
+    """``AllReduce`` (sum) of ``x`` over the group (plain torch)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_reduce(x.contiguous(), "sum", group_name))
+
+
+def registered_for(pattern: str, A, B, group_name: str) -> TorchOp | None:
+    """The kernel registered for ``pattern`` at these operands, or None (then the caller
+    runs plain torch). Only GPU (or meta) operands of a registered dtype can have one."""
+    if A.device.type not in DEVICES or A.dtype not in DTYPES or A.dtype != B.dtype:
+        return None
+    return _REGISTRY.get((pattern, DTYPES[A.dtype], group_size(group_name), tuple(A.shape),
+                          tuple(B.shape)))
+
+
+def fused_if_registered(pattern: str, A, B, group_name: str):
+    """``pattern``'s cuco op on (A, B) where a kernel is registered at their shapes; else None."""
+    if registered_for(pattern, A, B, group_name) is None:
+        return None
+    return getattr(torch.ops.cuco, OP_OF[pattern])(A.contiguous(), B.contiguous(), group_name)
+
+
+def all_gather_matmul_backward(A, B, dY, group_name: str, need=(True, True)):
+    """Gradients of ``Y = AllGather(A) @ B`` (column-parallel linear, sequence-parallel input):
+    ``dA = ReduceScatter(dY @ B^T)`` -- cuco's ``matmul_reduce_scatter`` where a kernel is
+    registered at ``A' = dY [M, N/w]``, ``B' = B^T [N/w, K]`` (global ``M x N x K``), plain
+    torch otherwise -- and ``dB = AllGather(A)^T @ dY``, with A gathered again by plain torch
+    (the fused forward keeps the gathered rows in its arena, which the next call overwrites;
+    re-gathering is what Megatron-LM's sequence parallelism does too)."""
+    dA = dB = None
+    if need[0]:
+        dA = fused_if_registered("gemm_reducescatter", dY, B.t(), group_name)
+        if dA is None:
+            dA = scatter_rows(dY @ B.t(), group_name)
+    if need[1]:
+        dB = gather_rows(A, group_name).t() @ dY
+    return dA, dB
+
+
+def matmul_reduce_scatter_backward(A, B, dY, group_name: str, need=(True, True)):
+    """Gradients of ``Y = ReduceScatter(A @ B)`` (row-parallel linear, sequence-parallel
+    output): ``dA = AllGather(dY) @ B^T`` -- cuco's ``all_gather_matmul`` where a kernel is
+    registered at ``A' = dY [M/w, N]``, ``B' = B^T [N, K/w]`` (global ``M x N x K``), plain
+    torch otherwise -- and ``dB = A^T @ AllGather(dY)``. Plain torch gathers dY once for
+    both; with a cuco kernel for dA, dY is gathered a second time for dB by plain torch."""
+    dA = dB = None
+    gathered = None
+    if need[0]:
+        dA = fused_if_registered("allgather_gemm", dY, B.t(), group_name)
+        if dA is None:
+            gathered = gather_rows(dY, group_name)
+            dA = gathered @ B.t()
+    if need[1]:
+        gathered = gather_rows(dY, group_name) if gathered is None else gathered
+        dB = A.t() @ gathered
+    return dA, dB
+
+
+def matmul_all_reduce_backward(A, B, dY, group_name: str, need=(True, True)):
+    """Gradients of ``Y = AllReduce(A @ B)`` (row-parallel linear, replicated output): dY is
+    the same on every rank, so ``dA = dY @ B^T`` and ``dB = A^T @ dY`` need no communication
+    (plain torch)."""
+    return (dY @ B.t() if need[0] else None), (A.t() @ dY if need[1] else None)
+
+
+def replicated_input_backward(A, B, dY, group_name: str, need=(True, True)):
+    """Gradients of ``Y = A @ B`` where A is the same on every rank and B a column shard
+    (column-parallel linear after a replicated input): ``dA = AllReduce(dY @ B^T)`` -- cuco's
+    ``matmul_all_reduce`` where a kernel is registered at ``A' = dY [M, N/w]``,
+    ``B' = B^T [N/w, K]`` (global ``M x N x K``), plain torch otherwise -- and
+    ``dB = A^T @ dY``."""
+    dA = dB = None
+    if need[0]:
+        dA = fused_if_registered("gemm_allreduce", dY, B.t(), group_name)
+        if dA is None:
+            dA = sum_over_ranks(dY @ B.t(), group_name)
+    if need[1]:
+        dB = A.t() @ dY
+    return dA, dB
+
+
+BACKWARD = {"allgather_gemm": all_gather_matmul_backward,
+            "gemm_reducescatter": matmul_reduce_scatter_backward,
+            "gemm_allreduce": matmul_all_reduce_backward}
+
+
+def _save_operands(ctx, inputs, output) -> None:
+    A, B, group_name = inputs
+    ctx.save_for_backward(A, B)
+    ctx.group_name = group_name
+
+
+def _backward_of(pattern: str):
+    def backward(ctx, dY):
+        A, B = ctx.saved_tensors
+        dA, dB = BACKWARD[pattern](A, B, dY, ctx.group_name, need=ctx.needs_input_grad[:2])
+        return dA, dB, None
+    backward.__name__ = f"{OP_OF[pattern]}_backward"
+    return backward
+
+
+for _op, _pattern in ((_matmul_all_reduce, "gemm_allreduce"),
+                      (_matmul_reduce_scatter, "gemm_reducescatter"),
+                      (_all_gather_matmul, "allgather_gemm")):
+    _op.register_autograd(_backward_of(_pattern), setup_context=_save_operands)
+
+
+class _ReplicatedInputMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, B, group_name):
+        ctx.save_for_backward(A, B)
+        ctx.group_name = group_name
+        return A @ B
+
+    @staticmethod
+    def backward(ctx, dY):
+        A, B = ctx.saved_tensors
+        dA, dB = replicated_input_backward(A, B, dY, ctx.group_name, need=ctx.needs_input_grad[:2])
+        return dA, dB, None
+
+
+def column_parallel_matmul(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``A @ B`` for a column-parallel linear whose input ``A[..., K]`` is the same on every
+    rank (tensor parallelism without sequence parallelism): no communication forward, and
+    the backward all-reduces ``dA`` (:func:`replicated_input_backward`; cuco's
+    ``matmul_all_reduce`` where a kernel is registered for that shape)."""
+    op = "column_parallel_matmul"
+    check_operand(op, "A", A)
+    check_operand(op, "B", B, max_dims=2)
+    check_pair(op, A, B)
+    world_of(op, group_name)
+    A2 = A.flatten(0, -2)
+    return _ReplicatedInputMatmul.apply(A2, B, group_name).view(*A.shape[:-1], B.shape[1])
