@@ -83,3 +83,19 @@ def test_sharded_block_and_backward_duals_match_the_whole_on_two_gloo_ranks(tmp_
         if "decode" not in label:
             assert set(b["grad_rel_err"]) == set(B.WEIGHTS)
             assert max(b["grad_rel_err"].values()) < 1e-5, (label, b)
+
+
+def test_bench_lists_its_sizes_and_without_two_gpus_says_so_and_exits_2():
+    bench = [sys.executable, str(ROOT / "bench" / "tp_block.py")]
+    r = subprocess.run(bench + ["--list", "--models", "llama3-8b", "--tokens", "1024"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("H4096F14336/T1024/rs/w2: allgather_gemm 1024x4096x6144")
+    assert lines[1].startswith("H4096F14336/decode128x1024/rs/w2") and len(lines) == 2
+    r = subprocess.run(bench + ["--tokens", "6144"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "multiple of 4096" in r.stderr and "Traceback" not in r.stderr
+    from cuco.runtime import visible_gpus
+    if visible_gpus() < 2:
+        r = subprocess.run(bench, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "needs 2 GPUs" in r.stderr, r.stderr
