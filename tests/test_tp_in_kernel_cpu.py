@@ -47,7 +47,8 @@ def test_world_size_reaches_the_kernel_and_the_shape_is_a_launch_argument():
         sources = {render_tp(GemmProblem(workload=family, m=m, n=n, k=k, world_size=8), d)[0].source
                    for m, n, k in shapes}
         assert len(sources) == 1
-        assert "cuco_fused_launch(int device, void* stream, int grid, int m, int n, int k," in sources.pop()
+        assert "cuco_fused_launch(int device, void* stream, int grid, int m, int n, int k, int raster_group," \
+            in sources.pop()
 
 
 @pytest.mark.parametrize("change,field,fix", [

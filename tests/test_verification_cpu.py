@@ -130,9 +130,9 @@ def test_in_kernel_arguments_carry_nothing_check_only(placement):
     assert "stress" not in src
     launch = src[src.index('extern "C" int cuco_fused_launch'):]
     params = launch[:launch.index(")")]
-    # 18 arguments (the shape among them), the last the call state's offset: the same in
-    # every call of a shape, checked or timed (the epoch is the kernel's own, on the device)
-    assert params.count(",") == 17 and params.rstrip().endswith("unsigned long long calls_off")
+    # 19 arguments (the shape and tile order among them), the last the call state's offset:
+    # the same in every call of a shape, checked or timed (the epoch is the kernel's own)
+    assert params.count(",") == 18 and params.rstrip().endswith("unsigned long long calls_off")
     assert "p.epoch" not in src and "cuco::call_begin(" in src
 
 

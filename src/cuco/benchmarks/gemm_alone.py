@@ -70,8 +70,9 @@ class GemmAloneBench:
     out_dir: Any = results.RESULTS_DIR
     console: Console = field(default_factory=Console)
 
-    def build(self) -> dict[tuple[tuple[int, int, int], str], str]:
-        """Every (shape, point) gemm_only build, compiled on all cores; ``{key: library}``."""
+    def build(self) -> dict[tuple[tuple[int, int, int], str], tuple[str, int]]:
+        """Every (shape, point) gemm_only build, compiled on all cores; ``{key: (library,
+        raster group)}``."""
         from cuco.kernels import Compiler
         items, keys = [], []
         for shape in self.shapes:
@@ -82,14 +83,14 @@ class GemmAloneBench:
                     self.console.print(f"[dim]{shape} {d.full_name}: {exc}[/dim]")
                     continue
                 items.append((src.name, src.source, src.needs))
-                keys.append((shape, d.full_name))
+                keys.append((shape, d.full_name, d.raster_group))
         built = Compiler().compile_many(items)
         out = {}
-        for key, b in zip(keys, built):
+        for (shape, name, raster), b in zip(keys, built):
             if hasattr(b, "path"):
-                out[key] = str(b.path)
+                out[(shape, name)] = (str(b.path), raster)
             else:
-                self.console.print(f"[red]{key}: {b}[/red]")
+                self.console.print(f"[red]{shape} {name}: {b}[/red]")
         return out
 
     def run(self) -> Any:
@@ -109,7 +110,7 @@ class GemmAloneBench:
         self.console.print(f"wrote {path}")
         return path
 
-    def _case(self, shape: tuple[int, int, int], libs: dict[str, str], sms: int) -> list[dict]:
+    def _case(self, shape: tuple[int, int, int], libs: dict[str, tuple[str, int]], sms: int) -> list[dict]:
         import cupy
         m, n, k = shape
         rng = cupy.random.default_rng(m * 7 + n * 5 + k)
@@ -128,9 +129,9 @@ class GemmAloneBench:
         # the arena this one rank's kernel sees: an XF buffer (its descriptor needs one), then
         # the kernel's call state (zeroed: the first call's epoch is 1)
         gathered = cupy.zeros(m * k + CALL_STATE_ELEMS, dtype=cupy.uint16)
-        for variant, path in libs.items():
+        for variant, (path, raster) in libs.items():
             c = cupy.empty((m, n), dtype=cupy.uint16)
-            cands[variant] = (_launcher(path, a16, b16, c, gathered, sms), c)
+            cands[variant] = (_launcher(path, raster, a16, b16, c, gathered, sms), c)
         checks = {v: self._check(fn, c, ref) for v, (fn, c) in cands.items()}
         times: dict[str, list[float]] = {v: [] for v in cands}
         for v, (fn, _) in cands.items():
@@ -238,7 +239,7 @@ def _torch_matmul(a16, b16, m: int, n: int):
 CALL_STATE_ELEMS = 8
 
 
-def _launcher(path: str, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
+def _launcher(path: str, raster: int, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
     """One call of a gemm_only in-kernel build on the current stream (one rank: no peers,
     the arena is the XF buffer its descriptor is built over)."""
     import cupy
@@ -249,8 +250,9 @@ def _launcher(path: str, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
     calls_off = (gathered.size - CALL_STATE_ELEMS) * gathered.itemsize
 
     def call() -> None:
-        rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, *c.shape, a16.shape[1], a16.data.ptr,
-                                   b16.data.ptr, c.data.ptr, None, None, peers, 0, 0, 0, 0, 0, calls_off)
+        rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, *c.shape, a16.shape[1],
+                                   raster, a16.data.ptr, b16.data.ptr, c.data.ptr, None, None, peers, 0,
+                                   0, 0, 0, 0, calls_off)
         if rc:
             raise RuntimeError(f"{path}: launch failed (CUDA error {rc})")
     return call

@@ -87,11 +87,13 @@ class WorkerContext:
 def load_launcher(path: str | Path, device: int):
     """A fused kernel's shared object (:func:`cuco.kernels.compiler.is_launcher`) as a ctypes
     library with ``cuco_fused_launch``'s signature declared, its module loaded on ``device``:
-    ``(device, stream, grid, m, n, k, x, w, out, a0, a1, peers, rank, data_off, stage_off,
-    out_off, flag_off, calls_off)``, this rank's GEMM being ``m x n x k``."""
+    ``(device, stream, grid, m, n, k, raster_group, x, w, out, a0, a1, peers, rank, data_off,
+    stage_off, out_off, flag_off, calls_off)``, this rank's GEMM being ``m x n x k`` and its
+    tiles walked in groups of ``raster_group`` m-tiles (launch arguments: one build serves
+    every shape and tile order)."""
     import ctypes as c
     lib = c.CDLL(str(path))
-    lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int,
+    lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int,
                                       c.c_void_p, c.c_void_p, c.c_void_p,
                                       c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
                                       *([c.c_ulonglong] * 5)]

@@ -77,7 +77,7 @@ class InKernelRunner:
         ctx = self.ctx
         # AllReduce writes its result into the arena: no `out` needed
         rc = self.lib.cuco_fused_launch(
-            ctx.device, ctx.stream.ptr, self.grid, *self.gemm,
+            ctx.device, ctx.stream.ptr, self.grid, *self.gemm, self.d.raster_group,
             int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr),
             0 if self.out is None else int(self.out.data.ptr), self.a0, self.a1, self.bases, ctx.rank, *self.offsets)
         if rc != 0:
