@@ -74,19 +74,21 @@ def test_in_kernel_grid_is_correct(world_group, family, shape):
             assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_one_build_runs_every_shape(world_group, family):
+def test_one_build_runs_every_shape(world_group, family, dtype):
     """The kernel takes its shape per launch: built once (for the first shape), it is
-    correct at shapes it was not rendered for, whole-tiled and ragged."""
+    correct at shapes it was not rendered for, whole-tiled and ragged, in bf16 and fp16."""
     from cuco.runtime.collective_ops import merge_ranks
     from cuco.workloads import Case, for_problem
 
     points = [in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8),
               in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, tile_n=128, stages=6,
                         schedule="pingpong")]
-    specs = build(GemmProblem(workload=family, m=512, n=1024, k=2048, world_size=TEST_WORLD), points)
+    specs = build(GemmProblem(workload=family, m=512, n=1024, k=2048, world_size=TEST_WORLD, dtype=dtype),
+                  points)
     for m, n, k in ((2048, 1024, 512), RAGGED, (136, 528, 784)):
-        problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+        problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD, dtype=dtype)
         res = world_group.run(Case(for_problem(problem), variants=specs, seed=7, time=False), timeout=120)
         assert res.ok, res.error_text()
         for name, rec in merge_ranks(res.results).items():
