@@ -83,8 +83,8 @@ def test_a_cp_variant_that_skips_its_flag_wait_is_caught(gpu_group, causal):
 
 def test_a_moe_combine_that_skips_its_flag_wait_is_caught(gpu_group):
     """MoE's combine reading the experts' outputs on their owners without waiting for the
-    owners' "outputs ready" flags reads the arena's poison (the owner's GEMMs are still
-    running, and checked calls start later on some ranks)."""
+    owners' "outputs ready" flags reads the arena's poison: the owner's grouped GEMMs are
+    still running when a peer's combine starts."""
     assert_edit_is_caught(gpu_group, _workloads()["moe"], side("warp", 16 << 10),
                           "if (threadIdx.x < W) flag_wait_ge(a, flag_off + (kDone + threadIdx.x) * 8, epoch);",
                           "", "moe_racy_combine")
