@@ -12,6 +12,7 @@ from cuco.design import Directives
 from cuco.kernels.catalog import SHIMS, compile_report, kernel_sources, template_of
 from cuco.kernels.collectives import KernelSource
 from cuco.workloads.cp_attention import CPAttention
+from cuco.workloads.kv_prefill import layer_kernel_source
 from cuco.workloads.kv_transfer import KVTransfer
 from cuco.workloads.moe import MoE
 from cuco.workloads.moe_gemm import grouped_gemm_source
@@ -20,9 +21,9 @@ from cuco.workloads.moe_gemm import grouped_gemm_source
 def pipeline_sources() -> list[KernelSource]:
     """KV transfer, MoE and context-parallel attention: every backend and issuer at a
     small shape."""
+    cp = CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True)
     workloads = (KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
-                 MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2),
-                 CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True))
+                 MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2), cp)
     out = []
     for wl in workloads:
         for backend in ("lsa", "nvshmem"):
@@ -31,6 +32,8 @@ def pipeline_sources() -> list[KernelSource]:
                                issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
                 out.append(wl.render(d))
     out.append(grouped_gemm_source())  # the MoE layer's expert GEMMs (one build, any shape)
+    out.append(layer_kernel_source())  # the KV prefill's RMSNorm, causal softmax, SwiGLU
+    out.append(cp.core_kernel_source())  # the attention kernel the CP host programs run
     return out
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from cuco.design import KVProblem
 from cuco.design.problem import DTYPE_BYTES
+from cuco.kernels.collectives import KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes
 from cuco.runtime.cublas import gemm
@@ -53,6 +54,13 @@ def layer_source(dtype: str) -> str:
     """The layer kernels in ``dtype`` and in fp32 (kv_transfer_layer.cu.j2)."""
     types = [(dtype, CTYPES[dtype])] + ([("fp32", "float")] if dtype != "fp32" else [])
     return render("kv_transfer_layer.cu.j2", dtype=dtype, types=types)
+
+
+def layer_kernel_source(dtype: str = "bf16") -> KernelSource:
+    """:func:`layer_source` as the kernel catalog lists it (what CI compiles)."""
+    names = [dtype] + (["fp32"] if dtype != "fp32" else [])
+    return KernelSource("kv_transfer_layer", layer_source(dtype), (),
+                        tuple(f"{k}_{t}" for t in names for k in ("rmsnorm", "causal_softmax", "swiglu")))
 
 
 def make_prompt_and_weights(s: KVProblem, dtype: str, seed: int) -> dict[str, Any]:
