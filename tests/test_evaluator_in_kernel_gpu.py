@@ -20,7 +20,7 @@ EPI = in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8)
 DED = in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4)
 PACK = "const uint4 v = acc.pack();"
 RS_STORE = "cuco::store16(p.out + e, v);"
-AR_OFF = "const size_t off = obase + ((size_t)r * kN + c * kVec) * sizeof(T);"
+AR_OFF = "const size_t off = obase + ((size_t)r * p.dims.n + c * kVec) * sizeof(T);"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ PLANTED = {
             "0x7FC07FC0u); (void)acc;", "wrong"),
     "early_return": ("ar", EPI, RS_STORE, RS_STORE, "wrong"),  # body replaced below
     # 256 16-byte units past the end of this rank's output: the guard page
-    "write_past_output": ("rs", EPI, RS_STORE, RS_STORE + " cuco::store16(p.out + (size_t)kBlockRows * kN"
+    "write_past_output": ("rs", EPI, RS_STORE, RS_STORE + " cuco::store16(p.out + (size_t)p.dims.block_rows * p.dims.n"
                           " + (size_t)(u % 256) * kVec, v);", "wrong"),
     "hang": ("ar", DED, PACK, PACK + " while (*(volatile unsigned*)p.arena.at(obase, me) != 0x12345678u) {}",
              "hang"),
