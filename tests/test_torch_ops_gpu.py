@@ -11,10 +11,6 @@ capture a side-stream one (as many ranks as there are GPUs, up to 2).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +21,7 @@ from cuco.export import export
 from cuco.kernels.tp import in_kernel
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
 from conftest import TEST_WORLD
+import torchrun
 
 SCRIPT = Path(__file__).parent / "gpu_scripts" / "torch_ops.py"
 SIDE = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=32,
@@ -68,22 +65,10 @@ def in_kernel_artifacts(group, tmp_path_factory):
 
 
 def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:
-    """The script's verdict (its whole process group killed on a timeout: a hung kernel
-    must not outlive the test)."""
+    """The script's verdict in ``mode`` (:func:`torchrun.verdict`)."""
     out = tmp_path / f"{mode}.json"
-    env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", str(TEST_WORLD), str(SCRIPT), mode, str(out), *paths],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"{mode}: no verdict within {timeout} s (a hang)") from None
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
-    verdict = json.loads(out.read_text())
+    verdict = torchrun.verdict(SCRIPT, [mode, str(out), *paths], out, nproc=TEST_WORLD, timeout=timeout,
+                               env={"CUDA_MODULE_LOADING": "EAGER"})
     print(json.dumps(verdict))
     return verdict
 

@@ -7,14 +7,13 @@ The GEMM shapes the cuco block tunes, and its refusals, need no torch.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "gpu_scripts" / "tp_block.py"
@@ -57,19 +56,7 @@ def test_shapes_the_block_cannot_split_are_refused_with_the_fix(kw, match):
 def test_sharded_block_and_backward_duals_match_the_whole_on_two_gloo_ranks(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "cpu.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", str(SCRIPT), "cpu", str(out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError("no verdict within 300 s") from None
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
-    v = json.loads(out.read_text())
+    v = torchrun.verdict(SCRIPT, ["cpu", str(out)], out, nproc=2, timeout=300, env={"OMP_NUM_THREADS": "1"})
     assert v["world"] == 2
     assert set(v["duals"]) == {"all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
                                "column_parallel_matmul"}

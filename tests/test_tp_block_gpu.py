@@ -11,13 +11,12 @@ output and of each weight's gradient, and the losses.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import torchrun
 
 from cuco import CandidateDB, Directives, make_problem
 from cuco.evaluate import Evaluator
@@ -65,20 +64,9 @@ def test_the_small_block_has_twelve_fused_gemms():
 @pytest.mark.gpu(count=2)
 def test_block_trained_with_cuco_ops_matches_plain_tp(artifacts, tmp_path):
     out = tmp_path / "gpu.json"
-    env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER", "PYTHONUNBUFFERED": "1",
-           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc-per-node", "2", str(SCRIPT), "gpu", str(out), *artifacts],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError("no verdict within 600 s (a hang)") from None
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
-    v = json.loads(out.read_text())
+    v = torchrun.verdict(SCRIPT, ["gpu", str(out), *artifacts], out, nproc=2, timeout=600,
+                         env={"CUDA_MODULE_LOADING": "EAGER", "NCCL_NVLS_ENABLE": "0",
+                              "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     print(json.dumps(v))
     assert v["registered"] == 12
     for out_mode in ("rs", "ar"):
