@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU evidence of the open issues, as named steps, for short sessions on a 2-GPU machine.
+#
+#   bench/gpu_session.sh STEP[:SECONDS] ...      (SECONDS: that step's time limit, default 300)
+#
+# Each step writes its log to $OUT/logs/<step>.log (headed by the commit in $CUCO_REV and the
+# exact command) and its result files to $OUT/results/; copy what matters into bench/logs and
+# bench/results. A step that fails or runs out of time does not stop the next one. Steps share
+# one kernel cache ($CUCO_CACHE_DIR), so a later step reuses what an earlier one built.
+set -u
+OUT=${OUT:-/tmp/cuco_out}
+mkdir -p "$OUT/logs" "$OUT/results"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+R="--out-dir $OUT/results"
+
+step_command() {
+  case "$1" in
+    tests_pipelines) echo "python3 -m pytest -v -n 4 tests/test_moe_gpu.py tests/test_kv_gpu.py tests/test_cp_attention_gpu.py tests/test_pipelines_gpu.py" ;;
+    tests_tp)        echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py tests/test_host_baseline_gpu.py" ;;
+    tests_evaluator) echo "python3 -m pytest -v -n 4 tests/test_evaluator_in_kernel_gpu.py tests/test_evaluator_gpu.py" ;;
+    tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
+    pipelines)       echo "python3 bench/pipelines.py $R" ;;
+    evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
+    tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
+    tp_shapes)       echo "python3 bench/tp_shapes.py $R" ;;
+    tp_block)        echo "python3 bench/tp_block.py --budget 4 $R" ;;
+    search_moe|search_kv_transfer|search_cp_attention)
+                     echo "python3 bench/search.py --family ${1#search_} --budget 24 --no-grid $R" ;;
+    *) return 1 ;;
+  esac
+}
+
+summary=()
+for spec in "$@"; do
+  name=${spec%%:*}; limit=300
+  [[ "$spec" == *:* ]] && limit=${spec##*:}
+  cmd=$(step_command "$name") || { echo "unknown step $name"; summary+=("$name unknown"); continue; }
+  log="$OUT/logs/$name.log"
+  { echo "# commit ${CUCO_REV:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+    echo "# $cmd   (limit ${limit}s)"; } > "$log"
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" bash -c "$cmd" >> "$log" 2>&1
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  echo "# exit $rc after ${dt}s" >> "$log"
+  summary+=("$(printf '%-22s rc=%-4s %4ss  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|error' "$log" | tail -1 | cut -c1-90)")")
+done
+printf '%s\n' "${summary[@]}"
