@@ -64,7 +64,7 @@ def in_kernel_artifacts(group, tmp_path_factory):
     return exported(group, tmp_path_factory.mktemp("torch_ops_in_kernel"), EPILOGUE)
 
 
-def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:
+def run_script(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:
     """The script's verdict in ``mode`` (:func:`torchrun.verdict`)."""
     out = tmp_path / f"{mode}.json"
     verdict = torchrun.verdict(SCRIPT, [mode, str(out), *paths], out, nproc=TEST_WORLD, timeout=timeout,
@@ -75,7 +75,7 @@ def torchrun(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) ->
 
 @pytest.mark.gpu(count=2)
 def test_drop_ins_match_torch_fused_ops_and_plain_tp_element_by_element(artifacts, tmp_path):
-    v = torchrun("check", artifacts, tmp_path)
+    v = run_script("check", artifacts, tmp_path)
     assert v["gemm_allreduce"] == {"shape": [2048, 4096], "vs_fp32": 0, "vs_plain_tp": 0}
     assert v["gemm_reducescatter"] == {"shape": [1024, 4096], "vs_fp32": 0, "vs_plain_tp": 0,
                                        "vs_torch_fused": 0}
@@ -85,14 +85,14 @@ def test_drop_ins_match_torch_fused_ops_and_plain_tp_element_by_element(artifact
 
 @pytest.mark.gpu(count=2)
 def test_torch_compile_traces_the_ops_without_graph_breaks_on_cuda(artifacts, tmp_path):
-    v = torchrun("compile", artifacts, tmp_path)
+    v = run_script("compile", artifacts, tmp_path)
     assert v["graph_breaks"] == 0, v["break_reasons"]
     assert v["compiled_vs_eager"] == 0  # the same kernels: the same bits
 
 
 @pytest.mark.gpu(count=1)
 def test_cuda_graph_capture_replays_1000_times_with_random_replays_checked(in_kernel_artifacts, tmp_path):
-    v = torchrun("graph", in_kernel_artifacts, tmp_path, timeout=300)
+    v = run_script("graph", in_kernel_artifacts, tmp_path, timeout=300)
     assert v["replays"] == 1000 and len(v["checked"]) == 25
     assert v["failures"] == []
     # each kernel counted every call on the device: 1 binding + 3 warm-up + 1000 replays
@@ -101,7 +101,7 @@ def test_cuda_graph_capture_replays_1000_times_with_random_replays_checked(in_ke
 
 @pytest.mark.gpu(count=1)
 def test_capturing_a_side_stream_kernel_is_refused_with_the_fix(artifacts, tmp_path):
-    v = torchrun("capture_refused", artifacts, tmp_path, timeout=300)
+    v = run_script("capture_refused", artifacts, tmp_path, timeout=300)
     for pattern in ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm"):
         msg = v["refused"][pattern]
         assert "placement side_stream" in msg and "CUDA graph" in msg and "epilogue" in msg, msg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cuco.kernels import toolchain
 from cuco.kernels.collectives import KernelSource, all_sources
-from cuco.kernels.compiler import SHIM_DIR, Compiler
+from cuco.kernels.compiler import SHIM_DIR, Compiler, performance_losses
 from cuco.kernels.render import render
 
 
@@ -102,7 +102,8 @@ def compile_report(sources: list[KernelSource], arch: str = "sm_90a",
     report: dict[str, str] = {}
     done = None if on_done is None else (lambda name, r: on_done(name, hasattr(r, "path")))
     for s, r in zip(sources, comp.compile_many([(s.name, s.source, s.needs) for s in sources], on_done=done)):
-        report[s.name] = "ok" if hasattr(r, "path") else str(r)
+        losses = performance_losses(r.log) if hasattr(r, "path") else []
+        report[s.name] = (f"slow: ptxas: {losses[0]}" if losses else "ok") if hasattr(r, "path") else str(r)
     for shim in shims:
         need, lib_name = SHIMS[shim]
         try:

@@ -57,6 +57,17 @@ def default_cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
+#: ptxas's "Potential Performance Loss" notes (e.g. C7510: wgmma serialised because a call
+#: sits inside the wgmma pipeline). They do not fail a build, but a shipped template that
+#: earns one has lost its mainloop's speed, so ``cuco kernels check`` reports them.
+PERFORMANCE_LOSS = re.compile(r"Potential Performance Loss:\s*(.*)")
+
+
+def performance_losses(log: str) -> list[str]:
+    """ptxas's performance-loss notes in an nvcc log, one line each."""
+    return [m.group(1).strip() for m in PERFORMANCE_LOSS.finditer(log)]
+
+
 def summarize_errors(log: str, limit: int = 20) -> str:
     """The lines of an nvcc log that matter: each error with its source line.
 
@@ -250,8 +261,10 @@ class Compiler:
         kind = "launcher" if is_launcher(needs) else "cubin"
         key = self.cache_key(source, needs, kind)
         out = self.cache_dir / f"{_safe(name)}-{key}.{'so' if kind == 'launcher' else 'cubin'}"
+        notes = out.with_name(out.name + ".log")  # the build's log, kept for performance_losses
         if out.exists():
-            return CompiledKernel(out, key, self.arch, needs, 0.0, True)
+            log = notes.read_text() if notes.exists() else ""
+            return CompiledKernel(out, key, self.arch, needs, 0.0, True, log)
         t0 = time.perf_counter()
         host = launcher_host_part(source) if kind == "launcher" else ""
         with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
@@ -270,6 +283,10 @@ class Compiler:
                                   f"-L{lib.lib}", "-lnvshmem_device", "-o", str(cubin)])
             else:
                 log = self._run([nvcc, *self.base_flags(needs), "-cubin", str(src), "-o", str(cubin)])
+            if performance_losses(log):
+                notes_tmp = Path(tmp) / "build.log"
+                notes_tmp.write_text(log)
+                _publish(notes_tmp, notes)
             _publish(cubin, out)
         return CompiledKernel(out, key, self.arch, needs, time.perf_counter() - t0, False, log)
 
