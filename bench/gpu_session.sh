@@ -12,6 +12,10 @@ OUT=${OUT:-/tmp/cuco_out}
 mkdir -p "$OUT/logs" "$OUT/results"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 R="--out-dir $OUT/results"
+# resumable benches go on from the committed file of a run that was cut short
+for f in tp_shapes; do
+  [ -f "bench/results/$f.json" ] && grep -q '"partial": true' "bench/results/$f.json" && cp "bench/results/$f.json" "$OUT/results/"
+done
 
 step_command() {
   case "$1" in
@@ -25,7 +29,7 @@ step_command() {
                      echo "python3 bench/pipelines.py --only ${1#pipelines_} $R" ;;
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
-    tp_shapes)       echo "python3 bench/tp_shapes.py $R" ;;
+    tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;
     tp_block)        echo "python3 bench/tp_block.py --budget 4 $R" ;;
     search_moe|search_kv_transfer|search_cp_attention)
                      echo "python3 bench/search.py --family ${1#search_} --budget 24 --no-grid $R" ;;

@@ -121,12 +121,15 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch's fused ops")
+    ap.add_argument("--resume", action="store_true", help="keep the cases already in the result "
+                    "file (a run cut short) and run only the others")
     ap.add_argument("--list", "--dry-run", dest="list", action="store_true",
                     help="print the cases and their grid sizes, then stop (no GPU, no compile)")
     args = ap.parse_args()
     bench = ShapeSpread(world_size=args.world_size, shapes=SHAPES, families=tuple(args.families.split(",")),
                         iters=args.iters, out_dir=args.out_dir, name="tp_shapes", peers=not args.no_peers,
-                        placements=tuple(args.placements.split(",")), quick=not args.full)
+                        placements=tuple(args.placements.split(",")), quick=not args.full,
+                        resume=args.resume)
     if args.list:
         lines = listing(bench)
         print("\n".join(lines))

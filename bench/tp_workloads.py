@@ -26,11 +26,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="which placements' grids to sweep (side_stream,epilogue,dedicated_ctas)")
     ap.add_argument("--quick", action="store_true", help="one issuer per placement (short GPU sessions)")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch's fused ops")
+    ap.add_argument("--resume", action="store_true", help="keep the cases already in the result "
+                    "file (a run cut short) and run only the others")
     args = ap.parse_args(argv)
     shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     bench = TPBench(world_size=args.world_size, shapes=shapes, families=tuple(args.families.split(",")),
                     iters=args.iters, out_dir=args.out_dir, name=args.name,
-                    peers=not args.no_peers, placements=tuple(args.placements.split(",")), quick=args.quick)
+                    peers=not args.no_peers, placements=tuple(args.placements.split(",")), quick=args.quick,
+                    resume=args.resume)
     return bench.run_here()
 
 

@@ -67,3 +67,29 @@ def test_a_bench_script_refuses_a_bad_shape_in_one_line():
     out = (r.stdout + r.stderr).strip()
     assert r.returncode == 2 and "Traceback" not in out and len(out.splitlines()) == 1, out
     assert "N=8191" in out and "multiple of 8" in out and "n=8192" in out
+
+
+def test_resume_keeps_finished_cases_reruns_failed_ones_and_refuses_another_world(tmp_path):
+    """A device session's time limit cuts a long spread short; --resume goes on from the file."""
+    import pytest
+
+    from cuco import results
+    from cuco.benchmarks.tp_workloads import TPBench
+    from cuco.errors import CucoError
+
+    shapes = ((2048, 4096, 4096), (1000, 1536, 8960))
+    bench = TPBench(shapes=shapes, families=("gemm_allreduce", "allgather_gemm"), out_dir=tmp_path,
+                    name="spread", resume=True)
+    labels = [p.label for p in bench.problems()]
+    assert len(labels) == 4
+    assert bench.finished() == ([], None)  # nothing on disk yet
+    rows = [{"case": labels[0], "variant": "host_nccl", "ms": 1.0},
+            {"case": labels[1], "variant": "*", "status": "timeout", "correct": False}]
+    results.write("spread", rows, device="2 x NVIDIA H200", world_size=2, out_dir=tmp_path)
+    kept, device = bench.finished()
+    assert kept == rows[:1] and device == "2 x NVIDIA H200"
+    bench.done = frozenset(r["case"] for r in kept)
+    assert [p.label for p in bench.problems()] == labels[1:]  # the failed case runs again
+    assert TPBench(shapes=shapes, out_dir=tmp_path, name="spread").finished() == ([], None)  # no --resume
+    with pytest.raises(CucoError, match="world size 2, not 4"):
+        TPBench(world_size=4, shapes=shapes, out_dir=tmp_path, name="spread", resume=True).finished()

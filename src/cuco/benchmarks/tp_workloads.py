@@ -25,6 +25,7 @@ from cuco import results
 from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.design import Directives, Placement, GemmProblem
 from cuco.design.tiles import chunk_sizes
+from cuco.errors import CucoError
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.peaks import below_floor
 
@@ -128,10 +129,28 @@ class TPBench:
     peers: bool = True
     placements: tuple[str, ...] = PLACEMENTS
     quick: bool = False
+    #: go on from this bench's result file: its finished cases are kept, not run again
+    resume: bool = False
+    done: frozenset[str] = frozenset()  # cases a previous run finished (set by run)
 
     def problems(self) -> list[GemmProblem]:
-        return [GemmProblem(workload=f, m=m, n=n, k=k, world_size=self.world_size)
-                for (m, k, n) in self.shapes for f in self.families]
+        return [p for (m, k, n) in self.shapes for f in self.families
+                if (p := GemmProblem(workload=f, m=m, n=n, k=k, world_size=self.world_size)).label
+                not in self.done]
+
+    def finished(self) -> tuple[list[dict], str | None]:
+        """The rows and device of the cases a previous run of this bench finished, when
+        ``resume`` (a device session's time limit may cut a long spread short); a case that
+        failed is run again. A file from another world size is refused."""
+        path = Path(self.out_dir) / f"{self.name}.json"
+        if not self.resume or not path.exists():
+            return [], None
+        doc = results.load(path)
+        if doc.get("world_size") != self.world_size:
+            raise CucoError(f"{path} holds a run at world size {doc.get('world_size')}, not "
+                            f"{self.world_size}; move it away or run without --resume")
+        failed = {r["case"] for r in doc["rows"] if r.get("variant") == "*"}
+        return [r for r in doc["rows"] if r["case"] not in failed], doc.get("device")
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
         """Render and compile every variant of every case (parallel, cached)."""
@@ -157,12 +176,24 @@ class TPBench:
     def run(self) -> Path:
         from cuco.workloads import Case, for_problem
 
+        before, before_device = self.finished()
+        self.done = frozenset(r["case"] for r in before)
+        if before:
+            self.console.print(f"resuming: {len(self.done)} case(s) already in {self.name}.json")
         t0 = time.perf_counter()
         specs = self.compile_all()
         compile_s = time.perf_counter() - t0
 
+        def same_machine(device: str) -> None:
+            if before_device is not None and device != before_device:
+                raise CucoError(f"{self.name}.json was measured on {before_device}, this is "
+                                f"{device}: one file holds one machine's numbers; move it away "
+                                "or run without --resume")
+
         def checkpoint(rows: list[dict], device: str) -> None:
             """A run cut short still leaves every finished case on disk."""
+            same_machine(device)
+            rows = before + rows
             results.write(self.name, rows, device=device, world_size=self.world_size,
                           out_dir=self.out_dir, extra={"compile_s": round(compile_s, 1),
                                                        "partial": True, "summary": self._summary(rows)})
@@ -173,6 +204,8 @@ class TPBench:
               lambda merged, p=p: self._rows(p, merged)) for p in self.problems()],
             world_size=self.world_size, heap_bytes=2 << 30, timeout_s=580, console=self.console,
             checkpoint=checkpoint)
+        same_machine(device)
+        rows = before + rows
         summary = self._summary(rows)
         path = results.write(self.name, rows, device=device, world_size=self.world_size,
                              out_dir=self.out_dir,
