@@ -3,6 +3,7 @@ jobs take, and running those jobs case by case on one worker group."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,20 @@ def compile_variants(points: list[tuple[str, Directives, KernelSource]], console
     """``{case label: [VariantSpec]}`` of every ``(label, directives, source)``, compiled in
     parallel (cached); a variant that does not compile is reported and left out."""
     from cuco.workloads.jobs import VariantSpec
-    built = Compiler(arch=arch).compile_many([(s.name, s.source, s.needs) for _, _, s in points])
+    t0, done, fresh, lock = time.perf_counter(), [0], [0], threading.Lock()
+    step = max(1, len(points) // 10)
+
+    def progress(name: str, r) -> None:
+        """A line every tenth of the builds (from the compile threads): a long compile must
+        not look like a hang."""
+        with lock:
+            done[0] += 1
+            fresh[0] += not getattr(r, "cached", True)
+            if done[0] % step == 0 or done[0] == len(points):
+                console.print(f"compiled {done[0]}/{len(points)} variants ({fresh[0]} built, the "
+                              f"rest cached), {time.perf_counter() - t0:.0f} s")
+    built = Compiler(arch=arch).compile_many([(s.name, s.source, s.needs) for _, _, s in points],
+                                             on_done=progress)
     specs: dict[str, list] = {label: [] for label, _, _ in points}
     for (label, d, s), r in zip(points, built):
         if hasattr(r, "path"):
