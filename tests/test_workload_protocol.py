@@ -145,3 +145,21 @@ def test_a_pipeline_candidate_exports_and_loads(tmp_path):
         load(art.path, shape="layers=4,tokens=256,hidden=512,kv_dim=256", arch="sm_90a")
     with pytest.raises(CallError, match="kv_transfer: only the GEMM workloads"):
         again.bind(rank=0, world_size=2, nccl_id=b"\0" * 128)
+
+
+def test_the_baseline_is_the_fastest_correct_host_program_of_the_workload():
+    """A speedup is measured against the fastest host program that was right, whichever of the
+    workload's host programs that is (the per-shape pick can lose to the plain one)."""
+    from cuco.workloads import GemmAllReduce, get
+
+    wl = GemmAllReduce(2048, 4096, 4096, 2)
+    merged = {"host_nccl": {"ms": 0.136, "correct": True},
+              "host_nccl_default": {"ms": 0.131, "correct": True},
+              "candidate": {"ms": 0.01, "correct": True}}
+    assert wl.strongest_host(merged) == "host_nccl_default"
+    merged["host_nccl_default"]["correct"] = False  # a wrong program is no baseline
+    assert wl.strongest_host(merged) == "host_nccl"
+    del merged["host_nccl_default"]  # a user workload with its own host program has no default
+    assert wl.strongest_host(merged) == "host_nccl"
+    moe = get("moe").host_programs
+    assert moe == ("host_nccl", "host_cutlass")

@@ -66,8 +66,7 @@ class PipelineBench:
 
     @staticmethod
     def rows(wl: PipelineWorkload, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-        hosts = [n for n in wl.host_programs if merged.get(n, {}).get("correct")] or ["host_nccl"]
-        baseline = min(hosts, key=lambda n: merged[n]["ms"])  # the strongest host program
+        baseline = wl.strongest_host(merged)
         host = merged[baseline]["ms"]
         t_comp, t_comm = merged["compute_only"]["ms"], merged["comm_only"]["ms"]
         bound = max(t_comp, t_comm)

@@ -336,7 +336,8 @@ class Evaluator:
             return EvalResult("error", "timing", "the host-driven program's output was wrong in "
                               f"the timing job: {merged['host_nccl']}")
         t = merged["candidate"]["ms"]
-        host = merged["host_nccl"]["ms"]
+        baseline = self.workload.strongest_host(merged)
+        host = merged[baseline]["ms"]
         bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
         floor = merged["candidate"].get("floor_ms", 0.0)
         result = EvalResult("ok", "scored", None, max_error=worst,
@@ -349,6 +350,7 @@ class Evaluator:
                                    "host": {k: merged["host_nccl"].get("notes", {}).get(k)
                                             for k in ("gemm", "collective")},
                                    "host_default_ms": merged.get("host_nccl_default", {}).get("ms"),
+                                   "baseline": baseline,
                                    "floor_ms": floor,
                                    "calls_verified": merged["candidate"].get("calls_verified"),
                                    "compile_s": built["compile_s"]})

@@ -79,8 +79,17 @@ class Workload(ABC):
     placements: ClassVar[tuple[Placement, ...]]
     #: Backends with a fused template on one host.
     backends: ClassVar[tuple[Backend, ...]] = (Backend.LSA, Backend.NVSHMEM)
+    #: Host programs of equal standing that a job checks and times (e.g. one GEMM library or
+    #: another): the fastest correct one is the baseline of every speedup (:meth:`strongest_host`).
+    host_programs: ClassVar[tuple[str, ...]] = ("host_nccl",)
 
     problem: Problem
+
+    def strongest_host(self, merged: dict[str, dict[str, Any]]) -> str:
+        """The name of the fastest of :attr:`host_programs` whose output was right in this
+        job's merged results (``host_nccl`` when none was)."""
+        ok = [n for n in self.host_programs if merged.get(n, {}).get("correct")]
+        return min(ok, key=lambda n: merged[n]["ms"]) if ok else "host_nccl"
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)

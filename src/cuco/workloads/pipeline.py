@@ -45,9 +45,6 @@ class PipelineWorkload(Workload):
     and the GPU methods."""
 
     placements = (Placement.SIDE_STREAM,)
-    #: Host programs of equal standing (e.g. one grouped GEMM library or another): the fastest
-    #: correct one is the baseline of every speedup a benchmark reports.
-    host_programs: ClassVar[tuple[str, ...]] = ("host_nccl",)
     #: Communication CTAs the design space offers.
     comm_cta_choices: ClassVar[tuple[int, ...]] = (4, 8, 16, 32)
 
