@@ -102,8 +102,11 @@ def compile_report(sources: list[KernelSource], arch: str = "sm_90a",
     report: dict[str, str] = {}
     done = None if on_done is None else (lambda name, r: on_done(name, hasattr(r, "path")))
     for s, r in zip(sources, comp.compile_many([(s.name, s.source, s.needs) for s in sources], on_done=done)):
-        losses = performance_losses(r.log) if hasattr(r, "path") else []
-        report[s.name] = (f"slow: ptxas: {losses[0]}" if losses else "ok") if hasattr(r, "path") else str(r)
+        if not hasattr(r, "path"):  # a CompileError
+            report[s.name] = str(r)
+        else:
+            losses = performance_losses(r.log)
+            report[s.name] = f"slow: ptxas: {losses[0]}" if losses else "ok"
     for shim in shims:
         need, lib_name = SHIMS[shim]
         try:
