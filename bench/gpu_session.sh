@@ -26,7 +26,7 @@ step_command() {
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
     pipelines)       echo "python3 bench/pipelines.py $R" ;;
     pipelines_moe|pipelines_kv_transfer|pipelines_cp_attention)
-                     echo "python3 bench/pipelines.py --only ${1#pipelines_} $R" ;;
+                     echo "python3 bench/pipelines.py --only ${1#pipelines_} --case-timeout 240 $R" ;;
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;

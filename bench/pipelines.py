@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--suffix", default="")
     ap.add_argument("--out-dir", default="bench/results")
+    ap.add_argument("--case-timeout", type=float, default=580.0,
+                    help="seconds one case's job may take before it counts as a hang")
     args = ap.parse_args(argv)
     todo = configs(args.world_size, args.small)
     for name in args.only.split(","):
         bench = PipelineBench(name + args.suffix, todo[name], world_size=args.world_size,
-                              iters=args.iters, out_dir=args.out_dir)
+                              iters=args.iters, out_dir=args.out_dir, timeout_s=args.case_timeout)
         if visible_gpus() < args.world_size:
             specs = bench.compile_all("sm_90a")
             print(f"{name}: compiled {sum(len(v) for v in specs.values())} variants; "
