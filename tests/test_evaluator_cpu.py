@@ -158,3 +158,14 @@ def test_a_batch_is_judged_in_the_order_its_builds_finish():
         order = list(in_build_order(pending))
         assert order == [1, 2, 3, 0]
         assert all(f.done() for p in pending if p for f in p)
+
+
+def test_only_timing_jobs_carry_the_other_host_programs(ev):
+    """The baseline is the fastest host program, so the others are timed (and verified) where
+    it is chosen; check-only stages check the candidate against host_nccl's accuracy alone."""
+    from cuco.workloads.jobs import VariantSpec
+    spec = VariantSpec("candidate", D.to_json(), "unused.cubin")
+    check = ev.case(ev.problem, spec, seed=1, time_it=False)
+    timing = ev.case(ev.problem, spec, seed=1, time_it=True)
+    assert (check.time, check.baselines) == (False, False)
+    assert (timing.time, timing.baselines) == (True, True)

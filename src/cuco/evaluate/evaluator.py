@@ -158,7 +158,7 @@ class Evaluator:
         """The job of one stage: the workload at ``problem`` (it travels with the job, so a
         class defined in a notebook works) and the candidate."""
         return Case(self.workload_at(problem), variants=[spec], seed=seed, time=time_it,
-                    iters=self.timing_iters)
+                    iters=self.timing_iters, baselines=time_it)
 
     # ---- the cascade --------------------------------------------------------------------
     def _compiler(self) -> Compiler:

@@ -329,6 +329,10 @@ class Case:
     stress_us: float = STRESS_US
     schedule_seed: int = field(default_factory=fresh_seed)
     peers: bool = False
+    #: the workload's other host programs (:meth:`Workload.baselines`) join the job; the
+    #: evaluator's check-only stages leave them out (they matter where they are timed:
+    #: the baseline is the fastest), keeping ``host_nccl``, the accuracy bar
+    baselines: bool = True
 
     def __call__(self, ctx) -> dict[str, Any]:
         wl, s = self.workload, ctx.stream
@@ -345,7 +349,7 @@ class Case:
                                     first_epoch(self.schedule_seed)) if self.variants else {}
             programs = {"host_nccl": host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets,
                                                   elems, wl.dtype)}
-            per_set = [wl.baselines(ctx, st.inputs) for st in sets]
+            per_set = [wl.baselines(ctx, st.inputs) if self.baselines else {} for st in sets]
             for name in per_set[0]:
                 programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set])
             gaps = wl.peer_gaps(ctx) if self.peers else {}
