@@ -57,25 +57,10 @@ def shape_of(size: dict, world: int) -> "B.BlockShape":
     return B.block_shape(size["model"], size["tokens"], world, size["out"], decode=size["decode"])
 
 
-_GROUP: list = []
-
-
-def tuning_group(world: int):
-    """One worker group for every shape's search, started on first use: a group's start-up
-    (worker processes, NCCL, NVSHMEM) takes seconds, and the sweep tunes ~100 shapes."""
-    if not _GROUP:
-        from cuco.runtime import WorkerGroup
-        _GROUP.append(WorkerGroup(world, nvshmem=True).start())
-    return _GROUP[0]
-
-
-def close_tuning_group() -> None:
-    while _GROUP:
-        _GROUP.pop().close()
-
-
-def tune(size: dict, world: int, cache_dir: str, budget: int) -> dict:
-    """``size`` with the artifacts of its GEMMs (or why there are none)."""
+def tune(size: dict, world: int, cache_dir: str, budget: int, group) -> dict:
+    """``size`` with the artifacts of its GEMMs (or why there are none). Every shape's search
+    runs on ``group``: a group's start-up (worker processes, NCCL, NVSHMEM) takes seconds,
+    and the sweep tunes ~100 shapes."""
     import cuco
     from cuco.agents.api import resolve_problem
     from cuco.evaluate import evaluator_for
@@ -86,7 +71,7 @@ def tune(size: dict, world: int, cache_dir: str, budget: int) -> dict:
         try:
             problem = resolve_problem(pattern, shape, world)
             art = cuco.tune(problem, world_size=world, cache_dir=cache_dir, budget=budget,
-                            evaluator=evaluator_for(problem, group=tuning_group(world)))
+                            evaluator=evaluator_for(problem, group=group))
         except CucoError as exc:
             return {**size, "artifacts": None, "why": f"{pattern} {shape}: {exc}"}
         print(f"  {pattern} {shape}: {art.path.name} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -254,18 +239,21 @@ def main(argv=None) -> int:
         print(f"bench/tp_block.py needs {args.world_size} GPUs ({visible_gpus()} visible); "
               "`--list` shows the sizes and GEMMs without one", file=sys.stderr)
         return 2
+    from cuco.runtime import WorkerGroup
+    group = WorkerGroup(args.world_size, nvshmem=True).start()
     try:
-        return run_sizes(args, todo, shapes)
+        return run_sizes(args, todo, shapes, group)
     finally:
-        close_tuning_group()
+        group.close()
 
 
-def run_sizes(args, todo: list[dict], shapes: list) -> int:
-    """Tune, then run under torchrun, one size after another; the file is rewritten after each."""
+def run_sizes(args, todo: list[dict], shapes: list, group) -> int:
+    """Tune (on ``group``), then run under torchrun, one size after another; the file is
+    rewritten after each."""
     rows = []
     for i, (z, s) in enumerate(zip(todo, shapes)):
         print(f"{s.label}: tuning {len(s.gemms(not s.decode))} GEMM shapes (cached in {args.cache_dir})")
-        plan = {"case": f"{z['model']}/{s.label}", "size": tune(z, args.world_size, args.cache_dir, args.budget),
+        plan = {"case": f"{z['model']}/{s.label}", "size": tune(z, args.world_size, args.cache_dir, args.budget, group),
                 "steps": args.steps, "lr": args.lr, "iters": args.iters, "warmup": args.warmup}
         rows += launch(plan, args.world_size, timeout=580)
         device = next((r["device"] for r in rows if "device" in r), "?")

@@ -50,21 +50,21 @@ class PipelineBench:
         specs = self.compile_all()
         compile_s = time.perf_counter() - t0
 
-        def write(rows: list[dict], device: str, partial: bool) -> Path:
+        def write(rows: list[dict], device: str, summary: dict, partial: bool) -> Path:
             return results.write(self.name, rows, device=device, world_size=self.world_size,
                                  out_dir=self.out_dir,
                                  extra={"compile_s": round(compile_s, 1), "partial": partial,
-                                        "summary": self.summary(rows),
+                                        "summary": summary,
                                         "configs": {wl.label: wl.problem.model_dump()
                                                     for wl in self.workloads}})
         rows, device = run_cases(
             [(wl.label, Case(wl, specs[wl.label], iters=self.iters, warmup=self.warmup),
               lambda merged, wl=wl: self.rows(wl, merged)) for wl in self.workloads],
             world_size=self.world_size, heap_bytes=HEAP_BYTES, timeout_s=self.timeout_s,
-            console=self.console,
-            checkpoint=lambda rows, device: write(rows, device, True))  # a run cut short keeps its finished cases
+            console=self.console,  # a run cut short keeps its finished cases:
+            checkpoint=lambda rows, device: write(rows, device, self.summary(rows), True))
         summary = self.summary(rows)
-        path = write(rows, device, False)
+        path = write(rows, device, summary, False)
         self.print(summary)
         self.console.print(f"wrote {path}")
         return path

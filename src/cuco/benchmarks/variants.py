@@ -28,7 +28,7 @@ def compile_variants(points: list[tuple[str, Directives, KernelSource]], console
         not look like a hang."""
         with lock:
             done[0] += 1
-            fresh[0] += not getattr(r, "cached", True)
+            fresh[0] += not getattr(r, "cached", False)  # a failed build was attempted too
             if done[0] % step == 0 or done[0] == len(points):
                 console.print(f"compiled {done[0]}/{len(points)} variants ({fresh[0]} built, the "
                               f"rest cached), {time.perf_counter() - t0:.0f} s")
