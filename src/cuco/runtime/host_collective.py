@@ -99,9 +99,14 @@ class HostCollective:
         return win
 
     def bind(self, ctx, send, recv) -> Callable[[], None]:
-        """The collective from ``send`` to ``recv`` (CuPy arrays) as a call."""
+        """The collective from ``send`` to ``recv`` (CuPy arrays) as a call, which keeps both
+        alive (a call replayed after its buffers were freed would write the pool's next block)."""
         s, r, kind, count, dtype = int(send.data.ptr), int(recv.data.ptr), self.kind, self.count, self.dtype
-        return lambda: launch(ctx, kind, s, r, count, dtype)
+
+        def call() -> None:
+            launch(ctx, kind, s, r, count, dtype)
+        call.keepalive = (send, recv)  # type: ignore[attr-defined]
+        return call
 
     def notes(self) -> dict[str, Any]:
         return {"collective": self.name,

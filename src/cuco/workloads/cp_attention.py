@@ -381,6 +381,7 @@ class CPAttention(PipelineWorkload):
         def run():
             attend(ctx.stream, self.items, inputs["q"], out, slots, me=ctx.rank,
                    world=self.world_size, chunk=self.chunk)
+        run.keepalive = kv  # type: ignore[attr-defined]  # reached only through the slots' addresses
         return run
 
     def comm_only(self, ctx, inputs: Buffers):

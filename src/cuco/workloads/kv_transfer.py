@@ -287,9 +287,15 @@ class KVTransfer(PipelineWorkload):
     def comm_only(self, ctx, inputs: Buffers):
         buf = dtypes.random(self.cache_elems, self.dtype, 11 + ctx.rank)
         p, n, peer, s = int(buf.data.ptr), self.cache_elems, self.peer(ctx.rank), ctx.stream
-        if self.is_prefill(ctx.rank):
-            return lambda: ctx.comm.send(p, n, self.dtype, peer, s.ptr)
-        return lambda: ctx.comm.recv(p, n, self.dtype, peer, s.ptr)
+        prefill = self.is_prefill(ctx.rank)
+
+        def run() -> None:  # holds ``buf``: the decode rank's receive must not land in a freed block
+            if prefill:
+                ctx.comm.send(p, n, self.dtype, peer, s.ptr)
+            else:
+                ctx.comm.recv(p, n, self.dtype, peer, s.ptr)
+        run.keepalive = buf  # type: ignore[attr-defined]
+        return run
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
         return KVRunner(ctx, self, d, binary, arena, inputs)

@@ -277,6 +277,9 @@ def compute_only(wl, ctx, inputs) -> Callable[[], None]:
         ggs[0](ctx.stream.ptr)
         swiglu(h, act, total, F)
         ggs[1](ctx.stream.ptr)
+    # x and y are reached only through the grouped GEMMs' pointer tables: freed here, every
+    # call would read and write blocks the pool hands to the next allocation
+    run.keepalive = (x, y)  # type: ignore[attr-defined]
     return run
 
 

@@ -36,14 +36,17 @@ def _ptr(a) -> int:
     return int(a.data.ptr)
 
 
-def _in_order(*calls: Callable[[], None], output) -> Callable[[], None]:
+def _in_order(*calls: Callable[[], None], output, keep: tuple = ()) -> Callable[[], None]:
     """One host program: ``calls`` enqueued one after the other; ``output`` is where its
-    result lands (the job checks that buffer) and stays alive with it."""
+    result lands (the job checks that buffer). ``keep``: the buffers the calls reach only by
+    address (a GEMM's send buffer); they live as long as the program, since a buffer freed
+    at bind time goes back to the pool and the next allocation (another program's output,
+    its guard pages) would be written by every call."""
     def run() -> None:
         for call in calls:
             call()
     run.output = output  # type: ignore[attr-defined]
-    run.keepalive = calls  # type: ignore[attr-defined]
+    run.keepalive = (calls, keep)  # type: ignore[attr-defined]
     return run
 
 
@@ -458,7 +461,7 @@ class GemmReduceScatter(_RowParallel):
         src = coll.buffer(ctx, "send", dtypes.empty(m * n, self.dtype))
         dst = coll.buffer(ctx, "recv", out)
         return _in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(src)),
-                         coll.bind(ctx, src, dst), output=dst)
+                         coll.bind(ctx, src, dst), output=dst, keep=(src,))
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, kl = self.local_gemm()
@@ -476,7 +479,7 @@ class GemmReduceScatter(_RowParallel):
         coll = self.host_parts(ctx)[1]
         src = coll.buffer(ctx, "send", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
         dst = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.n // self.world_size, self.dtype))
-        return _in_order(coll.bind(ctx, src, dst), output=dst)
+        return _in_order(coll.bind(ctx, src, dst), output=dst, keep=(src,))
 
 
 @register
@@ -525,7 +528,8 @@ class AllGatherGemm(GemmWorkload):
         m, n, k = self.local_gemm()
         full = coll.buffer(ctx, "recv", dtypes.empty(m * k, self.dtype))
         return _in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full),
-                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out)
+                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out,
+                         keep=(full,))
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, k = self.local_gemm()
@@ -544,7 +548,7 @@ class AllGatherGemm(GemmWorkload):
         full = dtypes.random(m * k, self.dtype, 11 + ctx.rank)
         out = dtypes.empty(m * n, self.dtype)
         f, w, o = _ptr(full), _ptr(inputs["w"]), _ptr(out)
-        return lambda: gemm(f, w, o, m, n, k, self.dtype, ctx.stream)
+        return _in_order(lambda: gemm(f, w, o, m, n, k, self.dtype, ctx.stream), output=out, keep=(full,))
 
     def comm_only(self, ctx, inputs: Buffers):
         coll = self.host_parts(ctx)[1]
