@@ -23,12 +23,12 @@ step_command() {
     tests_tp)        echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py tests/test_host_baseline_gpu.py" ;;
     tests_evaluator) echo "python3 -m pytest -v -n 4 tests/test_evaluator_in_kernel_gpu.py tests/test_evaluator_gpu.py" ;;
     tests_torch_ops) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_torch_ops_gpu.py" ;;
-    tests_graph)     echo "python3 -m pytest -v -p no:xdist --tb=short -k 'graph or capture' tests/test_torch_ops_gpu.py" ;;
+    tests_graph)     echo "python3 -m pytest -v -p no:xdist --tb=short -k 'replays or refused' tests/test_torch_ops_gpu.py" ;;
     tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
     pipelines)       echo "python3 bench/pipelines.py $R" ;;
     pipelines_moe|pipelines_kv_transfer|pipelines_cp_attention)
-                     echo "python3 bench/pipelines.py --only ${1#pipelines_} --case-timeout 240 $R" ;;
+                     echo "python3 bench/pipelines.py --only ${1#pipelines_} --case-timeout ${CASE_TIMEOUT:-240} $R" ;;
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;

@@ -35,6 +35,8 @@ def test_hang_is_reported_within_timeout_and_group_recovers(group):
     assert res.status == "hang"
     assert time.perf_counter() - t0 < 15
     assert "no reply within 1.0 s" in res.errors[1]
+    # the hung worker said where it was before it was killed: in the probe's sleep
+    assert "where it was:" in res.errors[1] and "probes.py" in res.errors[1], res.errors[1]
     assert res.respawn_s is not None and res.respawn_s < 15
     assert group.run(RankInfo()).ok
 

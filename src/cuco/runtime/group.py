@@ -22,7 +22,7 @@ from typing import Any
 
 from cuco.errors import EnvironmentProblem, NoGPUError, TooFewGPUsError
 from cuco.runtime.safety import WORKER_ENV, apply_safe_env
-from cuco.runtime.worker import WorkerOptions
+from cuco.runtime.worker import WorkerOptions, stack_file
 
 try:  # jobs defined in a notebook or a script's __main__ travel by value
     import cloudpickle as _pickler
@@ -207,6 +207,30 @@ class WorkerGroup:
             infos.append(info)
         self.infos = infos
 
+    def _stacks(self, ranks: list[int], tail_lines: int = 40) -> dict[int, str]:
+        """The Python stacks of the workers of ``ranks`` (still running, about to be killed):
+        each is sent ``SIGUSR1`` and writes them (:func:`cuco.runtime.worker.stack_file`)."""
+        import signal
+        asked = {}
+        for rank in ranks:
+            proc = self._procs[rank]
+            if proc.is_alive():
+                try:
+                    os.kill(proc.popen.pid, signal.SIGUSR1)
+                    asked[rank] = stack_file(proc.popen.pid)
+                except OSError:
+                    pass
+        if asked:
+            time.sleep(0.5)
+        out = {}
+        for rank, path in asked.items():
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            out[rank] = "\n".join(lines[-tail_lines:])
+        return out
+
     def _kill(self) -> None:
         for p in self._procs:
             p.kill()
@@ -304,9 +328,12 @@ class WorkerGroup:
         elapsed = time.perf_counter() - t0
         if all(s == "ok" for s in states):
             return GroupResult("ok", results, errors, elapsed)
-        for rank in range(n):
-            if states[rank] is None:
-                errors[rank] = errors[rank] or f"no reply within {timeout:.1f} s"
+        hung = [rank for rank in range(n) if states[rank] is None]
+        stacks = self._stacks(hung)
+        for rank in hung:
+            errors[rank] = errors[rank] or f"no reply within {timeout:.1f} s"
+            if stacks.get(rank):
+                errors[rank] += f"; where it was:\n{stacks[rank]}"
         if "crash" in states:
             status = "crash"
         elif any(s is None for s in states):
@@ -350,6 +377,7 @@ class _Proc:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        stack_file(self.popen.pid).unlink(missing_ok=True)
         try:
             os.close(self.sentinel)
         except OSError:

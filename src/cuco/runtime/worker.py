@@ -132,8 +132,23 @@ def _is_cuda_error(exc: BaseException) -> bool:
         "cupy" in mod and "CUDA" in name) or "cudaError" in str(exc)
 
 
+def stack_file(pid: int) -> Path:
+    """Where worker ``pid`` writes every thread's Python stack when sent ``SIGUSR1``: the
+    group asks for it before it kills a worker that hung, so a ``hang`` says where."""
+    import tempfile
+    return Path(tempfile.gettempdir()) / f"cuco-worker-{pid}.stack"
+
+
+def _dump_stacks_on_signal() -> None:
+    import faulthandler
+    import signal
+    f = open(stack_file(os.getpid()), "w")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+
+
 def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOptions) -> None:
     """Entry point of a spawned worker (see :class:`cuco.runtime.group.WorkerGroup`)."""
+    _dump_stacks_on_signal()
     os.environ.update(options.env)
     apply_safe_env()
     ctx = WorkerContext(rank, world_size, device, options)
