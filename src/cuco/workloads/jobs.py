@@ -171,6 +171,42 @@ def variant_program(make: Callable[[Buffers, Any], Any], arena, sets: list[Input
                    (f"arena:{arena.backend}",))
 
 
+def load_check_kernels(ctx, dtype: str, hog_stream) -> None:
+    """Run every kernel the schedule's checks launch (poison of both kinds, the host-side
+    comparison, the device count, the guard reads, the stress) once on a few elements, while
+    nothing else runs. CUDA loads a module when its first kernel is launched, and a module
+    load waits for the device's running kernels: loaded in the middle of a schedule, beside
+    a fused call whose communication kernel waits on work queued behind it, it never
+    returned (the MoE pipeline on 2 x H200 hung in the first device count)."""
+    import random
+
+    import cupy
+    from cuco.runtime.checking import count_bad_async
+    from cuco.runtime.dtypes import Poison
+    from cuco.runtime.stress import Stress
+    s = ctx.stream
+    with s:
+        got = dtypes.empty(256, dtype)
+        ref = cupy.zeros(256, dtype=cupy.float32)
+        rng, kinds = random.Random(0), {}
+        while len(kinds) < 2:  # a NaN pattern and random bytes
+            poison = Poison.draw(rng, dtype)
+            kinds.setdefault(poison.kind, poison)
+        for poison in kinds.values():
+            poison.apply(got)
+        compare(got, ref, dtype, 1e-3, 1e-3)
+        count_bad_async(got, ref, dtype, 1e-3, 1e-3, cupy.zeros(1, dtype=cupy.uint64), s)
+        page = cupy.full(GUARD_BYTES, CANARY, dtype=cupy.uint8)
+        intact = bool((page == CANARY).all()) and not bool((page != CANARY).any())
+        assert intact
+        stress = Stress(skew_rank=ctx.rank, skew_us=1.0, hog_sms=1, hog_us=1.0)
+        stress.before(ctx, s, hog_stream)
+        stress.after(s, hog_stream)
+        spin(s, 0.0)
+    s.synchronize()
+    hog_stream.synchronize()
+
+
 def _failure(call: Call, bad: int, rank: int) -> dict[str, Any]:
     return {"iteration": call.iteration, "input_set": call.input_set, "checked": call.checked,
             "bad_elements": int(bad), "rank": rank}
@@ -196,6 +232,9 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
     if "hog_stream" not in ctx.scratch:
         ctx.scratch["hog_stream"] = cupy.cuda.Stream(non_blocking=True)
     hog_stream = ctx.scratch["hog_stream"]
+    if ctx.scratch.get("check_kernels_loaded") != dtype:
+        load_check_kernels(ctx, dtype, hog_stream)
+        ctx.scratch["check_kernels_loaded"] = dtype
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     with s:  # their buffers are made on the job's stream, ordered with every call
         fns = {name: make() for name, make in extras.items()} if job.time else {}
