@@ -207,6 +207,22 @@ def load_check_kernels(ctx, dtype: str, hog_stream) -> None:
     hog_stream.synchronize()
 
 
+def first_launches_alone(ctx, calls: list[Callable[[], None]]) -> None:
+    """Each call once, the ranks together, the device idle before and after it. A timing
+    schedule does not wait between calls, and a program's first launch of a kernel loads
+    its module, which waits for the running kernels: beside a fused call whose
+    communication kernel waits on work queued behind the load, it never returns (the MoE
+    pipeline's compute half, first launching its SwiGLU kernel, on 2 x H200). A check-only
+    schedule needs none of this: it waits after every call."""
+    import cupy
+    tick = cupy.ones(1, dtype=cupy.float32)
+    p = int(tick.data.ptr)
+    for call in calls:
+        ctx.comm.all_reduce(p, p, 1, "fp32", ctx.stream.ptr)
+        call()
+        ctx.stream.synchronize()
+
+
 def _failure(call: Call, bad: int, rank: int) -> dict[str, Any]:
     return {"iteration": call.iteration, "input_set": call.input_set, "checked": call.checked,
             "bad_elements": int(bad), "rank": rank}
@@ -238,6 +254,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     with s:  # their buffers are made on the job's stream, ordered with every call
         fns = {name: make() for name, make in extras.items()} if job.time else {}
+        if job.time:
+            first_launches_alone(ctx, [p.calls[0] for p in programs.values()] + list(fns.values()))
     schedule = make_schedule({n: p.shares for n, p in programs.items()}, list(fns),
                              seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
                              iters=job.iters, n_checked=job.n_checked, world_size=ctx.world_size,
