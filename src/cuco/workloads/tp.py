@@ -38,10 +38,10 @@ def _ptr(a) -> int:
 
 def _in_order(*calls: Callable[[], None], output, keep: tuple = ()) -> Callable[[], None]:
     """One host program: ``calls`` enqueued one after the other; ``output`` is where its
-    result lands (the job checks that buffer). ``keep``: the buffers the calls reach only by
-    address (a GEMM's send buffer); they live as long as the program, since a buffer freed
-    at bind time goes back to the pool and the next allocation (another program's output,
-    its guard pages) would be written by every call."""
+    result lands (the job checks that buffer). ``keep``: buffers the calls reach only by
+    address (a bound GEMM takes pointers; a bound collective holds its own buffers); they
+    live as long as the program, since a buffer freed at bind time goes back to the pool and
+    every call would write the next allocation (another program's output, its guard pages)."""
     def run() -> None:
         for call in calls:
             call()
@@ -461,7 +461,7 @@ class GemmReduceScatter(_RowParallel):
         src = coll.buffer(ctx, "send", dtypes.empty(m * n, self.dtype))
         dst = coll.buffer(ctx, "recv", out)
         return _in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(src)),
-                         coll.bind(ctx, src, dst), output=dst, keep=(src,))
+                         coll.bind(ctx, src, dst), output=dst)
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, kl = self.local_gemm()
@@ -479,7 +479,7 @@ class GemmReduceScatter(_RowParallel):
         coll = self.host_parts(ctx)[1]
         src = coll.buffer(ctx, "send", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
         dst = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.n // self.world_size, self.dtype))
-        return _in_order(coll.bind(ctx, src, dst), output=dst, keep=(src,))
+        return _in_order(coll.bind(ctx, src, dst), output=dst)
 
 
 @register
@@ -528,8 +528,7 @@ class AllGatherGemm(GemmWorkload):
         m, n, k = self.local_gemm()
         full = coll.buffer(ctx, "recv", dtypes.empty(m * k, self.dtype))
         return _in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full),
-                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out,
-                         keep=(full,))
+                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out)
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, k = self.local_gemm()
