@@ -59,6 +59,10 @@ def _summary(verdicts, seconds: float) -> dict:
             "statuses": {s: sum(v.status == s for v in verdicts) for s in {v.status for v in verdicts}},
             "median_gpu_stage_s": round(statistics.median(v.extra.get("seconds", 0) for v in verdicts), 3),
             "median_compile_s": round(statistics.median(v.extra.get("compile_s", 0) or 0 for v in verdicts), 3),
+            # where a candidate's GPU time goes: each stage's job (dispatch, set-up, calls, checks)
+            "median_stage_s": {stage: round(statistics.median(v.extra.get("stage_s", {}).get(stage, 0.0)
+                                                              for v in verdicts), 3)
+                               for stage in ("small", "full", "timing")},
             "best_speedup": max((v.speedup for v in ok), default=None)}
 
 
@@ -141,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, dict):
             print(f"{name:11} {e['candidates']:5d} {e['scored_ok']:3d} {e['seconds_per_candidate']:7.2f} "
                   f"{e['candidates_per_min']:8.1f} {e['median_gpu_stage_s']:6.2f} {e['median_compile_s']:9.2f}")
+    for name, e in entries.items():
+        if isinstance(e, dict):
+            print(f"{name:11} GPU stages (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in e["median_stage_s"].items()))
     print(f"verification: {verify_s:.1f} s of {local_s:.1f} s ({verify_s / local_s:.1%})")
     print(f"wrote {path}")
     return 0

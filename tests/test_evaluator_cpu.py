@@ -169,3 +169,12 @@ def test_only_timing_jobs_carry_the_other_host_programs(ev):
     timing = ev.case(ev.problem, spec, seed=1, time_it=True)
     assert (check.time, check.baselines) == (False, False)
     assert (timing.time, timing.baselines) == (True, True)
+
+
+def test_the_full_stage_checks_both_fresh_seeds_in_one_job(ev):
+    """One job carries both seeds' input sets (the checks of two jobs, one dispatch)."""
+    from cuco.workloads.jobs import VariantSpec
+    spec = VariantSpec("candidate", D.to_json(), "unused.cubin")
+    full = ev.case(ev.problem, spec, seed=ev.seeds, time_it=False)
+    assert full.seed == ev.seeds and len(set(ev.seeds)) == 2
+    assert (full.time, full.baselines) == (False, False)

@@ -68,6 +68,25 @@ def test_every_input_set_is_used_and_check_only_jobs_check_every_call():
     assert {c.input_set for c in timing(2) if c.program == "v1"} == set(range(N_SETS))
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_check_job_of_two_seeds_checks_every_call_on_its_six_sets(seed):
+    """The evaluator checks two fresh seeds in one job: N_SETS sets each, every program as
+    many times as there are sets, and a call still never meets what its own set wrote last."""
+    n_sets = 2 * N_SETS
+    sched = make_schedule(VERIFIED, [], seed=seed, check_only=True, warmup=0, iters=0, n_checked=0,
+                          world_size=2, sms=132, dtype="bf16", n_sets=n_sets)
+    last: dict[str, int] = {}
+    for c in sched:
+        assert c.checked and 0 <= c.input_set < n_sets
+        keys = (f"program:{c.program}", *VERIFIED[c.program])
+        assert all(last.get(k) != c.input_set for k in keys), c
+        for k in keys:
+            last[k] = c.input_set
+    for name in VERIFIED:
+        assert sum(c.program == name for c in sched) == n_sets
+    assert {c.input_set for c in sched} - set(range(N_SETS))  # the second seed's sets are used
+
+
 def test_a_timing_job_needs_timed_calls():
     with pytest.raises(ValueError, match="no timed call"):
         timing(0, iters=4, n_checked=4)

@@ -130,6 +130,8 @@ class Evaluator:
         #: background (``evaluate_many``), over this evaluator's life.
         self.gpu_s = 0.0
         self.build_wait_s = 0.0
+        #: Seconds of each GPU stage (``small``, ``full``, ``timing``) of the candidate being judged.
+        self.stage_s: dict[str, float] = {}
 
     # ---- hooks ------------------------------------------------------------------------
     def workload_at(self, problem: Problem) -> Workload:
@@ -154,9 +156,11 @@ class Evaluator:
         :meth:`~cuco.workloads.Workload.small_directives`: its chunk cut to fit)."""
         return self.workload.small_directives(d, self.workload_at(small))
 
-    def case(self, problem: Problem, spec: VariantSpec, *, seed: int, time_it: bool) -> Case:
+    def case(self, problem: Problem, spec: VariantSpec, *, seed: int | tuple[int, ...],
+             time_it: bool) -> Case:
         """The job of one stage: the workload at ``problem`` (it travels with the job, so a
-        class defined in a notebook works) and the candidate."""
+        class defined in a notebook works) and the candidate, on the input sets of ``seed``
+        (several seeds: all their sets in one job)."""
         return Case(self.workload_at(problem), variants=[spec], seed=seed, time=time_it,
                     iters=self.timing_iters, baselines=time_it)
 
@@ -218,7 +222,9 @@ class Evaluator:
             self.warm_up()
         t0 = time.perf_counter()
         res = self.group.run(job, timeout=timeout)
-        self.gpu_s += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.gpu_s += seconds
+        self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
         if res.ok:
             self.verify_s += max(r.get("verify_s", 0.0) for r in res.results)
         if res.status in ("hang", "crash"):
@@ -262,11 +268,13 @@ class Evaluator:
     def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
                pending: tuple[Future, Future] | None = None) -> EvalResult:
         t0, gpu0, wait0 = time.perf_counter(), self.gpu_s, self.build_wait_s
+        self.stage_s = {}
         result = self._evaluate(cand, prepared, pending)
         result.extra.setdefault("seconds", round(time.perf_counter() - t0, 3))
         # where this candidate's time went (cuco search shows them per generation)
         result.extra.setdefault("gpu_s", round(self.gpu_s - gpu0, 3))
         result.extra.setdefault("build_wait_s", round(self.build_wait_s - wait0, 3))
+        result.extra.setdefault("stage_s", {k: round(v, 3) for k, v in self.stage_s.items()})
         self._store(cand, result)
         return result
 
@@ -321,13 +329,12 @@ class Evaluator:
                                            time_it=False), self.timeouts.small, "small")
         if fail or (fail := self._check(merged, "candidate", "small")):
             return fail
-        worst = 0.0
-        for seed in self.seeds:
-            fail, merged = self._run(self.case(self.problem, spec, seed=seed, time_it=False),
-                                     self.timeouts.full, "full")
-            if fail or (fail := self._check(merged, "candidate", "full")):
-                return fail
-            worst = max(worst, merged["candidate"].get("rel_l2_error") or 0.0)
+        # both fresh seeds in one job: the same checked calls as a job per seed, one job fewer
+        fail, merged = self._run(self.case(self.problem, spec, seed=self.seeds, time_it=False),
+                                 self.timeouts.full, "full")
+        if fail or (fail := self._check(merged, "candidate", "full")):
+            return fail
+        worst = merged["candidate"].get("rel_l2_error") or 0.0
         fail, merged = self._run(self.case(self.problem, spec, seed=self.seeds[-1] + 1, time_it=True),
                                  self.timeouts.timing, "timing")
         if fail or (fail := self._check(merged, "candidate", "timing")):

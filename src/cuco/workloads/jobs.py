@@ -1,6 +1,6 @@
 """The job that verifies and times fused variants of a workload on every rank.
 
-Each rank draws :data:`~cuco.workloads.schedule.N_SETS` input sets from the job's seed
+Each rank draws :data:`~cuco.workloads.schedule.N_SETS` input sets from each of the job's seeds
 (different buffers, different values) and their fp32 references (fp32 GEMM + fp32
 NCCL collective). One schedule (:mod:`cuco.workloads.schedule`) orders every call of
 every program; *every* call is verified against its input set's reference: checked
@@ -260,7 +260,7 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
     schedule = make_schedule({n: p.shares for n, p in programs.items()}, list(fns),
                              seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
                              iters=job.iters, n_checked=job.n_checked, world_size=ctx.world_size,
-                             sms=sms, dtype=dtype)
+                             sms=sms, dtype=dtype, n_sets=len(sets))
     recs: dict[str, dict[str, Any]] = {
         n: {"correct": True, "bad_elements": 0, "rel_l2_error": 0.0, "guards_intact": True,
             "calls_verified": 0, "calls_checked": 0, "floor_ms": floor_ms} for n in programs}
@@ -377,7 +377,9 @@ class Case:
 
     workload: Workload
     variants: list[VariantSpec] = field(default_factory=list)
-    seed: int = 1
+    #: the seed of the job's input sets, or several: :data:`N_SETS` sets each, all in one
+    #: schedule (the evaluator's full-shape check of two fresh seeds is one job)
+    seed: int | tuple[int, ...] = 1
     #: False: a check-only job (every program once per input set, every call checked)
     time: bool = True
     warmup: int = 5
@@ -400,7 +402,8 @@ class Case:
         rtol, atol_f = wl.tolerance()
         elems = wl.output_elems()
         with s:
-            sets = input_sets(ctx, wl, type(wl), self.seed, atol_f)
+            seeds = (self.seed,) if isinstance(self.seed, int) else tuple(self.seed)
+            sets = [st for seed in seeds for st in input_sets(ctx, wl, type(wl), seed, atol_f)]
             directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
             layout = wl.layout()
             arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},

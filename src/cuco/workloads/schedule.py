@@ -46,13 +46,14 @@ def set_seed(seed: int, input_set: int) -> int:
 
 def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, seed: int,
                   check_only: bool, warmup: int, iters: int, n_checked: int, world_size: int,
-                  sms: int, dtype: str) -> list[Call]:
+                  sms: int, dtype: str, n_sets: int = N_SETS) -> list[Call]:
     """Every call of one job in order.
 
     ``verified``: the programs whose outputs are checked, each with the keys of the
     buffers it shares with others (its own name is added); ``extras``: programs only
-    timed (the halves of the bound), always on input set 0. ``check_only``: every
-    verified program runs once per input set, every call checked. Otherwise ``warmup``
+    timed (the halves of the bound), always on input set 0. ``n_sets``: the job's input
+    sets (:data:`N_SETS` per seed it checks). ``check_only``: every verified program runs
+    ``n_sets`` times, every call checked. Otherwise ``warmup``
     rounds of every program (verified, not timed), then ``iters`` rounds in rotating
     order, ``n_checked`` of each verified program's iterations checked.
     """
@@ -62,7 +63,7 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
     def pick(name: str) -> int:
         keys = (f"program:{name}", *verified[name])
         taken = {last[k] for k in keys if k in last}
-        s = rng.choice([i for i in range(N_SETS) if i not in taken])
+        s = rng.choice([i for i in range(n_sets) if i not in taken])
         for k in keys:
             last[k] = s
         return s
@@ -77,7 +78,7 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
     calls: list[Call] = []
     if check_only:
         names = list(verified)
-        for it in range(N_SETS):
+        for it in range(n_sets):
             rng.shuffle(names)
             calls.extend(checked(n, it) for n in names)
         return calls
