@@ -369,11 +369,12 @@ class MoERunner:
             self.f["swiglu_kernel"]((264,), (256,), (self.h, self.act, self.local_start,
                                                      np.int32(g * per), np.int32((g + 1) * per)), stream=st)
             self.dn(st.ptr, g * per, per)
-        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_done), e), stream=st)
+        # slot [kDone + me] / [kFin + me] of every rank: each waits for all W slots
+        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_done + me), e), stream=st)
         self.f["combine_kernel"]((self.combine_ctas,), (COMBINE_THREADS,), (
             *args, inp["ids"], inp["weights"], self.dest, self.output, np.uint64(data["y"]), flags, e),
             stream=st)
-        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_fin), e), stream=st)
+        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_fin + me), e), stream=st)
         self.f["wait_flags"]((1,), (32,), (*args, flags, np.int32(k_fin), np.int32(W), e), stream=st)
         self.done.record(cs)
         st.wait_event(self.done)
