@@ -31,6 +31,7 @@ class GroupedGemmJob:
     n: int
     k: int
     so_path: str
+    one_by_one: bool = False  # a launch per group, as the fused call runs its expert groups
 
     def __call__(self, ctx):
         import cupy
@@ -51,7 +52,8 @@ class GroupedGemmJob:
         gg.a.set((int(a.data.ptr) + r0 * k * 2).astype(np.uint64))
         gg.b.set((int(b.data.ptr) + np.arange(g) * n * k * 2).astype(np.uint64))
         gg.d.set((int(d.data.ptr) + r0 * n * 2).astype(np.uint64))
-        gg(ctx.stream.ptr)
+        for first, count in ([(j, 1) for j in range(g)] if self.one_by_one else [(0, g)]):
+            gg(ctx.stream.ptr, first, count)
         errs = []
         for j in range(g):
             m = int(rows[j])
@@ -67,12 +69,16 @@ class GroupedGemmJob:
         return errs
 
 
-def test_grouped_gemm_reads_its_sizes_on_the_device(world_group):
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_grouped_gemm_reads_its_sizes_on_the_device(world_group, one_by_one):
+    """Every group right, one launch or one per group; the second job's tables and workspace
+    land where the first job's were (the allocator reuses them): each GEMM has parameters of
+    its own."""
     from cuco.workloads.moe_gemm import build
     path = str(build())
     rows = (0, 5, 130, 0, 1, 257, 0, 64)  # empty groups first, inside and ragged rows
     for n, k in ((512, 256), (256, 512)):
-        res = world_group.run(GroupedGemmJob(rows, n, k, path), timeout=300)
+        res = world_group.run(GroupedGemmJob(rows, n, k, path, one_by_one), timeout=300)
         assert res.ok, res.error_text()
         for errs in res.results:
             assert all(np.isfinite(errs)) and max(errs) < 2 * 2.0**-8, errs

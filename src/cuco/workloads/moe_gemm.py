@@ -12,6 +12,7 @@ a kernel fills the tables from the routing counts and no host synchronisation is
 from __future__ import annotations
 
 import ctypes as c
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def grouped_gemm_source(tile: tuple[int, int, int] = TILE, schedule: str = SCHED
     tm, tn, tk = tile
     src = render("moe_grouped_gemm.cu.j2", cutlass_type="cutlass::bfloat16_t", tile_m=tm, tile_n=tn,
                  tile_k=tk, schedule=schedule, name=f"{schedule} t{tm}x{tn}x{tk}", **LAUNCHER_PARTS)
-    return KernelSource("moe_grouped_gemm", src, ("cutlass",), ("cuco_gg_run",))
+    return KernelSource("moe_grouped_gemm", src, ("cutlass",), ("cuco_gg_prepare", "cuco_gg_launch"))
 
 
 def build(compiler=None) -> Path:
@@ -49,8 +50,12 @@ def load(ctx, path: str | Path | None = None):
     lib = ctx.scratch.get(key)
     if lib is None:
         lib = c.CDLL(str(path or build()))
-        lib.cuco_gg_run.argtypes = [c.c_int, c.c_void_p, c.c_int, *([c.c_void_p] * 8), c.c_int]
-        lib.cuco_gg_run.restype = c.c_int
+        lib.cuco_gg_prepare.argtypes = [c.c_int, c.c_void_p, c.c_int, *([c.c_void_p] * 8), c.c_int]
+        lib.cuco_gg_prepare.restype = c.c_void_p
+        lib.cuco_gg_release.argtypes = [c.c_void_p]
+        lib.cuco_gg_release.restype = None
+        lib.cuco_gg_launch.argtypes = [c.c_int, c.c_void_p, c.c_void_p]
+        lib.cuco_gg_launch.restype = c.c_int
         lib.cuco_gg_workspace_bytes.argtypes = [c.c_int, c.c_int]
         lib.cuco_gg_workspace_bytes.restype = c.c_ulonglong
         lib.cuco_gg_strides.argtypes = [c.c_int, c.c_int, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p]
@@ -81,6 +86,7 @@ class GroupedGemm:
     sms: int
 
     def __post_init__(self) -> None:
+        self._params: dict[tuple[int, int], int] = {}  # (first, count) -> cuco_gg_prepare's block
         import cupy
         g = self.groups
         self.shapes = cupy.zeros((g, 3), dtype=cupy.int32)
@@ -99,12 +105,22 @@ class GroupedGemm:
                 int(self.d.data.ptr))
 
     def __call__(self, stream_ptr: int, first: int = 0, count: int | None = None) -> None:
-        """Groups ``[first, first + count)`` (all by default) on ``stream_ptr``."""
+        """Groups ``[first, first + count)`` (all by default) on ``stream_ptr``; the first
+        launch of a range prepares its parameters (and its workspace, on that stream)."""
         count = self.groups - first if count is None else count
-        sa, sb, sd = (int(s.data.ptr) for s in self.strides)
-        sh, a, b, d = self.table_ptrs()
-        rc = self.lib.cuco_gg_run(self.device, stream_ptr, count, sh + 12 * first, a + 8 * first,
-                                  sa, b + 8 * first, sb, d + 8 * first, sd,
-                                  int(self.workspace.data.ptr), self.sms)
+        params = self._params.get((first, count))
+        if params is None:
+            sa, sb, sd = (int(s.data.ptr) for s in self.strides)
+            sh, a, b, d = self.table_ptrs()
+            params = self.lib.cuco_gg_prepare(self.device, stream_ptr, count, sh + 12 * first, a + 8 * first,
+                                              sa, b + 8 * first, sb, d + 8 * first, sd,
+                                              int(self.workspace.data.ptr), self.sms)
+            if not params:
+                raise RuntimeError(f"grouped GEMM groups [{first}, {first + count}) of width {self.n} and "
+                                   f"depth {self.k}: CUTLASS cannot run them")
+            self._params[(first, count)] = params
+            # the parameters (this object's tables and workspace) live as long as this object
+            weakref.finalize(self, self.lib.cuco_gg_release, params)
+        rc = self.lib.cuco_gg_launch(self.device, stream_ptr, params)
         if rc != 0:
             raise RuntimeError(f"grouped GEMM launch failed (CUDA error {rc})")
