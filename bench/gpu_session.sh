@@ -5,7 +5,9 @@
 #
 # Each step writes its log to $OUT/logs/<step>.log (headed by the commit in $CUCO_REV and the
 # exact command) and its result files to $OUT/results/; copy what matters into bench/logs and
-# bench/results. A step that fails or runs out of time does not stop the next one. Steps share
+# bench/results. A step that fails or runs out of time does not stop the next one. Give a
+# pipeline step more than its CASE_TIMEOUT (+ 30 s): a case that hangs then reports the workers'
+# stacks before the step is cut. trace_<workload> runs bench/pipeline_trace.py. Steps share
 # one kernel cache ($CUCO_CACHE_DIR), so a later step reuses what an earlier one built.
 set -u
 OUT=${OUT:-/tmp/cuco_out}
@@ -29,6 +31,8 @@ step_command() {
     pipelines)       echo "python3 bench/pipelines.py $R" ;;
     pipelines_moe|pipelines_kv_transfer|pipelines_cp_attention)
                      echo "python3 bench/pipelines.py --only ${1#pipelines_} --case-timeout ${CASE_TIMEOUT:-240} $R" ;;
+    trace_moe|trace_kv_transfer|trace_cp_attention)
+                     echo "python3 bench/pipeline_trace.py --only ${1#trace_} --variants ${TRACE_VARIANTS:-0} --limit 20" ;;
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;
