@@ -26,6 +26,9 @@ step_command() {
     tests_evaluator) echo "python3 -m pytest -v -n 4 tests/test_evaluator_in_kernel_gpu.py tests/test_evaluator_gpu.py" ;;
     tests_torch_ops) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_torch_ops_gpu.py" ;;
     tests_graph)     echo "python3 -m pytest -v -p no:xdist --tb=short -k 'replays or refused' tests/test_torch_ops_gpu.py" ;;
+    tests_moe)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_moe_gpu.py" ;;
+    tests_kv)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_kv_gpu.py" ;;
+    tests_cp)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_cp_attention_gpu.py" ;;
     tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
     pipelines)       echo "python3 bench/pipelines.py $R" ;;
