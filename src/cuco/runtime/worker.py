@@ -206,9 +206,17 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             conn.send((job_id, "error", f"cannot unpickle job: {type(exc).__name__}: {exc}"))
             continue
         try:
-            result = job(ctx)
             if options.gpu:
+                # CuPy's current stream is the job's: a job's CuPy work (inputs, poison, its
+                # reference) is ordered with its NCCL calls and kernels on ctx.stream. On the
+                # legacy default stream it was not (ctx.stream does not block on it): a MoE GPU
+                # test's NaN poison of the output, or the reference's reads of what NCCL
+                # gathered, raced the fused call (16538 elements wrong on 2 x H200)
+                with ctx.stream:
+                    result = job(ctx)
                 ctx.stream.synchronize()
+            else:
+                result = job(ctx)
             conn.send((job_id, "ok", result))
         except BaseException as exc:  # noqa: BLE001 - everything is reported
             text = f"{type(exc).__name__}: {exc}"
