@@ -62,3 +62,24 @@ def test_too_many_ranks_is_refused():
     from cuco.runtime import WorkerGroup, visible_gpus
     with pytest.raises(TooFewGPUsError, match="lower the world size"):
         WorkerGroup(visible_gpus() + 1).start()
+
+
+class CupyFollowsTheJobStream:
+    """A buffer filled on ctx.stream behind a 50 ms spin, then summed by CuPy with no stream
+    named: the sum sees the fill only if CuPy's current stream is the job's."""
+
+    def __call__(self, ctx):
+        import cupy
+        from cuco.runtime.timing import spin
+        x = cupy.zeros(1 << 20, dtype=cupy.float32)
+        ctx.stream.synchronize()
+        spin(ctx.stream, 50_000.0)
+        cupy.cuda.runtime.memsetAsync(x.data.ptr, 0x3F, x.nbytes, ctx.stream.ptr)  # 0.747 each
+        return float(x.sum())
+
+
+def test_a_jobs_cupy_work_is_ordered_with_its_stream(gpu_group):
+    res = gpu_group.run(CupyFollowsTheJobStream(), timeout=60)
+    assert res.ok, res.error_text()
+    for total in res.results:
+        assert total > 0.7 * (1 << 20), total
