@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 import random
+import re
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -192,3 +195,380 @@ def test_templates_render_and_compile(tmp_path):
     comp.compile(layer, needs=(), name="kv_layer")
     launch = wl.render(kv(issuer="warp", comm_ctas=4))
     comp.compile(launch.source, needs=launch.needs, name=launch.name)
+
+
+# ---- the runner's flag protocol on a model of two ranks (no GPU) ----------------------------
+# KVRunner runs unchanged against a fake CuPy: its launches, stream memory operations, copies
+# and events land in per-stream queues; a model of both devices executes them (each kernel as
+# kv_transfer.cu.j2 and _pipeline.cu.j2 write it, at the slots its rendered constants name) in
+# random interleavings, with the job's poison, start-of-call all-reduce and check around every
+# call (jobs.judge). A slot written at one index and waited on at another, or an arrival
+# target that the senders never reach, is a deadlock here; a target below what they add leaves
+# poison in the decode rank's cache; a collective host call made by one rank only is reported.
+
+MODEL_SHAPE = dict(layers=2, tokens=64, hidden=128, kv_dim=128, heads=2, head_dim=64, ffn=256)
+UNIT = 16  # bytes of the cache per modelled element
+
+
+class _Dev:
+    """Both ranks' flag slots and caches (a call's tag per 16 bytes), and every stream."""
+
+    def __init__(self, arena_bytes: int, kv_off: int, cache_bytes: int):
+        self.base = {r: (r + 1) << 40 for r in range(2)}
+        self.size, self.kv_off, self.cache_bytes = arena_bytes, kv_off, cache_bytes
+        self.flags: dict[int, dict[int, int]] = {0: {}, 1: {}}
+        self.data = {r: np.full(cache_bytes // UNIT, -1, np.int64) for r in range(2)}
+        self.streams: dict[int, "_Stream"] = {}
+        self.arrived: dict[int, int] = {}
+        self.tag = -2  # what the K/V GEMMs write (the harness sets the call's)
+        self.rank = 0  # the rank whose host code runs now
+        self.kernels: dict[str, dict] = {}  # cubin -> the template's constants and directives
+
+    def at(self, addr: int) -> tuple[int, int]:
+        for r, b in self.base.items():
+            if b <= addr < b + self.size:
+                return r, addr - b
+        raise AssertionError(f"address {addr:#x} is in no rank's arena")
+
+    def units(self, off: int, nbytes: int) -> slice:
+        lo = off - self.kv_off
+        assert 0 <= lo and lo + nbytes <= self.cache_bytes and lo % UNIT == 0, (off, nbytes)
+        return slice(lo // UNIT, (lo + nbytes) // UNIT)
+
+
+class _Event:
+    def __init__(self, **_):
+        self.recorded = self.done = 0
+
+    def record(self, stream):
+        self.recorded += 1
+        stream.ops.append(("record", self, self.recorded))
+
+
+class _Stream:
+    def __init__(self, dev: _Dev, **_):
+        self.dev, self.rank, self.ops, self.cur, self.cond = dev, dev.rank, [], None, None
+        self.ptr = 0x5000 + len(dev.streams)
+        dev.streams[self.ptr] = self
+
+    def wait_event(self, ev):
+        self.ops.append(("wait_event", ev, ev.recorded))
+
+    def synchronize(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Array:
+    def __init__(self):
+        self.value = 0
+
+    def get(self, stream=None):
+        return np.array([self.value], dtype=np.uint64)
+
+
+class _Kernel:
+    def __init__(self, dev: _Dev, cubin: str, name: str):
+        self.dev, self.info, self.name = dev, dev.kernels[cubin], name
+
+    def __call__(self, grid, block, args, stream=None):
+        args = args[self.info["lead"]:]  # the arena's parameters
+        if self.name == "arena_base":  # this rank's mapping of rank r's arena
+            args[1].value = self.dev.base[int(args[0])]
+            return
+        stream.ops.append(("kernel", self.name, self.info, int(grid[0]), int(block[0]),
+                           tuple(int(x) for x in args)))
+
+
+class _Ctx:
+    def __init__(self, dev: _Dev, rank: int):
+        self.rank, self.world_size, self.dev, self.scratch = rank, 2, dev, {}
+        self.collectives: list[str] = []  # host calls every rank must make together
+        self._devcomm = None
+        dev.rank = rank
+        self.stream = _Stream(dev)
+
+    @property
+    def devcomm(self):
+        if self._devcomm is None:
+            self.collectives.append("ncclDevCommCreate")
+            self._devcomm = types.SimpleNamespace(ptr=0xDC0 + self.rank)
+        return self._devcomm
+
+    def function(self, cubin: str, name: str):
+        return _Kernel(self.dev, cubin, name)
+
+
+def _fake_cupy(dev: _Dev):
+    def memset(addr, value, nbytes, stream_ptr):
+        dev.streams[stream_ptr].ops.append(("memset", addr, value, nbytes))
+
+    def memcpy(dst, src, nbytes, kind, stream_ptr):
+        dev.streams[stream_ptr].ops.append(("memcpy", dst, src, nbytes))
+
+    runtime = types.SimpleNamespace(memsetAsync=memset, memcpyAsync=memcpy, memcpyDefault=4)
+    cuda = types.SimpleNamespace(Stream=lambda **kw: _Stream(dev, **kw), Event=_Event,
+                                 runtime=runtime)
+    return types.SimpleNamespace(cuda=cuda, uint64=np.uint64, zeros=lambda *a, **k: _Array())
+
+
+def _signalers(info: dict, grid: int, block: int) -> int:
+    """Arrivals a launch adds per chunk (kv_transfer.cu.j2's send_chunk): one per CTA by LSA
+    stores, one per NVSHMEM put-with-signal of the issuer."""
+    if info["backend"] == "lsa" or info["issuer"] == "cta":
+        return grid
+    return grid * block // 32 if info["issuer"] == "warp" else grid * block
+
+
+def _op(dev: _Dev, me: int, op: tuple):
+    """One queued operation as a generator: it yields what it waits for, between its effects."""
+    kind, flags, data = op[0], dev.flags, dev.data
+    ge = lambda r, off, v: flags[r].get(off, 0) >= v  # noqa: E731 (a kernel's wait)
+    cyclic_ge = lambda r, off, v: (flags[r].get(off, 0) - v) % (1 << 64) < (1 << 63)  # noqa: E731
+
+    def send(info, grid, block, kv_off, flag_off, dst, c):
+        parts, cb = _signalers(info, grid, block), info["chunk_bytes"]
+        per = -(-cb // UNIT // parts) * UNIT
+        for p in range(parts):  # each issuer's share, then its arrival
+            lo, hi = min(p * per, cb), min(p * per + per, cb)
+            if hi > lo:
+                src = dev.units(kv_off + c * cb + lo, hi - lo)
+                data[dst][src] = data[me][src]
+            yield None
+            slot = flag_off + (info["arrived"] + c) * 8
+            flags[dst][slot] = flags[dst].get(slot, 0) + 1
+
+    if kind == "record":
+        op[1].done = max(op[1].done, op[2])
+    elif kind == "wait_event":
+        yield lambda: op[1].done >= op[2]
+    elif kind == "barrier":  # the job's all-reduce before every call
+        dev.arrived[op[1]] = dev.arrived.get(op[1], 0) + 1
+        yield lambda: dev.arrived[op[1]] == 2
+    elif kind == "poison":
+        data[me][:] = -1
+    elif kind == "check":
+        op[2].append((me, op[1], bool((data[me] == op[1]).all())))
+    elif kind == "kv_gemm":  # layer's K/V into the cache at cache_ptr
+        _, layer, ptr, tag, layer_bytes = op
+        r, off = dev.at(ptr)
+        assert r == me
+        data[me][dev.units(off + layer * layer_bytes, layer_bytes)] = tag
+    elif kind == "memset":
+        r, off = dev.at(op[1])
+        for slot in range(off, off + op[3], 8):
+            flags[r][slot] = op[2]
+    elif kind == "memcpy":
+        (rd, od), (rs, os_) = dev.at(op[1]), dev.at(op[2])
+        assert rs == me and od == os_, "a chunk lands where it was"
+        data[rd][dev.units(od, op[3])] = data[rs][dev.units(os_, op[3])]
+    elif kind == "write_value":
+        r, off = dev.at(op[1])
+        flags[r][off] = op[2]
+    elif kind == "wait_value":
+        r, off = dev.at(op[1])
+        yield lambda: cyclic_ge(r, off, op[2])  # CU_STREAM_WAIT_VALUE_GEQ
+    elif kind == "kernel":
+        _, name, info, grid, block, a = op
+        if name == "set_own_flag":
+            flags[me][a[0] + a[1] * 8] = a[2]
+        elif name == "set_peer_flag":
+            flags[a[2]][a[0] + a[1] * 8] = a[3]
+        elif name == "wait_flags":
+            flag_off, first, n, v = a
+            yield lambda: all(ge(me, flag_off + (first + i) * 8, v) for i in range(n))
+        elif name == "comm_kernel":
+            kv_off, flag_off, dst, epoch = a
+            yield lambda: ge(me, flag_off + info["open"] * 8, epoch)
+            for c in range(info["chunks"]):
+                yield lambda c=c: ge(me, flag_off + (info["ready"] + c) * 8, epoch)
+                yield from send(info, grid, block, kv_off, flag_off, dst, c)
+        elif name == "chunk_kernel":
+            yield from send(info, grid, block, *a)
+        else:
+            raise AssertionError(f"no model of kernel {name}")
+    elif kind != "compute":
+        raise AssertionError(f"no model of {kind}")
+
+
+def _run(dev: _Dev, rng: random.Random) -> None:
+    """Every queued operation, in a random order that respects each stream's."""
+    while True:
+        live = [s for s in dev.streams.values() if s.ops or s.cur is not None]
+        if not live:
+            return
+        ready = [s for s in live if s.cur is None or s.cond is None or s.cond()]
+        if not ready:
+            stuck = {f"rank {s.rank} stream {s.ptr:#x}": s.pending for s in live}
+            raise AssertionError(f"deadlock: {stuck}")
+        s = rng.choice(ready)
+        if s.cur is None:
+            op = s.ops.pop(0)
+            s.pending = op[:2] + (op[5],) if op[0] == "kernel" else op[:2]  # what a deadlock names
+            s.cur = _op(dev, s.rank, op)
+        try:
+            s.cond = s.cur.send(None)
+        except StopIteration:
+            s.cur = s.cond = None
+
+
+class _Arena:
+    """An arena of one rank: its base, epoch and the real :meth:`Arena.args` (an LSA arena's
+    name the device communicator)."""
+
+    def __init__(self, backend: str, ptr: int):
+        from cuco.runtime.arena import Arena
+        self.args = types.MethodType(Arena.args, self)
+        self.backend, self.ptr, self.epoch = backend, ptr, 0
+        self.window = types.SimpleNamespace(handle=0xA0)
+
+
+def _model(monkeypatch, variants: list[Directives]):
+    """KVRunner's world on the model: the fake CuPy, both ranks' contexts and arenas, the
+    compute chain, spin and stream memory operations as queued operations, and each
+    variant's template constants (from its rendered source) under its cubin name."""
+    from cuco.runtime import stream_ops
+    from cuco.workloads import kv_transfer
+    wl = KVTransfer(2, **MODEL_SHAPE)
+    layout = wl.layout()
+    dev = _Dev(layout.size, layout.data["kv"], wl.cache_elems * wl.esz)
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(dev))
+    monkeypatch.setattr(kv_transfer, "arena_view", lambda *a, **k: None)
+    monkeypatch.setattr(kv_transfer, "spin", lambda stream, us: stream.ops.append(("compute",)))
+    monkeypatch.setattr(stream_ops, "write_value",
+                        lambda sp, addr, v: dev.streams[sp].ops.append(("write_value", addr, int(v))))
+    monkeypatch.setattr(stream_ops, "wait_value",
+                        lambda sp, addr, v: dev.streams[sp].ops.append(("wait_value", addr, int(v))))
+
+    def compute(self, ctx, inputs, cache_ptr, stream, before_kv=None, after_kv=None):
+        for layer in range(self.shape.layers):
+            stream.ops.append(("compute",))
+            if before_kv is not None:
+                before_kv(layer)
+            stream.ops.append(("kv_gemm", layer, cache_ptr, dev.tag, self.layer_bytes))
+            if after_kv is not None:
+                after_kv(layer)
+            stream.ops.append(("compute",))
+
+    monkeypatch.setattr(KVTransfer, "compute", compute)
+    for d in variants:
+        src = wl.render(d).source
+        const = lambda name: re.search(rf"\b{name} = (\w+)", src).group(1)  # noqa: E731
+        chunks = int(const("kChunks"))
+        named = {"kChunks": chunks, "0": 0}
+        dev.kernels[d.full_name] = {
+            "chunks": chunks, "chunk_bytes": int(const("kChunkBytes")),
+            "ready": named[const("kReady")], "arrived": named[const("kArrived")],
+            "open": int(const("kOpen")), "backend": d.backend.value, "issuer": d.issuer.value,
+            "lead": 2 if d.backend.value == "lsa" else 1}
+    ctxs = [_Ctx(dev, r) for r in range(2)]
+    arenas = {b: [_Arena(b, dev.base[r]) for r in range(2)] for b in ("lsa", "nvshmem")}
+    return wl, dev, ctxs, arenas
+
+
+def _job(model, calls: list[Directives], first_epoch: int, seed: int):
+    """One job on the model: prepare_arenas (flags zeroed on both ranks, the first epoch),
+    every variant's runner on both ranks, then each call as the job's schedule makes it
+    (outputs poisoned, an all-reduce, the call, its check), the host never waiting; then the
+    devices run. Returns the collective host calls each rank made and every check."""
+    from cuco.workloads.kv_transfer import KVRunner
+    wl, dev, ctxs, arenas = model
+    for r in range(2):
+        dev.flags[r].clear()
+        for a in arenas.values():
+            a[r].epoch = first_epoch - 1
+    runners = {}
+    for r in range(2):
+        dev.rank = r
+        for d in dict.fromkeys(calls):
+            runners[d, r] = KVRunner(ctxs[r], wl, d, d.full_name, arenas[d.backend.value][r], {})
+    made = [list(c.collectives) for c in ctxs]
+    checks: list[tuple] = []
+    for d in calls:
+        dev.tag += 1
+        barrier = dev.tag
+        for r in range(2):
+            dev.rank = r
+            s = ctxs[r].stream
+            s.ops += [("poison",), ("barrier", barrier)]
+            runners[d, r]()
+            s.ops.append(("check", dev.tag, checks))
+    assert [c.collectives for c in ctxs] == made, "a collective host call inside a call"
+    _run(dev, random.Random(seed))
+    return made, checks
+
+
+def _mk(backend, sync, issuer, ctas, chunk) -> Directives:
+    return Directives(backend=backend, placement="side_stream", sync_scope=sync, issuer=issuer,
+                      chunk_bytes=chunk, comm_ctas=ctas)
+
+
+#: per backend: persistent, a kernel per chunk, the copy engine, persistent again (chunks of
+#: 4, 8 and 16 KiB: 4, 2 and 1 per layer)
+MODEL_VARIANTS = {
+    "lsa": [_mk("lsa", "chunk", "warp", 2, 4 << 10), _mk("lsa", "stream", "cta", 3, 16 << 10),
+            _mk("lsa", "stream", "copy_engine", 1, 8 << 10),
+            _mk("lsa", "chunk", "thread", 1, 16 << 10)],
+    "nvshmem": [_mk("nvshmem", "chunk", "cta", 2, 8 << 10),
+                _mk("nvshmem", "stream", "thread", 1, 16 << 10),
+                _mk("nvshmem", "stream", "copy_engine", 1, 4 << 10),
+                _mk("nvshmem", "chunk", "warp", 1, 4 << 10)],
+}
+
+
+def test_every_rank_makes_the_device_communicator_together_before_any_call(monkeypatch):
+    """ncclDevCommCreate (an LSA arena's args, made on first use) is collective. The prefill
+    rank made it alone in its runner's __init__ (for arena_base) while the decode rank went on
+    to the job's next collective: the KV pipeline hung on 2 x H200 before its first call."""
+    lsa = MODEL_VARIANTS["lsa"][0]
+    made, checks = _job(_model(monkeypatch, [lsa]), [lsa], first_epoch=9, seed=0)
+    assert made == [["ncclDevCommCreate"], ["ncclDevCommCreate"]]
+    assert all(ok for *_, ok in checks) and len(checks) == 2
+
+
+@pytest.mark.parametrize("backend", ["lsa", "nvshmem"])
+def test_flag_protocol_of_every_mode_over_calls_and_jobs(monkeypatch, backend):
+    """Every mode on one arena, calls of different chunk counts back to back, then a new job
+    whose first epoch is lower than the last one's: on both ranks, in random interleavings,
+    nothing waits forever and every check finds the call's own cache on both ranks."""
+    persistent, launch, copy_engine, other = MODEL_VARIANTS[backend]
+    model = _model(monkeypatch, MODEL_VARIANTS[backend])
+    wl = model[0]
+    assert [wl.mode(d) for d in (persistent, launch, copy_engine, other)] == [
+        "persistent", "launch", "copy_engine", "persistent"]
+    for seed in range(6):
+        calls = [persistent, persistent, launch, copy_engine, other, launch, copy_engine, persistent]
+        random.Random(seed).shuffle(calls)
+        for first_epoch in ((1 << 40) + seed, 2 + seed):  # a job, then one that starts lower
+            _, checks = _job(model, calls, first_epoch, seed)
+            assert len(checks) == 2 * len(calls)
+            bad = [(rank, tag) for rank, tag, ok in checks if not ok]
+            assert not bad, f"caches not the call's own (rank, call): {bad}"
+
+
+def test_the_model_sees_a_wrong_target_or_slot(monkeypatch):
+    """The model is not blind: a decode rank waiting for one arrival more than the senders add
+    deadlocks; one waiting for fewer finds poison in its cache; a copy engine flagging the
+    ready slot instead of the arrival slot deadlocks."""
+    from cuco.workloads import kv_transfer
+    launch, copy_engine = MODEL_VARIANTS["lsa"][1], MODEL_VARIANTS["lsa"][2]
+    model = _model(monkeypatch, MODEL_VARIANTS["lsa"])
+    real = KVTransfer.arrival_target
+    monkeypatch.setattr(KVTransfer, "arrival_target", lambda self, d, e: real(self, d, e) + 1)
+    with pytest.raises(AssertionError, match="deadlock"):
+        _job(model, [launch], 5, 0)
+    model = _model(monkeypatch, MODEL_VARIANTS["lsa"])
+    monkeypatch.setattr(KVTransfer, "arrival_target", lambda self, d, e: 1)
+    seen = [ok for seed in range(8) for *_, ok in _job(model, [launch, launch], 5 + 10 * seed, seed)[1]]
+    assert not all(seen)
+    model = _model(monkeypatch, MODEL_VARIANTS["lsa"])
+    monkeypatch.setattr(KVTransfer, "arrival_target", real)
+    monkeypatch.setattr(kv_transfer.KVRunner, "_flag", lambda self, base, slot: (
+        base + self.layout.flags + (slot - self.n if base == getattr(self, "peer_base", None) else slot) * 8))
+    with pytest.raises(AssertionError, match="deadlock"):
+        _job(model, [copy_engine], 5, 0)

@@ -325,11 +325,16 @@ class KVRunner:
         self.done = cupy.cuda.Event(disable_timing=True)
         self.layer_done = [cupy.cuda.Event(disable_timing=True) for _ in range(wl.shape.layers)]
         self.prefill = wl.is_prefill(ctx.rank)
+        # The LSA arena's arguments hold the device communicator, made on first use by
+        # ncclDevCommCreate, a collective call: every rank makes it here, at the same point
+        # of the job. Made by the prefill rank alone (below, for arena_base), it waited for
+        # a decode rank that had gone on to the job's next collective: a hang.
+        self.args = arena.args(ctx)
         if not self.prefill:
             return
         peer = wl.peer(ctx.rank)
         base = cupy.zeros(1, dtype=cupy.uint64)  # where the decode rank's arena is mapped here
-        self.f["arena_base"]((1,), (1,), (*arena.args(ctx), np.int32(peer), base), stream=ctx.stream)
+        self.f["arena_base"]((1,), (1,), (*self.args, np.int32(peer), base), stream=ctx.stream)
         self.peer_base = int(base.get(stream=ctx.stream)[0])
         # every layer once, alone: no first launch (cuBLAS heuristics, module loads) beside a
         # spinning kernel or during a call
@@ -351,7 +356,7 @@ class KVRunner:
             stream_ops.write_value(cs.ptr, self._flag(self.peer_base, self.n + c), epoch)
         else:
             self.f["chunk_kernel"]((self.d.comm_ctas,), (THREADS,),
-                                   (*a.args(self.ctx), np.uint64(self.kv_off),
+                                   (*self.args, np.uint64(self.kv_off),
                                     np.uint64(self.layout.flags), np.int32(self.wl.peer(self.ctx.rank)),
                                     np.int32(c)), stream=cs)
 
@@ -365,11 +370,11 @@ class KVRunner:
         if not self.prefill:
             # arrival counters restart at zero each call, before the cache is opened
             cupy.cuda.runtime.memsetAsync(self._flag(a.ptr, self.n), 0, self.n * 8, s.ptr)
-            self.f["set_peer_flag"]((1,), (1,), (*a.args(ctx), flags, np.int32(OPEN_SLOT),
-                                                 np.int32(peer), e), stream=s)
-            self.f["wait_flags"]((1,), (256,), (*a.args(ctx), flags, np.int32(self.n),
-                                                np.int32(self.n),
-                                                np.uint64(wl.arrival_target(self.d, a.epoch))),
+            self.f["set_peer_flag"]((1,), (1,), (*self.args, flags, np.int32(OPEN_SLOT),
+                                                np.int32(peer), e), stream=s)
+            self.f["wait_flags"]((1,), (256,), (*self.args, flags, np.int32(self.n),
+                                               np.int32(self.n),
+                                               np.uint64(wl.arrival_target(self.d, a.epoch))),
                                  stream=s)
             return
         cs = self.comm_stream
@@ -377,7 +382,7 @@ class KVRunner:
         cs.wait_event(self.start)
         if self.mode == "persistent":
             self.f["comm_kernel"]((self.d.comm_ctas,), (THREADS,),
-                                  (*a.args(ctx), np.uint64(self.kv_off), flags, np.int32(peer), e),
+                                  (*self.args, np.uint64(self.kv_off), flags, np.int32(peer), e),
                                   stream=cs)
         else:  # nothing is written to the decode rank before it opened its cache
             stream_ops.wait_value(cs.ptr, self._flag(a.ptr, OPEN_SLOT), a.epoch)
@@ -390,7 +395,7 @@ class KVRunner:
             chunks = range(layer * self.per_layer, (layer + 1) * self.per_layer)
             if self.mode == "persistent":
                 for c in chunks:
-                    self.f["set_own_flag"]((1,), (1,), (*a.args(ctx), flags, np.int32(c), e),
+                    self.f["set_own_flag"]((1,), (1,), (*self.args, flags, np.int32(c), e),
                                            stream=s)
                 return
             ev = self.layer_done[layer]
