@@ -152,6 +152,12 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
         a.epoch = first_epoch - 1  # host-driven runners raise it before each call
         seed_calls(a, layout, first_epoch, ctx.stream)
         a.counts[:] = 0
+    if "lsa" in backends:
+        # the device communicator is made collectively (ncclDevCommCreate), after the
+        # windows: here, where every rank is in step, never first inside a runner only some
+        # ranks build, or inside a call (KV transfer's decode rank built no such runner, so
+        # the prefill rank waited in ncclDevCommCreate forever)
+        ctx.devcomm  # noqa: B018
     # no peer may flag into our arena before it is zeroed: a collective orders that
     one = cupy.ones(1, dtype=cupy.float32)
     ctx.comm.all_reduce(int(one.data.ptr), int(one.data.ptr), 1, "fp32", ctx.stream.ptr)
