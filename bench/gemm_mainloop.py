@@ -22,6 +22,7 @@ def main() -> int:
     ap.add_argument("--shape", action="append", help="MxNxK (repeatable); default: nine pairs + spread")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--name", default="gemm_mainloop")
+    ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args()
     kw = {}
     if args.shape:
@@ -30,7 +31,7 @@ def main() -> int:
         except ValueError:
             print(f"--shape takes MxNxK, e.g. 8192x8192x4096 (got {args.shape})", file=sys.stderr)
             return 2
-    GemmAloneBench(rounds=args.rounds, name=args.name, **kw).run()
+    GemmAloneBench(rounds=args.rounds, name=args.name, out_dir=args.out_dir, **kw).run()
     return 0
 
 

@@ -9,8 +9,16 @@
 # pipeline step more than its CASE_TIMEOUT (+ 30 s): a case that hangs then reports the workers'
 # stacks before the step is cut. trace_<workload> runs bench/pipeline_trace.py. Steps share
 # one kernel cache ($CUCO_CACHE_DIR), so a later step reuses what an earlier one built.
+#
+# The GPU image lacks some of cuco's dependencies (pydantic, SQLAlchemy, nvidia-cutlass, optuna,
+# ...): where a .whl folder was carried (see ../shared/DEVICE.md and bench/device_wheels.txt),
+# they are installed from it into /tmp/site first, and src/ goes on the path.
 set -u
 OUT=${OUT:-/tmp/cuco_out}
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT/logs" "$OUT/results"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 R="--out-dir $OUT/results"
@@ -29,6 +37,10 @@ step_command() {
     tests_moe)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_moe_gpu.py" ;;
     tests_kv)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_kv_gpu.py" ;;
     tests_cp)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_cp_attention_gpu.py" ;;
+    tests_sealed)    echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
+    tests_adversary) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_adversary_gpu.py" ;;
+    tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
+    gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
     pipelines)       echo "python3 bench/pipelines.py $R" ;;

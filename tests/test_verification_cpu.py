@@ -198,3 +198,43 @@ def test_every_template_block_is_confined():
             assert evolve.body_violations(body) == [], (src.name, name)
             seen += 1
     assert seen > 20
+
+
+needs_nvcc = pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+
+
+@needs_nvcc
+def test_the_check_and_seal_kernels_compile(tmp_path):
+    """The kernels every verification runs (compiled by CuPy at run time on a GPU) compile."""
+    import subprocess
+    from cuco.runtime import checking, sealed
+    for name, src in (("check", checking._CHECK_SRC), ("seal", sealed._SEAL_SRC)):
+        cu = tmp_path / f"{name}.cu"
+        cu.write_text(src)
+        done = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-o",
+                               str(tmp_path / f"{name}.cubin"), str(cu)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+@needs_nvcc
+def test_the_host_keystream_is_the_devices(tmp_path):
+    """``mix_host`` (which unseals a reference on the host) computes what ``cuco_mix`` does:
+    the device function's own text, compiled as host code by nvcc, run on this machine."""
+    import subprocess
+    from cuco.runtime.sealed import MIX_SRC, mix_host
+    host = MIX_SRC.replace("__device__ __forceinline__", "static inline")
+    keys = [1, 0x9E3779B9, 0xFFFFFFFF]
+    (tmp_path / "mix.cu").write_text(host + r"""
+#include <cstdio>
+int main() {
+  const unsigned keys[] = {1u, 0x9E3779B9u, 0xFFFFFFFFu};
+  const unsigned long long idx[] = {0ull, 1ull, 77ull, 4294967296ull, 123456789012ull};
+  for (unsigned k : keys) for (unsigned long long i : idx) printf("%u\n", cuco_mix(i, k));
+}
+""")
+    exe = tmp_path / "mix"
+    done = subprocess.run(["nvcc", "-o", str(exe), str(tmp_path / "mix.cu")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    device = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
+    idx = [0, 1, 77, 4294967296, 123456789012]
+    assert [int(v) for k in keys for v in mix_host(idx, k)] == device

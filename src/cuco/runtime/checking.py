@@ -1,33 +1,23 @@
-"""Element-wise comparison of a candidate's output with an fp32 reference."""
+"""Element-wise comparison of a candidate's output with an fp32 reference.
+
+One kernel does every comparison, the full check of a checked call and the count after a
+timed one alike. It reads the reference sealed (:class:`~cuco.runtime.sealed.SealedReference`)
+and unseals each element in registers: no plaintext copy of the answer is ever written to
+device memory, nor the differences it could be recovered from.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from cuco.runtime import dtypes
+import numpy
 
+from cuco.runtime.sealed import MIX_SRC, SealedReference, grid
 
-def compare(got_storage, ref32, dtype: str, rtol: float, atol: float) -> dict[str, Any]:
-    """Every element must satisfy ``|got - ref| <= rtol * |ref| + atol``; NaN never passes.
-
-    Returns ``correct``, ``bad_elements``, ``rel_l2_error`` and ``max_abs_error``.
-    """
-    import cupy
-    got = dtypes.to_float32(got_storage.reshape(-1), dtype)
-    ref = ref32.reshape(-1)
-    if got.size != ref.size:
-        raise ValueError(f"output has {got.size} elements, reference {ref.size}")
-    diff = cupy.abs(got - ref)
-    bad = int(cupy.count_nonzero(~(diff <= rtol * cupy.abs(ref) + atol)))
-    denom = float(cupy.linalg.norm(ref)) or 1.0
-    finite = cupy.nan_to_num(diff, nan=1e30, posinf=1e30)
-    return {"correct": bad == 0, "bad_elements": bad,
-            "rel_l2_error": float(cupy.linalg.norm(finite)) / denom,
-            "max_abs_error": float(finite.max()) if finite.size else 0.0}
-
-
-_COUNT_SRC = r"""
+_CHECK_SRC = r"""
 #include <cuda_fp16.h>
+""" + MIX_SRC + r"""
 template <typename S> __device__ __forceinline__ float as_float(S v);
 template <> __device__ __forceinline__ float as_float<unsigned short>(unsigned short v) {
   return __uint_as_float(((unsigned)v) << 16);  // bf16 bits
@@ -35,44 +25,118 @@ template <> __device__ __forceinline__ float as_float<unsigned short>(unsigned s
 template <> __device__ __forceinline__ float as_float<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float as_float<float>(float v) { return v; }
 
-// Elements of `got` outside |got - ref| <= rtol*|ref| + atol (NaN counts), added to *bad.
+// Elements of `got` outside |got - ref| <= rtol*|ref| + atol (NaN counts), added to *bad;
+// with `stats` (else null): the sums of squared differences (non-finite ones as 1e30) and of
+// squared reference values into stats[0..1], the largest difference into *max_bits.
 template <typename S>
-__device__ void count_bad(const S* got, const float* ref, unsigned long long n, float rtol, float atol,
-                          unsigned long long* bad) {
+__device__ void check(const S* got, const unsigned* ref, unsigned long long n, float rtol, float atol,
+                      unsigned key, unsigned long long* bad, double* stats, unsigned* max_bits) {
   unsigned long long local = 0;
+  double sq_diff = 0.0, sq_ref = 0.0;
+  float most = 0.0f;
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x) {
-    const float r = ref[i], d = fabsf(as_float<S>(got[i]) - r);
+    const float r = __uint_as_float(key ? ref[i] ^ cuco_mix(i, key) : ref[i]);
+    const float d = fabsf(as_float<S>(got[i]) - r);
     if (!(d <= rtol * fabsf(r) + atol)) ++local;
+    const float f = isfinite(d) ? d : 1e30f;
+    sq_diff += (double)f * f;
+    sq_ref += (double)r * r;
+    most = fmaxf(most, f);
   }
-  for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
-  if ((threadIdx.x & 31) == 0 && local) atomicAdd(bad, local);
+  for (int o = 16; o > 0; o >>= 1) {
+    local += __shfl_down_sync(0xffffffffu, local, o);
+    sq_diff += __shfl_down_sync(0xffffffffu, sq_diff, o);
+    sq_ref += __shfl_down_sync(0xffffffffu, sq_ref, o);
+    most = fmaxf(most, __shfl_down_sync(0xffffffffu, most, o));
+  }
+  if ((threadIdx.x & 31) != 0) return;
+  if (local) atomicAdd(bad, local);
+  if (stats) {
+    atomicAdd(stats, sq_diff);
+    atomicAdd(stats + 1, sq_ref);
+    atomicMax(max_bits, __float_as_uint(most));  // non-negative floats order as their bits
+  }
 }
 extern "C" {
-__global__ void count_bad_bf16(const unsigned short* g, const float* r, unsigned long long n, float rt,
-                               float at, unsigned long long* b) { count_bad(g, r, n, rt, at, b); }
-__global__ void count_bad_fp16(const __half* g, const float* r, unsigned long long n, float rt, float at,
-                               unsigned long long* b) { count_bad(g, r, n, rt, at, b); }
-__global__ void count_bad_fp32(const float* g, const float* r, unsigned long long n, float rt, float at,
-                               unsigned long long* b) { count_bad(g, r, n, rt, at, b); }
+#define CUCO_CHECK(name, S)                                                                        \
+  __global__ void name(const S* g, const unsigned* r, unsigned long long n, float rt, float at,     \
+                       unsigned key, unsigned long long* b, double* st, unsigned* mx) {            \
+    check(g, r, n, rt, at, key, b, st, mx);                                                        \
+  }
+CUCO_CHECK(check_bf16, unsigned short)
+CUCO_CHECK(check_fp16, __half)
+CUCO_CHECK(check_fp32, float)
+
+// A fingerprint of n bytes: the sum of a hash of each byte's value and position, so a write
+// that moves bytes around (and keeps their sum) still changes it.
+__global__ void fingerprint(const unsigned char* p, unsigned long long n, unsigned long long* acc) {
+  unsigned long long local = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    local += cuco_mix(i, 0x100u + p[i]);
+  for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(acc, local);
+}
 }
 """
-_count_module = None
+_check_module = None
 
 
-def count_bad_async(got_storage, ref32, dtype: str, rtol: float, atol: float, slot, stream) -> None:
+def _module():
+    import cupy
+    global _check_module
+    if _check_module is None:
+        _check_module = cupy.RawModule(code=_CHECK_SRC, options=("--std=c++17",))
+    return _check_module
+
+
+def _launch(got_storage, ref, dtype: str, rtol: float, atol: float, bad, stats, max_bits, stream) -> None:
+    sealed = ref if isinstance(ref, SealedReference) else SealedReference.plain(ref)
+    n = int(got_storage.size)
+    if n != sealed.size:
+        raise ValueError(f"output has {n} elements, reference {sealed.size}")
+    blocks, threads = grid(n)
+    _module().get_function(f"check_{dtype}")(
+        (blocks,), (threads,),
+        (got_storage, sealed.bits, numpy.uint64(n), numpy.float32(rtol), numpy.float32(atol),
+         numpy.uint32(sealed.key), bad, stats if stats is not None else numpy.uint64(0),
+         max_bits if max_bits is not None else numpy.uint64(0)), stream=stream)
+
+
+def compare(got_storage, ref, dtype: str, rtol: float, atol: float) -> dict[str, Any]:
+    """Every element must satisfy ``|got - ref| <= rtol * |ref| + atol``; NaN never passes.
+    ``ref``: a :class:`SealedReference` or a plain fp32 array.
+
+    Returns ``correct``, ``bad_elements``, ``rel_l2_error`` and ``max_abs_error``.
+    """
+    import cupy
+    bad = cupy.zeros(1, dtype=cupy.uint64)
+    stats = cupy.zeros(2, dtype=cupy.float64)
+    max_bits = cupy.zeros(1, dtype=cupy.uint32)
+    _launch(got_storage.reshape(-1), ref, dtype, rtol, atol, bad, stats, max_bits,
+            cupy.cuda.get_current_stream())
+    n_bad = int(bad.get()[0])
+    sq_diff, sq_ref = (float(v) for v in stats.get())
+    return {"correct": n_bad == 0, "bad_elements": n_bad,
+            "rel_l2_error": math.sqrt(sq_diff) / (math.sqrt(sq_ref) or 1.0),
+            "max_abs_error": float(max_bits.get().view(numpy.float32)[0])}
+
+
+def count_bad_async(got_storage, ref, dtype: str, rtol: float, atol: float, slot, stream) -> None:
     """Enqueue on ``stream`` a count of the elements of ``got`` that fail the tolerance of
     :func:`compare`, added to the uint64 device scalar ``slot``: nothing waits for it, so
     every timed call's output can be verified without the host pausing the GPU."""
+    _launch(got_storage.reshape(-1), ref, dtype, rtol, atol, slot, None, None, stream)
+
+
+def fingerprint(array) -> int:
+    """A 64-bit fingerprint of an array's bytes that any change of a byte's value or
+    position changes (with overwhelming probability), computed on the current stream."""
     import cupy
-    import numpy
-    global _count_module
-    if _count_module is None:
-        _count_module = cupy.RawModule(code=_COUNT_SRC, options=("--std=c++17",))
-    n = got_storage.size
-    if n != ref32.size:
-        raise ValueError(f"output has {n} elements, reference {ref32.size}")
-    fn = _count_module.get_function(f"count_bad_{dtype}")
-    blocks = max(1, min(4096, -(-n // 1024)))
-    fn((blocks,), (256,), (got_storage, ref32, numpy.uint64(n), numpy.float32(rtol),
-                           numpy.float32(atol), slot), stream=stream)
+    raw = cupy.ascontiguousarray(array).view(cupy.uint8).reshape(-1)
+    acc = cupy.zeros(1, dtype=cupy.uint64)
+    n = int(raw.size)
+    blocks, threads = grid(n)
+    _module().get_function("fingerprint")((blocks,), (threads,), (raw, numpy.uint64(n), acc))
+    return int(acc.get()[0])

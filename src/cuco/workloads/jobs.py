@@ -28,8 +28,9 @@ from typing import Any
 
 from cuco.design import Directives
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, prepare_arenas
-from cuco.runtime.checking import compare
+from cuco.runtime.checking import compare, fingerprint
 from cuco.runtime.peaks import MeasurePeaks, physical_floor_ms
+from cuco.runtime.sealed import SealedReference, scrubbed_allocations
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Buffers, Workload
 from cuco.workloads.schedule import N_SETS, Call, make_schedule, set_seed
@@ -59,8 +60,7 @@ def first_epoch(schedule_seed: int) -> int:
 
 
 def _fingerprint(inputs) -> tuple:
-    import cupy
-    return tuple(int(cupy.sum(v.view(cupy.uint8), dtype=cupy.uint64)) for _, v in sorted(inputs.items()))
+    return tuple(fingerprint(v) for _, v in sorted(inputs.items()))
 
 
 def _class_key(cls: type) -> str:
@@ -70,18 +70,29 @@ def _class_key(cls: type) -> str:
 
 
 def inputs_and_reference(ctx, wl, cls: type, seed: int):
-    """``(inputs, fp32 reference, fingerprints of both)`` of ``seed``, made once per worker."""
+    """``(inputs, sealed fp32 reference, fingerprints of both)`` of ``seed``, made once per
+    worker. The reference is sealed (:class:`~cuco.runtime.sealed.SealedReference`) and its
+    temporaries scrubbed, so no kernel finds the answer in device memory."""
     cache = ctx.scratch.setdefault("references", {})
     key = (_class_key(cls), wl.label, ctx.world_size, seed)
     hit = cache.pop(key, None)
     if hit is None:
-        inputs = wl.make_inputs(ctx, seed)
-        ref = wl.reference(ctx, inputs)
-        hit = (inputs, ref, _fingerprint(inputs), _fingerprint({"ref": ref}))
+        with scrubbed_allocations():
+            inputs = wl.make_inputs(ctx, seed)
+            ref = SealedReference.seal(_fp32(wl.reference(ctx, inputs)))
+        hit = (inputs, ref, _fingerprint(inputs), _fingerprint({"ref": ref.bits}))
         while len(cache) >= CACHED_SEEDS:
             cache.pop(next(iter(cache)))
     cache[key] = hit  # most recent last
     return hit
+
+
+def _fp32(ref):
+    """A workload's reference as one C-contiguous fp32 array (a copy only where it is not)."""
+    import cupy
+    if ref.dtype == cupy.float32 and ref.flags.c_contiguous:
+        return ref
+    return cupy.ascontiguousarray(ref, dtype=cupy.float32)
 
 
 def guarded_output(n: int, dtype: str):
@@ -99,11 +110,11 @@ def guarded_output(n: int, dtype: str):
 
 @dataclass
 class InputSet:
-    """One of a job's input sets on this rank: inputs, fp32 reference, fingerprint and
-    the absolute tolerance (``atol_factor * max|ref|``)."""
+    """One of a job's input sets on this rank: inputs, sealed fp32 reference, fingerprint
+    and the absolute tolerance (``atol_factor * max|ref|``)."""
 
     inputs: Buffers
-    ref: Any
+    ref: SealedReference
     fingerprint: tuple
     atol: float
     ref_fingerprint: tuple
@@ -115,7 +126,7 @@ def input_sets(ctx, wl, cls: type, seed: int, atol_factor: float) -> list[InputS
     out = []
     for j in range(N_SETS):
         inputs, ref, fp, ref_fp = inputs_and_reference(ctx, wl, cls, set_seed(seed, j))
-        out.append(InputSet(inputs, ref, fp, atol_factor * float(abs(ref).max()), ref_fp))
+        out.append(InputSet(inputs, ref, fp, atol_factor * ref.amax, ref_fp))
     return out
 
 
@@ -348,7 +359,7 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
             rec = recs[name]
             if rec["correct"] and rec["rel_l2_error"] > limit:
                 rec["correct"], rec["less_accurate_than_host"] = False, host["rel_l2_error"]
-    if any(_fingerprint(st.inputs) != st.fingerprint or _fingerprint({"ref": st.ref}) != st.ref_fingerprint
+    if any(_fingerprint(st.inputs) != st.fingerprint or _fingerprint({"ref": st.ref.bits}) != st.ref_fingerprint
            for st in sets):  # inputs or references written: nobody passes
         ctx.scratch["references"].clear()
         for name in programs:
