@@ -47,7 +47,7 @@ def test_comparisons_against_a_sealed_reference_match_the_plain_ones(dtype):
     from cuco.runtime.sealed import SealedReference
     plain = _random_ref(300_001, 2)
     got = dtypes.from_float32(plain, dtype)
-    wrong = cupy.random.default_rng(3).choice(plain.size, 777, replace=False)
+    wrong = cupy.asarray(numpy.random.default_rng(3).choice(plain.size, 777, replace=False))
     got[wrong] = dtypes.from_float32(plain[wrong] + 1.0, dtype)
     got[wrong[:5]] = dtypes.from_float32(cupy.full(5, cupy.nan, cupy.float32), dtype)
     sealed = SealedReference.seal(plain.copy())

@@ -78,7 +78,8 @@ def body_violations(body: str) -> list[str]:
     globals and host code, it would change what the frozen code means (the host code
     of an in-kernel candidate runs inside the judging process). So: comments must close
     in the body, no string or character literals, no preprocessor line or line
-    continuation, no digraphs, brackets balanced and never closing what the body did
+    continuation, no digraphs, trigraphs, backslashes (universal character names) or kernel
+    launches, brackets balanced and never closing what the body did
     not open, and none of :data:`_FORBIDDEN_WORDS`.
     """
     out: list[str] = []
@@ -91,6 +92,12 @@ def body_violations(body: str) -> list[str]:
         out.append("a preprocessor line or a line continuation")
     if re.search(r"<%|%>|<:|:>|%:", code):
         out.append("digraphs (<% %> <: :> %:)")
+    if "\\" in code:
+        out.append("a backslash (a universal character name spells a word the rules would refuse)")
+    if re.search(r"\?\?[=/'()!<>-]", code):
+        out.append("trigraphs (??= and the like)")
+    if "<<<" in code:
+        out.append("a kernel launch from device code (<<<)")
     depth: list[str] = []
     for ch in re.sub(r"[^{}()\[\]]", "", code):
         if ch in "{([":

@@ -27,7 +27,7 @@ template <> __device__ __forceinline__ float as_float<float>(float v) { return v
 
 // Elements of `got` outside |got - ref| <= rtol*|ref| + atol (NaN counts), added to *bad;
 // with `stats` (else null): the sums of squared differences (non-finite ones as 1e30) and of
-// squared reference values into stats[0..1], the largest difference into *max_bits.
+// squared reference values into stats[0..1]; with `max_bits`, the largest difference.
 template <typename S>
 __device__ void check(const S* got, const unsigned* ref, unsigned long long n, float rtol, float atol,
                       unsigned key, unsigned long long* bad, double* stats, unsigned* max_bits) {
@@ -55,8 +55,8 @@ __device__ void check(const S* got, const unsigned* ref, unsigned long long n, f
   if (stats) {
     atomicAdd(stats, sq_diff);
     atomicAdd(stats + 1, sq_ref);
-    atomicMax(max_bits, __float_as_uint(most));  // non-negative floats order as their bits
   }
+  if (max_bits) atomicMax(max_bits, __float_as_uint(most));  // non-negative floats order as their bits
 }
 extern "C" {
 #define CUCO_CHECK(name, S)                                                                        \
@@ -117,17 +117,23 @@ def compare(got_storage, ref, dtype: str, rtol: float, atol: float) -> dict[str,
     _launch(got_storage.reshape(-1), ref, dtype, rtol, atol, bad, stats, max_bits,
             cupy.cuda.get_current_stream())
     n_bad = int(bad.get()[0])
-    sq_diff, sq_ref = (float(v) for v in stats.get())
-    return {"correct": n_bad == 0, "bad_elements": n_bad,
-            "rel_l2_error": math.sqrt(sq_diff) / (math.sqrt(sq_ref) or 1.0),
+    return {"correct": n_bad == 0, "bad_elements": n_bad, "rel_l2_error": rel_l2(*stats.get().tolist()),
             "max_abs_error": float(max_bits.get().view(numpy.float32)[0])}
 
 
-def count_bad_async(got_storage, ref, dtype: str, rtol: float, atol: float, slot, stream) -> None:
+def count_bad_async(got_storage, ref, dtype: str, rtol: float, atol: float, slot, stream,
+                    stats=None) -> None:
     """Enqueue on ``stream`` a count of the elements of ``got`` that fail the tolerance of
     :func:`compare`, added to the uint64 device scalar ``slot``: nothing waits for it, so
-    every timed call's output can be verified without the host pausing the GPU."""
-    _launch(got_storage.reshape(-1), ref, dtype, rtol, atol, slot, None, None, stream)
+    every timed call's output can be verified without the host pausing the GPU. ``stats``
+    (two float64 on the device, zeroed): the sums of squared differences and of squared
+    reference values are added there, for the call's relative L2 error (:func:`rel_l2`)."""
+    _launch(got_storage.reshape(-1), ref, dtype, rtol, atol, slot, stats, None, stream)
+
+
+def rel_l2(sq_diff: float, sq_ref: float) -> float:
+    """Relative L2 error from the two sums a check adds up."""
+    return math.sqrt(sq_diff) / (math.sqrt(sq_ref) or 1.0)
 
 
 def fingerprint(array) -> int:
