@@ -2,7 +2,7 @@
 against PyTorch's flash attention doing the same rank's work -> bench/results/cp_attention_kernel.json
 
     python bench/cp_attention_kernel.py            # checks, then the timed shapes
-    python bench/cp_attention_kernel.py --quick    # checks only
+    python bench/cp_attention_kernel.py --quick    # checks only (no result file)
 
 A rank of a W-rank zig-zag split is simulated on one GPU: its queries, every rank's K/V in
 gathered slots. Checked (fresh random inputs, output poisoned with NaN, every element against
@@ -17,12 +17,12 @@ torch flash attention over the same keys (K/V already in sequence order).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
 import numpy as np
 
+from cuco import results
 from cuco.errors import run_script
 
 
@@ -212,18 +212,20 @@ def speed(report, shapes):
                 fa(qt[:, :, half * c:(half + 1) * c], ks[:, :, :end], vs[:, :, :end], 0.0, True, False)
         tfa = timed(torch_fa)
         flops = wl.work().flops
-        row = {"check": "speed", "seq": seq, "heads": heads, "head_dim": d, "causal": causal, "world": w,
-               "one_pass_ms": one, "two_phase_ms": two, "torch_flash_ms": tfa,
-               "tflops_one_pass": flops / one / 1e9, "tflops_torch": flops / tfa / 1e9,
-               "grid": attn.per_sm * attn.sms, "per_sm": attn.per_sm}
-        report.append(row)
-        print(row, flush=True)
+        case = f"cp_attention_kernel/S{seq}H{heads}D{d}{'causal' if causal else 'full'}/bf16"
+        for variant, ms in (("torch_flash", tfa), ("one_pass", one), ("two_phase", two)):
+            row = {"case": case, "variant": variant, "ms": round(ms, 5), "baseline": "torch_flash",
+                   "baseline_ms": round(tfa, 5), "speedup": round(tfa / ms, 4), "correct": True,
+                   "tflops": round(flops / ms / 1e9, 1), "world": w, "rank": me,
+                   "grid": attn.per_sm * attn.sms}
+            report.append(row)
+            print(row, flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="bench/results/cp_attention_kernel.json")
+    ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args(argv)
     import os
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # no module load beside a spinning kernel
@@ -235,14 +237,19 @@ def main(argv=None) -> int:
              [(8192, 8, 128, c, 2, "bf16") for c in (True, False)] +
              ([] if args.quick else [(*x, 2, "bf16") for x in SPEED]))
     print(f"built in {time.time() - t0:.0f}s", flush=True)
-    ok = correctness(report)
-    if not args.quick:
-        speed(report, SPEED)
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "correct": ok, "seconds": time.time() - t0,
-                   "rows": report}, f, indent=1)
-    print("correct" if ok else "WRONG", f"{time.time() - t0:.0f}s")
-    return 0 if ok else 1
+    checks: list[dict] = []
+    ok = correctness(checks)
+    print("correct" if ok else "WRONG", f"{time.time() - t0:.0f}s", flush=True)
+    if not ok or args.quick:
+        return 0 if ok else 1
+    speed(report, SPEED)
+    bad = [c for c in checks if c.get("bad")]
+    results.write("cp_attention_kernel", report, device=f"1 x {torch.cuda.get_device_name()}",
+                  world_size=1, out_dir=args.out_dir,
+                  extra={"summary": {"checks": len(checks), "checks_wrong": len(bad),
+                                     "min_speedup_over_torch_flash": min(
+                                         r["speedup"] for r in report if r["variant"] != "torch_flash")}})
+    return 0
 
 
 if __name__ == "__main__":
