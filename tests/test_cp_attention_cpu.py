@@ -38,6 +38,7 @@ from cuco.design import Directives
 from cuco.workloads import cp_attention as cp
 from cuco.workloads.cp_attention import CPAttention, CPRunner
 from cuco.workloads.pipeline import OPEN_SLOT
+from fake_gpu import Arena, Ctx, Event, Stream, run_streams
 
 CHUNK = 256        # tokens per zig-zag chunk of the modelled shape (two q tiles)
 BACKENDS = ("lsa", "nvshmem")
@@ -76,7 +77,7 @@ class _Dev:
         self.kvg = {key: np.full(2 * w * wl.shard, -1, np.int64) for key in keys}
         self.bufs: list[_Buf] = []
         self.next_buf = BUF_BASE
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.arrived: dict[int, int] = {}
         self.rank = 0  # the rank whose host code runs now
         self.kernels: dict[str, dict] = {}  # cubin -> its template's constants
@@ -113,28 +114,6 @@ class _Dev:
         return self.flags[key], off
 
 
-class _Event:
-    def __init__(self, **_):
-        self.recorded = self.done = 0
-
-    def record(self, stream):
-        self.recorded += 1
-        stream.ops.append(("record", self, self.recorded))
-
-
-class _Stream:
-    def __init__(self, dev: _Dev, **_):
-        self.dev, self.rank, self.ops, self.cur, self.cond, self.pending = dev, dev.rank, [], None, None, None
-        self.ptr = 0x5000 + len(dev.streams)
-        dev.streams[self.ptr] = self
-
-    def wait_event(self, ev):
-        self.ops.append(("wait_event", ev, ev.recorded))
-
-    def synchronize(self):
-        pass
-
-
 class _Kernel:
     def __init__(self, dev: _Dev, cubin: str, name: str):
         self.dev, self.cubin, self.name, self.ptr = dev, cubin, name, 0xF00
@@ -145,25 +124,6 @@ class _Kernel:
         if self.name in self.dev.mutate:
             args = self.dev.mutate[self.name](args)
         stream.ops.append(("kernel", self.name, self.dev.kernels[self.cubin], int(grid[0]), args))
-
-
-class _Ctx:
-    def __init__(self, dev: _Dev, rank: int):
-        self.rank, self.world_size, self.dev, self.scratch = rank, dev.w, dev, {}
-        self.collectives: list[str] = []
-        self._devcomm = None
-        dev.rank = rank
-        self.stream = _Stream(dev)
-
-    @property
-    def devcomm(self):
-        if self._devcomm is None:
-            self.collectives.append("ncclDevCommCreate")
-            self._devcomm = types.SimpleNamespace(ptr=0xDC0 + self.rank)
-        return self._devcomm
-
-    def function(self, cubin: str, name: str):
-        return _Kernel(self.dev, cubin, name)
 
 
 def _fake_cupy(dev: _Dev):
@@ -180,7 +140,7 @@ def _fake_cupy(dev: _Dev):
     driver = types.SimpleNamespace(funcSetAttribute=lambda *a: None,
                                    occupancyMaxActiveBlocksPerMultiprocessor=lambda *a: 1,
                                    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
-    cuda = types.SimpleNamespace(Stream=lambda **kw: _Stream(dev, **kw), Event=_Event,
+    cuda = types.SimpleNamespace(Stream=lambda **kw: Stream(dev, **kw), Event=Event,
                                  runtime=types.SimpleNamespace(memsetAsync=memset), driver=driver,
                                  Device=lambda *a: types.SimpleNamespace(
                                      attributes={"MultiProcessorCount": 132}))
@@ -285,37 +245,6 @@ def _attend(dev: _Dev, me: int, info: dict, q, out, slots, flags, need, chunk_ro
         dev.reads[out] = reads
 
 
-def _run(dev: _Dev, rng: random.Random) -> None:
-    """Every queued operation, in a random order that respects each stream's."""
-    while True:
-        live = [s for s in dev.streams.values() if s.ops or s.cur is not None]
-        if not live:
-            return
-        ready = [s for s in live if s.cur is None or s.cond is None or s.cond()]
-        if not ready:
-            stuck = {f"rank {s.rank} stream {s.ptr:#x}": s.pending for s in live}
-            raise AssertionError(f"deadlock: {stuck}")
-        s = rng.choice(ready)
-        if s.cur is None:
-            op = s.ops.pop(0)
-            s.pending = (op[0], op[1]) if op[0] == "kernel" else op[:1]
-            s.cur = _op(dev, s.rank, op)
-        try:
-            s.cond = s.cur.send(None)
-        except StopIteration:
-            s.cur = s.cond = None
-
-
-class _Arena:
-    """One rank's arena: its base, epoch and the real Arena.args."""
-
-    def __init__(self, backend: str, ptr: int):
-        from cuco.runtime.arena import Arena
-        self.args = types.MethodType(Arena.args, self)
-        self.backend, self.ptr, self.epoch = backend, ptr, 0
-        self.window = types.SimpleNamespace(handle=0xA0)
-
-
 N_SETS = 3
 
 
@@ -336,8 +265,8 @@ def _model(monkeypatch, w: int, causal: bool, variants: list[Directives]):
             "chunk_bytes": int(rows.group(1)) * row_bytes, "open": int(const("kOpen")),
             "causal": const("kCausal") == "true", "backend": d.backend.value,
             "lead": 2 if d.backend.value == "lsa" else 1}
-    ctxs = [_Ctx(dev, r) for r in range(w)]
-    arenas = {b: [_Arena(b, dev.base[b, r]) for r in range(w)] for b in BACKENDS}
+    ctxs = [Ctx(dev, r, w, _Kernel) for r in range(w)]
+    arenas = {b: [Arena(b, dev.base[b, r]) for r in range(w)] for b in BACKENDS}
     inputs = [[{name: _Buf(dev, wl.shard * dev.row_bytes,
                            None if name == "q" else
                            np.array([value(r, j, name.upper(), i) for i in range(wl.shard)], np.int64))
@@ -389,7 +318,7 @@ def _job(model, calls: list[Directives], first_epoch: int, seed: int, barrier: b
             runner.stress_us = 0.0
             s.ops.append(("check", call, j, outs[d, r], results))
     assert [c.collectives for c in ctxs] == made, "a collective host call inside a call"
-    _run(dev, rng)
+    run_streams(dev, rng, _op, lambda op: (op[0], op[1]) if op[0] == "kernel" else op[:1])
     return results
 
 

@@ -20,6 +20,7 @@ from cuco.errors import DirectiveError, ShapeError
 from cuco.runtime.dtypes import EPS
 from cuco.workloads import for_problem
 from cuco.workloads.kv_transfer import KVTransfer
+from fake_gpu import Arena, Ctx, Event, Stream, run_streams
 
 SMALL = dict(layers=2, tokens=256, hidden=512, kv_dim=256, heads=4, head_dim=64, ffn=1024)
 
@@ -218,7 +219,7 @@ class _Dev:
         self.size, self.kv_off, self.cache_bytes = arena_bytes, kv_off, cache_bytes
         self.flags: dict[int, dict[int, int]] = {0: {}, 1: {}}
         self.data = {r: np.full(cache_bytes // UNIT, -1, np.int64) for r in range(2)}
-        self.streams: dict[int, "_Stream"] = {}
+        self.streams: dict[int, Stream] = {}
         self.arrived: dict[int, int] = {}
         self.tag = -2  # what the K/V GEMMs write (the harness sets the call's)
         self.rank = 0  # the rank whose host code runs now
@@ -234,34 +235,6 @@ class _Dev:
         lo = off - self.kv_off
         assert 0 <= lo and lo + nbytes <= self.cache_bytes and lo % UNIT == 0, (off, nbytes)
         return slice(lo // UNIT, (lo + nbytes) // UNIT)
-
-
-class _Event:
-    def __init__(self, **_):
-        self.recorded = self.done = 0
-
-    def record(self, stream):
-        self.recorded += 1
-        stream.ops.append(("record", self, self.recorded))
-
-
-class _Stream:
-    def __init__(self, dev: _Dev, **_):
-        self.dev, self.rank, self.ops, self.cur, self.cond = dev, dev.rank, [], None, None
-        self.ptr = 0x5000 + len(dev.streams)
-        dev.streams[self.ptr] = self
-
-    def wait_event(self, ev):
-        self.ops.append(("wait_event", ev, ev.recorded))
-
-    def synchronize(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _Array:
@@ -285,25 +258,6 @@ class _Kernel:
                            tuple(int(x) for x in args)))
 
 
-class _Ctx:
-    def __init__(self, dev: _Dev, rank: int):
-        self.rank, self.world_size, self.dev, self.scratch = rank, 2, dev, {}
-        self.collectives: list[str] = []  # host calls every rank must make together
-        self._devcomm = None
-        dev.rank = rank
-        self.stream = _Stream(dev)
-
-    @property
-    def devcomm(self):
-        if self._devcomm is None:
-            self.collectives.append("ncclDevCommCreate")
-            self._devcomm = types.SimpleNamespace(ptr=0xDC0 + self.rank)
-        return self._devcomm
-
-    def function(self, cubin: str, name: str):
-        return _Kernel(self.dev, cubin, name)
-
-
 def _fake_cupy(dev: _Dev):
     def memset(addr, value, nbytes, stream_ptr):
         dev.streams[stream_ptr].ops.append(("memset", addr, value, nbytes))
@@ -312,7 +266,7 @@ def _fake_cupy(dev: _Dev):
         dev.streams[stream_ptr].ops.append(("memcpy", dst, src, nbytes))
 
     runtime = types.SimpleNamespace(memsetAsync=memset, memcpyAsync=memcpy, memcpyDefault=4)
-    cuda = types.SimpleNamespace(Stream=lambda **kw: _Stream(dev, **kw), Event=_Event,
+    cuda = types.SimpleNamespace(Stream=lambda **kw: Stream(dev, **kw), Event=Event,
                                  runtime=runtime)
     return types.SimpleNamespace(cuda=cuda, uint64=np.uint64, zeros=lambda *a, **k: _Array())
 
@@ -396,38 +350,6 @@ def _op(dev: _Dev, me: int, op: tuple):
         raise AssertionError(f"no model of {kind}")
 
 
-def _run(dev: _Dev, rng: random.Random) -> None:
-    """Every queued operation, in a random order that respects each stream's."""
-    while True:
-        live = [s for s in dev.streams.values() if s.ops or s.cur is not None]
-        if not live:
-            return
-        ready = [s for s in live if s.cur is None or s.cond is None or s.cond()]
-        if not ready:
-            stuck = {f"rank {s.rank} stream {s.ptr:#x}": s.pending for s in live}
-            raise AssertionError(f"deadlock: {stuck}")
-        s = rng.choice(ready)
-        if s.cur is None:
-            op = s.ops.pop(0)
-            s.pending = op[:2] + (op[5],) if op[0] == "kernel" else op[:2]  # what a deadlock names
-            s.cur = _op(dev, s.rank, op)
-        try:
-            s.cond = s.cur.send(None)
-        except StopIteration:
-            s.cur = s.cond = None
-
-
-class _Arena:
-    """An arena of one rank: its base, epoch and the real :meth:`Arena.args` (an LSA arena's
-    name the device communicator)."""
-
-    def __init__(self, backend: str, ptr: int):
-        from cuco.runtime.arena import Arena
-        self.args = types.MethodType(Arena.args, self)
-        self.backend, self.ptr, self.epoch = backend, ptr, 0
-        self.window = types.SimpleNamespace(handle=0xA0)
-
-
 def _model(monkeypatch, variants: list[Directives]):
     """KVRunner's world on the model: the fake CuPy, both ranks' contexts and arenas, the
     compute chain, spin and stream memory operations as queued operations, and each
@@ -466,8 +388,8 @@ def _model(monkeypatch, variants: list[Directives]):
             "ready": named[const("kReady")], "arrived": named[const("kArrived")],
             "open": int(const("kOpen")), "backend": d.backend.value, "issuer": d.issuer.value,
             "lead": 2 if d.backend.value == "lsa" else 1}
-    ctxs = [_Ctx(dev, r) for r in range(2)]
-    arenas = {b: [_Arena(b, dev.base[r]) for r in range(2)] for b in ("lsa", "nvshmem")}
+    ctxs = [Ctx(dev, r, 2, _Kernel) for r in range(2)]
+    arenas = {b: [Arena(b, dev.base[r]) for r in range(2)] for b in ("lsa", "nvshmem")}
     return wl, dev, ctxs, arenas
 
 
@@ -499,7 +421,8 @@ def _job(model, calls: list[Directives], first_epoch: int, seed: int):
             runners[d, r]()
             s.ops.append(("check", dev.tag, checks))
     assert [c.collectives for c in ctxs] == made, "a collective host call inside a call"
-    _run(dev, random.Random(seed))
+    run_streams(dev, random.Random(seed), _op,
+                lambda op: op[:2] + (op[5],) if op[0] == "kernel" else op[:2])  # what a deadlock names
     return made, checks
 
 
