@@ -80,6 +80,25 @@ class Arena:
         self.window = types.SimpleNamespace(handle=0xA0)
 
 
+#: The operations every model runs the same way (:func:`stream_op`).
+STREAM_OPS = ("record", "wait_event", "barrier")
+
+
+def stream_op(dev: Any, op: tuple, world: int) -> Generator:
+    """An event recorded, a wait on one, or the job's all-reduce before every call (every rank
+    arrives, then all go on), as a generator like a model's own operations."""
+    kind = op[0]
+    if kind == "record":
+        op[1].done = max(op[1].done, op[2])
+    elif kind == "wait_event":
+        yield lambda: op[1].done >= op[2]
+    elif kind == "barrier":
+        dev.arrived[op[1]] = dev.arrived.get(op[1], 0) + 1
+        yield lambda: dev.arrived[op[1]] == world
+    else:
+        raise ValueError(f"not a stream operation: {kind}")
+
+
 def run_streams(dev: Any, rng: random.Random, step: Callable[[Any, int, tuple], Generator],
                 names: Callable[[tuple], tuple]) -> None:
     """Every queued operation, in a random order that respects each stream's; ``names(op)``

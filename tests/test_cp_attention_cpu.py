@@ -38,7 +38,7 @@ from cuco.design import Directives
 from cuco.workloads import cp_attention as cp
 from cuco.workloads.cp_attention import CPAttention, CPRunner
 from cuco.workloads.pipeline import OPEN_SLOT
-from fake_gpu import Arena, Ctx, Event, Stream, run_streams
+from fake_gpu import STREAM_OPS, Arena, Ctx, Event, Stream, run_streams, stream_op
 
 CHUNK = 256        # tokens per zig-zag chunk of the modelled shape (two q tiles)
 BACKENDS = ("lsa", "nvshmem")
@@ -151,13 +151,8 @@ def _fake_cupy(dev: _Dev):
 def _op(dev: _Dev, me: int, op: tuple):
     """One queued operation as a generator: it yields what it waits for, between its effects."""
     kind, flags, w = op[0], dev.flags, dev.w
-    if kind == "record":
-        op[1].done = max(op[1].done, op[2])
-    elif kind == "wait_event":
-        yield lambda: op[1].done >= op[2]
-    elif kind == "barrier":  # the job's all-reduce before every call
-        dev.arrived[op[1]] = dev.arrived.get(op[1], 0) + 1
-        yield lambda: dev.arrived[op[1]] == w
+    if kind in STREAM_OPS:
+        yield from stream_op(dev, op, w)
     elif kind == "poison":  # jobs.judge: poison_arena before every call
         dev.kvg[op[1], me][:] = -1
     elif kind == "check":

@@ -20,7 +20,7 @@ from cuco.errors import DirectiveError, ShapeError
 from cuco.runtime.dtypes import EPS
 from cuco.workloads import for_problem
 from cuco.workloads.kv_transfer import KVTransfer
-from fake_gpu import Arena, Ctx, Event, Stream, run_streams
+from fake_gpu import STREAM_OPS, Arena, Ctx, Event, Stream, run_streams, stream_op
 
 SMALL = dict(layers=2, tokens=256, hidden=512, kv_dim=256, heads=4, head_dim=64, ffn=1024)
 
@@ -297,13 +297,8 @@ def _op(dev: _Dev, me: int, op: tuple):
             slot = flag_off + (info["arrived"] + c) * 8
             flags[dst][slot] = flags[dst].get(slot, 0) + 1
 
-    if kind == "record":
-        op[1].done = max(op[1].done, op[2])
-    elif kind == "wait_event":
-        yield lambda: op[1].done >= op[2]
-    elif kind == "barrier":  # the job's all-reduce before every call
-        dev.arrived[op[1]] = dev.arrived.get(op[1], 0) + 1
-        yield lambda: dev.arrived[op[1]] == 2
+    if kind in STREAM_OPS:
+        yield from stream_op(dev, op, 2)
     elif kind == "poison":
         data[me][:] = -1
     elif kind == "check":
