@@ -178,3 +178,63 @@ def test_the_full_stage_checks_both_fresh_seeds_in_one_job(ev):
     full = ev.case(ev.problem, spec, seed=ev.seeds, time_it=False)
     assert full.seed == ev.seeds and len(set(ev.seeds)) == 2
     assert (full.time, full.baselines) == (False, False)
+
+
+class _StandInJob:
+    """What a GPU stage job returns, from a CPU worker: every program right and timed,
+    except the candidate named ``wrong_together``, whose timed calls go wrong only when it
+    shares its timing job with other candidates (as one that disturbed the others would)."""
+
+    def __init__(self, specs, time_it: bool, wrong_together: str):
+        self.names = [s.name for s in specs]
+        self.directives = [s.directives for s in specs]
+        self.time_it, self.wrong_together = time_it, wrong_together
+
+    def __call__(self, ctx):
+        import time
+        time.sleep(0.05)
+        out = {"host_nccl": {"correct": True, "rel_l2_error": 1e-3},
+               "host_nccl_default": {"correct": True, "rel_l2_error": 1e-3}}
+        for name, d in zip(self.names, self.directives):
+            wrong = self.time_it and len(self.names) > 1 and d == self.wrong_together
+            out[name] = {"correct": not wrong, "rel_l2_error": 1e-3, "bad_elements": 7 * wrong,
+                         "calls_verified": 12}
+        if self.time_it:
+            for i, name in enumerate(out):
+                out[name]["median_ms"] = 2.0 if name.startswith("host") else 1.0 + 0.1 * i
+            out["compute_only"], out["comm_only"] = {"median_ms": 0.9}, {"median_ms": 0.4}
+        return {"rank": ctx.rank, "variants": out}
+
+
+def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp_path):
+    """evaluate_many times up to ``timing_batch`` candidates that passed their checks in one
+    job; a candidate wrong in a shared job is timed again alone and its own verdict counts.
+    CPU worker processes run stand-ins for the GPU jobs; the builds are real nvcc runs."""
+    import sys
+    import cloudpickle
+    from cuco.runtime import WorkerGroup
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    jobs: list[tuple[int, bool]] = []
+    shy = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=1 << 20)
+
+    class StandInEvaluator(Evaluator):
+        def warm_up(self):
+            self.warm, self._respawns = True, self.group.respawns
+
+        def case(self, problem, spec, *, seed, time_it):
+            specs = spec if isinstance(spec, list) else [spec]
+            jobs.append((len(specs), time_it))
+            return _StandInJob(specs, time_it, shy.to_json())
+
+    with WorkerGroup(1, gpu=False) as group:
+        db = CandidateDB(tmp_path / "c.db")
+        ev = StandInEvaluator(GemmAllReduce(1024, 1024, 2048, 1), group=group, db=db, timing_batch=4,
+                              compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
+        results = ev.evaluate_many([D, shy, D, D])
+    timing = [n for n, timed in jobs if timed]
+    assert timing == [4, 1], jobs  # all four together, then shy again alone
+    assert [r.status for r in results] == ["ok"] * 4, [r.error for r in results]
+    assert [r.extra["timed_with"] for r in results] == [4, 1, 4, 4]
+    assert all(r.speedup and r.speedup > 1 and "timing" in r.extra["stage_s"] for r in results)
+    assert len(db.evaluations()) == 4  # each verdict stored once

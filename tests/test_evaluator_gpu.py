@@ -173,3 +173,20 @@ def test_a_kernel_that_drops_precision_is_wrong(ev):
     assert lossy != body
     r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": lossy}))
     assert r.status == "wrong" and r.score == 0.0, (r.status, r.error)
+
+
+def test_a_batch_times_the_candidates_that_pass_their_checks_together(ev):
+    """evaluate_many: the candidates that pass their checks share one timing job (the host
+    programs and the bound timed once, interleaved with all of them); a wrong one is judged
+    at its check as always; each verdict carries its own time and every call verified."""
+    from cuco.evaluate import Candidate
+    others = [Directives(placement="side_stream", sync_scope="chunk", comm_ctas=c, issuer=i,
+                         chunk_bytes=256 << 10) for c, i in ((8, "warp"), (16, "cta"))]
+    wrong = Candidate(D, plant(ev, PLANTED["wrong_answer"][0]))
+    results = ev.evaluate_many([Candidate(D), wrong, *(Candidate(d) for d in others)])
+    assert [r.status for r in results] == ["ok", "wrong", "ok", "ok"], [r.error for r in results]
+    assert [r.extra.get("timed_with") for r in results] == [3, None, 3, 3]
+    for r in (results[0], *results[2:]):
+        assert r.speedup > 0 and r.time_ms == max(r.rank_times_ms) and r.extra["calls_verified"] > ev.timing_iters
+        assert r.extra["stage_s"]["timing"] > 0
+    assert len({r.time_ms for r in (results[0], *results[2:])}) == 3  # each its own median

@@ -15,7 +15,11 @@ before every call with a pattern drawn for it; checked calls (stressed from outs
 kernel, compared on the host, guard pages read) sit at random places among the timed ones; the first
 epoch of a job is random; the kernel's arguments are the same in checked and timed
 calls. A time below the physical floor (:mod:`cuco.runtime.peaks`) is ``suspect``
-and scores nothing. A hang or a crash costs a respawn of the worker group, never
+and scores nothing. In a batch (:meth:`Evaluator.evaluate_many`) up to
+:data:`TIMING_BATCH` candidates that passed their checks share one timing job: the host
+programs and the halves of the bound are timed once for all of them, interleaved with them
+(the same run); a candidate found wrong there, or every candidate of a job that failed, is
+timed again alone, so no verdict rests on another candidate. A hang or a crash costs a respawn of the worker group, never
 the search.
 
 Two places to extend. The *workload* (any :class:`cuco.workloads.Workload`: the six
@@ -50,6 +54,11 @@ from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
 from cuco.workloads.jobs import ACCURACY_SLACK, Case, VariantSpec
+
+
+#: Candidates of a batch timed in one job (the timing stage is most of a candidate's GPU time,
+#: and most of it times the host programs and the bound, the same for every candidate).
+TIMING_BATCH = 4
 
 
 @dataclass
@@ -92,6 +101,21 @@ class Candidate:
     candidate_id: int | None = None
 
 
+@dataclass
+class _Checked:
+    """A candidate that passed every check, waiting for its timing: what it is, its build,
+    its worst check error, and where its time went so far."""
+
+    cand: Candidate
+    spec: VariantSpec
+    worst: float
+    compile_s: float
+    seconds: float
+    gpu_s: float
+    build_wait_s: float
+    stage_s: dict[str, float]
+
+
 def one_build(prepared: dict[str, Any]) -> bool:
     """Whether the small shape's source is the candidate's own (kernels that take their
     shape per launch, like the in-kernel placements'): then one binary is built, and the
@@ -109,7 +133,7 @@ class Evaluator:
     def __init__(self, workload: Workload, *, group=None, db: CandidateDB | None = None,
                  compiler: Compiler | None = None, seeds: tuple[int, int] | None = None,
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
-                 run_id: int | None = None):
+                 run_id: int | None = None, timing_batch: int = TIMING_BATCH):
         self.workload = workload
         self.problem = workload.problem
         self.group = group
@@ -120,6 +144,7 @@ class Evaluator:
         self.seeds = seeds or (1 + secrets.randbelow(1 << 20), (1 << 20) + secrets.randbelow(1 << 20))
         self.timeouts = timeouts or StageTimeouts()
         self.timing_iters = timing_iters
+        self.timing_batch = max(1, timing_batch)
         self.run_id = run_id
         self.warm = False
         self.warmup_timeout_s = 600.0
@@ -156,12 +181,13 @@ class Evaluator:
         :meth:`~cuco.workloads.Workload.small_directives`: its chunk cut to fit)."""
         return self.workload.small_directives(d, self.workload_at(small))
 
-    def case(self, problem: Problem, spec: VariantSpec, *, seed: int | tuple[int, ...],
-             time_it: bool) -> Case:
+    def case(self, problem: Problem, spec: VariantSpec | list[VariantSpec], *,
+             seed: int | tuple[int, ...], time_it: bool) -> Case:
         """The job of one stage: the workload at ``problem`` (it travels with the job, so a
-        class defined in a notebook works) and the candidate, on the input sets of ``seed``
-        (several seeds: all their sets in one job)."""
-        return Case(self.workload_at(problem), variants=[spec], seed=seed, time=time_it,
+        class defined in a notebook works) and the candidate (or, in a batch's timing job,
+        several), on the input sets of ``seed`` (several seeds: all their sets in one job)."""
+        specs = spec if isinstance(spec, list) else [spec]
+        return Case(self.workload_at(problem), variants=specs, seed=seed, time=time_it,
                     iters=self.timing_iters, baselines=time_it)
 
     # ---- the cascade --------------------------------------------------------------------
@@ -267,21 +293,14 @@ class Evaluator:
 
     def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
                pending: tuple[Future, Future] | None = None) -> EvalResult:
-        t0, gpu0, wait0 = time.perf_counter(), self.gpu_s, self.build_wait_s
-        self.stage_s = {}
-        result = self._evaluate(cand, prepared, pending)
-        result.extra.setdefault("seconds", round(time.perf_counter() - t0, 3))
-        # where this candidate's time went (cuco search shows them per generation)
-        result.extra.setdefault("gpu_s", round(self.gpu_s - gpu0, 3))
-        result.extra.setdefault("build_wait_s", round(self.build_wait_s - wait0, 3))
-        result.extra.setdefault("stage_s", {k: round(v, 3) for k, v in self.stage_s.items()})
-        self._store(cand, result)
-        return result
+        fail, checked = self._checked(cand, prepared, pending)
+        return fail if fail is not None else self._timed([checked])[0]
 
     def evaluate_many(self, cands: list[Candidate | Directives]) -> list[EvalResult]:
         """Batch: every candidate compiles in the background on all cores while the
-        GPUs check and time the ones already built, in the order their builds finish
-        (results come back in the order of ``cands``)."""
+        GPUs check the ones already built, in the order their builds finish; those that
+        pass are timed :attr:`timing_batch` at a time in one job (results come back in the
+        order of ``cands``)."""
         cands = [c if isinstance(c, Candidate) else Candidate(c) for c in cands]
         prepared = [self.prepare(c) for c in cands]
         comp = self._compiler()
@@ -296,9 +315,25 @@ class Evaluator:
                 pending.append((big, big if one_build(prep) else pool.submit(
                     comp.compile, prep["small_source"], needs=prep["needs"], name=name + ".small")))
             results: list[EvalResult | None] = [None] * len(cands)
+            waiting: list[tuple[int, _Checked]] = []
+
+            def time_waiting() -> None:
+                if not waiting:
+                    return
+                for (i, _), r in zip(waiting, self._timed([c for _, c in waiting])):
+                    results[i] = r
+                waiting.clear()
+
             try:
                 for i in in_build_order(pending):
-                    results[i] = self._judge(cands[i], prepared[i], pending[i])
+                    fail, checked = self._checked(cands[i], prepared[i], pending[i])
+                    if fail is not None:
+                        results[i] = fail
+                        continue
+                    waiting.append((i, checked))
+                    if len(waiting) >= self.timing_batch:
+                        time_waiting()
+                time_waiting()
                 return results  # type: ignore[return-value]
             finally:
                 for f in pending:
@@ -308,18 +343,34 @@ class Evaluator:
     def _name(self, cand: Candidate) -> str:
         return f"{self.problem.workload}.{cand.directives.full_name}"
 
-    def _evaluate(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
-                  pending: tuple[Future, Future] | None = None) -> EvalResult:
+    def _checked(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
+                 pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, _Checked | None]:
+        """Every stage before timing: a failure (already stored, with where its time went),
+        or the candidate ready to be timed."""
+        t0, gpu0, wait0 = time.perf_counter(), self.gpu_s, self.build_wait_s
+        self.stage_s = {}
+        fail, checked = self._checks(cand, prepared, pending)
+        spent = {"seconds": time.perf_counter() - t0, "gpu_s": self.gpu_s - gpu0,
+                 "build_wait_s": self.build_wait_s - wait0, "stage_s": dict(self.stage_s)}
+        if fail is not None:
+            self._finish(cand, fail, spent)
+            return fail, None
+        for key, value in spent.items():
+            setattr(checked, key, value)
+        return None, checked
+
+    def _checks(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
+                pending: tuple[Future, Future] | None) -> tuple[EvalResult | None, _Checked | None]:
         fail, prep = prepared
         if fail:
-            return fail
+            return fail, None
         fail, built = self.compile(self._name(cand), prep, pending)
         if fail:
-            return fail
+            return fail, None
         if self.group is None:
             return EvalResult("error", "compile", "no worker group: GPU stages need one "
                               "(Evaluator(..., group=WorkerGroup(world_size)))",
-                              extra={"compile_s": built["compile_s"]})
+                              extra={"compile_s": built["compile_s"]}), None
         d = cand.directives
         spec_small = VariantSpec("candidate",
                                  self.small_directives(d, prep["small_problem"]).to_json(),
@@ -328,27 +379,55 @@ class Evaluator:
         fail, merged = self._run(self.case(prep["small_problem"], spec_small, seed=self.seeds[0],
                                            time_it=False), self.timeouts.small, "small")
         if fail or (fail := self._check(merged, "candidate", "small")):
-            return fail
+            return fail, None
         # both fresh seeds in one job: the same checked calls as a job per seed, one job fewer
         fail, merged = self._run(self.case(self.problem, spec, seed=self.seeds, time_it=False),
                                  self.timeouts.full, "full")
         if fail or (fail := self._check(merged, "candidate", "full")):
-            return fail
+            return fail, None
         worst = merged["candidate"].get("rel_l2_error") or 0.0
-        fail, merged = self._run(self.case(self.problem, spec, seed=self.seeds[-1] + 1, time_it=True),
-                                 self.timeouts.timing, "timing")
-        if fail or (fail := self._check(merged, "candidate", "timing")):
-            return fail
+        return None, _Checked(cand, spec, worst, built["compile_s"], 0.0, 0.0, 0.0, {})
+
+    def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
+        """Time the candidates in one job (each a variant of its own name, interleaved with
+        the host programs and the halves of the bound) and score each; a job that fails, or
+        a candidate wrong in it, is timed again alone when the job held others."""
+        names = [f"candidate{j}" if len(checked) > 1 else "candidate" for j in range(len(checked))]
+        specs = [VariantSpec(n, c.spec.directives, c.spec.cubin) for n, c in zip(names, checked)]
+        timeout = self.timeouts.timing * (1 + (len(checked) - 1) / 2)
+        gpu0 = self.gpu_s
+        fail, merged = self._run(self.case(self.problem, specs, seed=self.seeds[-1] + 1, time_it=True),
+                                 timeout, "timing")
+        share = (self.gpu_s - gpu0) / len(checked)
+        if fail is not None and len(checked) > 1:
+            return [self._timed([c])[0] for c in checked]
+        results = []
+        for name, c in zip(names, checked):
+            r = fail or self._check(merged, name, "timing")
+            if r is not None and len(checked) > 1:
+                results.append(self._timed([c])[0])  # its verdict from a job of its own
+                continue
+            r = r or self._score(c, merged, name)
+            r.extra.setdefault("timed_with", len(checked))
+            self._finish(c.cand, r, {"seconds": c.seconds + share, "gpu_s": c.gpu_s + share,
+                                     "build_wait_s": c.build_wait_s,
+                                     "stage_s": {**c.stage_s, "timing": share}})
+            results.append(r)
+        return results
+
+    def _score(self, c: _Checked, merged: dict, name: str) -> EvalResult:
+        """The verdict of a candidate whose every call was right in a timing job."""
         if not merged["host_nccl"].get("correct"):
             return EvalResult("error", "timing", "the host-driven program's output was wrong in "
                               f"the timing job: {merged['host_nccl']}")
-        t = merged["candidate"]["ms"]
+        rec = merged[name]
+        t = rec["ms"]
         baseline = self.workload.strongest_host(merged)
         host = merged[baseline]["ms"]
         bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
-        floor = merged["candidate"].get("floor_ms", 0.0)
-        result = EvalResult("ok", "scored", None, max_error=worst,
-                            rank_times_ms=merged["candidate"]["rank_ms"], time_ms=t,
+        floor = rec.get("floor_ms", 0.0)
+        result = EvalResult("ok", "scored", None, max_error=c.worst,
+                            rank_times_ms=rec["rank_ms"], time_ms=t,
                             baseline_ms=host, bound_ms=bound, speedup=host / t,
                             overlap_eff=bound / t,
                             extra={"compute_ms": merged["compute_only"]["ms"],
@@ -359,15 +438,24 @@ class Evaluator:
                                    "host_default_ms": merged.get("host_nccl_default", {}).get("ms"),
                                    "baseline": baseline,
                                    "floor_ms": floor,
-                                   "calls_verified": merged["candidate"].get("calls_verified"),
-                                   "compile_s": built["compile_s"]})
-        if below_floor(merged["candidate"]):
+                                   "calls_verified": rec.get("calls_verified"),
+                                   "compile_s": c.compile_s})
+        if below_floor(rec):
             result.status, result.stage_reached = "suspect", "timing"
             result.error = (f"{t:.4f} ms is below the physical floor {floor:.4f} ms (this rank's "
                             "GEMM at the measured peak rate, its bytes through HBM and over the "
                             "links at their measured rates, with headroom): it cannot have done "
                             "the work; not scored")
         return result
+
+    def _finish(self, cand: Candidate, result: EvalResult, spent: dict[str, Any]) -> None:
+        """Where the candidate's time went (``cuco search`` shows them per generation), then
+        the verdict stored."""
+        result.extra.setdefault("seconds", round(spent["seconds"], 3))
+        result.extra.setdefault("gpu_s", round(spent["gpu_s"], 3))
+        result.extra.setdefault("build_wait_s", round(spent["build_wait_s"], 3))
+        result.extra.setdefault("stage_s", {k: round(v, 3) for k, v in spent["stage_s"].items()})
+        self._store(cand, result)
 
     def _store(self, cand: Candidate, r: EvalResult) -> None:
         if self.db is not None:
