@@ -293,6 +293,13 @@ class Evaluator:
 
     def _judge(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
                pending: tuple[Future, Future] | None = None) -> EvalResult:
+        result = self._evaluate(cand, prepared, pending)
+        self._store(cand, result)
+        return result
+
+    def _evaluate(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
+                  pending: tuple[Future, Future] | None = None) -> EvalResult:
+        """The whole cascade for one candidate, its timing job its own (not stored)."""
         fail, checked = self._checked(cand, prepared, pending)
         return fail if fail is not None else self._timed([checked])[0]
 
@@ -322,6 +329,7 @@ class Evaluator:
                     return
                 for (i, _), r in zip(waiting, self._timed([c for _, c in waiting])):
                     results[i] = r
+                    self._store(cands[i], r)
                 waiting.clear()
 
             try:
@@ -329,6 +337,7 @@ class Evaluator:
                     fail, checked = self._checked(cands[i], prepared[i], pending[i])
                     if fail is not None:
                         results[i] = fail
+                        self._store(cands[i], fail)
                         continue
                     waiting.append((i, checked))
                     if len(waiting) >= self.timing_batch:
@@ -345,15 +354,15 @@ class Evaluator:
 
     def _checked(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
                  pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, _Checked | None]:
-        """Every stage before timing: a failure (already stored, with where its time went),
-        or the candidate ready to be timed."""
+        """Every stage before timing: a failure (with where its time went; not stored), or
+        the candidate ready to be timed."""
         t0, gpu0, wait0 = time.perf_counter(), self.gpu_s, self.build_wait_s
         self.stage_s = {}
         fail, checked = self._checks(cand, prepared, pending)
         spent = {"seconds": time.perf_counter() - t0, "gpu_s": self.gpu_s - gpu0,
                  "build_wait_s": self.build_wait_s - wait0, "stage_s": dict(self.stage_s)}
         if fail is not None:
-            self._finish(cand, fail, spent)
+            self._spent(fail, spent)
             return fail, None
         for key, value in spent.items():
             setattr(checked, key, value)
@@ -390,8 +399,8 @@ class Evaluator:
 
     def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
         """Time the candidates in one job (each a variant of its own name, interleaved with
-        the host programs and the halves of the bound) and score each; a job that fails, or
-        a candidate wrong in it, is timed again alone when the job held others."""
+        the host programs and the halves of the bound) and score each (not stored); a job
+        that fails, or a candidate wrong in it, is timed again alone when the job held others."""
         names = [f"candidate{j}" if len(checked) > 1 else "candidate" for j in range(len(checked))]
         specs = [VariantSpec(n, c.spec.directives, c.spec.cubin) for n, c in zip(names, checked)]
         timeout = self.timeouts.timing * (1 + (len(checked) - 1) / 2)
@@ -409,9 +418,8 @@ class Evaluator:
                 continue
             r = r or self._score(c, merged, name)
             r.extra.setdefault("timed_with", len(checked))
-            self._finish(c.cand, r, {"seconds": c.seconds + share, "gpu_s": c.gpu_s + share,
-                                     "build_wait_s": c.build_wait_s,
-                                     "stage_s": {**c.stage_s, "timing": share}})
+            self._spent(r, {"seconds": c.seconds + share, "gpu_s": c.gpu_s + share,
+                            "build_wait_s": c.build_wait_s, "stage_s": {**c.stage_s, "timing": share}})
             results.append(r)
         return results
 
@@ -448,14 +456,13 @@ class Evaluator:
                             "the work; not scored")
         return result
 
-    def _finish(self, cand: Candidate, result: EvalResult, spent: dict[str, Any]) -> None:
-        """Where the candidate's time went (``cuco search`` shows them per generation), then
-        the verdict stored."""
+    @staticmethod
+    def _spent(result: EvalResult, spent: dict[str, Any]) -> None:
+        """Where the candidate's time went (``cuco search`` shows them per generation)."""
         result.extra.setdefault("seconds", round(spent["seconds"], 3))
         result.extra.setdefault("gpu_s", round(spent["gpu_s"], 3))
         result.extra.setdefault("build_wait_s", round(spent["build_wait_s"], 3))
         result.extra.setdefault("stage_s", {k: round(v, 3) for k, v in spent["stage_s"].items()})
-        self._store(cand, result)
 
     def _store(self, cand: Candidate, r: EvalResult) -> None:
         if self.db is not None:
