@@ -364,12 +364,12 @@ class Evaluator:
         if fail is not None:
             self._spent(fail, spent)
             return fail, None
-        for key, value in spent.items():
-            setattr(checked, key, value)
-        return None, checked
+        spec, worst, compile_s = checked
+        return None, _Checked(cand, spec, worst, compile_s, **spent)
 
     def _checks(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
-                pending: tuple[Future, Future] | None) -> tuple[EvalResult | None, _Checked | None]:
+                pending: tuple[Future, Future] | None) -> tuple[EvalResult | None, tuple | None]:
+        """The stages before timing: a failure, or (spec, worst check error, compile seconds)."""
         fail, prep = prepared
         if fail:
             return fail, None
@@ -395,7 +395,7 @@ class Evaluator:
         if fail or (fail := self._check(merged, "candidate", "full")):
             return fail, None
         worst = merged["candidate"].get("rel_l2_error") or 0.0
-        return None, _Checked(cand, spec, worst, built["compile_s"], 0.0, 0.0, 0.0, {})
+        return None, (spec, worst, built["compile_s"])
 
     def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
         """Time the candidates in one job (each a variant of its own name, interleaved with
