@@ -15,10 +15,21 @@ def _gpus() -> int:
         return 0
 
 
-GPUS = _gpus()
+def _emulated() -> int:
+    """``CUCO_EMULATE=W``: the multi-rank tests run W ranks on one GPU (an emulated world,
+    :mod:`cuco.runtime.emulated`), where at least one GPU is visible."""
+    from cuco.runtime.emulated import requested
+    return requested() if REAL_GPUS else 0
+
+
+REAL_GPUS = _gpus()
+EMULATED = _emulated()
+#: Ranks the GPU tests can have: the GPUs, or an emulated world's ranks on one of them.
+GPUS = max(REAL_GPUS, EMULATED)
 #: World size of the evaluator's GPU tests: 2 ranks where there are 2 GPUs, else 1 (the
-#: verification, the planted kernels and the timed-call tells do not need peers).
-TEST_WORLD = min(GPUS, 2) or 1
+#: verification, the planted kernels and the timed-call tells do not need peers); the
+#: emulated world's size under ``CUCO_EMULATE``.
+TEST_WORLD = EMULATED or min(GPUS, 2) or 1
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,7 +39,14 @@ def pytest_collection_modifyitems(config, items):
             continue
         need = mark.kwargs.get("count", 1)
         if GPUS < need:
-            item.add_marker(pytest.mark.skip(reason=f"needs {need} GPU(s), {GPUS} visible"))
+            hint = f" (or 1 GPU and CUCO_EMULATE={need})" if need > 1 else ""
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} GPU(s){hint}, {GPUS} visible"))
+
+
+def pytest_report_header(config):
+    if EMULATED:
+        return f"cuco: emulated world of {EMULATED} ranks on 1 GPU (CUCO_EMULATE); timings mean nothing"
+    return None
 
 
 @pytest.fixture(autouse=True)

@@ -448,6 +448,8 @@ class Evaluator:
                                    "floor_ms": floor,
                                    "calls_verified": rec.get("calls_verified"),
                                    "compile_s": c.compile_s})
+        if getattr(self.group, "emulated", False):
+            return emulated_verdict(result)
         if below_floor(rec):
             result.status, result.stage_reached = "suspect", "timing"
             result.error = (f"{t:.4f} ms is below the physical floor {floor:.4f} ms (this rank's "
@@ -467,6 +469,16 @@ class Evaluator:
     def _store(self, cand: Candidate, r: EvalResult) -> None:
         if self.db is not None:
             store_result(self.db, self.problem.workload, cand, r, self.run_id)
+
+
+def emulated_verdict(result: EvalResult) -> EvalResult:
+    """A verdict from an emulated world (ranks sharing one GPU): every check stands, but its
+    timings measure ranks fighting over one GPU's SMs and HBM, so it carries no speedup, no
+    bound and no time; they stay in ``extra`` under ``emulated_*`` for diagnosis only."""
+    extra = dict(result.extra)
+    extra.update(emulated=True, emulated_ms=result.time_ms, emulated_baseline_ms=result.baseline_ms,
+                 emulated_rank_ms=result.rank_times_ms)
+    return EvalResult("ok", "checked", None, max_error=result.max_error, extra=extra)
 
 
 def in_build_order(pending: Sequence[Sequence[Future] | None]) -> Iterator[int]:

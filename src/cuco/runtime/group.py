@@ -111,6 +111,9 @@ class WorkerGroup:
     #: torch in the workers (its GEMM among the host baseline's, its fused ops as peers):
     #: None imports it where it is installed, False never
     torch: bool | None = None
+    #: every rank on one GPU under MPS (:mod:`cuco.runtime.emulated`): checks and protocol,
+    #: never timings. None: when ``CUCO_EMULATE`` is set or ``devices`` repeats a GPU
+    emulate: bool | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -122,6 +125,13 @@ class WorkerGroup:
         if self.torch is None:
             from cuco.runtime.torch_bridge import installed
             self.torch = self.gpu and installed()
+        if self.emulate is None:
+            from cuco.runtime import emulated
+            repeats = self.devices is not None and len(set(self.devices)) < len(self.devices)
+            self.emulate = self.gpu and self.world_size > 1 and (repeats or emulated.requested() > 0)
+        if self.emulate and not self.gpu:
+            raise ValueError("emulate=True needs gpu=True (an emulated world is ranks sharing a GPU)")
+        self._mps = None
         self._procs: list[_Proc] = []
         self._conns: list[Connection] = []
         self._job_id = 0
@@ -133,11 +143,18 @@ class WorkerGroup:
     def start(self) -> "WorkerGroup":
         if self._procs:
             return self
-        if self.gpu:
+        env = dict(WORKER_ENV)
+        if self.emulate:
+            self.devices = self._emulated_devices()
+            from cuco.runtime.emulated import MpsDaemon, sm_share_env
+            if self._mps is None:
+                self._mps = MpsDaemon.ensure()
+            env.update(self._mps.env)
+            env.update(sm_share_env(self.world_size))
+        elif self.gpu:
             self.devices = check_gpus(self.world_size, self.devices, need_p2p=bool(self.nccl))
         else:
             self.devices = list(range(self.world_size))
-        env = dict(WORKER_ENV)
         env.update(self.env)
         apply_safe_env(env)
         if self.nvshmem:
@@ -149,7 +166,7 @@ class WorkerGroup:
         apply_safe_env()
         opts = WorkerOptions(gpu=self.gpu, nccl=bool(self.nccl), nvshmem=self.nvshmem,
                              arch=self.arch, lsa_barriers=self.lsa_barriers, torch=bool(self.torch),
-                             env=env)
+                             env=env, emulated=bool(self.emulate))
         child_env = dict(os.environ)
         child_env.update(env)
         # the workers import what this process can import (tests, notebooks, src layouts)
@@ -169,9 +186,26 @@ class WorkerGroup:
             self._handshake(t0)
         except BaseException:
             self._kill()
+            if self._mps is not None:
+                self._mps.stop()
+                self._mps = None
             raise
         self.last_start_s = time.perf_counter() - t0
         return self
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the ranks share one GPU: verdicts of such a world carry no speedup."""
+        return bool(self.emulate)
+
+    def _emulated_devices(self) -> list[int]:
+        from cuco.runtime.emulated import check_world
+        check_world(self.world_size)
+        if visible_gpus() == 0:
+            raise NoGPUError("an emulated world still needs one CUDA GPU, and none is visible "
+                             "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES)")
+        first = (self.devices or [0])[0]
+        return [first] * self.world_size
 
     def _recv(self, rank: int, deadline: float) -> Any:
         conn, proc = self._conns[rank], self._procs[rank]
@@ -257,6 +291,9 @@ class WorkerGroup:
         for p in self._procs:
             p.join(timeout=15)
         self._kill()
+        if self._mps is not None:
+            self._mps.stop()
+            self._mps = None
 
     def __enter__(self) -> "WorkerGroup":
         return self.start()

@@ -125,7 +125,7 @@ class Window:
 class Communicator:
     """One rank's NCCL communicator; call from the process that owns the GPU."""
 
-    def __init__(self, unique_id: bytes, rank: int, world_size: int):
+    def __init__(self, unique_id: bytes, rank: int, world_size: int, *, emulated: bool = False):
         uid = _UniqueId()
         ctypes.memmove(ctypes.addressof(uid), unique_id, UNIQUE_ID_BYTES)
         comm = ctypes.c_void_p()
@@ -133,13 +133,22 @@ class Communicator:
               f"ncclCommInitRank(rank {rank} of {world_size})")
         self.ptr: int = comm.value
         self.rank, self.world_size = rank, world_size
-        self.windows: list[Window] = []
+        #: ranks sharing one GPU (:mod:`cuco.runtime.emulated`): windows are IPC-mapped
+        #: buffers, since NCCL registers no LSA peers across the hosts those ranks claim
+        self.emulated = emulated
+        self.windows: list = []
 
     # ---- symmetric memory -------------------------------------------------------------
     def alloc_window(self, size: int) -> Window:
         """``ncclMemAlloc`` + symmetric window registration (collective: all ranks, same size)."""
         lib = library()
         size = -(-size // 4096) * 4096
+        if self.emulated:
+            import cupy
+            from cuco.runtime.emulated import EmuWindow
+            ew = EmuWindow.allocate(self, cupy.cuda.get_current_stream(), size)
+            self.windows.append(ew)
+            return ew  # type: ignore[return-value]
         ptr = ctypes.c_void_p()
         check(lib.ncclMemAlloc(ctypes.byref(ptr), size), f"ncclMemAlloc({size})", self.ptr)
         win = ctypes.c_void_p()
@@ -150,6 +159,10 @@ class Communicator:
         return w
 
     def free_window(self, w: Window) -> None:
+        if self.emulated:
+            w.free()  # type: ignore[attr-defined]
+            self.windows.remove(w)
+            return
         lib = library()
         check(lib.ncclCommWindowDeregister(self.ptr, w.handle), "ncclCommWindowDeregister", self.ptr)
         check(lib.ncclMemFree(w.ptr), "ncclMemFree", self.ptr)

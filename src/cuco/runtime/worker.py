@@ -33,6 +33,9 @@ class WorkerOptions:
     #: the rendezvous of a torch process group (:mod:`cuco.runtime.torch_bridge`)
     torch: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    #: every rank on one GPU (:mod:`cuco.runtime.emulated`): a NCCL host id per rank, LSA
+    #: windows and barriers through CUDA IPC
+    emulated: bool = False
 
 
 @dataclass
@@ -54,7 +57,10 @@ class WorkerContext:
     @property
     def devcomm(self):
         """The device communicator (LSA barriers for ``lsa_barriers`` CTAs), made on first use."""
-        if self._devcomm is None:
+        if self._devcomm is None and self.options.emulated:
+            from cuco.runtime.emulated import EmuDevComm
+            self._devcomm = EmuDevComm(self.comm, self.stream, lsa_barriers=self.options.lsa_barriers)
+        elif self._devcomm is None:
             from cuco.runtime.nccl import DevComm
             self._devcomm = DevComm(self.comm, lsa_barriers=self.options.lsa_barriers,
                                     arch=self.options.arch)
@@ -150,6 +156,9 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
     """Entry point of a spawned worker (see :class:`cuco.runtime.group.WorkerGroup`)."""
     _dump_stacks_on_signal()
     os.environ.update(options.env)
+    if options.emulated:  # before NCCL (cuco's or torch's) reads its environment
+        from cuco.runtime.emulated import nccl_env
+        os.environ.update(nccl_env(rank))
     apply_safe_env()
     ctx = WorkerContext(rank, world_size, device, options)
     try:
@@ -162,7 +171,8 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             props = cupy.cuda.runtime.getDeviceProperties(device)
             info["device_name"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
             info["cc"] = f"{props['major']}.{props['minor']}"
-            info["sms"] = int(props["multiProcessorCount"])
+            info["sms"] = int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+            info["emulated"] = options.emulated
         ids: dict[str, Any] = {}
         if options.gpu and options.torch:
             info["torch"] = _start_torch(ctx, ids)
@@ -179,7 +189,7 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             ctx.torch_port = ids.get("torch_port")
             if options.nccl:
                 from cuco.runtime.nccl import Communicator, in_process, version
-                ctx.comm = Communicator(ids["nccl"], rank, world_size)
+                ctx.comm = Communicator(ids["nccl"], rank, world_size, emulated=options.emulated)
                 info["nccl_version"] = version()
                 info["nccl_library"] = in_process()["so"]  # the libnccl this worker mapped
             if options.nvshmem:

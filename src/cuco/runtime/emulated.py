@@ -1,0 +1,268 @@
+"""An emulated world: W ranks as W processes sharing one GPU.
+
+Machines with several GPUs are rarely at hand; one GPU can still host a whole world, so
+every multi-rank path (the evaluator's peer cases, the pipelines, 4- and 8-rank code) runs
+and is *checked* anywhere. What it takes:
+
+- **MPS**, so the W processes' kernels run at once: without it they time-slice and a
+  flag round trip between two ranks costs milliseconds instead of microseconds
+  (:class:`MpsDaemon`). Each rank is provisioned ``100 / W`` % of the SMs, so every
+  rank's persistent grid (sized from the SM count its context reports) is resident
+  together with the others'.
+- **NCCL with a host id per rank** (``NCCL_HOSTID``): NCCL refuses two ranks on one GPU
+  unless they claim different hosts; host collectives then run over sockets.
+- **LSA through the peers table**: NCCL gives no LSA peers across "hosts", so a window is
+  a ``cudaMalloc`` buffer every rank maps through CUDA IPC, and the device communicator
+  is an :class:`EmuDevComm` whose barriers are flag exchanges in IPC memory. The kernels
+  are the same builds (``cuco_arena_lsa.cuh`` reads the tag bit of the window handle).
+
+Timings from such a world mean nothing (the ranks share SMs and HBM): verdicts carry
+``emulated: true`` and no speedup.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cuco.errors import EnvironmentProblem
+
+#: Most ranks one GPU hosts (the device structs' table size, ``kEmuMaxRanks``).
+MAX_RANKS = 8
+#: ``CUCO_EMULATE=W``: worker groups put their ranks on one GPU (tests: the world size).
+ENV_VAR = "CUCO_EMULATE"
+#: Where a default MPS daemon listens when nobody set ``CUDA_MPS_PIPE_DIRECTORY``.
+DEFAULT_PIPE = "/tmp/nvidia-mps"
+#: The tag bit of an emulated window handle (``cuco_arena_lsa.cuh``).
+WINDOW_TAG = 1
+IPC_HANDLE_BYTES = 64
+
+
+class EmulationUnavailable(EnvironmentProblem):
+    """An emulated world cannot be started here (no MPS, too many ranks)."""
+
+
+def requested() -> int:
+    """The world size ``CUCO_EMULATE`` asks for (0: not set, or not a number)."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    return int(value) if value.isdigit() else 0
+
+
+def check_world(world_size: int) -> None:
+    if world_size > MAX_RANKS:
+        raise EmulationUnavailable(
+            f"an emulated world holds at most {MAX_RANKS} ranks on one GPU, not {world_size}; "
+            f"lower the world size to {MAX_RANKS} or fewer")
+
+
+def nccl_env(rank: int) -> dict[str, str]:
+    """What a rank of an emulated world sets before NCCL starts: its own host id (NCCL
+    refuses two ranks on one GPU of one host), sockets over loopback, no InfiniBand."""
+    return {"NCCL_HOSTID": f"cuco-emulated-rank{rank}", "NCCL_SOCKET_IFNAME": "lo",
+            "NCCL_IB_DISABLE": "1"}
+
+
+def sm_share_env(world_size: int) -> dict[str, str]:
+    """Each rank's share of the SMs under MPS: the rank's context then reports that many
+    SMs, so persistent grids sized from it fit beside every other rank's."""
+    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // world_size))}
+
+
+# ---- MPS ----------------------------------------------------------------------------------
+@dataclass
+class MpsDaemon:
+    """The MPS control daemon the ranks connect to: one already running (used as it is), or
+    one this group started in directories of its own (stopped by :meth:`stop`)."""
+
+    pipe_dir: str
+    log_dir: str
+    owned: bool
+    _tmp: str | None = field(default=None, repr=False)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": self.log_dir}
+
+    @classmethod
+    def ensure(cls, timeout_s: float = 10.0) -> "MpsDaemon":
+        """A running daemon, started here if none is; :class:`EmulationUnavailable` with the
+        reason where MPS cannot be had (W ranks would then time-slice: spin-waits would cost
+        milliseconds per round trip, and kernels that wait on a peer's could stall)."""
+        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE)
+        log = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")
+        if _alive(pipe):
+            return cls(pipe, log, owned=False)
+        exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+        if exe is None:
+            raise EmulationUnavailable(
+                "an emulated world needs CUDA MPS, and nvidia-cuda-mps-control is not on the "
+                "PATH (nor in /usr/local/nvidia/bin, /usr/bin); install the driver's MPS "
+                "binaries or start a daemon and set CUDA_MPS_PIPE_DIRECTORY")
+        tmp = tempfile.mkdtemp(prefix="cuco-mps-")
+        pipe, log = os.path.join(tmp, "pipe"), os.path.join(tmp, "log")
+        os.makedirs(pipe)
+        os.makedirs(log)
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log}
+        done = subprocess.run([exe, "-d"], env=env, capture_output=True, text=True, timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while done.returncode == 0 and not _alive(pipe) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done.returncode != 0 or not _alive(pipe):
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = (done.stderr or done.stdout).strip() or "no control pipe appeared"
+            raise EmulationUnavailable(
+                f"could not start the CUDA MPS daemon ({why}); an emulated world needs it "
+                "(run as root, or start one and set CUDA_MPS_PIPE_DIRECTORY)")
+        return cls(pipe, log, owned=True, _tmp=tmp)
+
+    def stop(self) -> None:
+        """Quit the daemon if this group started it (servers end with their clients)."""
+        if not self.owned:
+            return
+        exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+        if exe is not None:
+            try:
+                subprocess.run([exe], input="quit\n", env={**os.environ, **self.env},
+                               capture_output=True, text=True, timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self.owned = False
+
+
+def _alive(pipe_dir: str) -> bool:
+    return Path(pipe_dir, "control").exists()
+
+
+def _in_driver_dir(name: str) -> str | None:
+    for d in ("/usr/local/nvidia/bin", "/usr/bin", "/usr/local/bin"):
+        p = Path(d, name)
+        if p.exists():
+            return str(p)
+    return None
+
+
+def mps_status() -> str:
+    """One line for ``cuco doctor``: whether an emulated world could get MPS here."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE)
+    if _alive(pipe):
+        return f"an MPS daemon is running ({pipe})"
+    exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+    if exe is None:
+        return "no nvidia-cuda-mps-control: an emulated world cannot start here"
+    return f"{exe} present: a worker group starts its own daemon"
+
+
+# ---- IPC windows and the emulated device communicator --------------------------------------
+def _exchange(comm, stream, blob: bytes) -> list[bytes]:
+    """Every rank's ``blob`` (equal lengths), in rank order: an all-gather over the host
+    communicator (sockets in an emulated world)."""
+    import cupy
+    import numpy as np
+    n = len(blob)
+    send = cupy.asarray(np.frombuffer(blob, dtype=np.uint8))
+    recv = cupy.empty(n * comm.world_size, dtype=cupy.uint8)
+    comm.all_gather(int(send.data.ptr), int(recv.data.ptr), n, "uint8", stream.ptr)
+    stream.synchronize()
+    raw = recv.get().tobytes()
+    return [raw[r * n:(r + 1) * n] for r in range(comm.world_size)]
+
+
+class IpcBuffer:
+    """One device buffer on every rank, each rank's mapped into every other's address space
+    through CUDA IPC (collective: all ranks, same size). ``bases[r]`` is rank r's buffer as
+    this rank addresses it; the memory is zeroed."""
+
+    def __init__(self, comm, stream, size: int):
+        import cupy
+        self.size = size
+        self.ptr = int(cupy.cuda.runtime.malloc(size))  # its own allocation: IPC exports whole ones
+        cupy.cuda.runtime.memsetAsync(self.ptr, 0, size, stream.ptr)
+        stream.synchronize()
+        handles = _exchange(comm, stream, bytes(cupy.cuda.runtime.ipcGetMemHandle(self.ptr)))
+        self.rank = comm.rank
+        self.opened: list[int] = []
+        self.bases: list[int] = []
+        for r, h in enumerate(handles):
+            if r == comm.rank:
+                self.bases.append(self.ptr)
+            else:
+                p = int(cupy.cuda.runtime.ipcOpenMemHandle(h))
+                self.opened.append(p)
+                self.bases.append(p)
+        self._comm, self._stream = comm, stream
+
+    def free(self) -> None:
+        """Collective: every rank unmaps its peers' buffers, then all meet before any frees
+        its own (a peer must not touch freed memory)."""
+        import cupy
+        if not self.ptr:
+            return
+        for p in self.opened:
+            cupy.cuda.runtime.ipcCloseMemHandle(p)
+        self.opened = []
+        _exchange(self._comm, self._stream, b"\0" * 8)  # everyone has unmapped
+        cupy.cuda.runtime.free(self.ptr)
+        self.ptr = 0
+
+
+def _table(values: list[int], width: int = MAX_RANKS) -> bytes:
+    return struct.pack(f"<{width}Q", *(list(values) + [0] * (width - len(values))))
+
+
+def _device_bytes(blob: bytes):
+    import cupy
+    import numpy as np
+    return cupy.asarray(np.frombuffer(blob, dtype=np.uint8))
+
+
+@dataclass
+class EmuWindow:
+    """A window of an emulated world: :class:`cuco.runtime.nccl.Window`'s fields (``ptr``,
+    ``size``, ``handle``) over an :class:`IpcBuffer`; ``handle`` points at the device table
+    of every rank's base (``cuco::EmuWindow``) with the tag bit set."""
+
+    ptr: int
+    size: int
+    handle: int
+    buffer: IpcBuffer
+    table: object  # the device table (a CuPy array kept alive)
+
+    @classmethod
+    def allocate(cls, comm, stream, size: int) -> "EmuWindow":
+        buf = IpcBuffer(comm, stream, size)
+        table = _device_bytes(_table(buf.bases))
+        return cls(buf.ptr, size, int(table.data.ptr) | WINDOW_TAG, buf, table)
+
+    def free(self) -> None:
+        self.buffer.free()
+
+
+class EmuDevComm:
+    """The device communicator of an emulated world (``cuco::EmuComm``): rank, size, and
+    per-CTA barriers as flag exchanges in IPC memory. Same ``ptr`` / ``lsa_barriers`` /
+    ``destroy`` as :class:`cuco.runtime.nccl.DevComm`."""
+
+    def __init__(self, comm, stream, lsa_barriers: int = 256):
+        import cupy
+        w = comm.world_size
+        self.comm, self.lsa_barriers = comm, lsa_barriers
+        self.inbox = IpcBuffer(comm, stream, w * lsa_barriers * 8)
+        self.epochs = cupy.zeros(lsa_barriers, dtype=cupy.uint64)
+        head = struct.pack("<iiii", comm.rank, w, lsa_barriers, 0)
+        blob = head + struct.pack("<Q", int(self.epochs.data.ptr)) + _table(self.inbox.bases)
+        self.device = _device_bytes(blob)
+
+    @property
+    def ptr(self) -> int:
+        return int(self.device.data.ptr)
+
+    def destroy(self) -> None:
+        self.inbox.free()
