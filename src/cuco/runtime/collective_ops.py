@@ -151,7 +151,7 @@ class CollectiveCase:
                 with s:
                     dtypes.poison(target, dt)
                     fn()
-                    rec.update(compare(target, ref, dt, ulp_tolerance(dt), 1e-6))
+                    rec.update(compare(target, ref, dt, self.rtol(name, W), 1e-6))
                 s.synchronize()
             result["variants"][name] = rec
         if self.time:
@@ -161,6 +161,13 @@ class CollectiveCase:
                 result["variants"][name]["median_ms"] = median(ms)
                 result["variants"][name]["samples"] = len(ms)
         return result
+
+    def rtol(self, variant: str, world_size: int) -> float:
+        """cuco's variants add in fp32 and round once; NCCL's ring adds in the data type and
+        rounds after each of its W - 1 steps (4 ranks' bf16 all-reduce was off by more than
+        one rounding in 32700 of 100003 elements), so its reductions get W - 1 roundings."""
+        steps = world_size - 1 if variant == "host_nccl" and self.op != "allgather" else 1
+        return ulp_tolerance(self.dtype) * max(1, steps)
 
     def _host(self, comm, x, out, n, nout, s):
         p_in, p_out = int(x.data.ptr), int(out.data.ptr)
