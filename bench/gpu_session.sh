@@ -2,6 +2,8 @@
 # The GPU evidence of the open issues, as named steps, for short sessions on a 2-GPU machine.
 #
 #   bench/gpu_session.sh STEP[:SECONDS] ...      (SECONDS: that step's time limit, default 300)
+#   EMULATE=W bench/gpu_session.sh STEP ...      (one GPU: the multi-rank tests in an emulated
+#                                                  world of W ranks under one MPS daemon)
 #
 # Each step writes its log to $OUT/logs/<step>.log (headed by the commit in $CUCO_REV and the
 # exact command) and its result files to $OUT/results/; copy what matters into bench/logs and
@@ -22,6 +24,12 @@ fi
 mkdir -p "$OUT/logs" "$OUT/results"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 R="--out-dir $OUT/results"
+if [ -n "${EMULATE:-}" ]; then
+  # one MPS daemon for every step: each worker group finds it running and uses it
+  export CUCO_EMULATE=$EMULATE CUDA_MPS_PIPE_DIRECTORY=/tmp/cuco-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/cuco-mps/log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  [ -e $CUDA_MPS_PIPE_DIRECTORY/control ] || nvidia-cuda-mps-control -d || { echo "MPS would not start"; exit 1; }
+fi
 # resumable benches go on from the committed file of a run that was cut short
 for f in tp_shapes; do
   [ -f "bench/results/$f.json" ] && grep -q '"partial": true' "bench/results/$f.json" && cp "bench/results/$f.json" "$OUT/results/"
@@ -37,6 +45,13 @@ step_command() {
     tests_moe)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_moe_gpu.py" ;;
     tests_kv)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_kv_gpu.py" ;;
     tests_cp)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_cp_attention_gpu.py" ;;
+    tests_emulated)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_emulated_world_gpu.py" ;;
+    tests_runtime)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_runtime_gpu.py" ;;
+    tests_integrity) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_tp_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_gpu.py" ;;
+    tests_in_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_in_kernel_gpu.py" ;;
+    tests_pipes)     echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_pipelines_gpu.py" ;;
+    emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
     tests_sealed)    echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
     tests_adversary) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_adversary_gpu.py" ;;
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
@@ -63,8 +78,8 @@ for spec in "$@"; do
   name=${spec%%:*}; limit=300
   [[ "$spec" == *:* ]] && limit=${spec##*:}
   cmd=$(step_command "$name") || { echo "unknown step $name"; summary+=("$name unknown"); continue; }
-  log="$OUT/logs/$name.log"
-  { echo "# commit ${CUCO_REV:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+  log="$OUT/logs/$name${EMULATE:+_emulated_w$EMULATE}.log"
+  { echo "# commit ${CUCO_REV:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)${EMULATE:+; emulated world of $EMULATE ranks on one GPU (CUCO_EMULATE=$EMULATE)}"
     echo "# $cmd   (limit ${limit}s)"; } > "$log"
   t0=$(date +%s)
   timeout --kill-after=10 "$limit" bash -c "$cmd" >> "$log" 2>&1
@@ -74,3 +89,4 @@ for spec in "$@"; do
   summary+=("$(printf '%-22s rc=%-4s %4ss  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|error' "$log" | tail -1 | cut -c1-90)")")
 done
 printf '%s\n' "${summary[@]}"
+[ -n "${EMULATE:-}" ] && { echo quit | nvidia-cuda-mps-control; } 2>/dev/null || true

@@ -1,0 +1,102 @@
+"""The emulated world's pieces that need no GPU: the device structs the runtime fills match
+the header the kernels read, worker groups decide when a world is emulated, and a machine
+without MPS gets one line saying why (real processes and nvcc, no GPU)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from cuco.runtime import emulated
+from cuco.runtime.group import WorkerGroup
+
+
+def test_requested_world_size_reads_the_environment(monkeypatch):
+    monkeypatch.setenv(emulated.ENV_VAR, "4")
+    assert emulated.requested() == 4
+    monkeypatch.setenv(emulated.ENV_VAR, "yes")
+    assert emulated.requested() == 0
+    monkeypatch.delenv(emulated.ENV_VAR)
+    assert emulated.requested() == 0
+
+
+def test_each_rank_claims_its_own_host():
+    ids = {emulated.nccl_env(r)["NCCL_HOSTID"] for r in range(8)}
+    assert len(ids) == 8
+    assert emulated.nccl_env(3)["NCCL_SOCKET_IFNAME"] == "lo"
+    assert emulated.sm_share_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+
+
+def test_groups_emulate_when_asked_or_when_devices_repeat(monkeypatch):
+    monkeypatch.delenv(emulated.ENV_VAR, raising=False)
+    assert not WorkerGroup(2).emulated
+    assert WorkerGroup(2, devices=[0, 0]).emulated
+    assert not WorkerGroup(1, devices=[0]).emulated
+    monkeypatch.setenv(emulated.ENV_VAR, "2")
+    assert WorkerGroup(4).emulated
+    assert not WorkerGroup(2, gpu=False).emulated
+    with pytest.raises(ValueError, match="needs gpu=True"):
+        WorkerGroup(2, gpu=False, emulate=True)
+
+
+def test_more_ranks_than_the_tables_hold_is_refused():
+    with pytest.raises(emulated.EmulationUnavailable, match="at most 8 ranks"):
+        emulated.check_world(9)
+
+
+def test_without_mps_the_group_says_why(tmp_path, monkeypatch):
+    """No daemon and no nvidia-cuda-mps-control: one line naming what to install."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    if emulated._in_driver_dir("nvidia-cuda-mps-control"):
+        pytest.skip("this machine has the MPS binaries")
+    with pytest.raises(emulated.EmulationUnavailable, match="nvidia-cuda-mps-control"):
+        emulated.MpsDaemon.ensure()
+    assert "cannot start" in emulated.mps_status()
+
+
+def test_a_running_daemon_is_used_as_it_is(tmp_path, monkeypatch):
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    os.mkfifo(pipe / "control")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
+    d = emulated.MpsDaemon.ensure()
+    assert not d.owned and d.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    d.stop()  # not ours: left running
+    assert (pipe / "control").exists()
+
+
+HOST_PROBE = r'''
+#include <cstdio>
+#include <cstddef>
+#include "cuco_arena_lsa.cuh"
+int main() {
+  std::printf("%zu %zu %zu %zu %zu %zu %d\n", sizeof(cuco::EmuComm), offsetof(cuco::EmuComm, rank),
+              offsetof(cuco::EmuComm, barriers), offsetof(cuco::EmuComm, epochs),
+              offsetof(cuco::EmuComm, inbox), sizeof(cuco::EmuWindow), cuco::kEmuMaxRanks);
+}
+'''
+
+
+def test_device_structs_match_what_the_runtime_packs(tmp_path):
+    """``EmuComm`` / ``EmuWindow`` as nvcc lays them out are what :mod:`emulated` packs."""
+    from cuco.kernels import toolchain
+    from cuco.kernels.compiler import INCLUDE_DIR
+    nvcc = shutil.which("nvcc") or pytest.skip("no nvcc")
+    src = tmp_path / "probe.cu"
+    src.write_text(HOST_PROBE)
+    exe = tmp_path / "probe"
+    nccl = toolchain.nccl()
+    subprocess.run([str(nvcc), "-std=c++17", f"-I{INCLUDE_DIR}", f"-I{nccl.include}", str(src),
+                    "-o", str(exe)], check=True, capture_output=True, timeout=300)
+    size, rank, barriers, epochs, inbox, window, max_ranks = map(int, subprocess.run(
+        [str(exe)], check=True, capture_output=True, text=True).stdout.split())
+    assert max_ranks == emulated.MAX_RANKS
+    head = struct.calcsize("<iiii")
+    assert (rank, barriers, epochs, inbox) == (0, 8, head, head + 8)
+    assert size == head + 8 + 8 * max_ranks
+    assert window == len(emulated._table([1, 2]))
