@@ -28,8 +28,13 @@ if [ -n "${EMULATE:-}" ]; then
   # one MPS daemon for every step: each worker group finds it running and uses it
   export CUCO_EMULATE=$EMULATE CUDA_MPS_PIPE_DIRECTORY=/tmp/cuco-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/cuco-mps/log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-  [ -e $CUDA_MPS_PIPE_DIRECTORY/control ] || nvidia-cuda-mps-control -d || { echo "MPS would not start"; exit 1; }
 fi
+# a fresh MPS daemon per step: a step cut at its limit may leave a client's kernel spinning
+mps_fresh() {
+  [ -z "${EMULATE:-}" ] && return 0
+  [ -e $CUDA_MPS_PIPE_DIRECTORY/control ] && { echo quit | nvidia-cuda-mps-control; sleep 2; }
+  nvidia-cuda-mps-control -d || { echo "MPS would not start"; exit 1; }
+}
 # resumable benches go on from the committed file of a run that was cut short
 for f in tp_shapes; do
   [ -f "bench/results/$f.json" ] && grep -q '"partial": true' "bench/results/$f.json" && cp "bench/results/$f.json" "$OUT/results/"
@@ -81,6 +86,7 @@ for spec in "$@"; do
   log="$OUT/logs/$name${EMULATE:+_emulated_w$EMULATE}.log"
   { echo "# commit ${CUCO_REV:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)${EMULATE:+; emulated world of $EMULATE ranks on one GPU (CUCO_EMULATE=$EMULATE)}"
     echo "# $cmd   (limit ${limit}s)"; } > "$log"
+  mps_fresh
   t0=$(date +%s)
   timeout --kill-after=10 "$limit" bash -c "$cmd" >> "$log" 2>&1
   rc=$?

@@ -166,6 +166,9 @@ def test_a_kernel_that_behaves_differently_when_timed_scores_nothing(ev, tell):
     assert ev.evaluate(D).status == "ok"
 
 
+@pytest.mark.xfail(TEST_WORLD >= 2, strict=False,
+                   reason="known gap (README, 'Not guaranteed'): with a peer, NCCL's own rounding "
+                          "raises the host program's L2 error, and the 2x allowance can admit one bit less")
 def test_a_kernel_that_drops_precision_is_wrong(ev):
     """Each reduced bf16 loses its lowest mantissa bit (as compressed communication would):
     inside the element-wise tolerance, but twice as far from the reference as the host."""
@@ -191,6 +194,10 @@ def test_a_batch_times_the_candidates_that_pass_their_checks_together(ev):
     assert [r.status for r in results] == ["ok", "wrong", "ok", "ok"], [r.error for r in results]
     assert [r.extra.get("timed_with") for r in results] == [3, None, 3, 3]
     for r in (results[0], *results[2:]):
-        assert r.speedup > 0 and r.time_ms == max(r.rank_times_ms) and r.extra["calls_verified"] > ev.timing_iters
-        assert r.extra["stage_s"]["timing"] > 0
-    assert len({r.time_ms for r in (results[0], *results[2:])}) == 3  # each its own median
+        assert r.extra["calls_verified"] > ev.timing_iters and r.extra["stage_s"]["timing"] > 0
+        if ev.group.emulated:  # checked, never timed: no speedup, no time
+            assert r.extra["emulated"] and r.speedup is None and r.time_ms is None
+        else:
+            assert r.speedup > 0 and r.time_ms == max(r.rank_times_ms)
+    if not ev.group.emulated:
+        assert len({r.time_ms for r in (results[0], *results[2:])}) == 3  # each its own median

@@ -50,7 +50,8 @@ def test_a_timing_job_verifies_every_call(group, family):
         assert rec["correct"], (name, merged)
         # every call verified: warm-up and timed ones, N_CHECKED of them in full
         assert rec["calls_verified"] == warmup + iters and rec["calls_checked"] == N_CHECKED
-        assert rec["ms"] > rec["floor_ms"] > 0, (name, rec)
+        if not group.emulated:  # ranks sharing one GPU: their times say nothing
+            assert rec["ms"] > rec["floor_ms"] > 0, (name, rec)
     assert {"compute_only", "comm_only"} <= set(merged)
     check_only = group.run(Case(for_problem(p), variants=specs, seed=12, time=False), timeout=300)
     assert check_only.ok, check_only.error_text()

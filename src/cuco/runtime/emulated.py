@@ -121,6 +121,25 @@ class MpsDaemon:
                 "(run as root, or start one and set CUDA_MPS_PIPE_DIRECTORY)")
         return cls(pipe, log, owned=True, _tmp=tmp)
 
+    def _control(self, command: str) -> str:
+        exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+        if exe is None:
+            return ""
+        try:
+            return subprocess.run([exe], input=command + "\n", env={**os.environ, **self.env},
+                                  capture_output=True, text=True, timeout=20).stdout
+        except subprocess.TimeoutExpired:
+            return ""
+
+    def terminate(self, pids: list[int]) -> None:
+        """End the GPU work of client processes ``pids`` (``terminate_client``): a worker
+        killed while its kernel spins would otherwise leave that kernel on the MPS server,
+        holding SMs and wedging every later client of the GPU."""
+        servers = [int(t) for t in self._control("get_server_list").split() if t.isdigit()]
+        for server in servers:
+            for pid in pids:
+                self._control(f"terminate_client {server} {pid}")
+
     def stop(self) -> None:
         """Quit the daemon if this group started it (servers end with their clients)."""
         if not self.owned:

@@ -266,6 +266,8 @@ class WorkerGroup:
         return out
 
     def _kill(self) -> None:
+        if self._mps is not None:  # before the processes go: their kernels stay otherwise
+            self._mps.terminate([p.popen.pid for p in self._procs if p.is_alive()])
         for p in self._procs:
             p.kill()
         for p in self._procs:
