@@ -16,6 +16,7 @@ run here is a row with ``refused`` and the reason.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import tempfile
 import time
@@ -52,6 +53,10 @@ def _point(wl, placement: str, backend: str):
 
 
 def _commit() -> str:
+    """The commit measured: ``CUCO_REV`` (the GPU machine's copy of the tree may carry a
+    stale ``.git``), else git's HEAD."""
+    if os.environ.get("CUCO_REV"):
+        return os.environ["CUCO_REV"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()

@@ -61,7 +61,7 @@ def test_too_many_ranks_is_refused():
     from cuco.errors import TooFewGPUsError
     from cuco.runtime import WorkerGroup, visible_gpus
     with pytest.raises(TooFewGPUsError, match="lower the world size"):
-        WorkerGroup(visible_gpus() + 1).start()
+        WorkerGroup(visible_gpus() + 1, emulate=False).start()  # CUCO_EMULATE would place it
 
 
 class CupyFollowsTheJobStream:
