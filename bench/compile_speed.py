@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bench/evaluator.py's",
     }
     path = results.write(a.name, rows, device=f"CPU only: {machine['cpu']} ({machine['cores']} cores)",
-                         world_size=2, out_dir=a.out_dir, extra=extra)
+                         world_size=2, emulated=False, out_dir=a.out_dir, extra=extra)
     print(f"wrote {path}: {extra['compile_s_per_candidate_before']} s -> {extra['compile_s_per_candidate']} s "
           f"per in-kernel build, SASS identical: {extra['sass_identical']}")
     return 0 if extra["sass_identical"] else 1

@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     speed(report, SPEED)
     bad = [c for c in checks if c.get("bad")]
     results.write("cp_attention_kernel", report, device=f"1 x {torch.cuda.get_device_name()}",
-                  world_size=1, out_dir=args.out_dir,
+                  world_size=1, emulated=False, out_dir=args.out_dir,
                   extra={"summary": {"checks": len(checks), "checks_wrong": len(bad),
                                      "min_speedup_over_torch_flash": min(
                                          r["speedup"] for r in report if r["variant"] != "torch_flash")}})

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         backend.close()
         entries["ray"] = _summary(remote, ray_s)
         entries["ray_over_local_time_per_candidate"] = round(ray_s / local_s, 3)
-    path = results.write(a.name, rows, device=device, world_size=w, out_dir=a.out_dir,
+    path = results.write(a.name, rows, device=device, world_size=w, emulated=False, out_dir=a.out_dir,
                          extra={"workload": wl.label, "fresh_compile_each": True,
                                 "candidates_per_min": entries["local"]["candidates_per_min"],
                                 "candidates_per_min_in_kernel": entries["in_kernel"]["candidates_per_min"],

@@ -16,6 +16,9 @@
 # ...): where a .whl folder was carried (see ../shared/DEVICE.md and bench/device_wheels.txt),
 # they are installed from it into /tmp/site first, and src/ goes on the path.
 set -u
+# the commit the result files name (results.write refuses a file without one; the device's copy
+# of the tree may have no .git, so pass CUCO_REV=<commit> there)
+export CUCO_REV=${CUCO_REV:-$(git rev-parse --short=7 HEAD 2>/dev/null || echo unknown)}
 OUT=${OUT:-/tmp/cuco_out}
 if [ -d .whl ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

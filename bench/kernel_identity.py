@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     n_same = sum(r["identical"] for r in rows)
     extra = {"before_rev": a.before_rev, "kernels_compared": len(rows), "kernels_identical": n_same,
              "all_identical": same_all, "build_s": round(seconds, 1), "cores": os.cpu_count()}
-    path = results.write(a.name, rows, device="CPU only (nvcc, sm_90a; no GPU)", world_size=2,
+    path = results.write(a.name, rows, device="CPU only (nvcc, sm_90a; no GPU)", world_size=2, emulated=False,
                          out_dir=a.out_dir, extra=extra)
     print(f"wrote {path}: {n_same}/{len(rows)} kernels identical to {a.before_rev}")
     return 0 if same_all else 1

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     # the grid's rows; without a grid, the two-phase search's evaluations in the order judged
     rows = [{"case": wl.label, **r} for r in grid] if grid else \
         [{"case": wl.label, **t} for t in entries["two_phase"]["trace"]]
-    path = results.write(a.name or f"search_{a.family}", rows, device=device, world_size=2,
+    path = results.write(a.name or f"search_{a.family}", rows, device=device, world_size=2, emulated=False,
                          out_dir=a.out_dir, extra=extra)
     if ok:
         print(f"grid: {len(ok)}/{len(grid)} correct, best {gbest['speedup']:.3f} ({gbest['variant']}) "

@@ -258,7 +258,7 @@ def run_sizes(args, todo: list[dict], shapes: list, group) -> int:
         rows += launch(plan, args.world_size, timeout=580)
         device = next((r["device"] for r in rows if "device" in r), "?")
         path = results.write(args.name, rows, device=f"{args.world_size} x {device}",
-                             world_size=args.world_size, out_dir=args.out_dir,
+                             world_size=args.world_size, emulated=False, out_dir=args.out_dir,
                              extra={"partial": i + 1 < len(todo), "loss_rtol": B.LOSS_RTOL,
                                     "grad_rtol": B.GRAD_RTOL, "budget": args.budget})
     print(f"wrote {path}")

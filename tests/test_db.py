@@ -142,11 +142,56 @@ def test_schema_v1_database_is_migrated(tmp_path):
     CandidateDB(path).close()
     con = sqlite3.connect(path)
     con.execute("DROP TABLE events")
+    con.execute("ALTER TABLE evaluations DROP COLUMN evidence")
     con.execute("UPDATE cuco_meta SET value='1' WHERE key='schema_version'")
     con.commit()
     con.close()
     db = CandidateDB(path)
-    assert db.schema_version == 2 and "events" in db.tables()
+    assert db.schema_version == 3 and "events" in db.tables()
     run = db.create_run("r", "w")
     db.log_event(run, "phase_switch", {"to": "exploitation"}, generation=3)
     assert db.events(run)[0]["data"] == {"to": "exploitation"}
+
+
+def test_schema_v2_database_opens_with_its_dry_run_verdicts_labelled_model(tmp_path):
+    """A database written before ``evidence`` existed: a dry run's verdicts were told apart
+    only by ``extra.model``; after the migration they are model results, the rest measured."""
+    path = tmp_path / "v2.db"
+    CandidateDB(path).close()
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE evaluations DROP COLUMN evidence")  # the v2 table
+    con.execute("UPDATE cuco_meta SET value='2' WHERE key='schema_version'")
+    now = time.time()
+    for cid, extra, speedup in ((1, '{"model": true}', 3.0), (2, '{"seconds": 1.0}', 1.2),
+                                (3, None, None)):
+        con.execute("INSERT INTO candidates (id, workload, source, origin, parents, created_at) "
+                    "VALUES (?, 'w', 'k', 'user', '[]', ?)", (cid, now))
+        con.execute("INSERT INTO evaluations (candidate_id, stage_reached, status, speedup, extra, "
+                    "created_at) VALUES (?, 'timing', ?, ?, ?, ?)",
+                    (cid, "ok" if speedup else "wrong", speedup, extra, now))
+    con.commit()
+    con.close()
+    db = CandidateDB(path)
+    assert db.schema_version == 3
+    assert [e.evidence for e in db.evaluations()] == ["model", "measured", "measured"]
+    cand, ev = db.best("w")
+    assert cand.id == 2 and ev.speedup == 1.2  # the model's 3.0 does not outrank it
+    assert db.integrity_check() == "ok"
+
+
+def test_best_prefers_measured_then_emulated_then_model(tmp_path):
+    db = CandidateDB(tmp_path / "c.db")
+    model, emulated, measured = (db.add_candidate("w", source=f"k{i}") for i in range(3))
+    db.add_evaluation(model, stage_reached="model", status="ok", speedup=5.0, evidence="model")
+    assert db.best("w")[0].id == model and db.best("w")[1].speedup_label() == "5.000 (model)"
+    db.add_evaluation(emulated, stage_reached="full", status="ok", evidence="emulated")
+    assert db.best("w")[0].id == emulated and db.best("w")[1].speedup_label() == "- (emulated)"
+    db.add_evaluation(measured, stage_reached="timing", status="ok", speedup=1.01)
+    cand, ev = db.best("w")
+    assert cand.id == measured and ev.evidence == "measured" and ev.speedup_label() == "1.010"
+    with pytest.raises(ValueError, match="evidence 'guess' is not one of"):
+        db.add_evaluation(model, stage_reached="model", status="ok", evidence="guess")
+    with pytest.raises(ValueError, match="emulated verdict with speedup=None"):
+        db.add_evaluation(emulated, stage_reached="timing", status="ok", speedup=2.0,
+                          evidence="emulated")
+    assert len(db.evaluations()) == 3  # nothing refused was stored

@@ -23,7 +23,7 @@ def fresh(url: str, name: str) -> str:
 
 def test_queries_on_postgres(postgres_url):
     db = CandidateDB(fresh(postgres_url, "q"))
-    assert db.schema_version == 2 and "events" in db.tables()
+    assert db.schema_version == 3 and "events" in db.tables()
     run = db.create_run("r", "gemm_allreduce", problem={"m": 8})
     a = db.add_candidate("gemm_allreduce", directives=Directives(), source="k", run_id=run)
     b = db.add_candidate("gemm_allreduce", directives=Directives(issuer="warp"), run_id=run, parents=[a])
@@ -32,6 +32,10 @@ def test_queries_on_postgres(postgres_url):
     db.add_llm_call(provider="openai", model="gpt-4o", cost_usd=0.5, run_id=run)
     db.log_event(run, "migration", {"from": 0, "to": 1}, 2)
     assert db.best("gemm_allreduce")[0].id == b
+    m = db.add_candidate("gemm_allreduce", directives=Directives(issuer="thread"), run_id=run)
+    db.add_evaluation(m, stage_reached="model", status="ok", speedup=9.0, extra={"model": True})
+    assert db.best("gemm_allreduce")[0].id == b  # a model's 9.0 never outranks a measurement
+    assert db.evaluations(m)[0].evidence == "model"
     assert [c.id for c in db.lineage(b)] == [b, a]
     assert db.llm_cost(run) == 0.5 and db.integrity_check() == "n/a"
     assert db.events(run)[0]["data"] == {"from": 0, "to": 1}

@@ -17,13 +17,59 @@ def test_result_file_has_the_shared_schema(tmp_path, monkeypatch):
     rows = [{"case": "allreduce/1MiB", "variant": "lsa_oneshot", "ms": 1.0, "baseline": "host_nccl",
              "baseline_ms": 1.5, "speedup": 1.5, "bound_ms": None, "overlap_eff": None,
              "correct": True}]
-    path = results.write("x", rows, device="2 x NVIDIA H200", world_size=2, out_dir=tmp_path,
+    path = results.write("x", rows, device="2 x NVIDIA H200", world_size=2, emulated=False,
+                         commit="abc1234", out_dir=tmp_path,
                          extra={"runtime": {"rpc_launches_per_s": 1.0}})
     doc = json.loads(path.read_text())
-    assert list(doc)[:6] == ["bench", "created", "command", "device", "world_size", "versions"]
+    assert list(doc)[:8] == ["bench", "created", "command", "commit", "device", "world_size",
+                             "emulated", "versions"]
+    assert doc["commit"] == "abc1234" and doc["emulated"] is False
     assert doc["command"] == "python bench/x.py --iters 5"
     assert doc["versions"]["cuco"] and doc["versions"]["nccl"].startswith("2.")
     assert doc["rows"] == rows and doc["runtime"]["rpc_launches_per_s"] == 1.0
+
+
+def test_the_commit_defaults_to_cuco_rev_then_git(tmp_path, monkeypatch):
+    import subprocess
+    monkeypatch.setenv("CUCO_REV", "feed123")
+    assert results.current_commit(tmp_path) == "feed123"
+    monkeypatch.delenv("CUCO_REV")
+    assert results.current_commit(tmp_path) is None  # not a git checkout
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.txt").write_text("1")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert results.current_commit(tmp_path) == head
+    (tmp_path / "a.txt").write_text("2")  # a tracked file differs from the commit
+    assert results.current_commit(tmp_path) == head + "-dirty"
+
+
+@pytest.mark.parametrize("kwargs, missing", [
+    ({"commit": "", "device": "1 x NVIDIA H200", "world_size": 1, "emulated": False}, "commit:"),
+    ({"commit": "unknown", "device": "1 x NVIDIA H200", "world_size": 1, "emulated": False},
+     "provenance_note"),
+    ({"commit": "abc1234", "device": "", "world_size": 1, "emulated": False}, "device:"),
+    ({"commit": "abc1234", "device": "1 x NVIDIA H200", "world_size": 0, "emulated": False},
+     "world_size:"),
+    ({"commit": "abc1234", "device": "1 x NVIDIA H200", "world_size": 1, "emulated": None},
+     "emulated:"),
+])
+def test_a_file_that_would_not_name_its_source_is_not_written(tmp_path, monkeypatch, kwargs, missing):
+    monkeypatch.delenv("CUCO_REV", raising=False)
+    monkeypatch.chdir(tmp_path)  # not a git checkout: an empty commit cannot be filled in
+    with pytest.raises(results.ResultsError, match=missing):
+        results.write("x", [], out_dir=tmp_path, **kwargs)
+    assert not (tmp_path / "x.json").exists()
+    with pytest.raises(results.ResultsError, match="pass it as commit="):
+        results.write("y", [], device="d", world_size=1, emulated=False, commit="abc1234",
+                      out_dir=tmp_path, extra={"commit": "other"})
+    assert not (tmp_path / "y.json").exists()
+    results.write("z", [], device="d", world_size=1, emulated=False, commit="unknown",
+                  out_dir=tmp_path, extra={"provenance_note": "written by hand"})
+    assert results.provenance_problems(results.load(tmp_path / "z.json")) == []
 
 
 def test_sizes_and_bus_factors():

@@ -85,7 +85,8 @@ def test_resume_keeps_finished_cases_reruns_failed_ones_and_refuses_another_worl
     assert bench.finished() == ([], None)  # nothing on disk yet
     rows = [{"case": labels[0], "variant": "host_nccl", "ms": 1.0},
             {"case": labels[1], "variant": "*", "status": "timeout", "correct": False}]
-    results.write("spread", rows, device="2 x NVIDIA H200", world_size=2, out_dir=tmp_path)
+    results.write("spread", rows, device="2 x NVIDIA H200", world_size=2, emulated=False,
+                  commit="abc1234", out_dir=tmp_path)
     kept, device = bench.finished()
     assert kept == rows[:1] and device == "2 x NVIDIA H200"
     bench.done = frozenset(r["case"] for r in kept)

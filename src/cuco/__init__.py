@@ -4,7 +4,7 @@ device-initiated inter-GPU communication (NCCL device API, NVSHMEM).
 Importing cuco needs neither torch nor a GPU.
 """
 
-from cuco.db import Candidate, CandidateDB, Evaluation
+from cuco.db import EVIDENCE, Candidate, CandidateDB, Evaluation
 from cuco.design import (
     Backend, ChunkSchedule, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
     MoEProblem, Placement, Problem, Schedule, SyncScope, make_problem,
@@ -64,7 +64,7 @@ def search(*args, **kwargs):
 
 __all__ = [
     "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError",
-    "CucoError", "DesignSpace", "DirectiveError", "Directives", "EnvironmentProblem",
+    "CucoError", "DesignSpace", "DirectiveError", "Directives", "EVIDENCE", "EnvironmentProblem",
     "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
     "MoEProblem", "NoGPUError", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",
     "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",

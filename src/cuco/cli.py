@@ -105,13 +105,19 @@ def db_ls(db: str = DB_OPTION) -> None:
     with CandidateDB(db) as store:
         runs = store.runs()
         table = Table(title=f"{store.url} (schema v{store.schema_version})")
-        for col in ("run", "name", "workload", "status", "candidates", "best speedup"):
+        for col in ("run", "name", "workload", "status", "candidates", "best speedup", "evidence"):
             table.add_column(col)
+        models = 0
         for r in runs:
             best = store.best(r.workload, run_id=r.id)
+            models += bool(best and best[1].is_model)
             table.add_row(str(r.id), r.name, r.workload, r.status,
                           str(store.count_candidates(r.id)),
-                          f"{best[1].speedup:.3f}" if best else "-")
+                          escape(best[1].speedup_label()) if best else "-",
+                          best[1].evidence if best else "-")
+        if models:
+            table.caption = ("evidence 'model': a dry run's analytic-model prediction, "
+                             "nothing was run or checked")
         loose = store.count_candidates() - sum(store.count_candidates(r.id) for r in runs)
         console.print(table)
         console.print(f"{len(runs)} run(s); {loose} candidate(s) outside any run")
@@ -133,11 +139,20 @@ def db_show(candidate_id: int, db: str = DB_OPTION,
         if cand.directives:
             console.print("directives: " + json.dumps(cand.directives))
         table = Table(title="evaluations")
-        for col in ("id", "stage", "status", "ms", "speedup", "overlap", "max err", "error"):
+        for col in ("id", "evidence", "stage", "status", "ms", "speedup", "overlap", "max err",
+                    "machine", "error"):
             table.add_column(col, overflow="fold")
-        for e in store.evaluations(cand.id):
-            table.add_row(str(e.id), e.stage_reached, e.status, _fmt(e.time_ms), _fmt(e.speedup),
-                          _fmt(e.overlap_eff), _fmt(e.max_error), (e.error or "")[:200])
+        evs = store.evaluations(cand.id)
+        for e in evs:
+            label = "" if e.evidence == "measured" else f" ({e.evidence})"
+            table.add_row(str(e.id), e.evidence, e.stage_reached, e.status,
+                          _fmt(e.time_ms) + escape(label if e.time_ms is not None else ""),
+                          _fmt(e.speedup) + escape(label if e.speedup is not None else ""),
+                          _fmt(e.overlap_eff), _fmt(e.max_error), escape(e.machine or "-"),
+                          escape((e.error or "")[:200]))
+        if any(e.is_model for e in evs):
+            table.caption = ("evidence 'model': a dry run's analytic-model prediction, "
+                             "nothing was run or checked")
         console.print(table)
         if source and cand.source:
             console.print(cand.source, markup=False, highlight=False)

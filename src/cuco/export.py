@@ -30,7 +30,7 @@ from typing import Any
 from filelock import FileLock
 
 from cuco.db import CandidateDB
-from cuco.db.candidate_db import best_first
+from cuco.db.candidate_db import EVIDENCE, best_first
 from cuco.design import Directives, Problem, check_count, make_problem, problem_from_dict
 from cuco.errors import CucoError
 from cuco.kernels import Compiler, toolchain
@@ -71,15 +71,22 @@ class Artifact:
         return self.manifest["evaluation"].get("speedup")
 
     @property
+    def evidence(self) -> str:
+        """What the speedup rests on: ``measured``, ``emulated`` or ``model`` (a dry run's
+        prediction); artifacts packed before the field existed said only ``model``."""
+        ev = self.manifest["evaluation"]
+        return ev.get("evidence") or ("model" if ev.get("model") else "measured")
+
+    @property
     def is_model(self) -> bool:
         """Whether the speedup is the analytic model's prediction (a dry run), not measured."""
-        return bool(self.manifest["evaluation"].get("model"))
+        return self.evidence == "model"
 
     def speedup_text(self) -> str:
         """The speedup as people read it: ``1.46x (measured)`` or ``1.49x (model)``."""
         if self.speedup is None:
-            return "no speedup recorded"
-        return f"{self.speedup:.3f}x ({'model' if self.is_model else 'measured'})"
+            return f"no speedup recorded ({self.evidence})"
+        return f"{self.speedup:.3f}x ({self.evidence})"
 
     def bind_torch(self, group=None):
         """The kernel as ``call(x, w)`` on torch tensors; every rank of ``group`` calls this."""
@@ -108,7 +115,7 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
         raise CucoError(f"candidate {candidate_id} has no successful evaluation; export only "
                         "candidates that passed the whole cascade (see `cuco db show "
                         f"{candidate_id}`)")
-    ev = ok[-1]
+    ev = min(ok, key=lambda e: (EVIDENCE.index(e.evidence), -e.id))  # a measurement before a model's
     run = db.run(cand.run_id) if cand.run_id is not None else None
     if run is None or not run.problem:
         raise CucoError(f"candidate {candidate_id} belongs to no run with a problem; its shape is unknown")
@@ -140,7 +147,7 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
         "evaluation": {"status": ev.status, "time_ms": ev.time_ms, "speedup": ev.speedup,
                        "overlap_eff": ev.overlap_eff, "bound_ms": ev.bound_ms,
                        "baseline_ms": ev.baseline_ms, "machine": ev.machine,
-                       "model": bool((ev.extra or {}).get("model"))},
+                       "evidence": ev.evidence, "model": ev.is_model},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return Artifact(out, manifest)
@@ -245,8 +252,13 @@ def tune(workload: str | Problem, shape: str | Mapping[str, Any] | None = None,
 
 def best_callable(db: CandidateDB, run_id: int) -> int | None:
     """The fastest correct candidate of a run that :class:`cuco.fused_call.FusedCall` can
-    bind (LSA; an NVSHMEM kernel needs NVSHMEM's own start-up in the caller)."""
-    scored = {e.candidate_id: e.speedup for e in db.evaluations() if e.status == "ok" and e.speedup}
+    bind (LSA; an NVSHMEM kernel needs NVSHMEM's own start-up in the caller), measured ones
+    before any model's prediction, as :meth:`CandidateDB.best` ranks them."""
+    scored: dict[int, tuple[int, float]] = {}  # candidate -> its strongest (evidence, speedup)
+    for e in db.evaluations():
+        if e.status == "ok" and e.speedup:
+            key = (EVIDENCE.index(e.evidence), -e.speedup)
+            scored[e.candidate_id] = min(scored.get(e.candidate_id, key), key)
     lsa = [c.id for c in db.candidates(run_id=run_id)
            if c.id in scored and c.directives["backend"] == "lsa"]
-    return min(lsa, key=lambda i: best_first(scored[i], i)) if lsa else None
+    return min(lsa, key=lambda i: (scored[i][0], *best_first(-scored[i][1], i))) if lsa else None

@@ -1,7 +1,10 @@
 """Benchmark result files: one JSON shape for every ``bench/`` script.
 
 ``speedup = baseline_ms / ms`` and ``overlap_eff = bound_ms / ms``, all
-measured in the same run (see DESIGN.md, "Benchmark result files").
+measured in the same run (see DESIGN.md, "Benchmark result files"). Every file
+names its source -- the commit it measured, the device, the world size and
+whether that world was emulated -- and :func:`write` refuses to write one that
+does not, because a number nobody can trace back is not evidence.
 """
 
 from __future__ import annotations
@@ -9,12 +12,21 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import json
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path("bench") / "results"
+
+#: The keys that say where a file's numbers come from; every result file has them.
+PROVENANCE_KEYS = ("commit", "device", "world_size", "emulated")
+
+
+class ResultsError(ValueError):
+    """A result file that would not name its source (raised before anything is written)."""
 
 
 def package_version(name: str) -> str | None:
@@ -59,19 +71,76 @@ def default_command() -> str:
     return "python " + " ".join(shlex.quote(a) for a in args)
 
 
+def current_commit(cwd: Path | str | None = None) -> str | None:
+    """The commit being measured: ``$CUCO_REV`` (set by bench/gpu_session.sh, whose copy of
+    the tree may have no ``.git``), else git's short HEAD with ``-dirty`` when tracked files
+    differ from it; None when neither can tell."""
+    rev = os.environ.get("CUCO_REV", "").strip()
+    if rev and rev != "unknown":
+        return rev
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+    head = git("rev-parse", "--short=7", "HEAD")
+    if not head:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{head}-dirty" if dirty else head
+
+
+def provenance_problems(doc: dict[str, Any]) -> list[str]:
+    """What a result document lacks to name its source; empty when it names all of it."""
+    problems = []
+    commit = doc.get("commit")
+    if not isinstance(commit, str) or not commit.strip():
+        problems.append("commit: the git commit measured (or 'unknown' with a provenance_note "
+                        "saying why)")
+    elif commit == "unknown" and not str(doc.get("provenance_note") or "").strip():
+        problems.append("provenance_note: why the commit is 'unknown'")
+    device = doc.get("device")
+    if not isinstance(device, str) or not device.strip():
+        problems.append("device: what ran it, e.g. '2 x NVIDIA H200'")
+    ws = doc.get("world_size")
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        problems.append("world_size: the number of ranks, an integer >= 1")
+    if not isinstance(doc.get("emulated"), bool):
+        problems.append("emulated: true when the world was emulated, false when real")
+    return problems
+
+
 def write(name: str, rows: list[dict[str, Any]], *, device: str, world_size: int,
+          emulated: bool, commit: str | None = None,
           command: str | None = None, out_dir: Path | str = RESULTS_DIR,
           extra: dict[str, Any] | None = None, version_extra: dict[str, str] | None = None) -> Path:
-    """Write ``<out_dir>/<name>.json`` and return its path."""
+    """Write ``<out_dir>/<name>.json`` and return its path.
+
+    ``commit`` defaults to :func:`current_commit`; a file whose commit, device, world size or
+    emulated flag is missing raises :class:`ResultsError` and nothing is written.
+    """
     doc: dict[str, Any] = {
         "bench": name,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": command or default_command(),
+        "commit": commit or current_commit(),
         "device": device,
         "world_size": world_size,
+        "emulated": emulated,
         "versions": versions(version_extra),
     }
-    doc.update(extra or {})
+    for key, value in (extra or {}).items():
+        if key in PROVENANCE_KEYS:
+            raise ResultsError(f"extra[{key!r}] would overwrite the file's {key}; pass it as "
+                               f"{key}= instead")
+        doc[key] = value
+    problems = provenance_problems(doc)
+    if problems:
+        hint = (" (run from a git checkout, or set CUCO_REV=<commit>)"
+                if doc["commit"] is None else "")
+        raise ResultsError(f"not writing {name}.json, it would not name its source{hint}: "
+                           + "; ".join(problems))
     doc["rows"] = rows
     path = Path(out_dir) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,7 @@ class CollectivesBench:
         finally:
             group.close()
         self._mark_best(rows)
-        path = results.write(self.name, rows, device=device, world_size=self.world_size,
+        path = results.write(self.name, rows, device=device, world_size=self.world_size, emulated=False,
                              out_dir=self.out_dir, extra={"runtime": runtime,
                                                           "summary": self._summary(rows)})
         self._print(rows, runtime)

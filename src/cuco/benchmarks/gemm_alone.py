@@ -104,7 +104,7 @@ class GemmAloneBench:
             rows += self._case(shape, {d: p for (s, d), p in built.items() if s == shape}, sms)
             self.console.print(f"{shape}: {self._line(rows, shape)}")
         summary = self._summary(rows)
-        path = results.write(self.name, rows, device=f"1 x {name}", world_size=1,
+        path = results.write(self.name, rows, device=f"1 x {name}", world_size=1, emulated=False,
                              out_dir=self.out_dir, extra={"summary": summary})
         self._print(summary)
         self.console.print(f"wrote {path}")

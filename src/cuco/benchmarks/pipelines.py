@@ -51,7 +51,7 @@ class PipelineBench:
         compile_s = time.perf_counter() - t0
 
         def write(rows: list[dict], device: str, summary: dict, partial: bool) -> Path:
-            return results.write(self.name, rows, device=device, world_size=self.world_size,
+            return results.write(self.name, rows, device=device, world_size=self.world_size, emulated=False,
                                  out_dir=self.out_dir,
                                  extra={"compile_s": round(compile_s, 1), "partial": partial,
                                         "summary": summary,

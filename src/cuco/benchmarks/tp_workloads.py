@@ -195,7 +195,7 @@ class TPBench:
             """A run cut short still leaves every finished case on disk."""
             same_machine(device)
             rows = before + rows
-            results.write(self.name, rows, device=device, world_size=self.world_size,
+            results.write(self.name, rows, device=device, world_size=self.world_size, emulated=False,
                           out_dir=self.out_dir, extra={"compile_s": round(compile_s, 1),
                                                        "partial": True, "summary": self._summary(rows)})
 
@@ -208,7 +208,7 @@ class TPBench:
         same_machine(device)
         rows = before + rows
         summary = self._summary(rows)
-        path = results.write(self.name, rows, device=device, world_size=self.world_size,
+        path = results.write(self.name, rows, device=device, world_size=self.world_size, emulated=False,
                              out_dir=self.out_dir,
                              extra={"compile_s": round(compile_s, 1), "summary": summary})
         self._print(summary)

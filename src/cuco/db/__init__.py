@@ -1,5 +1,7 @@
 """Candidate database (SQLite by default, any SQLAlchemy URL)."""
 
-from cuco.db.candidate_db import STATUSES, Candidate, CandidateDB, Evaluation, Run, source_hash
+from cuco.db.candidate_db import (
+    EVIDENCE, STATUSES, Candidate, CandidateDB, Evaluation, Run, source_hash,
+)
 
-__all__ = ["STATUSES", "Candidate", "CandidateDB", "Evaluation", "Run", "source_hash"]
+__all__ = ["EVIDENCE", "STATUSES", "Candidate", "CandidateDB", "Evaluation", "Run", "source_hash"]

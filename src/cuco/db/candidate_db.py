@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select, update
+from sqlalchemy import (
+    Connection, Engine, case, create_engine, event, func, inspect, select, update,
+)
 
 from cuco.db import schema as S
 from cuco.errors import DatabaseError, UnknownId
@@ -26,6 +28,11 @@ from cuco.errors import DatabaseError, UnknownId
 #: Evaluation statuses. Only ``ok`` scores.
 STATUSES = ("ok", "invalid", "compile_error", "wrong", "hang", "crash", "suspect",
             "timeout", "error")
+
+#: What a verdict's numbers rest on, strongest first: timed on real GPUs (``measured``),
+#: checked in an emulated world (``emulated``: correctness only, it carries no speedup), or
+#: predicted by the analytic model of a dry run (``model``). ``best()`` ranks in this order.
+EVIDENCE = ("measured", "emulated", "model")
 
 
 def source_hash(source: str) -> str:
@@ -71,6 +78,18 @@ class Evaluation:
     versions: dict[str, Any] | None = None
     extra: dict[str, Any] | None = None
     created_at: float = field(default=0.0)
+    evidence: str = "measured"
+
+    @property
+    def is_model(self) -> bool:
+        """A dry run's analytic-model prediction: nothing was run, checked or timed."""
+        return self.evidence == "model"
+
+    def speedup_label(self, digits: int = 3) -> str:
+        """The speedup as every front end prints it: a model's says so, an emulated
+        verdict has none (``'1.234'``, ``'1.234 (model)'``, ``'- (emulated)'``)."""
+        value = "-" if self.speedup is None else f"{self.speedup:.{digits}f}"
+        return value if self.evidence == "measured" else f"{value} ({self.evidence})"
 
 
 @dataclass(frozen=True)
@@ -86,9 +105,9 @@ class Run:
 
 
 def best_first(speedup: float | None, candidate_id: int) -> tuple[float, int]:
-    """The one order of scored candidates everywhere (CLI, report, export, search result):
-    highest speedup first, ties to the earliest candidate. :meth:`CandidateDB.best` sorts
-    the same way in SQL."""
+    """The one order of scored candidates of one kind of evidence everywhere (CLI, report,
+    export, search result): highest speedup first, ties to the earliest candidate.
+    :meth:`CandidateDB.best` sorts the same way in SQL, after the evidence."""
     return (-(speedup or 0.0), candidate_id)
 
 
@@ -283,12 +302,23 @@ class CandidateDB:
     # ---- evaluations ----------------------------------------------------------------
     def add_evaluation(self, candidate_id: int, *, stage_reached: str, status: str,
                        **fields: Any) -> int:
+        """Store a verdict; ``evidence`` (:data:`EVIDENCE`) defaults to ``model`` for a
+        verdict whose ``extra`` says ``model``, else ``measured``."""
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not one of {STATUSES}")
         allowed = {c.name for c in S.evaluations.columns} - {"id", "candidate_id", "created_at"}
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"unknown evaluation fields {sorted(unknown)}; known: {sorted(allowed)}")
+        # a verdict marked as a model's (extra.model, as every dry run marks them) is one
+        extra = fields.get("extra") if isinstance(fields.get("extra"), dict) else {}
+        evidence = fields["evidence"] = (fields.get("evidence")
+                                         or ("model" if extra.get("model") else "measured"))
+        if evidence not in EVIDENCE:
+            raise ValueError(f"evidence {evidence!r} is not one of {EVIDENCE}")
+        if evidence == "emulated" and fields.get("speedup") is not None:
+            raise ValueError("an emulated world's timings are not evidence of speed: store an "
+                             "emulated verdict with speedup=None")
         with self._write() as conn:
             res = conn.execute(S.evaluations.insert().values(
                 candidate_id=candidate_id, stage_reached=stage_reached, status=status,
@@ -368,15 +398,21 @@ class CandidateDB:
         return (select(c.c.id.label("candidate_id"), c.c.workload, c.c.run_id,
                        e.c.id.label("evaluation_id"), e.c.speedup, e.c.time_ms)
                 .join(e, e.c.candidate_id == c.c.id)
-                .where(e.c.status == "ok", e.c.speedup.is_not(None)))
+                .where(e.c.status == "ok",
+                       e.c.speedup.is_not(None) | (e.c.evidence == "emulated")))
 
     def best(self, workload: str, *, run_id: int | None = None) -> tuple[Candidate, Evaluation] | None:
-        """The scored candidate with the highest speedup for ``workload``."""
+        """The best passing candidate for ``workload``: a measured verdict whenever one exists
+        (highest speedup), else an emulated one (correct, no speedup), else a model's
+        prediction. A model's number never outranks a measurement, however high."""
         q = self._scored().where(S.candidates.c.workload == workload)
         if run_id is not None:
             q = q.where(S.candidates.c.run_id == run_id)
-        # best_first's order: speedup descending, then the earliest candidate
-        q = q.order_by(S.evaluations.c.speedup.desc(), S.candidates.c.id, S.evaluations.c.id).limit(1)
+        e = S.evaluations
+        rank = case(*((e.c.evidence == name, i) for i, name in enumerate(EVIDENCE)),
+                    else_=len(EVIDENCE))
+        # the evidence, then best_first's order: speedup descending, then the earliest candidate
+        q = q.order_by(rank, e.c.speedup.desc(), S.candidates.c.id, e.c.id).limit(1)
         with self._read() as conn:
             row = conn.execute(q).mappings().first()
         if row is None:

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 from sqlalchemy import (
     JSON, Column, Connection, Float, ForeignKey, Index, Integer, MetaData, String, Table,
-    Text,
+    Text, inspect, select, update,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -72,6 +72,8 @@ evaluations = Table(
     Column("versions", JSON, nullable=True),
     Column("extra", JSON, nullable=True),
     Column("created_at", Float, nullable=False),
+    # what the verdict's numbers rest on: measured | emulated | model (CandidateDB.EVIDENCE)
+    Column("evidence", String(16), nullable=False, default="measured", server_default="measured"),
     Index("ix_evaluations_candidate", "candidate_id"),
 )
 
@@ -102,7 +104,22 @@ events = Table(
     Index("ix_events_run", "run_id"),
 )
 
+def _add_evidence(conn: Connection) -> None:
+    """v3: ``evaluations.evidence``. Older databases marked a dry run's verdicts only by
+    ``extra.model``; those become ``model``, every other verdict ``measured`` (no emulated
+    world existed before v3)."""
+    if "evidence" not in {c["name"] for c in inspect(conn).get_columns("evaluations")}:
+        conn.exec_driver_sql("ALTER TABLE evaluations ADD COLUMN evidence VARCHAR(16) "
+                             "NOT NULL DEFAULT 'measured'")
+    e = evaluations
+    model_ids = [row.id for row in conn.execute(select(e.c.id, e.c.extra).where(e.c.extra.is_not(None)))
+                 if isinstance(row.extra, dict) and row.extra.get("model")]
+    for start in range(0, len(model_ids), 500):
+        conn.execute(update(e).where(e.c.id.in_(model_ids[start:start + 500])).values(evidence="model"))
+
+
 #: version -> step that upgrades a database of ``version - 1`` to ``version``.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: lambda conn: events.create(conn, checkfirst=True),  # v2: search events (migrations, phases)
+    3: _add_evidence,  # v3: measured / emulated / model on every verdict
 }

@@ -1,9 +1,10 @@
 """A dry-run evaluator: scores directives with an analytic overlap model, no GPU.
 
 For trying a search configuration, a custom proposer or the CLI on a laptop
-(and for CI). Its verdicts are marked ``machine='analytic-model'`` and
-``extra.model = True``: they are predictions, never measurements, and a real
-:class:`Evaluator` must confirm anything they suggest.
+(and for CI). Its verdicts are stored with ``evidence='model'`` (and
+``machine='analytic-model'``, ``stage_reached='model'``, ``extra.model = True``):
+they are predictions, never measurements, ``CandidateDB.best`` ranks them below
+any measurement, and a real :class:`Evaluator` must confirm anything they suggest.
 """
 
 from __future__ import annotations
@@ -108,9 +109,9 @@ class AnalyticEvaluator:
         except DirectiveError as exc:
             bad = exc.problems
         if bad:
-            r = EvalResult("invalid", "static", "\n".join(bad))
+            r = EvalResult("invalid", "static", "\n".join(bad), extra={"model": True})
         else:
-            r = EvalResult("ok", "scored", time_ms=t, baseline_ms=host, bound_ms=max(g, c),
+            r = EvalResult("ok", "model", time_ms=t, baseline_ms=host, bound_ms=max(g, c),
                            speedup=host / t, overlap_eff=max(g, c) / t, rank_times_ms=[t],
                            extra={"model": True})
         if self.db is not None:

@@ -510,8 +510,11 @@ def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,
     fields = asdict(r)
     extra = dict(fields.pop("extra"))
     versions = extra.pop("versions", None)
-    return db.add_evaluation(cand.candidate_id, machine=platform.node(), versions=versions,
-                             extra=extra, **fields)
+    # a dry run's verdict (extra.model) is stored as the model's (evidence), never as measured
+    evidence = extra.pop("evidence", None)
+    machine = "analytic-model" if extra.get("model") else platform.node()
+    return db.add_evaluation(cand.candidate_id, machine=machine, versions=versions,
+                             extra=extra, evidence=evidence, **fields)
 
 
 def evaluator_for(problem: Problem, **kw) -> Evaluator:

@@ -52,7 +52,7 @@ class Report:
 
     def is_model(self, run: Run) -> bool:
         """Whether the run's scores are analytic-model predictions (a dry run)."""
-        return any(_is_model(self.latest[c.id]) for c in self.db.candidates(run_id=run.id)
+        return any(self.latest[c.id].is_model for c in self.db.candidates(run_id=run.id)
                    if c.id in self.latest)
 
     # ---- sections -----------------------------------------------------------------------
@@ -65,10 +65,10 @@ class Report:
                             "<td colspan=6 class=muted>no correct candidate</td></tr>")
                 continue
             c, e = hit
-            model = " (model)" if _is_model(e) else ""
             rows.append(
                 f"<tr><td>{r.id}</td><td>{html.escape(r.workload)}</td><td>{c.id}</td>"
-                f"<td><code>{html.escape(_name(c))}</code></td><td>{_fmt(e.speedup)}{model}</td>"
+                f"<td><code>{html.escape(_name(c))}</code></td>"
+                f"<td class={e.evidence}>{html.escape(e.speedup_label())}</td>"
                 f"<td>{_fmt((e.extra or {}).get('torch_speedup'))}</td><td>{_fmt(e.overlap_eff)}</td>"
                 f"<td>{_fmt(e.time_ms, 4)}</td></tr>")
         return ("<table id=best><tr><th>run</th><th>workload</th><th>candidate</th><th>directives</th>"
@@ -150,7 +150,7 @@ class Report:
             e = self.latest.get(c.id)
             items.append(f"<li>#{c.id} gen {c.generation} island {c.island} {c.origin} "
                          f"<code>{html.escape(_name(c))}</code> → {e.status if e else '—'} "
-                         f"{_fmt(e.speedup) if e else ''}{' (model)' if e and _is_model(e) else ''} "
+                         f"{html.escape(e.speedup_label()) if e else ''} "
                          f"parents {c.parents or '—'}</li>")
         return "<ul class=lineage>" + "".join(items) + "</ul>"
 
@@ -193,10 +193,6 @@ class Report:
                       "<h3>Lineage of the best</h3>", self.lineage(r), self.source_diff(r)]
         parts.append("</body></html>")
         return "\n".join(parts)
-
-
-def _is_model(e: Evaluation) -> bool:
-    return bool((e.extra or {}).get("model"))
 
 
 def _name(c: Candidate) -> str:

@@ -71,8 +71,10 @@ class GemmWorkload(Workload):
     placements = tuple(Placement)
     #: the strongest host program (best GEMM library, then the faster NCCL buffers) and the
     #: one before #21 (cuBLAS default algorithm, NCCL on plain buffers): picking per shape can
-    #: lose to the plain one by a few percent, so the faster of the two is the baseline
-    host_programs = ("host_nccl", "host_nccl_default")
+    #: lose to the plain one by a few percent, so the faster of the two is the baseline; and
+    #: PyTorch's fused op of the pattern (``torch_fused``) wherever a job timed it (torch
+    #: present, ``Case(peers=True)``): the fastest correct of them is the bar
+    host_programs = ("host_nccl", "host_nccl_default", torch_fused.PEER)
     #: The built-in family whose fused templates this workload reuses (its own family for
     #: the built-ins). A user workload that is "GEMM + something, then AllReduce" sets
     #: ``pattern = "gemm_allreduce"`` and adds a :meth:`chunk_epilogue`.
