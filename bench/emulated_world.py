@@ -16,8 +16,6 @@ run here is a row with ``refused`` and the reason.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import tempfile
 import time
 
@@ -50,18 +48,6 @@ def _point(wl, placement: str, backend: str):
     plain ``DesignSpace`` knows none of the placement's)."""
     space = wl.space([placement])
     return DesignSpace(wl.problem, rules=space.rules, **{**space.choices, "backend": [backend]}).default()
-
-
-def _commit() -> str:
-    """The commit measured: ``CUCO_REV`` (the GPU machine's copy of the tree may carry a
-    stale ``.git``), else git's HEAD."""
-    if os.environ.get("CUCO_REV"):
-        return os.environ["CUCO_REV"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_world(world: int, names: list[str], db: CandidateDB) -> tuple[list[dict], list[dict]]:
@@ -112,8 +98,8 @@ def main() -> None:
         device = f"1 x {infos[0].get('device_name', '?')} ({world} ranks under MPS)"
     ok = sum(r["all_correct"] for r in rows)
     path = results.write(args.name, rows, device=device.split(" (")[0], world_size=max(
-        r["world_size"] for r in rows), out_dir=args.out_dir,
-        extra={"commit": _commit(), "emulated": True, "worlds": args.worlds,
+        r["world_size"] for r in rows), emulated=True, out_dir=args.out_dir,
+        extra={"worlds": args.worlds,
                "all_correct": ok == len(rows), "rows_correct": ok,
                "seconds": round(time.perf_counter() - t0, 1),
                "note": "correctness only: the ranks share one GPU, so no row has a speedup"})
