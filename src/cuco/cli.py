@@ -171,8 +171,13 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
         raise typer.Exit(1)
 
 
+#: The architectures every kernel of the catalog builds for (Hopper: wgmma, TMA).
+CATALOG_ARCHS = ("sm_90a",)
+
+
 @kernels_app.command("check")
-def kernels_check(arch: str = typer.Option("sm_90a", help="target when there is no GPU")) -> None:
+def kernels_check(arch: str = typer.Option("sm_90a", help="target architecture (the kernels "
+                                           "build for " + ", ".join(CATALOG_ARCHS) + ")")) -> None:
     """Render and compile every kernel template and host shim (no GPU needed)."""
     report = _compile_catalog(arch)
     table = Table(title=f"kernels compiled for {arch}")
@@ -193,6 +198,11 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
     from cuco.workloads.catalog import catalog_size, compile_everything
 
     Compiler(arch=arch)  # a bad --arch is refused before anything is rendered
+    if arch not in CATALOG_ARCHS:
+        from cuco.errors import ArchError
+        raise ArchError(f"arch {arch} cannot build cuco's kernels: the in-kernel placements use "
+                        "Hopper's wgmma and TMA (CUTLASS SM90), which only "
+                        f"{', '.join(CATALOG_ARCHS)} has", param="arch", fix=CATALOG_ARCHS[0])
     cores = os.cpu_count() or 1
     with Progress(TextColumn("[bold]compiling kernels for {task.fields[arch]}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
