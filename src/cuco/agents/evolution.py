@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuco.agents.base import Agent
 from cuco.agents.population import SELECTIONS, Individual, Island, Selection
 from cuco.agents.proposers import OfflineProposer, Proposal, Proposer
 from cuco.agents.schedule import TwoPhaseSchedule
@@ -61,7 +62,7 @@ def _rng(seed: int, generation: int, island: int) -> random.Random:
     return random.Random(f"cuco:{seed}:{generation}:{island}")
 
 
-class EvolutionAgent:
+class EvolutionAgent(Agent):
     """The CUCo slow path, offline by default (no API key needed).
 
     ``evaluator`` is anything with ``problem`` and ``evaluate(Candidate) -> EvalResult``
@@ -76,10 +77,7 @@ class EvolutionAgent:
                  selection: str | Selection = "tournament", seed: int = 0,
                  budget: Budget | int = 100, name: str | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None):
-        self.evaluator = evaluator
-        self.problem = evaluator.problem
-        self.db = db
-        self.space = space or DesignSpace(self.problem)
+        super().__init__(evaluator, db, space)
         self.n_islands, self.population, self.children = islands, population, children
         self.migrate_every = migrate_every
         self.topology = TOPOLOGIES[topology] if isinstance(topology, str) else topology
