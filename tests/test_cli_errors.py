@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -224,3 +225,79 @@ def test_exported_speedup_says_model_or_measured(tmp_path):
     assert model.speedup_text() == "1.494x (model)"
     assert real.speedup_text() == "1.460x (measured)"
     assert json.dumps(model.manifest)  # plain data
+
+
+# ---- issue #40: errors that name the fix ------------------------------------------------------
+@pytest.mark.parametrize("kw, field, fix, needle", [
+    ({"backend": "nccl_typo"}, "backend", "lsa",
+     "backend='nccl_typo' is not one of lsa, gin, nvshmem; use backend='lsa'"),
+    ({"placement": "epilog"}, "placement", "epilogue", "did you mean placement='epilogue'?"),
+    ({"chunk_bytes": -1}, "chunk_bytes", 1 << 20,
+     "chunk_bytes=-1 must be a power of two between 4K and 256M"),
+    ({"stages": 1}, "stages", 4, "stages=1 must be >= 2; use stages=4"),
+    ({"stages": "abc"}, "stages", 4, "stages='abc' is not a whole number; use stages=4"),
+])
+def test_directive_field_errors_are_cuco_errors_naming_the_fix(kw, field, fix, needle):
+    from cuco import CucoError, DirectiveError
+    with pytest.raises(CucoError) as info:
+        Directives(**kw)
+    err = info.value
+    assert isinstance(err, DirectiveError) and (err.param, err.fix) == (field, fix)
+    assert needle in str(err) and "pydantic" not in str(err) and "http" not in str(err)
+
+
+@pytest.mark.parametrize("workload, shape, needle", [
+    ("kv_transfer", "layers=32,tokens=0",
+     "kv_transfer: tokens=0 must be > 0; use --shape layers=32,tokens=4096"),
+    ("cp_attention", "seq=abc,heads=16", "cp_attention: seq='abc' is not a whole number; "
+     "use --shape seq=32768,heads=16"),
+    ("kv_transfer", "layrs=32,tokens=1024", "'layrs=32' is not one of kv_transfer's fields "
+     "(layers, tokens, hidden, kv_dim, heads, head_dim, ffn) as key=value; did you mean "
+     "--shape layers=32,tokens=1024?"),
+    ("moe", "routing=skewd,tokens=64", "moe: routing='skewd' is not one of skewed, one_expert, "
+     "empty_experts; did you mean --shape routing=skewed,tokens=64?"),
+])
+def test_shape_errors_name_the_field_and_keep_the_users_other_fields(tmp_path, workload, shape,
+                                                                      needle):
+    out = refused(cuco("search", "--dry-run", "--workload", workload, "--shape", shape,
+                       "--db", str(tmp_path / "c.db")), 2, needle)
+    assert len(out.strip().splitlines()) == 1 and "Input should" not in out
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_make_problem_field_errors_are_shape_errors():
+    from cuco import ShapeError, make_problem
+    with pytest.raises(ShapeError, match=r"moe: tokens=0 must be > 0; use tokens=128") as info:
+        make_problem("moe", "tokens=0")
+    assert (info.value.param, info.value.fix) == ("tokens", 128)
+    with pytest.raises(ShapeError, match="seq='abc' is not a whole number"):
+        make_problem("cp_attention", {"seq": "abc"})
+
+
+def test_kernels_check_refuses_an_arch_the_kernels_cannot_target():
+    t0 = time.perf_counter()
+    out = refused(cuco("kernels", "check", "--arch", "sm_80"), 2,
+                  "arch sm_80 cannot build cuco's kernels", "only sm_90a has", "use --arch sm_90a")
+    assert "compiling" not in out and time.perf_counter() - t0 < 60
+
+
+def test_help_shows_flags_defaults_and_text_for_every_option():
+    search = cuco("search", "--help").stdout
+    assert "<bool>" not in search.split("--help")[0]  # --dry-run takes no value
+    assert "--dry-run" in search and "--no-dry-run" in search
+    for option, words in (("--islands", "populations searched side by side"),
+                          ("--seed", "random seed"), ("--budget", "a larger one extends it")):
+        row = next(ln for ln in search.splitlines() if option in ln)
+        assert words in row or words in search, option
+    demo = cuco("demo", "--help").stdout
+    assert "[default: 0]" not in demo and "16 on GPUs, 48 in a" in demo
+    report = cuco("report", "--help").stdout
+    assert "HTML file to write" in report
+
+
+def test_empty_islands_show_no_best_and_no_phase_switch_reads_as_words(tmp_path):
+    r = cuco("search", "--dry-run", "--budget", "3", "--islands", "4", "--db", str(tmp_path / "c.db"))
+    out = refused(r, 0, "run 1: 3 evaluations")
+    rows = [ln for ln in out.splitlines() if ln.strip().startswith("│ 3 ")]
+    assert rows and "0.000" not in rows[0] and "-" in rows[0], out
+    assert "generation None" not in out

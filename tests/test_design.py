@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from cuco import DesignSpace, DirectiveError, Directives, GemmProblem, ShapeError
 from cuco.design import violations
@@ -39,15 +38,18 @@ def test_invalid_combination_names_dimension_and_fix(kwargs, dimension, fix):
     assert fix in text
 
 
-def test_field_errors_are_validation_errors():
-    with pytest.raises(ValidationError, match="power of two"):
+def test_field_errors_are_directive_errors_naming_the_fix():
+    """Not pydantic's ValidationError: ``except CucoError`` catches them (issue #40)."""
+    with pytest.raises(DirectiveError, match="power of two.*use chunk_bytes=1048576"):
         Directives(chunk_bytes=1000)
-    with pytest.raises(ValidationError, match="choose one of"):
+    with pytest.raises(DirectiveError, match="choose one of"):
         Directives(tile_m=100)
-    with pytest.raises(ValidationError):
+    with pytest.raises(DirectiveError, match="backend='mpi' is not one of lsa, gin, nvshmem"):
         Directives(backend="mpi")
-    with pytest.raises(ValidationError):
+    with pytest.raises(DirectiveError, match="unknown_knob is not a field of Directives"):
         Directives(unknown_knob=1)
+    with pytest.raises(DirectiveError, match="did you mean comm_ctas"):
+        Directives(comm_cta=8)
 
 
 def test_problem_rules():

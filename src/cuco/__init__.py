@@ -25,7 +25,7 @@ _LAZY = {
     "GemmWorkload": "cuco.workloads", "PipelineWorkload": "cuco.workloads",
     "Case": "cuco.workloads",
     "Evaluator": "cuco.evaluate", "EvalResult": "cuco.evaluate",
-    "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
+    "Agent": "cuco.agents", "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
     "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",
     "WorkerGroup": "cuco.runtime", "Compiler": "cuco.kernels",
 }

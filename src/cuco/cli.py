@@ -30,11 +30,13 @@ FLAGS = {"workload": "--workload", "world_size": "--world-size", "budget": "--bu
          "islands": "--islands", "proposer": "--proposer", "llm": "--llm", "hosts": "--hosts",
          "placements": "--placements", "arch": "--arch", "output": "-o", "max_rounds": "--rounds",
          "db": "--db"}
+#: The metavar of an on/off flag: it takes no value, and typer would show ``<bool>``.
+FLAG = ""
 _context: dict = {}  # what the running command parsed (its shape), for spelling fixes
 
 
 @app.callback()
-def _options(debug: bool = typer.Option(False, "--debug", envvar="CUCO_DEBUG",
+def _options(debug: bool = typer.Option(False, "--debug", envvar="CUCO_DEBUG", metavar=FLAG,
                                         help="show the Python traceback of an error (env CUCO_DEBUG=1)")) -> None:
     _context["debug"] = debug
 
@@ -184,8 +186,13 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
         raise typer.Exit(1)
 
 
+#: The architectures every kernel of the catalog builds for (Hopper: wgmma, TMA).
+CATALOG_ARCHS = ("sm_90a",)
+
+
 @kernels_app.command("check")
-def kernels_check(arch: str = typer.Option("sm_90a", help="target when there is no GPU")) -> None:
+def kernels_check(arch: str = typer.Option("sm_90a", help="target architecture (the kernels "
+                                           "build for " + ", ".join(CATALOG_ARCHS) + ")")) -> None:
     """Render and compile every kernel template and host shim (no GPU needed)."""
     report = _compile_catalog(arch)
     table = Table(title=f"kernels compiled for {arch}")
@@ -206,6 +213,11 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
     from cuco.workloads.catalog import catalog_size, compile_everything
 
     Compiler(arch=arch)  # a bad --arch is refused before anything is rendered
+    if arch not in CATALOG_ARCHS:
+        from cuco.errors import ArchError
+        raise ArchError(f"arch {arch} cannot build cuco's kernels: the in-kernel placements use "
+                        "Hopper's wgmma and TMA (CUTLASS SM90), which only "
+                        f"{', '.join(CATALOG_ARCHS)} has", param="arch", fix=CATALOG_ARCHS[0])
     cores = os.cpu_count() or 1
     with Progress(TextColumn("[bold]compiling kernels for {task.fields[arch]}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
@@ -223,94 +235,181 @@ SHAPE_HELP = ("GEMM workloads: global MxKxN (default 8192x8192x8192); any worklo
               "(default: the workload's defaults)")
 
 
+RESUMED = "; a resumed run keeps its own)"
+
+
 @app.command()
 def search(
-    workload: str = typer.Option("gemm_allreduce", help=WORKLOAD_HELP),
+    workload: Optional[str] = typer.Option(None, help=WORKLOAD_HELP + " (default gemm_allreduce"
+                                           + RESUMED, show_default=False),
     shape: Optional[str] = typer.Option(None, help=SHAPE_HELP),
-    world_size: int = typer.Option(2, help="GPUs (ranks)"),
-    budget: int = typer.Option(100, help="evaluations"),
-    islands: int = typer.Option(4),
-    seed: int = typer.Option(0),
-    proposer: str = typer.Option("offline", help="offline | tpe"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="score an analytic model (no GPU)"),
-    resume: Optional[int] = typer.Option(None, help="continue this run id from the database"),
+    world_size: Optional[int] = typer.Option(None, help="GPUs (ranks) (default 2" + RESUMED,
+                                             show_default=False),
+    budget: Optional[int] = typer.Option(None, help="evaluations (default 100; a resumed "
+                                         "run keeps its own, a larger one extends it)", show_default=False),
+    islands: Optional[int] = typer.Option(None, help="populations searched side by side, the "
+                                          "best migrating between them (default 4" + RESUMED,
+                                          show_default=False),
+    seed: Optional[int] = typer.Option(None, help="random seed: the same seed and settings give "
+                                       "the same search (default 0" + RESUMED,
+                                       show_default=False),
+    proposer: Optional[str] = typer.Option(None, help="offline (mutation and crossover) | tpe "
+                                           "(model-based) (default offline" + RESUMED,
+                                           show_default=False),
+    dry_run: Optional[bool] = typer.Option(None, "--dry-run/--no-dry-run", show_default=False,
+                                           metavar=FLAG,
+                                           help="score an analytic model, no GPU (default off"
+                                           + RESUMED),
+    resume: Optional[int] = typer.Option(None, help="continue this run id of --db with the "
+                                         "settings it was started with"),
     llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
     cluster: Optional[str] = typer.Option(None, help="Ray address (ray://host:10001), or 'local'"),
     hosts: int = typer.Option(2, help="cluster hosts (one actor each)"),
-    placements: str = typer.Option("side_stream,epilogue,dedicated_ctas",
-                                   help="placements to search (comma-separated)"),
+    placements: Optional[str] = typer.Option(None, help="placements to search, comma-separated "
+                                             "(default side_stream,epilogue,dedicated_ctas"
+                                             + RESUMED, show_default=False),
     db: str = DB_OPTION,
 ) -> None:
     """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
-    from cuco.agents.api import check_search
+    from cuco.agents.api import search_settings
     from cuco.runtime import visible_gpus
 
-    problem = _problem(workload, shape, world_size)
-    picked = _placements(placements)
-    check_search(problem, budget=budget, islands=islands, proposer=proposer, llm=llm,
-                 placements=picked, hosts=hosts)
+    picked = _placements(placements) if placements is not None else None
     if resume is not None:
         _require_db(db, "--resume continues a run of an existing database: pass its --db")
-    if not dry_run and cluster is None and visible_gpus() < world_size:
-        console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs {world_size}; "
-                      "run on a GPU machine, or add --dry-run to search an analytic model", soft_wrap=True)
+        from cuco.errors import UnknownId
+        if workload is not None:
+            from cuco.design import check_workload
+            check_workload(workload)
+        try:
+            fields = _shape_fields(workload, shape, resume, db)
+            settings = search_settings(workload, fields, world_size, db=db, resume=resume,
+                                       budget=budget, islands=islands, seed=seed,
+                                       proposer=proposer, dry_run=dry_run, llm=llm,
+                                       placements=picked, hosts=hosts)
+        except UnknownId as exc:
+            console.print(f"[red]error:[/] {escape(str(exc))}; pass --resume one of those run "
+                          "ids (and the same --db)", soft_wrap=True)
+            raise typer.Exit(2) from None
+    else:
+        problem = _problem(workload or "gemm_allreduce", shape, 2 if world_size is None else world_size)
+        settings = search_settings(problem, db=db, budget=budget, islands=islands, seed=seed,
+                                   proposer=proposer, dry_run=dry_run, llm=llm,
+                                   placements=picked or PLACEMENTS_DEFAULT, hosts=hosts)
+    problem = settings.problem
+    if not settings.dry_run and cluster is None and visible_gpus() < problem.world_size:
+        console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs "
+                      f"{problem.world_size}; run on a GPU machine, or add --dry-run to search an "
+                      "analytic model" + ("" if resume is None else
+                                          f" (run {resume} was measured on GPUs: resume it on one)"),
+                      soft_wrap=True)
         raise typer.Exit(1)
-    _run_search(problem, db=db, budget=budget, islands=islands, seed=seed, proposer=proposer,
-                dry_run=dry_run, resume=resume, llm=llm, cluster=cluster, hosts=hosts,
-                placements=picked)
+    _run_search(problem, db=db, budget=settings.budget, islands=settings.islands,
+                seed=settings.seed, proposer=settings.proposer, dry_run=settings.dry_run,
+                resume=resume, llm=llm, cluster=cluster, hosts=hosts,
+                placements=settings.placements)
+
+
+PLACEMENTS_DEFAULT = ("side_stream", "epilogue", "dedicated_ctas")
+
+
+def _shape_fields(workload: Optional[str], shape: Optional[str], resume: int, db: str):
+    """``--shape`` of a resumed run as fields of the run's own workload (None: not given)."""
+    if shape is None:
+        return None
+    from cuco.db import CandidateDB
+    from cuco.design import parse_shape
+
+    with CandidateDB(db) as store:
+        stored = store.run(resume).workload
+    fields = parse_shape(workload or stored, shape)
+    _context["shape"] = fields
+    return fields
+
+
+def resume_command(run_id: int, *, db: str, dry_run: bool, llm: Optional[str] = None) -> str:
+    """The exact command that continues run ``run_id`` (what Ctrl-C prints)."""
+    import shlex
+    return " ".join(["cuco search --resume", str(run_id), "--db", shlex.quote(db)]
+                    + (["--dry-run"] if dry_run else []) + (["--llm", shlex.quote(llm)] if llm else []))
 
 
 def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optional[int] = None,
                 **kw):
-    """A search with its live table; returns (result, best (candidate, evaluation) or None).
-    Dry runs are labelled as the analytic model everywhere they show a number."""
+    """A search with its live table (a line per generation where the output is not a
+    terminal); returns (result, best (candidate, evaluation) or None). Dry runs are
+    labelled as the analytic model everywhere they show a number."""
     from rich.live import Live
 
+    from cuco.agents import SearchInterrupted
     from cuco.agents.api import search as run_search
     from cuco.db import CandidateDB
-    from cuco.errors import UnknownId
 
     label = f"{problem.workload} {problem.shape_text} w={problem.world_size}"
     checked = "scored by model" if dry_run else "correct"
     live = Live(Table(), console=console, refresh_per_second=4)
+    piped = not console.is_terminal
+    last: list[dict] = []
 
     def show(summary: dict) -> None:
+        if piped:  # a log, not a redrawn table: one line per generation, the table at the end
+            rate = 60 * summary["evaluations"] / max(summary["elapsed_s"], 1e-9)
+            best = (f"best {summary['best']:.3f}" + (" (model)" if dry_run else "")
+                    if any(isl["ok"] for isl in summary["islands"]) else "no correct candidate yet")
+            fails = sum(summary["failed"].values())
+            console.print(f"generation {summary['generation']} ({summary['phase']}): "
+                          f"{summary['evaluations']}/{budget} evaluations, {best}, {rate:.0f}/min"
+                          + (f", {fails} failed" if fails else ""), soft_wrap=True)
+            last[:] = [summary]
+        else:
+            live.update(table(summary))
+
+    def table(summary: dict) -> Table:
+        rate = 60 * summary["evaluations"] / max(summary["elapsed_s"], 1e-9)
         t = Table(title=("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
                   + f"{label}: generation {summary['generation']} "
                   f"({summary['phase']}), {summary['evaluations']}/{budget} evaluations, "
-                  f"{60 * summary['evaluations'] / max(summary['elapsed_s'], 1e-9):.0f}/min")
+                  f"{rate:.0f}/min")
         for col in ("island", "members", "best speedup" + (" (model)" if dry_run else ""), "mean", checked):
             t.add_column(col)
         for isl in summary["islands"]:
-            t.add_row(str(isl["island"]), str(isl["size"]), f"{isl['best']:.3f}",
-                      f"{isl['mean']:.3f}", str(isl["ok"]))
+            scored = isl["ok"] > 0  # an island with nothing correct has no best to show
+            t.add_row(str(isl["island"]), str(isl["size"]), f"{isl['best']:.3f}" if scored else "-",
+                      f"{isl['mean']:.3f}" if scored else "-", str(isl["ok"]))
         spent = (f"this generation: builds {summary.get('compile_s', 0):.0f} CPU-s, GPU jobs "
                  f"{summary.get('gpu_s', 0):.0f} s, GPUs waiting on builds "
                  f"{summary.get('build_wait_s', 0):.0f} s")
         fails = ("failures: " + ", ".join(f"{k} x{v}" for k, v in summary["failed"].items())
                  if summary["failed"] else "")
         t.caption = "\n".join(x for x in ("" if dry_run else spent, fails) if x)
-        live.update(t)
+        return t
 
+    if piped:
+        console.print(("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
+                      + f"{label}, {budget} evaluations", soft_wrap=True)
     try:
-        with live:
+        if piped:
             result = run_search(problem, db=db, budget=budget, dry_run=dry_run, resume=resume,
                                 on_progress=show, **kw)
-    except KeyboardInterrupt:
-        console.print("[yellow]stopped; resume with[/] cuco search --resume <run id> "
-                      "(see `cuco db ls`)")
+        else:
+            with live:
+                result = run_search(problem, db=db, budget=budget, dry_run=dry_run,
+                                    resume=resume, on_progress=show, **kw)
+    except SearchInterrupted as exc:
+        console.print("[yellow]stopped; everything recorded is kept. Resume with:[/] "
+                      + escape(resume_command(exc.run_id, db=db, dry_run=dry_run,
+                                              llm=kw.get("llm"))), soft_wrap=True)
         raise typer.Exit(130) from None
-    except UnknownId as exc:
-        if resume is None:
-            raise
-        console.print(f"[red]error:[/] {escape(str(exc))}; pass --resume one of those run ids "
-                      "(and the same --db)", soft_wrap=True)
-        raise typer.Exit(2) from None
+    if last:
+        console.print(table(last[0]))
     with CandidateDB(db) as store:
         best = store.best(problem.workload, run_id=result.run_id)
     console.print()
+    switch = (f"phase switch at generation {result.phase_switch_generation}"
+              if result.phase_switch_generation is not None else "no phase switch (the budget "
+              "ran out while exploring)" if result.stopped == "budget" else "no phase switch")
     console.print(f"run {result.run_id}: {result.evaluations} evaluations, stopped by "
-                  f"{result.stopped}; phase switch at generation {result.phase_switch_generation}")
+                  f"{result.stopped}; {switch}")
     if best:
         cand, ev = best
         from cuco.design import Directives
@@ -349,7 +448,8 @@ def _placements(text: str) -> tuple[str, ...]:
 def demo(
     out: Optional[Path] = typer.Option(None, "--out", help="folder for the database, report and "
                                        "artifact (default: a new temporary folder)"),
-    budget: int = typer.Option(0, help="evaluations (default: 16 on GPUs, 48 in a dry run)"),
+    budget: Optional[int] = typer.Option(None, help="evaluations (default 16 on GPUs, 48 in a "
+                                         "dry run)", show_default=False),
     world_size: int = typer.Option(2, help="GPUs (ranks)"),
 ) -> None:
     """The main job: search GEMM+AllReduce 8192^3, write a report, pack and compile the winner.
@@ -370,7 +470,7 @@ def demo(
     gpus = visible_gpus()
     check_count("world_size", world_size, "GPUs (ranks)", 2)
     real = gpus >= world_size
-    budget = budget or (16 if real else 48)
+    budget = (16 if real else 48) if budget is None else budget
     problem = check_search(_problem("gemm_allreduce", None, world_size), budget=budget, islands=2)
     folder = out or Path(tempfile.mkdtemp(prefix="cuco-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -442,7 +542,8 @@ def fastpath(
 
 @app.command()
 def report(db: str = typer.Argument(..., help="candidate database file or SQLAlchemy URL"),
-           output: Path = typer.Option(Path("report.html"), "-o", "--output"),
+           output: Path = typer.Option(Path("report.html"), "-o", "--output",
+                                       help="HTML file to write (its folder must exist)"),
            run: Optional[int] = typer.Option(None, help="only this run")) -> None:
     """Write a self-contained HTML report (plots inline, no network)."""
     from cuco.report import write_report
@@ -460,7 +561,8 @@ def report(db: str = typer.Argument(..., help="candidate database file or SQLAlc
 
 
 @app.command("export")
-def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--output"),
+def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--output",
+                                                             help="artifact folder to write"),
                arch: Optional[str] = typer.Option(None, help="target arch (default: this GPU's)"),
                db: str = DB_OPTION) -> None:
     """Pack a scored candidate as an artifact directory (cubin, source, manifest)."""

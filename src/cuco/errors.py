@@ -57,9 +57,12 @@ class DirectiveError(CucoError):
     and what to choose instead.
     """
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], *, param: str | None = None, fix: object = None,
+                 guess: bool = False):
         self.problems = list(problems)
         super().__init__("invalid directives:\n  - " + "\n  - ".join(self.problems))
+        # a refused field's lines already end with their fix; these are for programs
+        self.param, self.fix, self.guess = param, fix, guess
 
 
 class ShapeError(InputError):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from cuco.agents.evolution import Budget, EvolutionAgent, SearchResult
 from cuco.agents.proposers import OfflineProposer, TPEProposer
+from cuco.agents.resume import DEFAULTS, RunSettings, resumed
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Problem, check_count, make_problem
 from cuco.errors import InputError
@@ -65,9 +68,54 @@ def gpu_space(problem: Problem, placements: Sequence[str] | None = None) -> Desi
     return for_problem(problem).space(placements)
 
 
-def search(workload: str | Problem, shape: Shape = None, world_size: int = 2, *,
-           db: str | CandidateDB = "cuco.db", budget: int = 100, islands: int = 4,
-           seed: int = 0, proposer: str = "offline", dry_run: bool = False,
+def search_settings(workload: str | Problem | None = None, shape: Shape = None,
+                    world_size: int | None = None, *, db: str | os.PathLike | CandidateDB = "cuco.db",
+                    resume: int | None = None, budget: int | None = None,
+                    islands: int | None = None, seed: int | None = None,
+                    proposer: str | None = None, dry_run: bool | None = None,
+                    llm: str | None = None, placements: Sequence[str] | None = None,
+                    hosts: int = 1, space: bool = True, **fields: Any) -> RunSettings:
+    """The settings a search runs with, checked (:func:`check_search`). A new run: what was
+    given, else the defaults (``resume.DEFAULTS``). ``resume=ID``: the run's stored settings
+    (:func:`cuco.agents.resume.resumed`); a given value that contradicts them is an
+    :class:`~cuco.errors.InputError` naming the stored value, a larger budget extends it."""
+    for name, value in (("budget", budget), ("islands", islands)):
+        if value is not None:
+            check_count(name, value, "evaluations" if name == "budget" else "islands",
+                        DEFAULTS[name])
+    if resume is None:
+        if workload is None:
+            raise InputError("search needs a workload (or resume=RUN_ID to continue a run)",
+                             param="workload", fix="gemm_allreduce")
+        settings = RunSettings(
+            problem=resolve_problem(workload, shape, DEFAULTS["world_size"] if world_size is None
+                                    else world_size, **fields),
+            budget=DEFAULTS["budget"] if budget is None else budget,
+            islands=DEFAULTS["islands"] if islands is None else islands,
+            seed=DEFAULTS["seed"] if seed is None else seed,
+            proposer=DEFAULTS["proposer"] if proposer is None else proposer,
+            dry_run=bool(dry_run), placements=tuple(placements) if placements else None, llm=llm)
+    else:
+        if proposer is not None:
+            check_search(resolve_problem("gemm_allreduce", "8192x8192x8192"), proposer=proposer,
+                         space=False)  # an unknown name is refused as such, not as a conflict
+        if not isinstance(db, CandidateDB) and "://" not in str(db) and not Path(db).exists():
+            raise InputError(f"no candidate database at {db} to resume run {resume} from; pass "
+                             "the database the run is in", param="db", fix="cuco.db")
+        store = db if isinstance(db, CandidateDB) else CandidateDB(db)
+        settings = resumed(store, resume, workload=workload, shape=shape, world_size=world_size,
+                           budget=budget, islands=islands, seed=seed, proposer=proposer,
+                           dry_run=dry_run, placements=placements, llm=llm, **fields)
+    check_search(settings.problem, budget=settings.budget, islands=settings.islands,
+                 proposer=settings.proposer, llm=settings.llm, placements=settings.placements,
+                 hosts=hosts, space=space)
+    return settings
+
+
+def search(workload: str | Problem | None = None, shape: Shape = None,
+           world_size: int | None = None, *, db: str | CandidateDB = "cuco.db",
+           budget: int | None = None, islands: int | None = None, seed: int | None = None,
+           proposer: str | None = None, dry_run: bool | None = None,
            resume: int | None = None, evaluator: Any = None, on_progress=None,
            llm: str | None = None, cluster: str | None = None, hosts: int = 2,
            placements: Sequence[str] | None = None, m: int | None = None,
@@ -76,6 +124,7 @@ def search(workload: str | Problem, shape: Shape = None, world_size: int = 2, *,
 
     >>> search("gemm_allreduce", "8192x8192x8192", db="c.db", dry_run=True)       # doctest: +SKIP
     >>> search("moe", {"tokens": 128, "hidden": 7168, "experts": 256, "topk": 8})  # doctest: +SKIP
+    >>> search(db="c.db", resume=1, budget=500)   # run 1 as it was started, to 500  # doctest: +SKIP
 
     ``shape``: a string (``MxKxN`` for the GEMM workloads, ``field=value,...`` for any), a
     mapping of the workload's problem fields, or ``m=, k=, n=``; or pass a
@@ -84,11 +133,17 @@ def search(workload: str | Problem, shape: Shape = None, world_size: int = 2, *,
     started and closed. ``llm="openai:MODEL" | "anthropic:MODEL" | "compat:URL|MODEL"`` adds
     LLM edits of the kernels' EVOLVE-BLOCKs (the key comes from the environment).
     ``placements`` narrows the workload's space (e.g. ``("side_stream",)`` where CUTLASS's
-    Hopper kernels cannot run).
+    Hopper kernels cannot run). Left out (``None``): world size 2, budget 100, 4 islands,
+    seed 0, the offline proposer, no dry run; ``resume=RUN_ID`` instead takes every one of
+    them from the run (a value given must agree; a larger ``budget`` extends the run).
     """
-    problem = check_search(resolve_problem(workload, shape, world_size, m=m, n=n, k=k),
-                           budget=budget, islands=islands, proposer=proposer, llm=llm,
-                           placements=placements, hosts=hosts, space="space" not in agent_kw)
+    settings = search_settings(workload, shape, world_size, db=db, resume=resume, budget=budget,
+                               islands=islands, seed=seed, proposer=proposer, dry_run=dry_run,
+                               llm=llm, placements=placements, hosts=hosts,
+                               space="space" not in agent_kw, m=m, n=n, k=k)
+    problem, budget, islands, seed = (settings.problem, settings.budget, settings.islands,
+                                      settings.seed)
+    proposer, dry_run, placements = settings.proposer, settings.dry_run, settings.placements
     store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     client = None
     if llm is not None:  # fail on a missing key before any GPU is started
@@ -114,6 +169,11 @@ def search(workload: str | Problem, shape: Shape = None, world_size: int = 2, *,
     agent = EvolutionAgent(evaluator, store, space=space, islands=islands, seed=seed,
                            budget=Budget(evaluations=budget), proposer=prop,
                            on_progress=on_progress, **agent_kw)
+    agent.run_config = {"dry_run": dry_run, "llm": llm, "base_proposer": proposer}
+    if resume is not None and budget != settings.stored_budget:  # a larger budget extends it
+        cfg = store.run(resume).config or {}
+        store.update_run(resume, config={**cfg, "budget": {**(cfg.get("budget") or {}),
+                                                           "evaluations": budget}})
     if client is not None:
         from cuco.agents.llm_proposer import LLMProposer
         from cuco.workloads import for_problem

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuco.agents.base import Agent
 from cuco.agents.population import SELECTIONS, Individual, Island, Selection
 from cuco.agents.proposers import OfflineProposer, Proposal, Proposer
 from cuco.agents.schedule import TwoPhaseSchedule
@@ -27,6 +28,7 @@ from cuco.agents.topology import TOPOLOGIES
 from cuco.db.candidate_db import best_first
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Directives
+from cuco.errors import InputError
 from cuco.evaluate.evaluator import Candidate, EvalResult, store_result
 
 
@@ -47,11 +49,20 @@ class SearchResult:
     stopped: str = "budget"
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped run ``run_id``; everything it recorded is kept and
+    ``resume=run_id`` goes on (still a ``KeyboardInterrupt``)."""
+
+    def __init__(self, run_id: int):
+        self.run_id = run_id
+        super().__init__(f"run {run_id} interrupted")
+
+
 def _rng(seed: int, generation: int, island: int) -> random.Random:
     return random.Random(f"cuco:{seed}:{generation}:{island}")
 
 
-class EvolutionAgent:
+class EvolutionAgent(Agent):
     """The CUCo slow path, offline by default (no API key needed).
 
     ``evaluator`` is anything with ``problem`` and ``evaluate(Candidate) -> EvalResult``
@@ -66,10 +77,7 @@ class EvolutionAgent:
                  selection: str | Selection = "tournament", seed: int = 0,
                  budget: Budget | int = 100, name: str | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None):
-        self.evaluator = evaluator
-        self.problem = evaluator.problem
-        self.db = db
-        self.space = space or DesignSpace(self.problem)
+        super().__init__(evaluator, db, space)
         self.n_islands, self.population, self.children = islands, population, children
         self.migrate_every = migrate_every
         self.topology = TOPOLOGIES[topology] if isinstance(topology, str) else topology
@@ -93,6 +101,9 @@ class EvolutionAgent:
         #: on builds (from each result's extra; the live view shows them).
         self.spent = {"compile_s": 0.0, "gpu_s": 0.0, "build_wait_s": 0.0}
         self._t0 = time.perf_counter()
+        #: Settings of the caller that the run stores beside the agent's own (``cuco.search``
+        #: adds the dry-run flag and the LLM spec), so a resume can take them back.
+        self.run_config: dict[str, Any] = {}
 
     # ---- bookkeeping ------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -101,7 +112,8 @@ class EvolutionAgent:
                 "topology": self.topology_name, "selection": self.selection_name,
                 "proposer": self.proposer.name, "schedule": repr(self.schedule),
                 "budget": vars(self.budget), "space": {f: [getattr(c, "value", c) for c in v]
-                                                       for f, v in self.space.choices.items()}}
+                                                       for f, v in self.space.choices.items()},
+                **self.run_config}
 
     def progress(self) -> float:
         return min(1.0, self.evaluated / max(1, self.budget.evaluations))
@@ -191,6 +203,18 @@ class EvolutionAgent:
                                         problem=self.problem.model_dump(), config=self.config())
         if hasattr(self.proposer, "bind"):
             self.proposer.bind(self.db, run_id)
+        try:
+            stopped = self._search(run_id, fresh)
+        except KeyboardInterrupt as exc:
+            self.db.update_run(run_id, status="interrupted")
+            raise SearchInterrupted(run_id) from exc
+        self.db.update_run(run_id, status="done")
+        best = min((m for isl in self.islands for m in isl.members if m.ok),
+                   key=lambda m: best_first(m.score, m.candidate_id), default=None)
+        return SearchResult(run_id, best, self.evaluated, self.history, self.phase_switch, stopped)
+
+    def _search(self, run_id: int, fresh: bool) -> str:
+        """Seed or restore, then generations until a budget runs out; why it stopped."""
         if fresh:
             generation = self._seed(run_id)
         else:
@@ -198,34 +222,27 @@ class EvolutionAgent:
             self.db.update_run(run_id, status="running")
         stopped = self._out_of_budget(run_id)
         empty = 0
-        try:
-            while stopped is None:
-                generation += 1
-                phase = self.schedule.phase(self.progress())
-                if phase.name == "exploitation" and self.phase_switch is None:
-                    self.phase_switch = generation
-                    self.db.log_event(run_id, "phase_switch", {"to": phase.name,
-                                                               "evaluations": self.evaluated},
-                                      generation)
-                before = self.evaluated
-                summary = self._generation(run_id, generation, phase)
-                if summary is None:
-                    stopped = "space exhausted"
-                    break
-                empty = empty + 1 if self.evaluated == before else 0
-                if empty >= 5:
-                    stopped = "proposer produced nothing for 5 generations"
-                    break
-                if self.migrate_every and generation % self.migrate_every == 0:
-                    self._migrate(run_id, generation)
-                stopped = self._out_of_budget(run_id)
-        except KeyboardInterrupt:
-            self.db.update_run(run_id, status="interrupted")
-            raise
-        self.db.update_run(run_id, status="done")
-        best = min((m for isl in self.islands for m in isl.members if m.ok),
-                   key=lambda m: best_first(m.score, m.candidate_id), default=None)
-        return SearchResult(run_id, best, self.evaluated, self.history, self.phase_switch, stopped)
+        while stopped is None:
+            generation += 1
+            phase = self.schedule.phase(self.progress())
+            if phase.name == "exploitation" and self.phase_switch is None:
+                self.phase_switch = generation
+                self.db.log_event(run_id, "phase_switch", {"to": phase.name,
+                                                           "evaluations": self.evaluated},
+                                  generation)
+            before = self.evaluated
+            summary = self._generation(run_id, generation, phase)
+            if summary is None:
+                stopped = "space exhausted"
+                break
+            empty = empty + 1 if self.evaluated == before else 0
+            if empty >= 5:
+                stopped = "proposer produced nothing for 5 generations"
+                break
+            if self.migrate_every and generation % self.migrate_every == 0:
+                self._migrate(run_id, generation)
+            stopped = self._out_of_budget(run_id)
+        return stopped
 
     def _seed(self, run_id: int) -> int:
         """Generation 0: the fast-path baseline and random points on every island."""
@@ -330,7 +347,7 @@ class EvolutionAgent:
         run = self.db.run(run_id)
         cfg = run.config or {}
         if cfg.get("seed", self.seed) != self.seed or cfg.get("islands", self.n_islands) != self.n_islands:
-            raise ValueError(f"run {run_id} was started with seed={cfg.get('seed')} and "
+            raise InputError(f"run {run_id} was started with seed={cfg.get('seed')} and "
                              f"islands={cfg.get('islands')}; resume with the same values")
         latest: dict[int, Any] = {}
         for e in self.db.evaluations():

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Directives
-from cuco.evaluate.evaluator import Candidate, EvalResult, store_result
+from cuco.agents.base import Agent
+from cuco.evaluate.evaluator import EvalResult
 from cuco.kernels import evolve
 
 LLM_SYSTEM = """You port host-driven GPU programs (a GEMM, then an NCCL collective launched \
@@ -42,10 +43,12 @@ class FastPathResult:
     tried: list[tuple[str, str]]
 
 
-class FastPathAgent:
+class FastPathAgent(Agent):
+    """The first correct device-initiated kernel: :meth:`run` (template route) or
+    :meth:`run_llm` (an LLM ports a host program)."""
+
     def __init__(self, evaluator, db: CandidateDB | None = None, space: DesignSpace | None = None):
-        self.evaluator, self.db = evaluator, db
-        self.space = space or DesignSpace(evaluator.problem)
+        super().__init__(evaluator, db, space)
 
     def ladder(self) -> list[Directives]:
         """Conservative first: the space's default, then simpler issuers and bigger chunks."""
@@ -64,24 +67,12 @@ class FastPathAgent:
     def run(self, run_id: int | None = None, max_rounds: int = 8) -> FastPathResult:
         tried = []
         for rounds, d in enumerate(self.ladder()[:max_rounds], start=1):
-            cand, r = self._judge(Candidate(d), "fastpath", f"fast path round {rounds}", run_id)
+            cand, r = self.judge(d, origin="fastpath", note=f"fast path round {rounds}",
+                                 run_id=run_id)
             tried.append((d.full_name, r.status))
             if r.status == "ok":
                 return FastPathResult(d, cand.candidate_id, r, rounds, tried)
         return FastPathResult(None, None, None, len(tried), tried)
-
-    def _judge(self, cand: Candidate, origin: str, note: str,
-               run_id: int | None) -> tuple[Candidate, EvalResult]:
-        """Record the candidate, evaluate it, store the verdict (unless the evaluator does)."""
-        workload = self.evaluator.problem.workload
-        if self.db is not None:
-            cand.candidate_id = self.db.add_candidate(
-                workload, directives=cand.directives, source=cand.source, origin=origin,
-                run_id=run_id, generation=0, note=note)
-        r = self.evaluator.evaluate(cand)
-        if self.db is not None and getattr(self.evaluator, "db", None) is None:
-            store_result(self.db, workload, cand, r, run_id)
-        return cand, r
 
     def run_llm(self, client, host_program: str, *, directives: Directives | None = None,
                 max_rounds: int = 6, run_id: int | None = None, prices=None) -> FastPathResult:
@@ -111,8 +102,8 @@ class FastPathAgent:
                 tried.append((f"llm round {rounds}", "rejected"))
                 continue
             record_llm_call(self.db, reply, prices.cost(reply), "ok", None, run_id)
-            cand, r = self._judge(Candidate(d, source), "fastpath-llm",
-                                  f"fast path (LLM) round {rounds}", run_id)
+            cand, r = self.judge(d, source=source, origin="fastpath-llm",
+                                 note=f"fast path (LLM) round {rounds}", run_id=run_id)
             tried.append((f"llm round {rounds}", r.status))
             if r.status == "ok":
                 return FastPathResult(d, cand.candidate_id, r, rounds, tried)

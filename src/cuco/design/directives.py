@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cuco.design.dimensions import (
     Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope, format_bytes,
 )
+from cuco.design.field_errors import describe, with_fix
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
@@ -64,6 +65,19 @@ class Directives(BaseModel):
     schedule: Schedule = Field(default=Schedule.COOPERATIVE, description="in-kernel placements: "
                                "cooperative (both consumer warpgroups on each tile) or pingpong "
                                "(each its own tiles, taking turns)")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _named(cls, values, handler):
+        """A refused field is a :class:`DirectiveError` (a ``CucoError``) naming the field,
+        the value and one to use, never pydantic's ``ValidationError``."""
+        try:
+            return handler(values)
+        except ValidationError as exc:
+            found = [describe(cls, e) for e in exc.errors()]
+            first = next((f for f in found if f.fix is not None), found[0])
+            raise DirectiveError([with_fix(f) for f in found], param=first.field, fix=first.fix,
+                                 guess=first.guess) from None
 
     @field_validator("chunk_bytes")
     @classmethod

@@ -364,19 +364,36 @@ def parse_shape(workload: str, text: str) -> dict[str, Any]:
             return dict(zip(cls.SHAPE, (int(p) for p in parts)))
         raise InputError(f"shape {text!r} is not MxKxN (or m=...,k=...,n=...)", param="shape",
                          fix="8192x8192x8192")
-    example = ",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE)
+    items = [p.strip() for p in text.split(",") if p.strip()]
     out: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
+    wrong: list[str] = []
+    for item in items:
         key, sep, value = item.partition("=")
-        key = key.strip()
+        key, value = key.strip(), value.strip()
         if not sep or key not in cls.SHAPE:
-            raise InputError(f"shape {text!r}: {item!r} is not one of {workload}'s fields "
-                             f"({', '.join(cls.SHAPE)}) as key=value", param="shape", fix=example)
-        value = value.strip()
-        out[key] = int(value) if value.lstrip("-").isdigit() else (
-            value.lower() in ("1", "true", "yes") if value.lower() in
-            ("true", "false", "yes", "no") else value)
+            close = difflib.get_close_matches(key, cls.SHAPE, n=1) if sep else []
+            wrong.append(item)
+            if close:  # the fix keeps every field the user gave, this one's name corrected
+                out[close[0]] = _value(value)
+            continue
+        out[key] = _value(value)
+    if wrong:
+        fixed = [k for k in out if k not in {i.partition("=")[0].strip() for i in items}]
+        raise InputError(f"shape {text!r}: {', '.join(repr(w) for w in wrong)} is not one of "
+                         f"{workload}'s fields ({', '.join(cls.SHAPE)}) as key=value",
+                         param="shape", guess=bool(fixed),
+                         fix=_shape_text(cls, out) if out else
+                         ",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
     return out
+
+
+def _value(text: str) -> Any:
+    """A ``--shape`` value: an integer, a yes/no flag, or the text itself."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    if text.lower() in ("true", "false", "yes", "no"):
+        return text.lower() in ("true", "yes")
+    return text
 
 
 def _example(cls: type[Problem], f: str) -> Any:
@@ -419,14 +436,19 @@ def problem_from_dict(data: Mapping[str, Any]) -> Problem:
 
 
 def validated(cls: type[Problem], values: dict[str, Any]) -> Problem:
-    """``cls(**values)``; pydantic's field errors become one :class:`InputError` that
-    names the field (our own :class:`ShapeError` s pass through)."""
-    unknown = set(values) - set(cls.model_fields)
+    """``cls(**values)``; pydantic's field errors become one :class:`ShapeError` that names
+    the field, the value and one to use (our own :class:`ShapeError` s pass through)."""
+    from cuco.design.field_errors import describe
+
+    unknown = sorted(set(values) - set(cls.model_fields))
     if unknown:
         wl = values.get("workload")
-        raise InputError(f"{wl}: {', '.join(sorted(unknown))} is not a shape field of {wl}; its "
-                         f"fields are {', '.join(cls.SHAPE)}", param="shape",
-                         fix=",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
+        close = {u: difflib.get_close_matches(u, cls.SHAPE, n=1) for u in unknown}
+        kept = {**{k: v for k, v in values.items() if k in cls.SHAPE},
+                **{c[0]: values[u] for u, c in close.items() if c}}
+        raise InputError(f"{wl}: {', '.join(unknown)} is not a shape field of {wl} (its fields: "
+                         f"{', '.join(cls.SHAPE)})", param="shape", fix=_shape_text(cls, kept),
+                         guess=any(close.values()))
     try:
         return cls(**values)
     except ValidationError as exc:
@@ -434,5 +456,16 @@ def validated(cls: type[Problem], values: dict[str, Any]) -> Problem:
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, (ShapeError, InputError)):
             raise cause from None
-        where = ".".join(str(p) for p in err["loc"]) or "shape"
-        raise InputError(f"{values.get('workload')}: {where}: {err['msg']}", param=where) from None
+        found = describe(cls, err)
+        param = found.field if found.field in cls.SHAPE or found.field in ("world_size", "dtype") \
+            else None
+        raise ShapeError(f"{values.get('workload')}: {found.line}", param=param, fix=found.fix,
+                         guess=found.guess) from None
+
+
+def _shape_text(cls: type[Problem], fields: Mapping[str, Any]) -> str:
+    """Shape fields as ``--shape`` takes them, in the class's order (``MxKxN`` for GEMMs)."""
+    ordered = {f: fields[f] for f in cls.SHAPE if f in fields}
+    if cls is GemmProblem and set(ordered) == {"m", "k", "n"}:
+        return f"{ordered['m']}x{ordered['k']}x{ordered['n']}"
+    return ",".join(f"{f}={v}" for f, v in ordered.items())
