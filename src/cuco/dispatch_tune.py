@@ -134,6 +134,15 @@ class GpuMeasure:
         return out
 
 
+def gpu_arch() -> str | None:
+    """This machine's GPU arch (``$CUCO_ARCH`` without a GPU; None without either)."""
+    from cuco.kernels import toolchain
+    try:
+        return toolchain.default_arch()
+    except CucoError:
+        return None
+
+
 def git_commit(where: Path | None = None) -> str | None:
     """The checkout's short commit (None outside a git checkout)."""
     try:
@@ -163,10 +172,13 @@ class Tuned:
 def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path: str | Path,
                placements: Sequence[str] = PLACEMENTS,
                make_candidates: Callable[[GemmProblem, Sequence[str]], list[Directives]] = candidates,
-               command: str | None = None, progress: Callable[[str], None] = lambda s: None) -> Tuned:
+               command: str | None = None, arch: str | None = None,
+               progress: Callable[[str], None] = lambda s: None) -> Tuned:
     """Measure ``layer`` at every bucket of ``ms``, write (or add to) the table at
-    ``table_path`` and export the winning cuco kernels beside it."""
+    ``table_path`` and export the winning cuco kernels beside it (built for ``arch``: the
+    GPU's, ``$CUCO_ARCH`` or sm_90a without one)."""
     from cuco.export import export
+    arch = arch or gpu_arch() or "sm_90a"
     table_path = Path(table_path)
     art_root = table_path.with_name(table_path.stem + ".artifacts")
     db = CandidateDB(table_path.with_name(table_path.stem + ".tune.db"))
@@ -188,7 +200,7 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
             key = best.name if best.runtime_shape else f"{best.name}@{m}"
             if key not in exported:
                 name = best.name.replace("/", "-") + ("" if best.runtime_shape else f"-M{m}")
-                export(db, best.candidate_id, art_root / name)
+                export(db, best.candidate_id, art_root / name, arch=arch)
                 exported[key] = f"{art_root.name}/{name}"
             artifact = exported[key]
         entry = entry_from(m, found, artifact)
