@@ -188,6 +188,9 @@ class Entry:
     variant: str | None = None
     #: what runs where the cuco kernel cannot take the call's M
     fallback: str = HOST
+    #: whether the cuco kernel takes M per launch (else it runs at M == ``m`` alone, and the
+    #: bucket's other Ms run ``fallback``)
+    runtime_shape: bool = False
     times_ms: dict[str, float | None] = field(default_factory=dict)
     correct: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
@@ -206,6 +209,7 @@ def entry_from(m: int, measurements: Sequence[Measurement], artifact: str | None
     return Entry(m=m, choice=best.kind, artifact=artifact if best.kind == CUCO else None,
                  variant=best.name if best.kind == CUCO else None,
                  fallback=plain.kind if plain is not None else HOST,
+                 runtime_shape=best.kind == CUCO and best.runtime_shape,
                  times_ms={x.name: x.ms for x in measurements},
                  correct={x.name: bool(x.correct) for x in measurements},
                  errors={x.name: x.error for x in measurements if x.error})
@@ -387,6 +391,8 @@ class DispatchTable:
             for e in t.entries:
                 r = e.ratio()
                 what = f"cuco {e.variant}" if e.choice == CUCO else e.choice
+                if e.choice == CUCO and not e.runtime_shape:
+                    what += f" at M={e.m} exactly, else {e.fallback}"
                 lines.append(f"{t.layer.key} M<={e.m}: {what}"
                              + (f" ({r:.2f}x the best of host/torch)" if r else ""))
         return lines
