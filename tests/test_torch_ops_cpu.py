@@ -258,17 +258,25 @@ def _bad_calls(torch, T, two, world):
 
 
 def test_every_bad_call_is_one_error_that_names_the_fix(torch, T, ops, groups):
+    """Under the strict policy (the default falls back to the host program for a shape no
+    kernel serves: tests/test_dispatch_cpu.py)."""
     two, world = groups
     from cuco.errors import CucoError, InputError
     for label, (call, kind, match) in _bad_calls(torch, T, two, world).items():
-        with pytest.raises(kind, match=match) as info:
+        with T.policy("strict"), pytest.raises(kind, match=match) as info:
             call()
         assert isinstance(info.value, InputError) and isinstance(info.value, CucoError), label
         # raised by cuco's own checks, not from inside torch or a launch
         assert info.traceback[-1].path.name == "torch_ops.py", (label, info.traceback[-1])
 
 
-def test_bad_calls_under_torch_compile_reach_the_caller(torch, T, ops, groups):
+@pytest.fixture
+def strict(T):
+    with T.policy("strict"):
+        yield
+
+
+def test_bad_calls_under_torch_compile_reach_the_caller(torch, T, ops, groups, strict):
     two, world = groups
     a, b = meta(torch, 1024, 1024), meta(torch, 1024, 512)
 

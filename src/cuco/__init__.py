@@ -28,6 +28,7 @@ _LAZY = {
     "Agent": "cuco.agents", "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
     "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",
     "WorkerGroup": "cuco.runtime", "Compiler": "cuco.kernels",
+    "DispatchTable": "cuco.dispatch", "TableMismatch": "cuco.dispatch",
 }
 
 

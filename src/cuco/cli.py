@@ -580,6 +580,67 @@ def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--outp
                   f"speedup {art.speedup_text()}")
 
 
+@app.command("tune")
+def tune_cmd(
+    pattern: str = typer.Argument(..., help="gemm_allreduce, gemm_reducescatter or allgather_gemm"),
+    n: int = typer.Option(..., "--n", help="the layer's N (global output columns)"),
+    k: int = typer.Option(..., "--k", help="the layer's K (global inner dimension)"),
+    table: Path = typer.Option(..., "--table", help="the table file to write (or add the layer to)"),
+    m: list[int] = typer.Option([], "--m", help="a bucket of M (tokens) besides the default "
+                                "powers of two 16..16384; repeat it"),
+    only: bool = typer.Option(False, "--only", help="time only the --m buckets, not the defaults"),
+    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32"),
+    world_size: int = typer.Option(2, "--world-size", help="GPUs (ranks) of the layer"),
+    placements: str = typer.Option("side_stream,epilogue,dedicated_ctas",
+                                   help="placements of the cuco candidates"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="no GPU: the analytic model's times "
+                                 "(the table is marked model)"),
+    arch: Optional[str] = typer.Option(None, help="target arch of exported kernels (default: this GPU's)"),
+) -> None:
+    """Time a layer at every M bucket (cuco's candidates, torch's fused op, the host
+    program) and write its dispatch table: the op then runs the fastest correct per bucket."""
+    import shlex
+    import sys
+
+    from cuco.dispatch import DEFAULT_BUCKETS, Layer, buckets
+    from cuco.dispatch_tune import GpuMeasure, ModelMeasure, tune_table
+    from cuco.runtime import visible_gpus
+
+    layer = Layer(pattern, n, k, dtype, world_size)
+    ms = buckets(m, default=() if only else DEFAULT_BUCKETS)
+    if not ms:
+        console.print("[red]error:[/] --only with no --m: name the buckets to time")
+        raise typer.Exit(2)
+    picked = _placements(placements)
+    command = "cuco " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    group = None
+    if dry_run:
+        measure = ModelMeasure()
+    else:
+        have = visible_gpus()
+        if have < world_size:
+            console.print(f"[red]error:[/] timing {layer.key} needs {world_size} GPUs, {have} "
+                          "visible; run on the machine the table is for, or pass --dry-run for "
+                          "the analytic model's table (marked model)")
+            raise typer.Exit(1)
+        from cuco.runtime import WorkerGroup
+        group = WorkerGroup(world_size).start()
+        measure = GpuMeasure(group, arch=arch)
+    try:
+        with console.status(f"tuning {layer.key} at {len(ms)} buckets ({measure.source})..."):
+            tuned = tune_table(layer, ms, measure=measure, table_path=table, placements=picked,
+                               command=command, arch=arch, progress=console.print)
+    finally:
+        if group is not None:
+            group.close()
+    for bucket, why in sorted(tuned.skipped.items()):
+        console.print(f"[yellow]M={bucket} skipped: {escape(why)}[/]")
+    for line in tuned.table.summary():
+        console.print(escape(line))
+    console.print(f"wrote {table}"
+                  + (" (model: predictions, not measurements)" if measure.source != "measured" else ""))
+
+
 @bench_app.command("collectives")
 def bench_collectives(
     world_size: int = typer.Option(2, help="GPUs (ranks)"),

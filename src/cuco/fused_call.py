@@ -61,8 +61,11 @@ def _storage(a, what: str, dtype: str):
 class FusedCall:
     """One exported kernel bound to a communicator on this process's GPU."""
 
-    def __init__(self, artifact, *, rank: int, world_size: int, nccl_id: bytes,
-                 device: int | None = None):
+    def __init__(self, artifact, *, rank: int, world_size: int, nccl_id: bytes | None = None,
+                 device: int | None = None, problem: GemmProblem | None = None, comm=None):
+        """``problem``: the shape to run, where it is not the artifact's own (a kernel that
+        takes its shape per launch: :func:`runs_at`); ``comm``: a communicator of this
+        group to share (another M of the same kernel), instead of one made from ``nccl_id``."""
         import cupy
 
         from cuco.runtime.nccl import Communicator
@@ -76,7 +79,7 @@ class FusedCall:
             raise CallError(f"backend {d.backend.value}: only LSA kernels are callable outside "
                             "cuco's workers so far (NVSHMEM needs its own start-up); export an "
                             "LSA candidate (`cuco db ls` / `cuco export ID`)")
-        p = artifact.problem
+        p = problem if problem is not None else artifact.problem
         if not isinstance(p, GemmProblem):
             raise CallError(f"{p.workload}: only the GEMM workloads (gemm_allreduce, "
                             "gemm_reducescatter, allgather_gemm) are callable as call(x, w) so "
@@ -84,16 +87,23 @@ class FusedCall:
                             "`cuco bench pipelines`)")
         if world_size != p.world_size:
             raise CallError(f"world size {world_size}: the kernel was built for {p.world_size} ranks")
+        if problem is not None:
+            why = runs_at(artifact, problem)
+            if why:
+                raise CallError(why)
+        if comm is None and nccl_id is None:
+            raise CallError("pass nccl_id (rank 0's cuco.runtime.nccl.get_unique_id()) or comm")
         dev = cupy.cuda.Device(cupy.cuda.runtime.getDevice() if device is None else device)
         dev.use()
         self.problem = p
         self.workload = for_problem(p)
         self.ctx = WorkerContext(rank, world_size, dev.id, WorkerOptions(arch=artifact.manifest["arch"]),
-                                 comm=Communicator(nccl_id, rank, world_size),
+                                 comm=comm if comm is not None else Communicator(nccl_id, rank, world_size),
                                  stream=cupy.cuda.get_current_stream())
         self.arena = prepare_arenas(self.ctx, self.workload.layout(), {"lsa"})["lsa"]
         self.runner = None
         self._keep: Any = None
+        self._owns_comm = comm is None
 
     def _torch_stream(self, ptr: int):
         """One CuPy handle per torch stream (made once: it is on the hot path)."""
@@ -193,11 +203,33 @@ class FusedCall:
     def close(self) -> None:
         self.ctx.stream.synchronize()
         self.arena.free(self.ctx)
-        self.ctx.comm.destroy()
+        if self._owns_comm:
+            self.ctx.comm.destroy()
 
 
-def bind_torch(artifact, group=None) -> FusedCall:
-    """Bind to a ``torch.distributed`` group (every rank of it calls this)."""
+def runs_at(artifact, problem: GemmProblem) -> str | None:
+    """Why ``artifact`` cannot run ``problem`` (None: it can). A kernel of an in-kernel
+    placement (``epilogue``, ``dedicated_ctas``) takes its shape per launch: it runs every
+    problem of its workload, N, K, dtype and world size that its tiles fit; a side-stream
+    kernel bakes its chunk plan in, so it runs its own shape alone."""
+    have = artifact.problem
+    same = ("workload", "n", "k", "dtype", "world_size")
+    if any(getattr(have, f) != getattr(problem, f) for f in same):
+        return (f"{problem.label} over {problem.world_size} ranks is not this kernel's layer "
+                f"({have.label} over {have.world_size} ranks)")
+    d = artifact.directives
+    if not d.placement.in_kernel:
+        return None if problem.m == have.m else (
+            f"placement {d.placement.value} bakes M={have.m} in; M={problem.m} needs its own "
+            "kernel (or an epilogue/dedicated_ctas one, which takes M per launch)")
+    from cuco.kernels.tp import supported
+    bad = supported(problem, d)
+    return f"M={problem.m}: " + "; ".join(bad) if bad else None
+
+
+def bind_torch(artifact, group=None, problem: GemmProblem | None = None, comm=None) -> FusedCall:
+    """Bind to a ``torch.distributed`` group (every rank of it calls this); ``problem`` and
+    ``comm`` as :class:`FusedCall` takes them (with ``comm``, no new communicator)."""
     import torch
     import torch.distributed as dist
 
@@ -206,8 +238,11 @@ def bind_torch(artifact, group=None) -> FusedCall:
         raise CallError("torch.distributed is not initialised: call "
                         "torch.distributed.init_process_group first (or use bind())")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    box = [nccl.get_unique_id() if rank == 0 else None]
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(box, src=src, group=group)
-    return FusedCall(artifact, rank=rank, world_size=world, nccl_id=box[0],
-                     device=torch.cuda.current_device())
+    nccl_id = None
+    if comm is None:
+        box = [nccl.get_unique_id() if rank == 0 else None]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(box, src=src, group=group)
+        nccl_id = box[0]
+    return FusedCall(artifact, rank=rank, world_size=world, nccl_id=nccl_id,
+                     device=torch.cuda.current_device(), problem=problem, comm=comm)

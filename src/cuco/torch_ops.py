@@ -6,12 +6,25 @@ One op per tensor-parallel pattern, on each rank's 2-D operands (``w`` ranks):
     torch.ops.cuco.matmul_reduce_scatter(A[M, K/w], B[K/w, N], group_name)  -> [M/w, N]
     torch.ops.cuco.all_gather_matmul(A[M/w, K], B[K, N/w], group_name)      -> [M, N/w]
 
-A kernel bakes its shape in, so each op runs the artifact registered for the call's
-pattern, dtype, world size and operand shapes: ``cuco.load(path).as_torch_op()`` (or
-:func:`register`) adds one. The ops are one per pattern, not one per artifact, so a traced
-graph holds the same op whatever shape a layer has. Their fake implementation gives the
-output's shape, dtype and device without a GPU: ``torch.compile(fullgraph=True)`` traces
-a model that calls them with no graph break.
+What a call runs is chosen per call, by its *layer* (pattern, N, K, dtype, world size) and
+its M (tokens), so one registration serves every token count:
+
+1. a dispatch table (:func:`load_table`, written by ``cuco tune ... --table``) names, per
+   bucket of M, the fastest correct of cuco's kernel, the host program (GEMM then NCCL)
+   and torch's fused op, as measured on this machine: a bucket where the fused kernel
+   loses runs the host program or torch's op;
+2. else a kernel registered with ``cuco.load(path).as_torch_op()`` (or :func:`register`):
+   a kernel of an in-kernel placement (``epilogue``, ``dedicated_ctas``) takes its shape per
+   launch and serves every M its tiles fit (M divisible by the world size); a side-stream
+   kernel bakes M in and serves that M alone;
+3. else the policy (:func:`set_policy`): ``"fallback"`` (the default) runs the host program
+   and warns once per layer with the exact ``cuco tune`` command; ``"strict"`` refuses
+   (:class:`NoArtifactError`).
+
+The ops are one per pattern, not one per artifact or shape, and their fake implementation
+gives the output's shape from the operands' (symbolic M included) without looking M up:
+``torch.compile(dynamic=True)`` traces a model whose M changes with no graph break and no
+recompile per M, and the choice is made when the op runs.
 
 Drop-ins with the signatures and return conventions of PyTorch's symmetric-memory ops:
 :func:`fused_all_gather_matmul`, :func:`fused_matmul_reduce_scatter` (as
@@ -39,8 +52,12 @@ launches carry that state from the host, and capturing one is refused
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from pathlib import Path
 from typing import Any, NoReturn
 
+from cuco.dispatch import CUCO, HOST, TORCH_FUSED, DispatchTable, Entry, Layer, TableMismatch
 from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
 
 
@@ -96,6 +113,14 @@ class RegistrationError(TorchOpError):
     """An artifact that cannot become a torch op (or clashes with one registered)."""
 
 
+class FallbackWarning(UserWarning):
+    """A layer ran the host program because no table or kernel serves its M (once per layer)."""
+
+
+class ModelTableWarning(UserWarning):
+    """A loaded dispatch table whose times are not measurements (a dry run or an emulated world)."""
+
+
 class CaptureError(EnvironmentProblem):
     """A first call (which binds the kernel, collectively) inside CUDA graph capture."""
 
@@ -107,8 +132,12 @@ OP_OF = {"gemm_allreduce": "matmul_all_reduce", "gemm_reducescatter": "matmul_re
          "allgather_gemm": "all_gather_matmul"}
 #: torch dtype -> cuco's dtype name
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-#: Devices an operand may be on: CUDA to run, meta to trace shapes.
-DEVICES = ("cuda", "meta")
+#: Devices an operand may be on: CUDA to run, meta to trace shapes, CPU where the call runs
+#: the host program (a cuco kernel or torch's fused op needs CUDA).
+DEVICES = ("cuda", "meta", "cpu")
+#: What a call with no table or kernel does: "fallback" (host program, one warning per layer)
+#: or "strict" (NoArtifactError).
+POLICIES = ("fallback", "strict")
 
 Shape2 = tuple[int, int]
 
@@ -133,7 +162,8 @@ def global_shape(pattern: str, a_shape: Shape2, b_shape: Shape2, world: int) -> 
 
 # ---- the registry --------------------------------------------------------------------------
 
-#: (pattern, dtype, world size, A shape, B shape) -> the registered kernel
+#: (pattern, dtype, world size, A shape or None, B shape) -> the registered kernel; A's shape
+#: is None for a kernel that takes M per launch (one registration serves the layer)
 _REGISTRY: dict[tuple, "TorchOp"] = {}
 
 
@@ -154,8 +184,13 @@ class TorchOp:
         self.artifact, self.pattern, self.dtype = artifact, p.workload, p.dtype
         self.world_size = p.world_size
         self.a_shape, self.b_shape, self.output_shape = operand_shapes(p)
-        self.key = (self.pattern, self.dtype, self.world_size, self.a_shape, self.b_shape)
-        self._bound: dict[str, Any] = {}  # group name -> FusedCall, made on first call
+        #: whether the kernel takes M per launch (in-kernel placements): it serves its layer
+        self.runtime_shape = artifact.directives.placement.in_kernel
+        self.layer = Layer(p.workload, p.n, p.k, p.dtype, p.world_size)
+        self.key = (self.pattern, self.dtype, self.world_size,
+                    None if self.runtime_shape else self.a_shape, self.b_shape)
+        #: (group name, M) -> FusedCall, made on the first call at that M (binding is collective)
+        self._bound: dict[tuple[str, int], Any] = {}
 
     @property
     def name(self) -> str:
@@ -166,48 +201,82 @@ class TorchOp:
         return getattr(torch.ops.cuco, OP_OF[self.pattern]).default
 
     def __repr__(self) -> str:
-        return (f"TorchOp({self.name}, A{list(self.a_shape)} B{list(self.b_shape)} {self.dtype} "
+        a = "A[M, ...]" if self.runtime_shape else f"A{list(self.a_shape)}"
+        return (f"TorchOp({self.name}, {a} B{list(self.b_shape)} {self.dtype} "
                 f"over {self.world_size} ranks, {self.artifact.path})")
 
+    def why_not(self, m: int) -> str | None:
+        """Why this kernel cannot run global ``m`` tokens (None: it can)."""
+        from cuco.fused_call import runs_at
+        from cuco.design import make_problem
+        if not self.runtime_shape:
+            return None if m == self.artifact.problem.m else (
+                f"placement {self.artifact.directives.placement.value} bakes "
+                f"M={self.artifact.problem.m} in")
+        bad = self.layer.takes_m(m)
+        if bad:
+            return bad
+        return runs_at(self.artifact, make_problem(self.pattern, self.layer.shape(m),
+                                                   world_size=self.world_size, dtype=self.dtype))
+
     def __call__(self, A, B, group_name: str):
-        for what, t, want in (("A", A, self.a_shape), ("B", B, self.b_shape)):
-            if isinstance(t, torch.Tensor) and tuple(t.shape) != want:
-                refuse(OperandShapeError, f"{self.name}: {what} has shape {list(t.shape)}; this kernel "
-                                        f"({self.artifact.path}) takes {list(want)}")
-        resolve(self.pattern, A, B, group_name)
+        if isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor):
+            if tuple(B.shape) != self.b_shape:
+                refuse(OperandShapeError, f"{self.name}: B has shape {list(B.shape)}; this kernel "
+                                        f"({self.artifact.path}) takes {list(self.b_shape)}")
+            m = A.shape[0] * (self.world_size if self.pattern == "allgather_gemm" else 1)
+            why = self.why_not(int(m)) if A.dim() == 2 else None
+            if why:
+                want = "A[M, ...]" if self.runtime_shape else list(self.a_shape)
+                refuse(OperandShapeError, f"{self.name}: A has shape {list(A.shape)}; this kernel "
+                                        f"({self.artifact.path}) takes {want}: {why}")
+        check_call(self.pattern, A, B, group_name)
         return self.op(A, B, group_name)
 
-    def bound(self, group_name: str):
-        """The kernel bound to ``group_name`` (bound on first use: a collective step)."""
-        call = self._bound.get(group_name)
+    def bound(self, group_name: str, m: int | None = None):
+        """The kernel bound to ``group_name`` at ``m`` tokens (bound on first use: a
+        collective step; further Ms of a kernel that takes M per launch share the first
+        binding's communicator, each with its own arena)."""
+        m = self.artifact.problem.m if m is None or not self.runtime_shape else m
+        call = self._bound.get((group_name, m))
         if call is None:
             if torch.cuda.is_current_stream_capturing():
                 raise CaptureError(
-                    f"{self.name} is called for the first time on group {group_name!r} inside "
-                    "CUDA graph capture; binding it (an NCCL communicator and arena, made by every "
-                    "rank) cannot be captured: make one eager call on every rank before capturing")
+                    f"{self.name} is called for the first time on group {group_name!r} at M={m} "
+                    "inside CUDA graph capture; binding it (an NCCL communicator and arena, made "
+                    "by every rank) cannot be captured: make one eager call at this M on every "
+                    "rank before capturing")
+            from cuco.design import make_problem
             from cuco.fused_call import bind_torch
-            call = self._bound[group_name] = bind_torch(self.artifact, _group(group_name))
+            first = next((c for (g, _), c in self._bound.items() if g == group_name), None)
+            problem = make_problem(self.pattern, self.layer.shape(m), world_size=self.world_size,
+                                   dtype=self.dtype) if self.runtime_shape else None
+            call = self._bound[(group_name, m)] = bind_torch(
+                self.artifact, _group(group_name), problem=problem,
+                comm=first.ctx.comm if first is not None else None)
         return call
 
     def close(self) -> None:
-        """Free every binding's communicator and arena."""
-        for call in self._bound.values():
+        """Free every binding's arena, and the communicators (their owners last)."""
+        calls = list(self._bound.values())
+        for call in sorted(calls, key=lambda c: c._owns_comm):
             call.close()
         self._bound.clear()
 
 
 def register(artifact) -> TorchOp:
-    """Make ``artifact`` the kernel its pattern's op runs at its shape, dtype and world size
-    (again for the same artifact: the same :class:`TorchOp`)."""
+    """Make ``artifact`` the kernel its pattern's op runs for its layer (every M it takes,
+    for a kernel that takes M per launch) or at its shape (a kernel that bakes M in); again
+    for the same artifact: the same :class:`TorchOp`."""
     op = TorchOp(artifact)
     have = _REGISTRY.get(op.key)
     if have is not None:
         if have.artifact.path.resolve() == op.artifact.path.resolve():
             return have
+        where = f"for every M of {op.layer.key}" if op.runtime_shape else \
+            f"at A{list(op.a_shape)} B{list(op.b_shape)} {op.dtype} over {op.world_size} ranks"
         raise RegistrationError(
-            f"{op.name} already runs {have.artifact.path} at A{list(op.a_shape)} "
-            f"B{list(op.b_shape)} {op.dtype} over {op.world_size} ranks; call "
+            f"{op.name} already runs {have.artifact.path} {where}; call "
             "cuco.torch_ops.unregister(...) on it first to replace it")
     _REGISTRY[op.key] = op
     return op
@@ -222,6 +291,188 @@ def unregister(op: TorchOp) -> None:
 
 def registered() -> list[TorchOp]:
     return list(_REGISTRY.values())
+
+
+# ---- dispatch tables and the policy ---------------------------------------------------------
+
+#: layer -> (its table, the kernels of its cuco entries by artifact path)
+_TABLES: dict[Layer, tuple[DispatchTable, dict[str, TorchOp]]] = {}
+_POLICY = ["fallback"]
+#: layers that fell back and were warned about (once each)
+_WARNED: set[tuple] = set()
+#: (layer key, bucket or None, what ran) -> calls: what the op chose, for logs and tests
+DISPATCHED: dict[tuple[str, int | None, str], int] = {}
+
+
+def set_policy(policy: str) -> None:
+    """What a call that no table or kernel serves does: ``"fallback"`` runs the host program
+    (one :class:`FallbackWarning` per layer, naming the ``cuco tune`` command), ``"strict"``
+    raises :class:`NoArtifactError`."""
+    if policy not in POLICIES:
+        raise InputError(f"policy {policy!r}: pass one of {', '.join(POLICIES)}")
+    _POLICY[0] = policy
+
+
+def get_policy() -> str:
+    return _POLICY[0]
+
+
+@contextlib.contextmanager
+def policy(name: str):
+    """``with cuco.torch_ops.policy("strict"): ...``"""
+    before = get_policy()
+    set_policy(name)
+    try:
+        yield
+    finally:
+        set_policy(before)
+
+
+def _device_name() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _nccl_version() -> str | None:
+    from cuco.kernels.toolchain import library_versions
+    return library_versions().get("nccl")
+
+
+def load_table(path: str | Path, *, world_size: int | None = None, group_name: str | None = None,
+               device: str | None = None, nccl: str | None = None) -> DispatchTable:
+    """Make the ops run ``path``'s choices for its layers (``cuco tune ... --table path``).
+
+    Refused (:class:`cuco.dispatch.TableMismatch`, naming each mismatch) where the table was
+    made on another GPU, world size or NCCL than this process has: the world size of
+    ``group_name`` (or ``world_size``, or the default group), this GPU and the installed
+    NCCL unless given. A table of the analytic model or an emulated world loads with a
+    :class:`ModelTableWarning`: its choices are predictions, not measurements.
+    """
+    import cuco
+    table = DispatchTable.load(path)
+    if world_size is None:
+        if group_name is not None:
+            world_size = world_of("load_table", group_name)
+        elif torch.distributed.is_available() and torch.distributed.is_initialized():
+            world_size = torch.distributed.get_world_size()
+    table.check_fits(device=device or _device_name(), world_size=world_size,
+                     nccl=nccl or _nccl_version(), where=f"dispatch table {path}")
+    if table.is_model:
+        warnings.warn(ModelTableWarning(
+            f"dispatch table {path} holds {table.provenance.source} times "
+            f"({table.provenance.device}), not measurements: its choices are predictions; "
+            "tune on this machine's GPUs for a measured table"), stacklevel=2)
+    for lt in table.layers.values():
+        kernels: dict[str, TorchOp] = {}
+        for e in lt.entries:
+            art = table.artifact_path(e)
+            if art is not None and str(art) not in kernels:
+                try:
+                    loaded = cuco.load(art, world_size=lt.layer.world_size, check_versions=not table.is_model)
+                except CucoError as exc:
+                    raise TableMismatch(f"dispatch table {path}: {lt.layer.key} bucket {e.m} names "
+                                        f"{art}, which does not load here: {exc}") from None
+                kernels[str(art)] = TorchOp(loaded)
+        _TABLES[lt.layer] = (table, kernels)
+    return table
+
+
+def unload_tables() -> None:
+    """Forget every loaded table (and free its kernels' bindings)."""
+    for _, kernels in _TABLES.values():
+        for k in kernels.values():
+            k.close()
+    _TABLES.clear()
+    _WARNED.clear()
+
+
+def tables() -> dict[Layer, DispatchTable]:
+    return {layer: t for layer, (t, _) in _TABLES.items()}
+
+
+class Route:
+    """What one call runs: ``kind`` (cuco, host or torch_fused), the kernel for cuco, and
+    whether it fell back (no table or kernel serves the call)."""
+
+    __slots__ = ("kind", "kernel", "layer", "m", "bucket", "fell_back", "why")
+
+    def __init__(self, kind: str, layer: Layer, m: int, *, kernel: TorchOp | None = None,
+                 bucket: int | None = None, fell_back: bool = False, why: str = ""):
+        self.kind, self.kernel, self.layer, self.m, self.bucket = kind, kernel, layer, m, bucket
+        self.fell_back, self.why = fell_back, why
+
+    def __repr__(self) -> str:
+        return f"Route({self.kind}, {self.layer.key}, M={self.m}, bucket={self.bucket})"
+
+
+def _kernel_for(layer: Layer, key: tuple, m: int) -> TorchOp | None:
+    """A registered kernel that runs this call: the one baked at its shape, else the one that
+    takes M per launch, where its tiles fit ``m``."""
+    exact = _REGISTRY.get(key)
+    if exact is not None:
+        return exact
+    free = _REGISTRY.get((*key[:3], None, key[4]))
+    return free if free is not None and free.why_not(m) is None else None
+
+
+def route(pattern: str, dtype: str, world: int, a_shape, b_shape, *, quiet: bool = False) -> Route | None:
+    """What a call with per-rank shapes ``a_shape``, ``b_shape`` runs (see the module's
+    docstring); None where nothing serves it and the policy is strict (or ``quiet``: the
+    caller has its own fallback)."""
+    a_shape, b_shape = tuple(int(x) for x in a_shape), tuple(int(x) for x in b_shape)
+    try:
+        layer, m = Layer.of_call(pattern, dtype, world, a_shape[0], b_shape)
+    except InputError:
+        return None
+    key = (pattern, dtype, world, a_shape, b_shape)
+    found = _TABLES.get(layer)
+    if found is not None:
+        table, kernels = found
+        entry = table.lookup(layer, m)
+        if entry is not None:
+            return _entry_route(entry, table, kernels, layer, m)
+    kernel = _kernel_for(layer, key, m)
+    if kernel is not None:
+        return Route(CUCO, layer, m, kernel=kernel)
+    if quiet or get_policy() == "strict":
+        return None
+    _warn_fallback(layer, m, found)
+    return Route(HOST, layer, m, fell_back=True)
+
+
+def _entry_route(entry: Entry, table: DispatchTable, kernels: dict[str, TorchOp], layer: Layer,
+                 m: int) -> Route:
+    if entry.choice == CUCO:
+        kernel = kernels[str(table.artifact_path(entry))]
+        why = kernel.why_not(m)
+        if why is None:
+            return Route(CUCO, layer, m, kernel=kernel, bucket=entry.m)
+        return Route(entry.fallback, layer, m, bucket=entry.m, why=why)
+    return Route(entry.choice, layer, m, bucket=entry.m)
+
+
+def _warn_fallback(layer: Layer, m: int, found) -> None:
+    if (layer, found is None) in _WARNED:
+        return
+    _WARNED.add((layer, found is None))
+    op = OP_OF[layer.pattern]
+    where = (f"the loaded table's buckets end at M={found[0].layers[layer].buckets[-1]}"
+             if found is not None else "no dispatch table or registered kernel serves it")
+    warnings.warn(FallbackWarning(
+        f"{op}: {layer.key} at M={m}: {where}; running the host program (GEMM then NCCL). "
+        f"Tune it on this machine: `{layer.tune_command([m])}`, then "
+        "cuco.torch_ops.load_table('TABLE.json') (or policy 'strict' to refuse instead)"),
+        stacklevel=3)
+
+
+def layer_served(pattern: str, dtype: str, world: int, b_shape) -> bool:
+    """Whether any table or kernel serves the layer of ``b_shape`` (at some M)."""
+    b_shape = tuple(int(x) for x in b_shape)
+    try:
+        layer, _ = Layer.of_call(pattern, dtype, world, 1, b_shape)
+    except InputError:
+        return False
+    return layer in _TABLES or any(k[:3] == (pattern, dtype, world) and k[4] == b_shape
+                                   for k in _REGISTRY)
 
 
 # ---- checks, before anything launches ------------------------------------------------------
@@ -297,46 +548,63 @@ def check_pair(op: str, A, B) -> None:
                                 f"(A's last dim {A.shape[-1]} != B's rows {B.shape[0]})")
 
 
-def resolve(pattern: str, A, B, group_name: str) -> TorchOp:
-    """The registered kernel for this call, or the error that says what to fix."""
+def check_call(pattern: str, A, B, group_name: str) -> Route | None:
+    """Refuse a call that cannot run, before anything launches; the :class:`Route` it takes
+    (eager), or None under ``torch.compile``, where M is symbolic: there only what does not
+    depend on M is checked (operands, group, a strict policy's layer), and the op chooses
+    by M when it runs."""
     op = OP_OF[pattern]
     check_operand(op, "A", A, max_dims=2)
     check_operand(op, "B", B, max_dims=2)
     check_pair(op, A, B)
     world = world_of(op, group_name)
-    key = (pattern, DTYPES[A.dtype], world, tuple(A.shape), tuple(B.shape))
-    found = _REGISTRY.get(key)
-    if found is None:
-        refuse_missing(key, group_name)
-    return found
+    dtype = DTYPES[A.dtype]
+    if torch.compiler.is_compiling():
+        if get_policy() == "strict" and not layer_served(pattern, dtype, world, B.shape):
+            refuse_missing((pattern, dtype, world, tuple(A.shape), tuple(B.shape)), group_name)
+        return None
+    r = route(pattern, dtype, world, A.shape, B.shape)
+    if r is None:
+        refuse_missing((pattern, dtype, world, tuple(A.shape), tuple(B.shape)), group_name)
+    if r.kind != HOST and A.device.type == "cpu":
+        what = f"{r.kernel.artifact.path}" if r.kernel is not None else "torch's fused op"
+        refuse(DeviceError, f"{op}: A is on cpu; move it to this rank's GPU (A.cuda()): this call "
+                          f"runs {r.kind} ({what}), which needs CUDA")
+    return r
 
 
 def tune_call(pattern: str, shape: str, world: int, dtype: str) -> str:
-    """The line that tunes and registers a kernel for this call."""
+    """The lines that tune this call: a kernel for its shape, or a table for its layer."""
     what = (f"{pattern!r}, {shape!r}, world_size={world}" if dtype == "bf16" else
             f"cuco.make_problem({pattern!r}, {shape!r}, world_size={world}, dtype={dtype!r})")
-    return f"cuco.tune({what}, cache_dir=...).as_torch_op()"
+    m, k, n = (int(x) for x in shape.split("x"))
+    layer = Layer(pattern, n, k, dtype, world)
+    return f"cuco.tune({what}, cache_dir=...).as_torch_op(), or a table for every M: {layer.tune_command([m])}"
 
 
 def _missing(key: tuple, group_name: str) -> TorchOpError:
     """Why no kernel has ``key``: the group's size, the dtype, or the shape."""
     pattern, dtype, world, a_shape, b_shape = key
-    op, mine = OP_OF[pattern], [o for o in _REGISTRY.values() if o.pattern == pattern]
+    op = OP_OF[pattern]
+    mine = [o for o in _REGISTRY.values() if o.pattern == pattern]
+    mine += [k for (t, ks) in _TABLES.values() for k in ks.values() if k.pattern == pattern]
     tune = tune_call(pattern, global_shape(pattern, a_shape, b_shape, world), world, dtype)
     if mine and all(o.world_size != world for o in mine):
         sizes = sorted({o.world_size for o in mine})
         return GroupSizeError(f"{op}: group {group_name!r} has {world} ranks; the registered {op} "
                               f"kernels were built for {sizes} ranks: call from a group of that "
                               f"size, or tune for {world} ranks ({tune})")
-    other = [o.dtype for o in mine if o.key[2:] == key[2:]]
+    other = [o.dtype for o in mine if o.dtype != dtype and o.world_size == world
+             and o.b_shape == b_shape and (o.runtime_shape or o.a_shape == a_shape)]
     if other:
         return DtypeError(f"{op}: A and B are {dtype}; the kernel for this shape was tuned for "
                           f"{other[0]}: cast them, or tune {dtype} ({tune})")
-    have = "; ".join(f"A{list(o.a_shape)} B{list(o.b_shape)} {o.dtype}" for o in mine
-                     if o.world_size == world) or "none"
+    have = "; ".join(f"{'A[M, ...]' if o.runtime_shape else f'A{list(o.a_shape)}'} "
+                     f"B{list(o.b_shape)} {o.dtype}" for o in mine if o.world_size == world) or "none"
     return NoArtifactError(f"{op}: no kernel registered for A{list(a_shape)} B{list(b_shape)} "
-                           f"{dtype} over {world} ranks (registered: {have}); kernels bake their "
-                           f"shape in: tune and register this one ({tune})")
+                           f"{dtype} over {world} ranks (registered: {have}), and the policy is "
+                           f"strict; side-stream kernels bake their shape in: tune and register "
+                           f"this one ({tune})")
 
 
 def leading_dim(op: str, name: str, dim: int, A) -> int:
@@ -353,15 +621,64 @@ def leading_dim(op: str, name: str, dim: int, A) -> int:
 _TAGS = (torch.Tag.needs_fixed_stride_order,)
 
 
-def _launch(pattern: str, A, B, group_name: str):
-    kernel = resolve(pattern, A, B, group_name)
-    out = A.new_empty(kernel.output_shape)
-    kernel.bound(group_name)(A, B, out=out)
+def output_shape(pattern: str, A, B, world: int) -> tuple:
+    """The per-rank output's shape (symbolic M stays symbolic: no recompile per M)."""
+    rows = A.shape[0]
+    if pattern == "gemm_reducescatter":
+        torch._check(rows % world == 0, lambda: f"M={rows} does not split over {world} ranks")
+        rows = rows // world
+    elif pattern == "allgather_gemm":
+        rows = rows * world
+    return (rows, B.shape[1])
+
+
+def host_program(pattern: str, A, B, group_name: str):
+    """The layer as the host runs it: the GEMM, then the NCCL collective (or the gather,
+    then the GEMM), through torch's functional collectives (any backend)."""
+    if pattern == "allgather_gemm":
+        return gather_rows(A, group_name) @ B
+    if pattern == "gemm_reducescatter":
+        return scatter_rows(A @ B, group_name)
+    return sum_over_ranks(A @ B, group_name)
+
+
+def torch_fused_op(pattern: str, A, B, group_name: str):
+    """PyTorch's symmetric-memory fused op of ``pattern`` (the group needs symmetric memory
+    enabled: ``torch.distributed._symmetric_memory.enable_symm_mem_for_group``)."""
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem)
+    if pattern == "gemm_reducescatter":
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, group_name)
+    if pattern == "allgather_gemm":
+        return torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, group_name)[1][0]
+    raise NoArtifactError(f"{OP_OF[pattern]}: PyTorch has no fused op for {pattern}; the table "
+                          "naming torch_fused for it is damaged: tune it again")
+
+
+def run_route(r: Route, pattern: str, A, B, group_name: str):
+    """Run what ``r`` chose, counting it in :data:`DISPATCHED`."""
+    what = r.kind if r.kind != CUCO else f"cuco:{r.kernel.artifact.path.name}"
+    tag = (r.layer.key, r.bucket, what)
+    DISPATCHED[tag] = DISPATCHED.get(tag, 0) + 1
+    if r.kind == HOST:
+        return host_program(pattern, A, B, group_name)
+    if r.kind == TORCH_FUSED:
+        return torch_fused_op(pattern, A, B, group_name)
+    out = A.new_empty(output_shape(pattern, A, B, r.layer.world_size))
+    r.kernel.bound(group_name, r.m)(A, B, out=out)
     return out
 
 
+def _launch(pattern: str, A, B, group_name: str):
+    r = check_call(pattern, A, B, group_name)
+    return run_route(r, pattern, A, B, group_name).contiguous()
+
+
 def _fake(pattern: str, A, B, group_name: str):
-    return A.new_empty(resolve(pattern, A, B, group_name).output_shape)
+    op = OP_OF[pattern]
+    check_operand(op, "A", A, max_dims=2)
+    check_operand(op, "B", B, max_dims=2)
+    check_pair(op, A, B)
+    return A.new_empty(output_shape(pattern, A, B, world_of(op, group_name)))
 
 
 @torch.library.custom_op("cuco::matmul_all_reduce", mutates_args=(), tags=_TAGS)
@@ -395,7 +712,7 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torc
     check_operand(op, "B", B, max_dims=2)
     check_pair(op, A, B)
     A2 = A.flatten(0, -2)  # contiguous: a view
-    resolve("gemm_allreduce", A2, B, group_name)
+    check_call("gemm_allreduce", A2, B, group_name)
     return torch.ops.cuco.matmul_all_reduce(A2, B, group_name).view(*A.shape[:-1], B.shape[1])
 
 
@@ -416,7 +733,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
                                 f"group's {world} ranks; pad it to a multiple of {world}")
     x = A.movedim(dim, 0)  # rows of the scattered dim first (a copy unless dim == 0, as torch's)
     A2 = x.reshape(-1, x.shape[-1])
-    resolve("gemm_reducescatter", A2, B, group_name)
+    check_call("gemm_reducescatter", A2, B, group_name)
     out = torch.ops.cuco.matmul_reduce_scatter(A2, B, group_name)
     out = out.view(x.shape[0] // world, *x.shape[1:-1], B.shape[1]).movedim(0, dim)
     return out / world if reduce_op == "avg" else out
@@ -445,7 +762,7 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: list[torch.Tensor], gather_dim:
     A2 = x.reshape(-1, x.shape[-1])
     outs = []
     for B in Bs:
-        resolve("allgather_gemm", A2, B, group_name)
+        check_call("allgather_gemm", A2, B, group_name)
         y = torch.ops.cuco.all_gather_matmul(A2, B, group_name)
         outs.append(y.view(x.shape[0] * world, *x.shape[1:-1], B.shape[1]).movedim(0, dim))
     gathered = None
@@ -484,17 +801,24 @@ def sum_over_ranks(x, group_name: str):
     return c10d.wait_tensor(c10d.all_reduce(x.contiguous(), "sum", group_name))
 
 
-def registered_for(pattern: str, A, B, group_name: str) -> TorchOp | None:
-    """The kernel registered for ``pattern`` at these operands, or None (then the caller
-    runs plain torch). Only GPU (or meta) operands of a registered dtype can have one."""
+def registered_for(pattern: str, A, B, group_name: str) -> Route | None:
+    """What a table or registered kernel runs for ``pattern`` at these operands, or None
+    (then the caller runs plain torch, quietly). Only operands of a registered dtype can have
+    one. Under ``torch.compile(dynamic=True)`` M is symbolic: there it is the layer that is
+    looked up, and the op chooses by M when it runs."""
     if A.device.type not in DEVICES or A.dtype not in DTYPES or A.dtype != B.dtype:
         return None
-    return _REGISTRY.get((pattern, DTYPES[A.dtype], group_size(group_name), tuple(A.shape),
-                          tuple(B.shape)))
+    dtype, world = DTYPES[A.dtype], group_size(group_name)
+    if isinstance(A.shape[0], torch.SymInt):
+        if not layer_served(pattern, dtype, world, B.shape):
+            return None
+        layer, m = Layer.of_call(pattern, dtype, world, 1, tuple(int(x) for x in B.shape))
+        return Route(HOST, layer, m)  # a stand-in: the op decides when it runs
+    return route(pattern, dtype, world, A.shape, B.shape, quiet=True)
 
 
 def fused_if_registered(pattern: str, A, B, group_name: str):
-    """``pattern``'s cuco op on (A, B) where a kernel is registered at their shapes; else None."""
+    """``pattern``'s cuco op on (A, B) where a table or kernel serves them; else None."""
     if registered_for(pattern, A, B, group_name) is None:
         return None
     return getattr(torch.ops.cuco, OP_OF[pattern])(A.contiguous(), B.contiguous(), group_name)
