@@ -100,3 +100,36 @@ def test_device_structs_match_what_the_runtime_packs(tmp_path):
     assert (rank, barriers, epochs, inbox) == (0, 8, head, head + 8)
     assert size == head + 8 + 8 * max_ranks
     assert window == len(emulated._table([1, 2]))
+
+
+def test_cli_emulate_without_a_gpu_says_what_to_do_instead(tmp_path):
+    """``--emulate`` still needs one GPU: a machine without one gets one line, exit 1, and
+    the database is not touched."""
+    import sys
+    from conftest import REAL_GPUS
+    if REAL_GPUS:
+        pytest.skip("this machine has a GPU")
+    db = tmp_path / "c.db"
+    for args in (["search", "--budget", "2"], ["fastpath"]):
+        r = subprocess.run([sys.executable, "-m", "cuco.cli", *args, "--emulate", "--db", str(db)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "--emulate still needs one GPU" in r.stdout and "Traceback" not in r.stdout + r.stderr
+    assert not db.exists()
+
+
+def test_an_emulated_verdict_is_stored_as_emulated_with_no_speedup(tmp_path):
+    """What the evaluator returns from an emulated world keeps every check but no time, and
+    the database labels it ``emulated`` (``cuco db ls`` shows it so)."""
+    from cuco import CandidateDB, Directives
+    from cuco.evaluate.evaluator import Candidate, EvalResult, emulated_verdict, store_result
+    timed = EvalResult("ok", "scored", max_error=1e-3, rank_times_ms=[1.0, 1.2], time_ms=1.2,
+                       baseline_ms=1.5, bound_ms=1.0, speedup=1.25, overlap_eff=0.83,
+                       extra={"calls_verified": 40})
+    r = emulated_verdict(timed)
+    assert (r.status, r.stage_reached, r.speedup, r.time_ms, r.score) == ("ok", "checked", None, None, 0.0)
+    assert r.extra["emulated"] and r.extra["emulated_ms"] == 1.2 and r.extra["calls_verified"] == 40
+    db = CandidateDB(tmp_path / "c.db")
+    store_result(db, "gemm_allreduce", Candidate(Directives()), r)
+    (ev,) = db.evaluations()
+    assert ev.evidence == "emulated" and ev.speedup is None

@@ -268,6 +268,9 @@ def search(
     placements: Optional[str] = typer.Option(None, help="placements to search, comma-separated "
                                              "(default side_stream,epilogue,dedicated_ctas"
                                              + RESUMED, show_default=False),
+    emulate: bool = typer.Option(False, "--emulate", metavar=FLAG,
+                                 help="every rank on one GPU under MPS (an emulated world): "
+                                 "kernels are checked, never timed; verdicts carry no speedup"),
     db: str = DB_OPTION,
 ) -> None:
     """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
@@ -297,11 +300,13 @@ def search(
                                    proposer=proposer, dry_run=dry_run, llm=llm,
                                    placements=picked or PLACEMENTS_DEFAULT, hosts=hosts)
     problem = settings.problem
-    if not settings.dry_run and cluster is None and visible_gpus() < problem.world_size:
+    if emulate and not settings.dry_run:
+        _emulate(problem.world_size)
+    elif not settings.dry_run and cluster is None and visible_gpus() < problem.world_size:
         console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs "
                       f"{problem.world_size}; run on a GPU machine, or add --dry-run to search an "
-                      "analytic model" + ("" if resume is None else
-                                          f" (run {resume} was measured on GPUs: resume it on one)"),
+                      "analytic model, or --emulate to check kernels on one GPU"
+                      + ("" if resume is None else f" (run {resume} was measured on GPUs: resume it on one)"),
                       soft_wrap=True)
         raise typer.Exit(1)
     _run_search(problem, db=db, budget=settings.budget, islands=settings.islands,
@@ -502,6 +507,21 @@ def demo(
                       f"with {world_size} Hopper GPUs, `cuco demo` measures them.[/]", soft_wrap=True)
 
 
+def _emulate(world_size: int) -> None:
+    """Every worker group of this command puts its ranks on one GPU (``CUCO_EMULATE``), or
+    exit 1 saying why it cannot."""
+    from cuco.runtime import visible_gpus
+    from cuco.runtime.emulated import ENV_VAR, check_world
+    if visible_gpus() < 1:
+        console.print("[red]error:[/] --emulate still needs one GPU, and none is visible; add "
+                      "--dry-run to search an analytic model instead", soft_wrap=True)
+        raise typer.Exit(1)
+    check_world(world_size)
+    os.environ[ENV_VAR] = str(world_size)
+    console.print(f"emulated world: {world_size} ranks on one GPU; kernels are checked, "
+                  "not timed (no speedups)")
+
+
 @app.command()
 def fastpath(
     workload: str = typer.Option("gemm_allreduce", help=WORKLOAD_HELP),
@@ -511,6 +531,9 @@ def fastpath(
                                                 "(the LLM route reads it)"),
     llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
     rounds: int = typer.Option(6, help="attempts before giving up"),
+    emulate: bool = typer.Option(False, "--emulate", metavar=FLAG,
+                                 help="every rank on one GPU under MPS (an emulated world): "
+                                 "kernels are checked, never timed; verdicts carry no speedup"),
     db: str = DB_OPTION,
 ) -> None:
     """First correct device-initiated kernel: template route, or --llm with --host-program."""
@@ -525,9 +548,11 @@ def fastpath(
     if llm and host_program is None:
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
         raise typer.Exit(2)
-    if visible_gpus() < world_size:
+    if emulate:
+        _emulate(world_size)
+    elif visible_gpus() < world_size:
         console.print(f"[red]{visible_gpus()} GPU(s) visible but the fast path needs {world_size}[/] "
-                      "(it proves its kernel correct on them)")
+                      "(it proves its kernel correct on them; --emulate puts every rank on one GPU)")
         raise typer.Exit(1)
     res = run_fastpath(problem, db=db, llm=llm, max_rounds=rounds,
                        host_program=host_program.read_text() if host_program else None)

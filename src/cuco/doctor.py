@@ -94,6 +94,23 @@ def _worker_nccl_check(inst: toolchain.NcclInstall) -> Check:
                  "its NCCL before cuco in the process that has it")
 
 
+def emulation_check() -> Check:
+    """Whether an emulated world (W ranks on one GPU, :mod:`cuco.runtime.emulated`) can start
+    here: MPS, and NCCL's version (a host id per rank needs no more than the one cuco loads)."""
+    from cuco.runtime import emulated
+    mps = emulated.mps_status()
+    try:
+        nccl = f"NCCL {toolchain.nccl().version} over sockets (a host id per rank)"
+    except CucoError as exc:
+        nccl = f"no NCCL ({_split(exc)[0]})"
+    can = "cannot" not in mps and not nccl.startswith("no NCCL")
+    return Check("emulated world", "ok" if can else "warn",
+                 f"{mps}; {nccl}; CUDA IPC between ranks; up to {emulated.MAX_RANKS} ranks",
+                 "" if can else "install the driver's nvidia-cuda-mps-control (run as root) and "
+                 "NCCL; multi-rank code then runs on one GPU (checks only, no timings)",
+                 required=False)
+
+
 def gpu_check() -> list[Check]:
     try:
         import cupy
@@ -111,7 +128,7 @@ def gpu_check() -> list[Check]:
         p = cupy.cuda.runtime.getDeviceProperties(i)
         nm = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
         names.append(f"{nm} (sm_{p['major']}{p['minor']})")
-    out = [Check("GPUs", "ok", f"{n}: " + ", ".join(names))]
+    out = [Check("GPUs", "ok", f"{n}: " + ", ".join(names)), emulation_check()]
     if n >= 2:
         p2p = all(cupy.cuda.runtime.deviceCanAccessPeer(a, b)
                   for a in range(n) for b in range(n) if a != b)

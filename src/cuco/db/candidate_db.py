@@ -303,7 +303,8 @@ class CandidateDB:
     def add_evaluation(self, candidate_id: int, *, stage_reached: str, status: str,
                        **fields: Any) -> int:
         """Store a verdict; ``evidence`` (:data:`EVIDENCE`) defaults to ``model`` for a
-        verdict whose ``extra`` says ``model``, else ``measured``."""
+        verdict whose ``extra`` says ``model``, ``emulated`` for one from an emulated world
+        (``extra.emulated``, :func:`cuco.evaluate.evaluator.emulated_verdict`), else ``measured``."""
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not one of {STATUSES}")
         allowed = {c.name for c in S.evaluations.columns} - {"id", "candidate_id", "created_at"}
@@ -313,7 +314,8 @@ class CandidateDB:
         # a verdict marked as a model's (extra.model, as every dry run marks them) is one
         extra = fields.get("extra") if isinstance(fields.get("extra"), dict) else {}
         evidence = fields["evidence"] = (fields.get("evidence")
-                                         or ("model" if extra.get("model") else "measured"))
+                                         or ("model" if extra.get("model") else
+                                             "emulated" if extra.get("emulated") else "measured"))
         if evidence not in EVIDENCE:
             raise ValueError(f"evidence {evidence!r} is not one of {EVIDENCE}")
         if evidence == "emulated" and fields.get("speedup") is not None:
