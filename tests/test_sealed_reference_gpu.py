@@ -39,6 +39,47 @@ def test_a_sealed_reference_is_noise_on_the_device_and_exact_on_the_host():
     assert again.key != sealed.key  # a fresh key per reference
 
 
+BRUTE_FORCE = r"""
+// Every 32-bit key guess g (as the low word, the rest zero): does its keystream explain two
+// elements whose plain value a kernel computed honestly? The attack that broke a 32-bit seal.
+extern "C" __global__ void guess(unsigned s0, unsigned s1, unsigned long long* hits,
+                                 unsigned long long* found) {
+  for (unsigned long long g = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+       g < (1ull << 32); g += (unsigned long long)gridDim.x * blockDim.x)
+    if (cuco_keystream(0, g, 0) == s0 && cuco_keystream(1, g, 0) == s1) {
+      atomicAdd(hits, 1ull);
+      *found = g;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("weak", [True, False])
+def test_one_known_element_does_not_give_the_key_away(weak):
+    """A kernel that knows two elements' plain values brute-forces every 32-bit key on the
+    GPU in well under a second: it recovers a 32-bit key (``weak``: how the seal was before,
+    so the attack itself works) and nothing of a real 128-bit one."""
+    import cupy
+    from cuco.runtime.sealed import SEAL_SRC, SealedReference
+    plain = _random_ref(4096, 9)
+    if weak:
+        from cuco.runtime.sealed import keystream_host
+        key = 0x9E3779B9
+        raw = plain.view(cupy.uint32).get() ^ keystream_host(numpy.arange(plain.size), key)
+        sealed = SealedReference(cupy.asarray(raw), key, 0.0)
+    else:
+        sealed = SealedReference.seal(plain.copy())
+    known = plain.view(cupy.uint32).get()[:2] ^ sealed.bits.get()[:2]
+    hits, found = cupy.zeros(1, cupy.uint64), cupy.zeros(1, cupy.uint64)
+    cupy.RawKernel(SEAL_SRC + BRUTE_FORCE, "guess")((4096,), (256,), (
+        numpy.uint32(known[0]), numpy.uint32(known[1]), hits, found))
+    if weak:
+        assert int(hits.get()[0]) == 1 and int(found.get()[0]) == 0x9E3779B9
+    else:
+        assert int(hits.get()[0]) == 0, "a 128-bit seal's key was found among 2^32 guesses"
+        numpy.testing.assert_array_equal(sealed.to_host(), plain.get())
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_comparisons_against_a_sealed_reference_match_the_plain_ones(dtype):
     import cupy

@@ -218,23 +218,45 @@ def test_the_check_and_seal_kernels_compile(tmp_path):
 
 @needs_nvcc
 def test_the_host_keystream_is_the_devices(tmp_path):
-    """``mix_host`` (which unseals a reference on the host) computes what ``cuco_mix`` does:
-    the device function's own text, compiled as host code by nvcc, run on this machine."""
+    """``keystream_host`` (which unseals a reference on the host) computes what
+    ``cuco_keystream`` does, and ``mix_host`` what ``cuco_mix`` does: the device functions'
+    own text, compiled as host code by nvcc, run on this machine, at 128-bit keys."""
     import subprocess
-    from cuco.runtime.sealed import MIX_SRC, mix_host
-    host = MIX_SRC.replace("__device__ __forceinline__", "static inline")
-    keys = [1, 0x9E3779B9, 0xFFFFFFFF]
+    from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, key_words, keystream_host, mix_host
+    host = (MIX_SRC + SEAL_SRC).replace("__device__ __forceinline__", "static inline")
+    keys = [1, 0x9E3779B9, (0xFFFFFFFFFFFFFFFF << 64) | 0x0123456789ABCDEF, 2**127 + 12345]
+    salts = [1, 0x9E3779B9, 0xFFFFFFFF]
+    idx = [0, 1, 77, 4294967296, 123456789012]
+    lines = [f"  {{ {k0}ull, {k1}ull }}," for k0, k1 in map(key_words, keys)]
     (tmp_path / "mix.cu").write_text(host + r"""
 #include <cstdio>
 int main() {
-  const unsigned keys[] = {1u, 0x9E3779B9u, 0xFFFFFFFFu};
+  const unsigned long long keys[][2] = {
+""" + "\n".join(lines) + r"""
+  };
+  const unsigned salts[] = {1u, 0x9E3779B9u, 0xFFFFFFFFu};
   const unsigned long long idx[] = {0ull, 1ull, 77ull, 4294967296ull, 123456789012ull};
-  for (unsigned k : keys) for (unsigned long long i : idx) printf("%u\n", cuco_mix(i, k));
+  for (auto& k : keys) for (unsigned long long i : idx) printf("%u\n", cuco_keystream(i, k[0], k[1]));
+  for (unsigned s : salts) for (unsigned long long i : idx) printf("%u\n", cuco_mix(i, s));
 }
 """)
     exe = tmp_path / "mix"
     done = subprocess.run(["nvcc", "-o", str(exe), str(tmp_path / "mix.cu")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     device = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
-    idx = [0, 1, 77, 4294967296, 123456789012]
-    assert [int(v) for k in keys for v in mix_host(idx, k)] == device
+    host_values = [int(v) for k in keys for v in keystream_host(idx, k)]
+    host_values += [int(v) for s in salts for v in mix_host(idx, s)]
+    assert host_values == device
+
+
+def test_the_seal_is_siphash_under_a_128_bit_key():
+    """The keystream is SipHash-2-4 (its published test vector: key 00..0f, message 00..07)
+    keyed by all 128 bits, so one known element does not give the key away."""
+    from cuco.runtime.sealed import KEY_BITS, key_words, keystream_host
+    key = 0x0706050403020100 | (0x0F0E0D0C0B0A0908 << 64)
+    assert int(keystream_host([0x0706050403020100], key)[0]) == 0x9A932462
+    assert KEY_BITS == 128 and key_words(key) == (0x0706050403020100, 0x0F0E0D0C0B0A0908)
+    idx = list(range(64))
+    base = keystream_host(idx, key)
+    for bit in (0, 63, 64, 127):  # every word of the key changes the stream
+        assert (keystream_host(idx, key ^ (1 << bit)) != base).sum() > 48

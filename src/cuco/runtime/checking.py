@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy
 
-from cuco.runtime.sealed import MIX_SRC, SealedReference, grid
+from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, SealedReference, grid, key_words
 
 _CHECK_SRC = r"""
 #include <cuda_fp16.h>
-""" + MIX_SRC + r"""
+""" + MIX_SRC + SEAL_SRC + r"""
 template <typename S> __device__ __forceinline__ float as_float(S v);
 template <> __device__ __forceinline__ float as_float<unsigned short>(unsigned short v) {
   return __uint_as_float(((unsigned)v) << 16);  // bf16 bits
@@ -30,13 +30,15 @@ template <> __device__ __forceinline__ float as_float<float>(float v) { return v
 // squared reference values into stats[0..1]; with `max_bits`, the largest difference.
 template <typename S>
 __device__ void check(const S* got, const unsigned* ref, unsigned long long n, float rtol, float atol,
-                      unsigned key, unsigned long long* bad, double* stats, unsigned* max_bits) {
+                      unsigned long long k0, unsigned long long k1, unsigned long long* bad,
+                      double* stats, unsigned* max_bits) {
+  const bool sealed = (k0 | k1) != 0;
   unsigned long long local = 0;
   double sq_diff = 0.0, sq_ref = 0.0;
   float most = 0.0f;
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x) {
-    const float r = __uint_as_float(key ? ref[i] ^ cuco_mix(i, key) : ref[i]);
+    const float r = __uint_as_float(sealed ? ref[i] ^ cuco_keystream(i, k0, k1) : ref[i]);
     const float d = fabsf(as_float<S>(got[i]) - r);
     if (!(d <= rtol * fabsf(r) + atol)) ++local;
     const float f = isfinite(d) ? d : 1e30f;
@@ -61,8 +63,9 @@ __device__ void check(const S* got, const unsigned* ref, unsigned long long n, f
 extern "C" {
 #define CUCO_CHECK(name, S)                                                                        \
   __global__ void name(const S* g, const unsigned* r, unsigned long long n, float rt, float at,     \
-                       unsigned key, unsigned long long* b, double* st, unsigned* mx) {            \
-    check(g, r, n, rt, at, key, b, st, mx);                                                        \
+                       unsigned long long k0, unsigned long long k1, unsigned long long* b,        \
+                       double* st, unsigned* mx) {                                                 \
+    check(g, r, n, rt, at, k0, k1, b, st, mx);                                                     \
   }
 CUCO_CHECK(check_bf16, unsigned short)
 CUCO_CHECK(check_fp16, __half)
@@ -100,7 +103,8 @@ def _launch(got_storage, ref, dtype: str, rtol: float, atol: float, bad, stats, 
     _module().get_function(f"check_{dtype}")(
         (blocks,), (threads,),
         (got_storage, sealed.bits, numpy.uint64(n), numpy.float32(rtol), numpy.float32(atol),
-         numpy.uint32(sealed.key), bad, stats if stats is not None else numpy.uint64(0),
+         *(numpy.uint64(w) for w in key_words(sealed.key)), bad,
+         stats if stats is not None else numpy.uint64(0),
          max_bits if max_bits is not None else numpy.uint64(0)), stream=stream)
 
 

@@ -7,8 +7,9 @@ from the inputs, so a kernel that copied the reference into its output would pas
 check without computing anything. Two measures close that path:
 
 * :class:`SealedReference`: the device holds a reference only *sealed*, each element's
-  fp32 bits XORed with a keystream drawn from a key that lives in this process's memory
-  and in the check kernels' launch arguments alone. Read from device memory, it is noise.
+  fp32 bits XORed with a keystream (SipHash-2-4 of its index) under a 128-bit key that lives
+  in this process's memory and in the check kernels' launch arguments alone. Read from
+  device memory, it is noise, and one known element does not give the key away.
 * :func:`scrubbed_allocations`: buffers made while inputs and references are computed
   come from an allocator that zeroes each one before giving it back to the driver, so the
   reference's temporaries (the unsealed result, partial sums) leave no copy in free memory.
@@ -23,8 +24,7 @@ from typing import Any
 
 import numpy
 
-#: The keystream: element ``i`` of a sealed reference holds ``bits(ref[i]) ^ mix(i, key)``.
-#: Used by every kernel that seals or reads a reference (one definition, here).
+#: A cheap position hash (fingerprints: no secret there): ``cuco_mix(i, salt)``.
 MIX_SRC = r"""
 __device__ __forceinline__ unsigned cuco_mix(unsigned long long i, unsigned key) {
   unsigned h = (unsigned)((i * 0x9E3779B97F4A7C15ull) >> 32) ^ key;
@@ -33,19 +33,51 @@ __device__ __forceinline__ unsigned cuco_mix(unsigned long long i, unsigned key)
 }
 """
 
-_SEAL_SRC = MIX_SRC + r"""
-extern "C" __global__ void cuco_seal(unsigned* bits, unsigned long long n, unsigned key) {
+#: The keystream that seals a reference: element ``i`` holds ``bits(ref[i]) ^
+#: keystream(i, k0, k1)``, the low 32 bits of SipHash-2-4 of ``i`` under the 128-bit key
+#: (k0, k1). SipHash is a keyed PRF: one element whose plain value a kernel computed
+#: honestly tells it nothing about the key (a 32-bit key and a public mix, as before, were
+#: brute-forced from one element in about 2^31 tries). Used by every kernel that seals or
+#: reads a reference (one definition, here).
+SEAL_SRC = r"""
+__device__ __forceinline__ unsigned long long cuco_rotl(unsigned long long x, int b) {
+  return (x << b) | (x >> (64 - b));
+}
+__device__ __forceinline__ void cuco_sipround(unsigned long long& v0, unsigned long long& v1,
+                                              unsigned long long& v2, unsigned long long& v3) {
+  v0 += v1; v1 = cuco_rotl(v1, 13); v1 ^= v0; v0 = cuco_rotl(v0, 32);
+  v2 += v3; v3 = cuco_rotl(v3, 16); v3 ^= v2;
+  v0 += v3; v3 = cuco_rotl(v3, 21); v3 ^= v0;
+  v2 += v1; v1 = cuco_rotl(v1, 17); v1 ^= v2; v2 = cuco_rotl(v2, 32);
+}
+__device__ __forceinline__ unsigned cuco_keystream(unsigned long long i, unsigned long long k0,
+                                                   unsigned long long k1) {
+  unsigned long long v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
+  unsigned long long v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+  const unsigned long long b = 8ull << 56;  // one 8-byte block: the index
+  v3 ^= i; cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3); v0 ^= i;
+  v3 ^= b; cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3); v0 ^= b;
+  v2 ^= 0xff;
+  cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3);
+  cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3);
+  return (unsigned)(v0 ^ v1 ^ v2 ^ v3);
+}
+"""
+
+_SEAL_SRC = SEAL_SRC + r"""
+extern "C" __global__ void cuco_seal(unsigned* bits, unsigned long long n, unsigned long long k0,
+                                     unsigned long long k1) {
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x)
-    bits[i] ^= cuco_mix(i, key);
+    bits[i] ^= cuco_keystream(i, k0, k1);
 }
 """
 _seal_module = None
+KEY_BITS = 128
 
 
 def mix_host(index, key: int) -> numpy.ndarray:
-    """The keystream at the element indices ``index`` on the host (the numbers ``cuco_mix``
-    gives on the device)."""
+    """``cuco_mix`` on the host (the fingerprints' position hash)."""
     i = numpy.asarray(index, dtype=numpy.uint64)
     with numpy.errstate(over="ignore"):
         h = ((i * numpy.uint64(0x9E3779B97F4A7C15)) >> numpy.uint64(32)).astype(numpy.uint32)
@@ -58,6 +90,47 @@ def mix_host(index, key: int) -> numpy.ndarray:
     return h
 
 
+def key_words(key: int) -> tuple[int, int]:
+    """The 128-bit ``key`` as the kernels take it: (k0, k1), 64 bits each."""
+    return key & (2**64 - 1), key >> 64
+
+
+def keystream_host(index, key: int) -> numpy.ndarray:
+    """The keystream at the element indices ``index`` on the host (what ``cuco_keystream``
+    gives on the device), vectorised SipHash-2-4."""
+    u = numpy.uint64
+    k0, k1 = (u(w) for w in key_words(key))
+    m = numpy.asarray(index, dtype=numpy.uint64)
+
+    def rotl(x, b):
+        return (x << u(b)) | (x >> u(64 - b))
+
+    with numpy.errstate(over="ignore"):
+        v0 = numpy.full_like(m, k0 ^ u(0x736F6D6570736575))
+        v1 = numpy.full_like(m, k1 ^ u(0x646F72616E646F6D))
+        v2 = numpy.full_like(m, k0 ^ u(0x6C7967656E657261))
+        v3 = numpy.full_like(m, k1 ^ u(0x7465646279746573))
+
+        def rounds(n):
+            nonlocal v0, v1, v2, v3
+            for _ in range(n):
+                v0 = v0 + v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32)  # noqa: E702
+                v2 = v2 + v3; v3 = rotl(v3, 16); v3 ^= v2  # noqa: E702
+                v0 = v0 + v3; v3 = rotl(v3, 21); v3 ^= v0  # noqa: E702
+                v2 = v2 + v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32)  # noqa: E702
+
+        b = u(8 << 56)
+        v3 ^= m
+        rounds(2)
+        v0 ^= m
+        v3 ^= b
+        rounds(2)
+        v0 ^= b
+        v2 ^= u(0xFF)
+        rounds(4)
+        return (v0 ^ v1 ^ v2 ^ v3).astype(numpy.uint32)  # the low 32 bits
+
+
 def grid(n: int) -> tuple[int, int]:
     """Blocks and threads of a grid-stride pass over ``n`` elements."""
     return max(1, min(4096, -(-n // 1024))), 256
@@ -66,7 +139,7 @@ def grid(n: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class SealedReference:
     """An fp32 reference as the device keeps it: ``bits`` (uint32, the reference's shape),
-    sealed with ``key`` (0: a plain reference, e.g. a benchmark's own check). ``amax`` is
+    sealed with the 128-bit ``key`` (0: a plain reference, e.g. a benchmark's own check). ``amax`` is
     ``max |ref|``, taken before sealing, for the tolerance."""
 
     bits: Any
@@ -85,13 +158,14 @@ class SealedReference:
         if ref.dtype != cupy.float32 or not ref.flags.c_contiguous:
             raise ValueError("a reference is a C-contiguous float32 array")
         amax = float(cupy.abs(ref).max()) if ref.size else 0.0
-        key = secrets.randbits(32) | 1
+        key = secrets.randbits(KEY_BITS) | 1
         if _seal_module is None:
             _seal_module = cupy.RawModule(code=_SEAL_SRC, options=("--std=c++17",))
         bits = ref.view(cupy.uint32)
         n = int(bits.size)
-        _seal_module.get_function("cuco_seal")(grid(n)[:1], grid(n)[1:], (bits, numpy.uint64(n),
-                                                                          numpy.uint32(key)))
+        k0, k1 = key_words(key)
+        _seal_module.get_function("cuco_seal")(grid(n)[:1], grid(n)[1:], (
+            bits, numpy.uint64(n), numpy.uint64(k0), numpy.uint64(k1)))
         return cls(bits, key, amax)
 
     @classmethod
@@ -105,7 +179,7 @@ class SealedReference:
         """The reference in fp32 on the host (unsealed there, never on the device)."""
         bits = self.bits.get().reshape(-1)
         if self.key:
-            bits = bits ^ mix_host(numpy.arange(bits.size), self.key)
+            bits = bits ^ keystream_host(numpy.arange(bits.size), self.key)
         return bits.view(numpy.float32).reshape(self.bits.shape)
 
 
