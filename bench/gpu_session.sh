@@ -56,6 +56,7 @@ step_command() {
     tests_emulated)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_emulated_world_gpu.py" ;;
     tests_runtime)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_runtime_gpu.py" ;;
     tests_integrity) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_ev_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py" ;;
     tests_tp_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_gpu.py" ;;
     tests_in_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_in_kernel_gpu.py" ;;
     tests_pipes)     echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_pipelines_gpu.py" ;;

@@ -43,13 +43,23 @@ def test_no_call_meets_a_buffer_its_own_inputs_wrote_last(seed):
             last[k] = c.input_set
 
 
+def test_a_short_timing_job_keeps_half_its_rest_timed():
+    calls = [c for c in timing(2, iters=10) if c.program == "v1" and c.iteration >= 0]
+    assert sum(c.checked for c in calls) == 4 and sum(c.timed for c in calls) == 3
+    assert sum(c.stress is not None and not c.checked for c in calls) == 3
+
+
 def test_checked_calls_hide_among_timed_ones():
     sched = timing(1)
     for name in VERIFIED:
         calls = [c for c in sched if c.program == name and c.iteration >= 0]
         assert len(calls) == 20
-        assert sum(c.checked for c in calls) == 4 and sum(c.timed for c in calls) == 16
+        assert sum(c.checked for c in calls) == 4 and sum(c.timed for c in calls) == 12
         assert all(c.poison is not None and c.stress is not None for c in calls if c.checked)
+        # stress is no tell: as many unchecked calls are stressed, and none of them is timed
+        stressed = [c for c in calls if c.stress is not None and not c.checked]
+        assert len(stressed) == 4 and not any(c.timed for c in stressed)
+        assert all(c.stress is None for c in calls if c.timed)
         assert not any(c.checked for c in sched if c.program == name and c.iteration < 0)
     positions = {s: tuple(c.iteration for c in timing(s) if c.program == "v1" and c.checked)
                  for s in range(12)}

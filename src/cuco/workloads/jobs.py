@@ -148,6 +148,10 @@ class Program:
     #: per set, run after the call's closing event and before its check (a peer's result
     #: into its checked output: never timed)
     settle: list[Callable[[], None]] = field(default_factory=list)
+    #: poison the output again as soon as it is verified: a host program's (or a peer
+    #: library's) output is a right answer, which a candidate reading memory it was not
+    #: given must not find lying there between calls
+    scrub: bool = False
 
 
 def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[InputSet], elems: int,
@@ -158,7 +162,7 @@ def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[
     out, outer = guarded_output(elems, dtype)
     calls = [make(st.inputs, out) for st in sets]
     outputs = [getattr(c, "output", out) for c in calls]
-    return Program(calls, outputs, outer if all(o is out for o in outputs) else ())
+    return Program(calls, outputs, outer if all(o is out for o in outputs) else (), scrub=True)
 
 
 def peer_programs(wl: Workload, ctx, sets: list[InputSet], elems: int) -> dict[str, Program]:
@@ -167,7 +171,7 @@ def peer_programs(wl: Workload, ctx, sets: list[InputSet], elems: int) -> dict[s
     out, outer = guarded_output(elems, wl.dtype)
     per_set = [wl.peers(ctx, st.inputs, out) for st in sets]
     return {name: Program([p[name].call for p in per_set], [out] * len(sets), outer,
-                          settle=[p[name].settle for p in per_set]) for name in per_set[0]}
+                          settle=[p[name].settle for p in per_set], scrub=True) for name in per_set[0]}
 
 
 def variant_program(make: Callable[[Buffers, Any], Any], arena, sets: list[InputSet], elems: int,
@@ -315,15 +319,26 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
                 rec["guards_intact"] = rec["guards_intact"] and intact
                 if not (got["correct"] and intact):
                     failures.setdefault(call.program, []).append((idx, call, got["bad_elements"]))
+                if prog.scrub:
+                    call.poison.apply(out)
                 s.synchronize()
                 check_s += time.perf_counter() - t0
                 continue
             fn = prog.calls[call.input_set] if prog is not None else fns[call.program]
+            runner = prog.runners[call.input_set] if prog is not None and prog.runners else None
             spin(s, job.busy_us)
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            if call.stress is not None:  # stressed as a checked call is, verified as a timed one
+                if runner is not None:
+                    runner.stress_us = job.stress_us
+                call.stress.before(ctx, s, hog_stream)
             start.record(s)
             fn()
             end.record(s)
+            if call.stress is not None:
+                call.stress.after(s, hog_stream)
+                if runner is not None:
+                    runner.stress_us = 0.0
             if call.timed:
                 marks[call.program].append((start, end))
             if prog is not None:
@@ -334,6 +349,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
                     prog.settle[call.input_set]()
                 count_bad_async(prog.outputs[call.input_set], st.ref, dtype, rtol, st.atol,
                                 counts[idx:idx + 1], s, stats=sums[idx])
+                if prog.scrub:
+                    call.poison.apply(prog.outputs[call.input_set])
                 v1.record(s)
                 verify_marks.append((v0, v1))
         s.synchronize()
@@ -428,7 +445,8 @@ class Case:
                                                   elems, wl.dtype)}
             per_set = [wl.baselines(ctx, st.inputs) if self.baselines else {} for st in sets]
             for name in per_set[0]:
-                programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set])
+                programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set],
+                                         scrub=True)  # the other host programs: right answers too
             gaps = wl.peer_gaps(ctx) if self.peers else {}
             if self.peers:
                 programs.update(peer_programs(wl, ctx, sets, elems))

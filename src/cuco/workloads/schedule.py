@@ -11,8 +11,10 @@ What it guarantees to the verification in :mod:`cuco.workloads.jobs`:
   outputs and arena are poisoned with a pattern drawn per call (so nothing a call finds
   there is left from an earlier one, and poison is no tell). In a timing job, a few
   iterations of every verified program, drawn at random, are *checked* (stressed from
-  outside the kernel, compared in full on the host); the others are timed. All calls are
-  verified; only timed calls enter the median.
+  outside the kernel, compared in full on the host); as many others, drawn apart from
+  them, are stressed the same way but verified on the device like timed calls, so stress
+  is no tell of a checked call either. All calls are verified; only unstressed timed
+  calls enter the median.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Call:
     checked: bool
     timed: bool
     poison: Poison | None = None  # every verified call's; None for the bound's halves
-    stress: Stress | None = None  # checked calls only
+    stress: Stress | None = None  # checked calls, and as many verified-only ones (never timed)
 
 
 def set_seed(seed: int, input_set: int) -> int:
@@ -55,7 +57,9 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
     sets (:data:`N_SETS` per seed it checks). ``check_only``: every verified program runs
     ``n_sets`` times, every call checked. Otherwise ``warmup``
     rounds of every program (verified, not timed), then ``iters`` rounds in rotating
-    order, ``n_checked`` of each verified program's iterations checked.
+    order, ``n_checked`` of each verified program's iterations checked and as many others
+    (fewer where ``iters`` is short: half the rest stays timed) stressed like them but
+    verified on the device (left out of the median).
     """
     rng = random.Random(seed)
     last: dict[str, int] = {}
@@ -75,6 +79,10 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
     def timed(name: str, it: int) -> Call:
         return Call(name, it, pick(name), False, it >= 0, Poison.draw(rng, dtype))
 
+    def stressed(name: str, it: int) -> Call:
+        return Call(name, it, pick(name), False, False, Poison.draw(rng, dtype),
+                    Stress.draw(rng, world_size, sms))
+
     calls: list[Call] = []
     if check_only:
         names = list(verified)
@@ -84,8 +92,12 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
         return calls
     if iters <= n_checked:
         raise ValueError(f"iters={iters} leaves no timed call beside {n_checked} checked ones")
+    # as many stressed-but-unchecked calls as checked ones, while half the rest stays timed
+    n_stressed = min(n_checked, (iters - n_checked) // 2)
     names = [*verified, *extras]
-    checked_at = {n: set(rng.sample(range(iters), n_checked)) for n in verified}
+    drawn = {n: rng.sample(range(iters), n_checked + n_stressed) for n in verified}
+    checked_at = {n: set(d[:n_checked]) for n, d in drawn.items()}
+    stressed_at = {n: set(d[n_checked:]) for n, d in drawn.items()}
     for it in range(-warmup, iters):
         r = it % len(names)
         for name in names[r:] + names[:r]:
@@ -93,6 +105,8 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
                 calls.append(Call(name, it, 0, False, it >= 0))
             elif it >= 0 and it in checked_at[name]:
                 calls.append(checked(name, it))
+            elif it >= 0 and it in stressed_at[name]:
+                calls.append(stressed(name, it))
             else:
                 calls.append(timed(name, it))
     return calls
