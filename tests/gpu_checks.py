@@ -42,3 +42,21 @@ def assert_edit_is_caught(group, wl, d: Directives, old: str, new: str, name: st
                     timeout=timeout)
     assert res.ok, res.error_text()
     assert not merge_ranks(res.results)[name]["correct"]
+
+
+def assert_collectives_correct(group, cubins: dict[str, str], op: str, elements: int, *,
+                               seeds=(1, 2), timeout: int = 180) -> dict:
+    """cuco's LSA / NVSHMEM collectives and NCCL's, on random data of ``elements`` bf16 per
+    rank and fresh ``seeds``: every variant's every element right. Returns the last merge."""
+    from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
+    merged: dict = {}
+    for seed in seeds:
+        case = CollectiveCase(op, elements * 2, ctas=(7, 32), seed=seed, time=False,
+                              lsa_cubin=cubins["lsa"], nvshmem_cubin=cubins.get("nvshmem", ""))
+        res = group.run(case, timeout=timeout)
+        assert res.ok, res.error_text()
+        merged = merge_ranks(res.results)
+        assert len(merged) >= 3
+        for name, m in merged.items():
+            assert m["correct"], f"{op} {elements} {name}: {m}"
+    return merged

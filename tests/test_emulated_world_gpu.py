@@ -9,6 +9,7 @@ import pytest
 
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import lsa_collectives, nvshmem_collectives
+from gpu_checks import assert_collectives_correct
 
 pytestmark = pytest.mark.gpu
 
@@ -46,16 +47,8 @@ def test_every_rank_is_on_one_gpu_with_its_share_of_the_sms(world):
 @pytest.mark.parametrize("op,elements", [("allreduce", 100_003), ("allreduce", 1 << 18),
                                          ("allgather", 100_003), ("reducescatter", 4 * 100_003)])
 def test_lsa_and_nvshmem_collectives_are_right(world, cubins, op, elements):
-    from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
-    for seed in (1, 2):
-        case = CollectiveCase(op, elements * 2, ctas=(7, 32), seed=seed, time=False,
-                              lsa_cubin=cubins["lsa"], nvshmem_cubin=cubins["nvshmem"])
-        res = world.run(case, timeout=180)
-        assert res.ok, res.error_text()
-        merged = merge_ranks(res.results)
-        assert any(n.startswith("lsa") for n in merged), merged.keys()
-        for name, m in merged.items():
-            assert m["correct"], f"{op} {elements} {name}: {m}"
+    merged = assert_collectives_correct(world, cubins, op, elements)
+    assert any(n.startswith("lsa") for n in merged), merged.keys()
 
 
 def test_spin_waits_meet_in_microseconds_not_time_slices(world, cubins):

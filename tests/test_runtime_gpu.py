@@ -7,6 +7,7 @@ import pytest
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import lsa_collectives, nvshmem_collectives
 from cuco.kernels.render import render
+from gpu_checks import assert_collectives_correct
 
 pytestmark = pytest.mark.gpu(count=2)
 
@@ -29,16 +30,7 @@ def cubins():
     ("reducescatter", 2 * 100_003), ("reducescatter", 1 << 20),
 ])
 def test_collectives_correct_on_random_data(gpu_group, cubins, op, elements):
-    from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
-    for seed in (1, 2):
-        case = CollectiveCase(op, elements * 2, ctas=(7, 32), seed=seed, time=False,
-                              lsa_cubin=cubins["lsa"], nvshmem_cubin=cubins["nvshmem"])
-        res = gpu_group.run(case, timeout=120)
-        assert res.ok, res.error_text()
-        merged = merge_ranks(res.results)
-        assert len(merged) >= 3
-        for name, m in merged.items():
-            assert m["correct"], f"{op} {elements} {name}: {m}"
+    assert_collectives_correct(gpu_group, cubins, op, elements, timeout=120)
 
 
 def test_deadlock_returns_hang_then_recovers(gpu_group, cubins):
