@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,17 +84,3 @@ def check_llm_spec(spec: str) -> tuple[str, str, str]:
         raise LLMSpecError(f"{spec!r} names no model; write {provider}:MODEL", param="llm",
                            fix=f"{provider}:MODEL")
     return provider, url, model
-
-
-def make_client(spec: str, **kw) -> LLMClient:
-    """``openai:MODEL``, ``anthropic:MODEL`` or ``compat:BASE_URL|MODEL`` (OpenAI-compatible)."""
-    provider, url, model = check_llm_spec(spec)
-    if provider == "openai":
-        from cuco.llm.clients import OpenAIClient
-        return OpenAIClient(model, **kw)
-    if provider == "anthropic":
-        from cuco.llm.clients import AnthropicClient
-        return AnthropicClient(model, **kw)
-    from cuco.llm.clients import OpenAIClient
-    kw.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or "not-needed")
-    return OpenAIClient(model, base_url=url, **kw)
