@@ -133,3 +133,16 @@ def test_an_emulated_verdict_is_stored_as_emulated_with_no_speedup(tmp_path):
     store_result(db, "gemm_allreduce", Candidate(Directives()), r)
     (ev,) = db.evaluations()
     assert ev.evidence == "emulated" and ev.speedup is None
+
+
+def test_a_launched_rank_takes_its_host_id_only_when_emulating(monkeypatch):
+    """torchrun's ranks (``$RANK``) call ``apply_rank_env`` before NCCL starts: under
+    ``CUCO_EMULATE`` each claims its own host, otherwise nothing changes."""
+    for var in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.delenv(emulated.ENV_VAR, raising=False)
+    assert emulated.apply_rank_env() is False and "NCCL_HOSTID" not in os.environ
+    monkeypatch.setenv(emulated.ENV_VAR, "4")
+    assert emulated.apply_rank_env() is True
+    assert os.environ["NCCL_HOSTID"] == emulated.nccl_env(3)["NCCL_HOSTID"]

@@ -68,6 +68,7 @@ class FusedCall:
         group to share (another M of the same kernel), instead of one made from ``nccl_id``."""
         import cupy
 
+        from cuco.runtime import emulated
         from cuco.runtime.nccl import Communicator
         from cuco.runtime.worker import WorkerContext, WorkerOptions
         from cuco.workloads import for_problem
@@ -97,8 +98,13 @@ class FusedCall:
         dev.use()
         self.problem = p
         self.workload = for_problem(p)
-        self.ctx = WorkerContext(rank, world_size, dev.id, WorkerOptions(arch=artifact.manifest["arch"]),
-                                 comm=comm if comm is not None else Communicator(nccl_id, rank, world_size),
+        # ranks sharing one GPU (CUCO_EMULATE; their launcher gave each its NCCL host id:
+        # cuco.runtime.emulated.apply_rank_env): windows and barriers through CUDA IPC
+        emulate = emulated.requested() > 0
+        self.ctx = WorkerContext(rank, world_size, dev.id,
+                                 WorkerOptions(arch=artifact.manifest["arch"], emulated=emulate),
+                                 comm=comm if comm is not None else Communicator(
+                                     nccl_id, rank, world_size, emulated=emulate),
                                  stream=cupy.cuda.get_current_stream())
         self.arena = prepare_arenas(self.ctx, self.workload.layout(), {"lsa"})["lsa"]
         self.runner = None

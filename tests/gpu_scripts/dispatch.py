@@ -15,6 +15,10 @@ import sys
 import warnings
 
 import torch
+
+from cuco.runtime.emulated import apply_rank_env
+
+apply_rank_env()  # CUCO_EMULATE: every rank on one GPU, each with its own NCCL host id
 import torch.distributed as dist
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 

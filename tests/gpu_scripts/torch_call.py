@@ -10,6 +10,10 @@ import sys
 
 import cupy
 import torch
+
+from cuco.runtime.emulated import apply_rank_env
+
+apply_rank_env()  # CUCO_EMULATE: every rank on one GPU, each with its own NCCL host id
 import torch.distributed as dist
 
 import cuco
@@ -18,7 +22,8 @@ from cuco.workloads import get
 
 art_dir, out_path = sys.argv[1], sys.argv[2]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+local = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()  # one GPU when emulated
+torch.cuda.set_device(local)
 dist.init_process_group("nccl")
 art = cuco.load(art_dir, world_size=world)
 p = art.problem

@@ -18,6 +18,10 @@ import random
 import sys
 
 import torch
+
+from cuco.runtime.emulated import apply_rank_env
+
+apply_rank_env()  # CUCO_EMULATE: every rank on one GPU, each with its own NCCL host id
 import torch.distributed as dist
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
@@ -27,8 +31,9 @@ from cuco.workloads import get
 
 mode, out_path, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+local = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()  # one GPU when emulated
+torch.cuda.set_device(local)
+dist.init_process_group("nccl", device_id=torch.device("cuda", local))
 G = dist.group.WORLD.group_name
 if mode in ("check", "compile"):
     enable_symm_mem_for_group(G)  # torch's own fused ops need it

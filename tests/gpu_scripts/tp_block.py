@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 
 import torch
+
+from cuco.runtime.emulated import apply_rank_env
+
+apply_rank_env()  # CUCO_EMULATE: every rank on one GPU, each with its own NCCL host id
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -165,7 +169,7 @@ if mode == "cpu":
     DEVICE = torch.device("cpu")
     dist.init_process_group("gloo")
 else:
-    DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.cuda.set_device(DEVICE)
     dist.init_process_group("nccl", device_id=DEVICE)
 group_name = dist.group.WORLD.group_name

@@ -68,6 +68,16 @@ def nccl_env(rank: int) -> dict[str, str]:
             "NCCL_IB_DISABLE": "1"}
 
 
+def apply_rank_env(rank: int | None = None) -> bool:
+    """For a process some other launcher started as one rank (torchrun, say): where
+    ``CUCO_EMULATE`` is set, give it its own NCCL host id before NCCL (torch's or cuco's)
+    starts, and return True; otherwise change nothing. ``rank``: ``$RANK`` by default."""
+    if requested() <= 0:
+        return False
+    os.environ.update(nccl_env(int(os.environ.get("RANK", "0")) if rank is None else rank))
+    return True
+
+
 def sm_share_env(world_size: int) -> dict[str, str]:
     """Each rank's share of the SMs under MPS: the rank's context then reports that many
     SMs, so persistent grids sized from it fit beside every other rank's."""
