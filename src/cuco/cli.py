@@ -502,9 +502,38 @@ def demo(
         art = export(CandidateDB(db), best[0].id, folder / "artifact", arch=arch)
     console.print(f"artifact: {art.path} ({art.manifest['variant']}, {art.manifest['arch']}, "
                   f"speedup {art.speedup_text()})")
+    if not real and gpus >= 1:
+        _check_in_emulated_world(db, best[0], problem, result.run_id)
     if not real:
         console.print("[yellow]dry run done: numbers above are the analytic model's. On a machine "
                       f"with {world_size} Hopper GPUs, `cuco demo` measures them.[/]", soft_wrap=True)
+
+
+def _check_in_emulated_world(db: str, cand, problem, run_id: int) -> None:
+    """One GPU: the dry run's winner, run for real with every rank on that GPU (an emulated
+    world) and checked by the evaluator; checked, not timed. Says why where it cannot."""
+    from cuco.db import CandidateDB
+    from cuco.design import Directives
+    from cuco.errors import CucoError
+    from cuco.evaluate import evaluator_for
+    from cuco.evaluate.evaluator import Candidate
+    from cuco.runtime import WorkerGroup
+    console.print(f"checking the winner on this GPU in an emulated world of {problem.world_size} "
+                  "ranks (every rank on the one GPU under MPS)...")
+    try:
+        with WorkerGroup(problem.world_size, emulate=True, nvshmem=True) as group:
+            ev = evaluator_for(problem, group=group, db=CandidateDB(db), run_id=run_id, timing_iters=8)
+            r = ev.evaluate(Candidate(Directives(**cand.directives), candidate_id=cand.id))
+    except CucoError as exc:
+        console.print(f"[yellow]not checked: {escape(str(exc))}[/]", soft_wrap=True)
+        return
+    if r.status == "ok":
+        console.print(f"[green]the winner is correct[/] in an emulated {problem.world_size}-rank "
+                      f"world ({r.extra.get('calls_verified')} calls verified): checked, [bold]not "
+                      "timed[/] (the ranks share one GPU, so its time says nothing)", soft_wrap=True)
+    else:
+        console.print(f"[red]the winner failed its checks[/] in an emulated world: {r.status} at "
+                      f"{r.stage_reached}: {escape((r.error or '')[:300])}", soft_wrap=True)
 
 
 def _emulate(world_size: int) -> None:
