@@ -51,8 +51,9 @@ def test_readme_example_runs(tmp_path):
 def test_readme_commands_match_ci():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    test_cmd = "python3 -m pytest -q"
+    test_cmd = 'python3 -m pytest -q -n 2 -m "not slow"'
     assert test_cmd in readme and test_cmd in ci.strip().splitlines()
+    assert 'python3 -m pytest -q -n 2 -m slow' in ci.strip().splitlines()  # CI runs every test
 
 
 def test_public_api_imports_without_torch_or_gpu():
