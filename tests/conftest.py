@@ -49,11 +49,22 @@ def pytest_report_header(config):
     return None
 
 
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory) -> str:
+    """The kernel cache of this test run, never the user's: ``CUCO_TEST_CACHE`` where set,
+    else one under the run's temporary directory, shared by the ``pytest -n`` workers of one
+    run (the compiler's cache takes concurrent builders), so a kernel two tests build is
+    compiled once."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # each worker's base is <run>/popen-gwN
+    return os.environ.get("CUCO_TEST_CACHE") or str(base / "kcache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Each session compiles into one cache of its own, never the user's."""
-    cache = os.environ.get("CUCO_TEST_CACHE") or str(tmp_path_factory.getbasetemp() / "kcache")
-    monkeypatch.setenv("CUCO_CACHE_DIR", cache)
+def _isolated_cache(kernel_cache, monkeypatch):
+    """Every test compiles into the run's cache (:func:`kernel_cache`)."""
+    monkeypatch.setenv("CUCO_CACHE_DIR", kernel_cache)
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "1")

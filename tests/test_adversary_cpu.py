@@ -44,9 +44,10 @@ def test_side_stream_attack_is_buildable(name, world):
     _passes_cascade_until_gpu(ev, d, build(ev))
 
 
+@pytest.mark.slow
 def test_in_kernel_attack_is_buildable():
     """One CUTLASS build (about a minute on two cores), at one rank: the GPU module's world
-    size on one H200."""
+    size on one H200. Slow: CI runs it with the kernel builds (``pytest -m slow``)."""
     kind, d, build, _ = adv.ATTACKS["in_kernel_call_index_tell"]
     ev = _ev(kind, 1)
     _passes_cascade_until_gpu(ev, d, build(ev))

@@ -127,6 +127,7 @@ def test_the_split_build_makes_the_same_kernel_as_a_whole_build(tmp_path):
     assert device_code(split.path.read_bytes()) == whole
 
 
+@pytest.mark.slow
 def test_relocatable_builds_that_differ_only_in_text_keep_their_device_code(tmp_path):
     """NVSHMEM kernels build relocatable (-rdc): nvcc names their internal statics after a
     hash of the source file (``__nv_static_<n>__<hash>_...``), so any edit, even a comment,
