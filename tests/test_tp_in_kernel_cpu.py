@@ -103,7 +103,7 @@ def test_the_issuer_is_a_type_picked_on_one_line(family, placement, comm_ctas, c
 def test_comm_warps_are_an_in_kernel_tunable():
     with pytest.raises(DirectiveError, match="comm_warps: placement=side_stream .* set comm_warps=0"):
         Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, comm_warps=2)
-    with pytest.raises(ValueError, match="comm_warps"):
+    with pytest.raises(DirectiveError, match="comm_warps=4 must be <= 3"):
         in_kernel("epilogue", comm_warps=4)  # the producer warpgroup has 3 spare warps
     assert in_kernel("epilogue", comm_warps=3, raster_group=8).full_name.endswith(".g8.cw3.direct")
 

@@ -347,7 +347,7 @@ def load_table(path: str | Path, *, world_size: int | None = None, group_name: s
     NCCL unless given. A table of the analytic model or an emulated world loads with a
     :class:`ModelTableWarning`: its choices are predictions, not measurements.
     """
-    import cuco
+    from cuco.export import load
     table = DispatchTable.load(path)
     if world_size is None:
         if group_name is not None:
@@ -367,7 +367,7 @@ def load_table(path: str | Path, *, world_size: int | None = None, group_name: s
             art = table.artifact_path(e)
             if art is not None and str(art) not in kernels:
                 try:
-                    loaded = cuco.load(art, world_size=lt.layer.world_size, check_versions=not table.is_model)
+                    loaded = load(art, world_size=lt.layer.world_size, check_versions=not table.is_model)
                 except CucoError as exc:
                     raise TableMismatch(f"dispatch table {path}: {lt.layer.key} bucket {e.m} names "
                                         f"{art}, which does not load here: {exc}") from None
