@@ -94,8 +94,8 @@ def doctor() -> None:
         raise typer.Exit(1)
     if not any(c.name == "GPUs" and c.status == "ok" for c in checks):
         console.print("[yellow]No GPU here: cuco can render and compile kernels, but running, "
-                      "checking and timing them needs NVIDIA GPUs (2+ with NVLink for "
-                      "communication).[/]")
+                      "checking and timing them needs NVIDIA GPUs: one checks every multi-rank "
+                      "kernel in an emulated world, 2+ with NVLink time communication.[/]")
 
 
 @db_app.command("ls")
