@@ -68,7 +68,7 @@ def _summary(verdicts, seconds: float) -> dict:
 
 def _make_evaluator(family, m, n, k, w, cache):
     def make():
-        return Evaluator(get(family)(m, n, k, w), group=WorkerGroup(w, nvshmem=True).start(),
+        return Evaluator(get(family)(m=m, n=n, k=k, world_size=w), group=WorkerGroup(w, nvshmem=True).start(),
                          compiler=Compiler(cache_dir=cache))
     return make
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{visible_gpus()} GPU(s) visible: this benchmark needs {w}")
         return 1
     workdir = Path(tempfile.mkdtemp(prefix="cuco-evalbench-"))
-    wl = get(a.family)(m, n, k, w)
+    wl = get(a.family)(m=m, n=n, k=k, world_size=w)
     batches = _candidates(wl.problem, a.candidates, a.seed)
     db = CandidateDB(workdir / "bench.db")
     make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local")

@@ -69,7 +69,7 @@ class HouseRules(Evaluator):  # our training stack bans atomics (run-to-run nond
 
 if __name__ == "__main__":  # python examples/custom_evaluator.py [DB]
     group = WorkerGroup(2).start() if visible_gpus() >= 2 else None
-    ev = HouseRules(GemmBiasGeluAllReduce(8192, 8192, 8192, world_size=2), group=group,
+    ev = HouseRules(GemmBiasGeluAllReduce(m=8192, n=8192, k=8192, world_size=2), group=group,
                     db=CandidateDB(sys.argv[1] if len(sys.argv) > 1 else "custom.db"),
                     compiler=Compiler(arch=None if group else "sm_90a"))  # no GPU: build for Hopper
     for ctas in (16, 32):

@@ -202,7 +202,7 @@ ATTACKS = {
 def make_evaluator(kind: str, world: int, **kw):
     import cuco.workloads as wl
     from cuco.evaluate import Evaluator
-    return Evaluator(getattr(wl, kind)(*SHAPE, world), **kw)
+    return Evaluator(getattr(wl, kind)(**dict(zip("mnk", SHAPE)), world_size=world), **kw)
 
 
 @pytest.fixture(scope="module")

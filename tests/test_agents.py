@@ -203,7 +203,7 @@ def test_fastpath_llm_route_feeds_failures_back_until_a_kernel_passes(tmp_path):
             return r
 
     db = CandidateDB(tmp_path / "c.db")
-    ev = CompileThenModel(GemmAllReduce(1024, 1024, 2048, 2),
+    ev = CompileThenModel(GemmAllReduce(m=1024, n=1024, k=2048, world_size=2),
                           compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
     from cuco.agents.api import gpu_space
     agent = FastPathAgent(ev, db, space=gpu_space(ev.problem, ("side_stream",)))  # as cuco.fastpath

@@ -15,12 +15,12 @@ D = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=16, chunk_
 @pytest.fixture
 def ev(tmp_path):
     db = CandidateDB(tmp_path / "c.db")
-    return Evaluator(GemmAllReduce(1024, 1024, 2048, 2), db=db,
+    return Evaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=2), db=db,
                      compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
 
 
 def test_templates_pass_their_own_static_checks():
-    for wl in (GemmAllReduce(1024, 1024, 2048, 2), GemmReduceScatter(1024, 1024, 2048, 2)):
+    for wl in (GemmAllReduce(m=1024, n=1024, k=2048, world_size=2), GemmReduceScatter(m=1024, n=1024, k=2048, world_size=2)):
         src, _ = Evaluator(wl).template(wl.problem, D)
         assert static_violations(src) == []
         assert evolve.edit_violations(src, src) == []
@@ -105,8 +105,8 @@ def test_a_user_workload_reuses_a_pattern_and_travels_with_its_jobs(tmp_path):
         pattern = "gemm_allreduce"
 
     with pytest.raises(ShapeError, match="K=1024 is split over 3 ranks"):
-        Scaled(1024, 1024, 1024, 3)
-    wl = Scaled(1024, 1024, 2048, 2)
+        Scaled(m=1024, n=1024, k=1024, world_size=3)
+    wl = Scaled(m=1024, n=1024, k=2048, world_size=2)
     assert wl.problem.workload == "scaled_gemm_allreduce"
     assert wl.pattern_problem.workload == "gemm_allreduce"
     db = CandidateDB(tmp_path / "c.db")
@@ -229,7 +229,7 @@ def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp
 
     with WorkerGroup(1, gpu=False) as group:
         db = CandidateDB(tmp_path / "c.db")
-        ev = StandInEvaluator(GemmAllReduce(1024, 1024, 2048, 1), group=group, db=db, timing_batch=4,
+        ev = StandInEvaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=1), group=group, db=db, timing_batch=4,
                               compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
         results = ev.evaluate_many([D, shy, D, D])
     timing = [n for n, timed in jobs if timed]

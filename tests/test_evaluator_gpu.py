@@ -38,7 +38,7 @@ def ev(tmp_path_factory):
     from cuco.runtime import WorkerGroup
     group = WorkerGroup(TEST_WORLD).start()
     db = CandidateDB(tmp_path_factory.mktemp("db") / "c.db")
-    e = Evaluator(GemmAllReduce(1024, 1024, 2048, TEST_WORLD), group=group, db=db,
+    e = Evaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=TEST_WORLD), group=group, db=db,
                   timeouts=StageTimeouts(small=20, full=60, timing=120), timing_iters=10)
     yield e
     group.close()
@@ -102,7 +102,7 @@ def test_writing_to_the_inputs_is_wrong(ev):
     """The compute stream's inputs are not the candidate's to change (they are
     cached across candidates); AllGather+GEMM's comm kernel gets X itself."""
     from cuco.workloads import AllGatherGemm
-    ag = Evaluator(AllGatherGemm(1024, 1024, 2048, TEST_WORLD), group=ev.group, timeouts=ev.timeouts,
+    ag = Evaluator(AllGatherGemm(m=1024, n=1024, k=2048, world_size=TEST_WORLD), group=ev.group, timeouts=ev.timeouts,
                    timing_iters=5)
     src, _ = ag.template(ag.problem, D)
     body = evolve.blocks(src)["chunk_allgather"]

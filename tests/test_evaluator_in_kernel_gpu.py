@@ -29,9 +29,9 @@ def evs(tmp_path_factory):
     group = WorkerGroup(TEST_WORLD).start()
     db = CandidateDB(tmp_path_factory.mktemp("db") / "c.db")
     t = StageTimeouts(small=60, full=90, timing=150)
-    ar = Evaluator(GemmAllReduce(1024, 1024, 2048, TEST_WORLD), group=group, db=db, timeouts=t,
+    ar = Evaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=TEST_WORLD), group=group, db=db, timeouts=t,
                    timing_iters=12)
-    rs = Evaluator(GemmReduceScatter(1024, 1024, 2048, TEST_WORLD), group=group, db=db, timeouts=t,
+    rs = Evaluator(GemmReduceScatter(m=1024, n=1024, k=2048, world_size=TEST_WORLD), group=group, db=db, timeouts=t,
                    timing_iters=12)
     yield {"ar": ar, "rs": rs}
     group.close()
@@ -129,7 +129,7 @@ def test_a_communication_cta_that_skips_its_staged_flag_is_caught(evs):
     built = Compiler().compile(src.source.replace(wait, ""), needs=src.needs, name="racy_staged")
     spec = VariantSpec("racy", DED.to_json(), str(built.path))
     for seed in (3, 4):
-        res = ev.group.run(Case(GemmReduceScatter(1024, 1024, 2048, TEST_WORLD), variants=[spec],
+        res = ev.group.run(Case(GemmReduceScatter(m=1024, n=1024, k=2048, world_size=TEST_WORLD), variants=[spec],
                                 seed=seed, time=False), timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)

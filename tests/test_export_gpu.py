@@ -28,7 +28,7 @@ ONE_KERNEL = in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8)
 @pytest.mark.parametrize("D", [SIDE, ONE_KERNEL], ids=["side_stream", "epilogue"])
 def test_exported_kernel_from_torch_is_right_and_as_fast(gpu_group, tmp_path, D):
     pytest.importorskip("torch")
-    wl = GemmAllReduce(8192, 8192, 8192, 2)
+    wl = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2)
     db = CandidateDB(tmp_path / "c.db")
     run = db.create_run("export-gpu", wl.family, problem=wl.problem.model_dump())
     r = Evaluator(wl, group=gpu_group, db=db, run_id=run).evaluate(D)

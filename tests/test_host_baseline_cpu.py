@@ -84,7 +84,7 @@ def test_peer_gaps_and_pieces_of_the_built_in_workloads():
     from cuco.workloads import AllGatherGemm, GemmAllReduce
 
     ctx = _ctx(torch=False)
-    ag = AllGatherGemm(1024, 1024, 1024, 2)
+    ag = AllGatherGemm(m=1024, n=1024, k=1024, world_size=2)
     assert ag.builtin_host()
     assert "not running in this worker group" in ag.peer_gaps(ctx)["torch_fused"]
     assert ag.peers(ctx, {}, None) == {}  # nothing to build where the gap says why
@@ -94,7 +94,7 @@ def test_peer_gaps_and_pieces_of_the_built_in_workloads():
         def host_sequence(self, ctx, inputs, out):
             return lambda: None
 
-    own = OwnHost(1024, 1024, 1024, 2)
+    own = OwnHost(m=1024, n=1024, k=1024, world_size=2)
     assert not own.builtin_host()
     assert "its own host program" in own.peer_gaps(ctx)["torch_fused"]
     assert own.baselines(ctx, {}) == {}  # the old built-in program would compute another thing

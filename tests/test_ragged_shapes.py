@@ -91,7 +91,7 @@ def test_ragged_kernels_render_with_the_same_blocks(family):
     evaluator checks first."""
     p = GemmProblem(workload=family, **RAGGED)
     wl = {"gemm_allreduce": GemmAllReduce, "gemm_reducescatter": GemmReduceScatter,
-          "allgather_gemm": AllGatherGemm}[family](p.m, p.n, p.k, 2)
+          "allgather_gemm": AllGatherGemm}[family](m=p.m, n=p.n, k=p.k, world_size=2)
     equal = render_side_stream(p.model_copy(update={"m": 3072}), side())[0]
     small = wl.small_problem()
     assert small.m % EQUAL_CHUNKS_M == p.m % EQUAL_CHUNKS_M
@@ -134,14 +134,14 @@ def test_ragged_side_stream_kernels_compile_with_nvcc(tmp_path):
 # ---- what cannot run says what to do ----------------------------------------------------
 def test_in_kernel_points_take_any_m_n_k_and_refuse_unequal_row_blocks_naming_side_stream():
     # 1500 rows per rank: eleven whole 128-row tiles and a short one; N and K not tile multiples
-    for wl in (GemmReduceScatter(3000, 1544, 1544, 2), AllGatherGemm(3000, 1544, 1544, 2),
-               GemmAllReduce(3000, 1544, 1544, 2)):
+    for wl in (GemmReduceScatter(m=3000, n=1544, k=1544, world_size=2), AllGatherGemm(m=3000, n=1544, k=1544, world_size=2),
+               GemmAllReduce(m=3000, n=1544, k=1544, world_size=2)):
         d = in_kernel("epilogue", tile_n=128, stages=4)
         assert wl.supported(d) == [] and wl.row_blocks_refusal() is None
         assert "cuco_fused_launch" in wl.render(d).source
         assert {"epilogue", "dedicated_ctas"} <= {p.value for p in wl.space().choices["placement"]}
     # an AllReduce M that does not split into equal blocks per rank
-    wl = GemmAllReduce(3001, 1536, 1536, 2)
+    wl = GemmAllReduce(m=3001, n=1536, k=1536, world_size=2)
     why = wl.supported(in_kernel("epilogue", tile_n=128, stages=4))
     assert why and "use placement=side_stream or pad M to a multiple of 2 (e.g. 3002)" in why[0]
     with pytest.raises(DirectiveError, match="use placement=side_stream"):
@@ -170,8 +170,8 @@ def test_shapes_that_cannot_run_name_the_parameter_and_the_nearest_fix(shape, pa
     assert "multiple of" in str(err.value)
 
 
-@pytest.mark.parametrize("wl", [GemmAllReduce(3000, 1536, 1536, 2), GemmReduceScatter(3000, 1536, 1536, 2),
-                                AllGatherGemm(1000, 5120, 4096, 2)], ids=FAMILIES)
+@pytest.mark.parametrize("wl", [GemmAllReduce(m=3000, n=1536, k=1536, world_size=2), GemmReduceScatter(m=3000, n=1536, k=1536, world_size=2),
+                                AllGatherGemm(m=1000, n=5120, k=4096, world_size=2)], ids=FAMILIES)
 def test_a_ragged_shape_searches_every_placement(wl):
     from cuco.workloads.tp import GemmWorkload
     assert isinstance(wl, GemmWorkload)

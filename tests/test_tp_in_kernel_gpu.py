@@ -111,7 +111,7 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(world_group, comm_warps,
     cheat = "  wait_peers<N>(p, me, [&](int r) { return partial_slot(r, t); });\n"
     specs = build(GemmProblem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
                   edit=lambda s: s.replace(cheat, "  group_sync<N>();\n"))
-    res = world_group.run(Case(GemmReduceScatter(m, n, k, 2), variants=specs, seed=7, time=False),
+    res = world_group.run(Case(GemmReduceScatter(m=m, n=n, k=k, world_size=2), variants=specs, seed=7, time=False),
                         timeout=120)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)

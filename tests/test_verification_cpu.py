@@ -134,7 +134,7 @@ H200 = {"gemm_tflops": 745.0, "hbm_gbs": 4300.0, "link_gbs": 241.0}
 
 
 def test_the_floor_never_flags_an_honest_kernel_and_flags_one_that_skips_work():
-    ar = GemmAllReduce(8192, 8192, 8192, 2)
+    ar = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2)
     floor = physical_floor_ms(ar.work(), H200)
     # measured honestly on 2 x H200: the in-kernel GEMM alone 0.733 ms (flagged by the old
     # 0.98 x cuBLAS rule), the best fused AllReduce 0.847 ms
@@ -143,11 +143,11 @@ def test_the_floor_never_flags_an_honest_kernel_and_flags_one_that_skips_work():
     # half the GEMM skipped
     assert below_floor({"ms": 0.38, "floor_ms": floor})
     # an AllGather with nothing to compute is bounded by its link bytes
-    ag = AllGatherGemm(8192, 8, 8192, 2)
+    ag = AllGatherGemm(m=8192, n=8, k=8192, world_size=2)
     assert ag.work().link_bytes == 8192 * 8192  # M/2 x K bf16 from the peer
     assert physical_floor_ms(ag.work(), H200) == pytest.approx(
         8192 * 8192 / (241.0 * 2.0 * 1e6))
-    rs = GemmReduceScatter(4096, 4096, 4096, 4)
+    rs = GemmReduceScatter(m=4096, n=4096, k=4096, world_size=4)
     assert rs.work().link_bytes == 3 * 4096 * 4096 * 2 // 4
     assert physical_floor_ms(None, H200) == 0.0 and physical_floor_ms(ar.work(), {}) == 0.0
 

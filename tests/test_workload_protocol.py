@@ -152,7 +152,7 @@ def test_the_baseline_is_the_fastest_correct_host_program_of_the_workload():
     workload's host programs that is (the per-shape pick can lose to the plain one)."""
     from cuco.workloads import GemmAllReduce, get
 
-    wl = GemmAllReduce(2048, 4096, 4096, 2)
+    wl = GemmAllReduce(m=2048, n=4096, k=4096, world_size=2)
     merged = {"host_nccl": {"ms": 0.136, "correct": True},
               "host_nccl_default": {"ms": 0.131, "correct": True},
               "candidate": {"ms": 0.01, "correct": True}}

@@ -12,25 +12,25 @@ from cuco.runtime.arena import ArenaLayout
 
 
 def test_per_rank_shapes():
-    ar = GemmAllReduce(8192, 8192, 8192, 2)
+    ar = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2)
     assert ar.local_gemm() == (8192, 8192, 4096) and ar.output_shape() == (8192, 8192)
-    rs = GemmReduceScatter(4096, 28672, 8192, 4)
+    rs = GemmReduceScatter(m=4096, n=28672, k=8192, world_size=4)
     assert rs.local_gemm() == (4096, 28672, 2048) and rs.output_shape() == (1024, 28672)
-    ag = AllGatherGemm(2048, 4096, 4096, 8)
+    ag = AllGatherGemm(m=2048, n=4096, k=4096, world_size=8)
     assert ag.local_gemm() == (2048, 512, 4096) and ag.output_shape() == (2048, 512)
     assert ar.flops_per_rank() == 2 * 8192 * 8192 * 4096
 
 
 def test_shapes_that_do_not_divide_are_refused_with_the_fix():
     with pytest.raises(ShapeError, match="K=128 is split over 3 ranks.*choose K a multiple of 24"):
-        GemmAllReduce(128, 128, 128, 3)
+        GemmAllReduce(m=128, n=128, k=128, world_size=3)
     with pytest.raises(ShapeError, match="N=100 is split over 8 ranks"):
-        AllGatherGemm(64, 100, 64, 8)
+        AllGatherGemm(m=64, n=100, k=64, world_size=8)
 
 
 def test_tolerance_grows_with_world_size_and_k_and_stays_tight():
-    a = GemmAllReduce(1024, 1024, 1024, 2).tolerance()
-    b = GemmAllReduce(1024, 1024, 65536, 8).tolerance()
+    a = GemmAllReduce(m=1024, n=1024, k=1024, world_size=2).tolerance()
+    b = GemmAllReduce(m=1024, n=1024, k=65536, world_size=8).tolerance()
     assert b[0] > a[0] and b[1] > a[1]
     # a dropped rank's contribution errs by ~rms(ref) ~ max|ref|/4: far above atol
     assert a[1] < 0.02 and b[1] < 0.05
@@ -44,7 +44,7 @@ def test_registry():
 
 
 def test_arena_layout_is_page_aligned_and_disjoint():
-    lay = ArenaLayout.for_workload(GemmAllReduce(8192, 8192, 8192, 2))
+    lay = ArenaLayout.for_workload(GemmAllReduce(m=8192, n=8192, k=8192, world_size=2))
     region = 8192 * 8192 * 2
     assert lay.data["p"] == 0 and lay.guards[0] == region and lay.data["o"] == region + 4096
     assert lay.guards[1] == lay.data["o"] + region and lay.data["r"] == lay.guards[1] + 4096
@@ -52,7 +52,7 @@ def test_arena_layout_is_page_aligned_and_disjoint():
     assert lay.bar - lay.flags >= 2 * 2 * FLAG_STRIDE * 8  # side-stream counters, then in-kernel epochs
     assert lay.bar > lay.flags
     assert all(v % 4096 == 0 for v in (*lay.data.values(), *lay.guards, lay.flags, lay.bar, lay.size))
-    ag = ArenaLayout.for_workload(AllGatherGemm(2048, 4096, 4096, 2))
+    ag = ArenaLayout.for_workload(AllGatherGemm(m=2048, n=4096, k=4096, world_size=2))
     assert set(ag.data) == {"xf"} and ag.sync_bytes == ag.size - ag.flags
 
 
@@ -61,7 +61,17 @@ def test_arena_lives_in_the_runtime_and_refuses_gin():
     before anything is allocated (its kernels are compile-checked only)."""
     from cuco.runtime.arena import Arena
 
-    wl = GemmReduceScatter(4096, 2048, 1024, 2)
+    wl = GemmReduceScatter(m=4096, n=2048, k=1024, world_size=2)
     assert ArenaLayout.for_workload(wl) == ArenaLayout.for_tp("gemm_reducescatter", 4096, 2048, 1024, 2, "bf16")
     with pytest.raises(RuntimeError, match="backend=gin kernels are rendered and compile-checked but not run"):
         Arena(None, "gin", 1 << 20)
+
+
+def test_gemm_workloads_take_keywords_only_and_say_so():
+    """Shape strings read M x K x N and the constructors took (m, n, k): the same four numbers
+    meant two problems. Positional numbers are refused with the keywords to use."""
+    with pytest.raises(TypeError, match=r"GemmAllReduce\(m=M, n=N, k=K, world_size=W\)"):
+        GemmAllReduce(1024, 1024, 2048, 2)
+    wl = GemmAllReduce(m=1024, n=1024, k=2048, world_size=2)
+    from cuco import make_problem
+    assert wl.problem == make_problem("gemm_allreduce", "1024x2048x1024", world_size=2)

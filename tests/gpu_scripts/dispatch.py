@@ -76,7 +76,7 @@ def drop_in(pattern, a, b):
 
 
 def bad(layer, m, y, ref):
-    rtol, atol = get(layer.pattern)(m, layer.n, layer.k, world).tolerance()
+    rtol, atol = get(layer.pattern)(m=m, n=layer.n, k=layer.k, world_size=world).tolerance()
     limit = 2.0 * (rtol * ref.abs() + atol * ref.abs().max())
     return int(((y.float() - ref).abs() > limit).sum()) + int(torch.isnan(y).sum())
 

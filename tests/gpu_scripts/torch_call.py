@@ -37,7 +37,7 @@ ref = x.float() @ w.float()
 dist.all_reduce(ref)
 y = call(x, w)
 torch.cuda.synchronize()
-rtol, atol_f = get(p.workload)(p.m, p.n, p.k, world).tolerance()
+rtol, atol_f = get(p.workload)(m=p.m, n=p.n, k=p.k, world_size=world).tolerance()
 err = (y.float() - ref).abs()
 bad = int((err > rtol * ref.abs() + atol_f * ref.abs().max()).sum()) + int(torch.isnan(y).sum())
 

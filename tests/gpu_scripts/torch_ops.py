@@ -85,7 +85,7 @@ def bad(pattern, y, ref, slack=1.0):
     """Elements of ``y`` outside the workload's tolerance of ``ref`` (NaN always fails);
     ``slack`` 2 where ``ref`` is itself rounded (two roundings apart)."""
     p = ops[pattern].artifact.problem
-    rtol, atol = get(p.workload)(p.m, p.n, p.k, world).tolerance()
+    rtol, atol = get(p.workload)(m=p.m, n=p.n, k=p.k, world_size=world).tolerance()
     ref = ref.float()
     limit = slack * (rtol * ref.abs() + atol * ref.abs().max())
     return int(((y.float() - ref).abs() > limit).sum()) + int(torch.isnan(y).sum())

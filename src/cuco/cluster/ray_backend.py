@@ -6,7 +6,7 @@ A lost actor (host gone, process killed) is replaced and its candidate is
 queued again, so nothing is lost; the agent writes every verdict to the one
 database. Use it wherever an evaluator goes::
 
-    backend = RayBackend(lambda: Evaluator(GemmAllReduce(8192, 8192, 8192, 2),
+    backend = RayBackend(lambda: Evaluator(GemmAllReduce(m=8192, n=8192, k=8192, world_size=2),
                                            group=WorkerGroup(2)), hosts=4,
                          actor_options={"num_gpus": 2})
     EvolutionAgent(backend, db, ...).run()

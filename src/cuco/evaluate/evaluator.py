@@ -126,7 +126,7 @@ def one_build(prepared: dict[str, Any]) -> bool:
 class Evaluator:
     """Runs the cascade for one workload on one worker group.
 
-    >>> ev = Evaluator(GemmAllReduce(8192, 8192, 8192, 2), group=group, db=db)  # doctest: +SKIP
+    >>> ev = Evaluator(GemmAllReduce(m=8192, n=8192, k=8192, world_size=2), group=group, db=db)  # doctest: +SKIP
     >>> result = ev.evaluate(Directives(placement="side_stream", ...))          # doctest: +SKIP
     """
 

@@ -81,7 +81,16 @@ class GemmWorkload(Workload):
     pattern: ClassVar[str | None] = None
     problem: GemmProblem
 
-    def __init__(self, m: int, n: int, k: int, world_size: int, dtype: Dtype = "bf16"):
+    def __init__(self, *positional: object, m: int | None = None, n: int | None = None,
+                 k: int | None = None, world_size: int | None = None, dtype: Dtype = "bf16"):
+        """The global GEMM ``C[m, n] = A[m, k] B[k, n]`` over ``world_size`` ranks, by keyword
+        only: shape strings and ``GemmProblem.SHAPE`` read M x K x N, so a positional order
+        here would mean another problem than the same numbers there."""
+        if positional or None in (m, n, k, world_size):
+            raise TypeError(f"{type(self).__name__} takes keywords only: "
+                            f"{type(self).__name__}(m=M, n=N, k=K, world_size=W) (the global "
+                            "GEMM C[M, N] = A[M, K] B[K, N]); a shape string 'MxKxN' goes to "
+                            "cuco.make_problem instead")
         super().__init__(GemmProblem(workload=self.family, m=m, n=n, k=k,
                                      world_size=world_size, dtype=dtype))
         self.validate()
