@@ -139,3 +139,15 @@ def postgres_url(tmp_path_factory):
     yield f"postgresql+psycopg://cuco@127.0.0.1:{port}/cuco"
     subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
                    capture_output=True)
+
+
+# ---- torch (an optional extra): the torch-op tests skip cleanly where it is missing ---------
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def T(torch):
+    import cuco.torch_ops
+    return cuco.torch_ops

@@ -184,17 +184,6 @@ def test_emulated_timings_never_enter_a_table_as_measured(tmp_path):
 # ---- the ops: torch over its fake process group ---------------------------------------------
 
 @pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def T(torch):
-    import cuco.torch_ops
-    return cuco.torch_ops
-
-
-@pytest.fixture(scope="module")
 def group(torch):
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -46,17 +46,6 @@ def test_import_cuco_without_torch_works_and_torch_ops_says_what_to_install():
 # ---- fixtures: torch, a fake process group, registered artifacts ---------------------------
 
 @pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def T(torch):
-    import cuco.torch_ops
-    return cuco.torch_ops
-
-
-@pytest.fixture(scope="module")
 def groups(torch):
     """(name of a 2-rank group, name of the 4-rank world) on torch's fake backend."""
     import torch.distributed as dist

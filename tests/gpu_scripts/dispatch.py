@@ -15,6 +15,7 @@ import sys
 import warnings
 
 import torch
+import tp_host  # beside this script
 
 from cuco.runtime.emulated import apply_rank_env
 
@@ -23,7 +24,6 @@ import torch.distributed as dist
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
 from cuco import torch_ops as T
-from cuco.dispatch import DispatchTable
 from cuco.workloads import get
 
 mode, out_path, table_path = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -53,26 +53,11 @@ def operands(layer, m):
 
 
 def reference(pattern, a, b):
-    a, b = a.float(), b.float()
-    if pattern == "allgather_gemm":
-        full = a.new_empty((a.shape[0] * world, a.shape[1]))
-        dist.all_gather_into_tensor(full, a)
-        return full @ b
-    part = a @ b
-    if pattern == "gemm_allreduce":
-        dist.all_reduce(part)
-        return part
-    out = part.new_empty((part.shape[0] // world, part.shape[1]))
-    dist.reduce_scatter_tensor(out, part)
-    return out
+    return tp_host.host_tp(pattern, a, b, world, fp32=True)
 
 
 def drop_in(pattern, a, b):
-    if pattern == "gemm_allreduce":
-        return T.matmul_all_reduce(a, b, G)
-    if pattern == "gemm_reducescatter":
-        return T.fused_matmul_reduce_scatter(a, b, "sum", 0, G)
-    return T.fused_all_gather_matmul(a, [b], 0, G, return_A=False)[1][0]
+    return tp_host.drop_in(T, G, pattern, a, b)
 
 
 def bad(layer, m, y, ref):

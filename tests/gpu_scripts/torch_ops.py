@@ -18,6 +18,7 @@ import random
 import sys
 
 import torch
+import tp_host  # beside this script
 
 from cuco.runtime.emulated import apply_rank_env
 
@@ -56,21 +57,8 @@ def operands(pattern):
 
 
 def host_tp(pattern, a, b, fp32: bool):
-    """The layer as the host runs it: matmul, then the NCCL collective; in fp32 (the
-    reference) or in the operands' dtype (plain TP, what a user writes without fused kernels)."""
-    if fp32:
-        a, b = a.float(), b.float()
-    if pattern == "allgather_gemm":
-        full = a.new_empty((a.shape[0] * world, a.shape[1]))
-        dist.all_gather_into_tensor(full, a)
-        return full @ b
-    part = a @ b
-    if pattern == "gemm_allreduce":
-        dist.all_reduce(part)
-        return part
-    out = part.new_empty((part.shape[0] // world, part.shape[1]))
-    dist.reduce_scatter_tensor(out, part)
-    return out
+    """The layer as the host runs it (:func:`tp_host.host_tp`) over this job's world."""
+    return tp_host.host_tp(pattern, a, b, world, fp32)
 
 
 def reference(pattern, a, b):
@@ -92,11 +80,7 @@ def bad(pattern, y, ref, slack=1.0):
 
 
 def drop_in(pattern, a, b):
-    if pattern == "gemm_allreduce":
-        return T.matmul_all_reduce(a, b, G)
-    if pattern == "gemm_reducescatter":
-        return T.fused_matmul_reduce_scatter(a, b, "sum", 0, G)
-    return T.fused_all_gather_matmul(a, [b], 0, G, return_A=False)[1][0]
+    return tp_host.drop_in(T, G, pattern, a, b)
 
 
 def torch_fused(pattern, a, b):
