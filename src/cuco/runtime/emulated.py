@@ -41,7 +41,6 @@ ENV_VAR = "CUCO_EMULATE"
 DEFAULT_PIPE = "/tmp/nvidia-mps"
 #: The tag bit of an emulated window handle (``cuco_arena_lsa.cuh``).
 WINDOW_TAG = 1
-IPC_HANDLE_BYTES = 64
 
 
 class EmulationUnavailable(EnvironmentProblem):
@@ -108,7 +107,7 @@ class MpsDaemon:
         log = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")
         if _alive(pipe):
             return cls(pipe, log, owned=False)
-        exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+        exe = _control_binary()
         if exe is None:
             raise EmulationUnavailable(
                 "an emulated world needs CUDA MPS, and nvidia-cuda-mps-control is not on the "
@@ -132,7 +131,7 @@ class MpsDaemon:
         return cls(pipe, log, owned=True, _tmp=tmp)
 
     def _control(self, command: str) -> str:
-        exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+        exe = _control_binary()
         if exe is None:
             return ""
         try:
@@ -154,13 +153,7 @@ class MpsDaemon:
         """Quit the daemon if this group started it (servers end with their clients)."""
         if not self.owned:
             return
-        exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
-        if exe is not None:
-            try:
-                subprocess.run([exe], input="quit\n", env={**os.environ, **self.env},
-                               capture_output=True, text=True, timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
+        self._control("quit")
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self.owned = False
@@ -178,12 +171,17 @@ def _in_driver_dir(name: str) -> str | None:
     return None
 
 
+def _control_binary() -> str | None:
+    """``nvidia-cuda-mps-control``: on the PATH, or where the driver puts it."""
+    return shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+
+
 def mps_status() -> str:
     """One line for ``cuco doctor``: whether an emulated world could get MPS here."""
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE)
     if _alive(pipe):
         return f"an MPS daemon is running ({pipe})"
-    exe = shutil.which("nvidia-cuda-mps-control") or _in_driver_dir("nvidia-cuda-mps-control")
+    exe = _control_binary()
     if exe is None:
         return "no nvidia-cuda-mps-control: an emulated world cannot start here"
     return f"{exe} present: a worker group starts its own daemon"
