@@ -66,6 +66,8 @@ step_command() {
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
+    tests_dispatch)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_dispatch_gpu.py" ;;
+    tests_ev_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_in_kernel_gpu.py" ;;
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
     pipelines)       echo "python3 bench/pipelines.py $R" ;;
     pipelines_moe|pipelines_kv_transfer|pipelines_cp_attention)

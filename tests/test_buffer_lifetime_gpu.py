@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu(count=1)
 
 def _workloads(w: int):
     from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
-    out = [cls(1024, 1024, 1024, w) for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm)]
+    out = [cls(m=1024, n=1024, k=1024, world_size=w) for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm)]
     if w == 2:  # the pipelines pair two ranks
         from cuco.workloads.cp_attention import CPAttention
         from cuco.workloads.kv_transfer import KVTransfer

@@ -45,7 +45,7 @@ def table(tmp_path_factory):
     for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm):
         # built for 2 ranks (exported: compiled with nvcc); every call the script makes is
         # checked against fp32, which is what this test is for
-        wl = cls(4096, N, K, NPROC)
+        wl = cls(m=4096, n=N, k=K, world_size=NPROC)
         run = db.create_run("dispatch-gpu", wl.family, problem=wl.problem.model_dump())
         r = AnalyticEvaluator(wl.problem).evaluate(EPILOGUE)
         assert r.status == "ok", r.error
