@@ -646,6 +646,12 @@ def torch_fused_op(pattern: str, A, B, group_name: str):
     """PyTorch's symmetric-memory fused op of ``pattern`` (the group needs symmetric memory
     enabled: ``torch.distributed._symmetric_memory.enable_symm_mem_for_group``)."""
     import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem)
+    from cuco.runtime import emulated
+    if emulated.requested():
+        from cuco.runtime.torch_bridge import SYMM_MEM_SHARED_GPU
+        raise EnvironmentProblem(f"{OP_OF[pattern]}: the table names torch_fused, but "
+                                 f"{SYMM_MEM_SHARED_GPU}; tune the table in this world (cuco tune "
+                                 "skips what cannot run) or run with one GPU per rank")
     if pattern == "gemm_reducescatter":
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, group_name)
     if pattern == "allgather_gemm":

@@ -19,7 +19,7 @@ import tp_host  # beside this script
 
 from cuco.runtime.emulated import apply_rank_env
 
-apply_rank_env()  # CUCO_EMULATE: every rank on one GPU, each with its own NCCL host id
+EMULATED = apply_rank_env()  # CUCO_EMULATE: every rank on one GPU, each with its own NCCL host id
 import torch.distributed as dist
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
@@ -32,7 +32,8 @@ local = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()
 torch.cuda.set_device(local)
 dist.init_process_group("nccl", device_id=torch.device("cuda", local))
 G = dist.group.WORLD.group_name
-enable_symm_mem_for_group(G)  # torch's fused ops need it
+if not EMULATED:  # torch's fused ops need it; its symmetric memory refuses ranks sharing a GPU
+    enable_symm_mem_for_group(G)
 table = T.load_table(table_path, group_name=G)
 gen = torch.Generator(device="cuda").manual_seed(99 + rank)
 #: >= 20 Ms: decode-like (<= 64), ragged (not a multiple of 128), up to 16384; even (they split

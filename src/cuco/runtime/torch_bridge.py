@@ -40,6 +40,19 @@ def unusable(ctx) -> str | None:
     return missing()
 
 
+#: Why PyTorch's symmetric-memory ops cannot run where ranks share a GPU (measured: torch 2.9's
+#: rendezvous refuses "allocations from overlapping devices from different ranks").
+SYMM_MEM_SHARED_GPU = ("PyTorch's symmetric memory refuses ranks that share one GPU (an emulated "
+                       "world): its fused ops run only with one GPU per rank")
+
+
+def symm_mem_unusable(ctx) -> str | None:
+    """Why torch's symmetric-memory ops cannot run in this worker (None: they can)."""
+    if ctx.options.emulated:
+        return SYMM_MEM_SHARED_GPU
+    return unusable(ctx)
+
+
 def installed() -> bool:
     """Whether torch can be imported (without importing it)."""
     import importlib.util

@@ -23,7 +23,7 @@ def gap(ctx, family: str) -> str | None:
     """Why ``family`` has no torch peer in this worker (None: it has one)."""
     if family not in FUSED_OPS:
         return f"PyTorch has no fused op for {family}"
-    return torch_bridge.unusable(ctx)
+    return torch_bridge.symm_mem_unusable(ctx)
 
 
 def peer(ctx, family: str, inputs: Buffers, out, dtype: str) -> Peer:
