@@ -102,6 +102,43 @@ def test_device_structs_match_what_the_runtime_packs(tmp_path):
     assert window == len(emulated._table([1, 2]))
 
 
+GIN_PROBE = r"""
+#include <cstddef>
+#include <cstdio>
+#include "cuco_gin.cuh"
+int main() {
+  using cuco::EmuGin; using cuco::EmuGinDesc;
+  std::printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(EmuGin), offsetof(EmuGin, signals),
+              offsetof(EmuGin, shadows), offsetof(EmuGin, completed), offsetof(EmuGin, n_signals),
+              offsetof(EmuGin, max_delay_ns), sizeof(EmuGinDesc), offsetof(EmuGinDesc, peer),
+              offsetof(EmuGinDesc, dst_off));
+}
+"""
+
+
+def test_the_emulated_gins_struct_matches_what_the_runtime_packs(tmp_path):
+    """``EmuGin`` / ``EmuGinDesc`` as nvcc lays them out are what :func:`emulated.pack_gin`
+    packs and what the queue's size assumes: every field read back where it was packed."""
+    from cuco.kernels import toolchain
+    from cuco.kernels.compiler import INCLUDE_DIR
+    nvcc = shutil.which("nvcc") or pytest.skip("no nvcc")
+    src = tmp_path / "gin_probe.cu"
+    src.write_text(GIN_PROBE)
+    exe = tmp_path / "gin_probe"
+    subprocess.run([str(nvcc), "-std=c++17", f"-I{INCLUDE_DIR}", f"-I{toolchain.nccl().include}",
+                    str(src), "-o", str(exe)], check=True, capture_output=True, timeout=300)
+    size, signals, shadows, completed, n_signals, max_delay, desc, peer, dst = map(int, subprocess.run(
+        [str(exe)], check=True, capture_output=True, text=True).stdout.split())
+    blob = emulated.pack_gin(1, 4, 1024, 0xE0, [0x10, 0x11], [0x20, 0x21, 0x22], [0x31, 0x32, 0x33, 0x34, 0x35])
+    assert len(blob) == size
+    assert struct.unpack_from("<3Q", blob, signals) == (0x20, 0x21, 0x22)
+    assert struct.unpack_from("<Q", blob, shadows)[0] == 0x31
+    assert struct.unpack_from("<Q", blob, completed)[0] == 0x35
+    assert struct.unpack_from("<i", blob, n_signals)[0] == emulated.GIN_SIGNALS
+    assert struct.unpack_from("<i", blob, max_delay)[0] == emulated.GIN_MAX_DELAY_NS
+    assert (desc, peer, dst) == (emulated.GIN_DESC_BYTES, 16, 32)
+
+
 def test_cli_emulate_without_a_gpu_says_what_to_do_instead(tmp_path):
     """``--emulate`` still needs one GPU: a machine without one gets one line, exit 1, and
     the database is not touched."""

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cuco.db import CandidateDB
-from cuco.design import Directives, Problem
+from cuco.design import Backend, Directives, Problem
 from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
@@ -449,7 +449,7 @@ class Evaluator:
                                    "calls_verified": rec.get("calls_verified"),
                                    "compile_s": c.compile_s})
         if getattr(self.group, "emulated", False):
-            return emulated_verdict(result)
+            return emulated_verdict(result, c.cand.directives)
         if below_floor(rec):
             result.status, result.stage_reached = "suspect", "timing"
             result.error = (f"{t:.4f} ms is below the physical floor {floor:.4f} ms (this rank's "
@@ -471,13 +471,16 @@ class Evaluator:
             store_result(self.db, self.problem.workload, cand, r, self.run_id)
 
 
-def emulated_verdict(result: EvalResult) -> EvalResult:
+def emulated_verdict(result: EvalResult, d: Directives | None = None) -> EvalResult:
     """A verdict from an emulated world (ranks sharing one GPU): every check stands, but its
     timings measure ranks fighting over one GPU's SMs and HBM, so it carries no speedup, no
-    bound and no time; they stay in ``extra`` under ``emulated_*`` for diagnosis only."""
+    bound and no time; they stay in ``extra`` under ``emulated_*`` for diagnosis only. A GIN
+    candidate (``d``) ran on the emulated GIN, not NCCL's: ``extra["gin"] = "emulated"``."""
     extra = dict(result.extra)
     extra.update(emulated=True, emulated_ms=result.time_ms, emulated_baseline_ms=result.baseline_ms,
                  emulated_rank_ms=result.rank_times_ms)
+    if d is not None and d.backend is Backend.GIN:
+        extra["gin"] = "emulated"
     return EvalResult("ok", "checked", None, max_error=result.max_error, extra=extra)
 
 

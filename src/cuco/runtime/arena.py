@@ -104,13 +104,10 @@ class Arena:
     """A symmetric buffer on every rank, of one backend."""
 
     def __init__(self, ctx, backend: str, size: int):
-        if backend == "gin":
-            raise RuntimeError("backend=gin kernels are rendered and compile-checked but not run "
-                               "yet: GIN needs ranks on different hosts with a GIN-capable network "
-                               "(RDMA), and its arena carries receive slots after the barrier "
-                               "slots; use lsa or nvshmem on one host")
         self.backend, self.size = backend, size
-        if backend == "lsa":
+        if backend == "gin":
+            ctx.gin  # noqa: B018  (refuses outside an emulated world, before any allocation)
+        if backend in ("lsa", "gin"):
             self.window = ctx.comm.alloc_window(size)
             self.ptr = self.window.ptr
         else:
@@ -123,10 +120,12 @@ class Arena:
     def args(self, ctx) -> tuple:
         if self.backend == "lsa":
             return (np.uint64(ctx.devcomm.ptr), np.uint64(self.window.handle))
+        if self.backend == "gin":  # the emulated GIN in place of the ncclDevComm
+            return (np.uint64(ctx.gin.ptr), np.uint64(self.window.handle))
         return (np.uint64(self.ptr),)
 
     def free(self, ctx) -> None:
-        if self.backend == "lsa":
+        if self.backend in ("lsa", "gin"):
             ctx.comm.free_window(self.window)
         else:
             ctx.nvshmem.free(self.ptr)
@@ -152,6 +151,8 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
         a.epoch = first_epoch - 1  # host-driven runners raise it before each call
         seed_calls(a, layout, first_epoch, ctx.stream)
         a.counts[:] = 0
+    if "gin" in backends:  # signals, shadows and queues restart with the job
+        ctx.gin.reset(ctx.stream)
     if "lsa" in backends:
         # the device communicator is made collectively (ncclDevCommCreate), after the
         # windows: here, where every rank is in step, never first inside a runner only some

@@ -293,3 +293,70 @@ class EmuDevComm:
 
     def destroy(self) -> None:
         self.inbox.free()
+
+
+# ---- the emulated GIN ------------------------------------------------------------------------
+#: Descriptor ring slots per rank, and how many published descriptors the proxy picks among.
+GIN_QUEUE = 4096
+GIN_WINDOW = 8
+#: The longest random delay before the proxy completes a put (ns): late, not slow.
+GIN_MAX_DELAY_NS = 4000
+#: Signals per rank (cuco's GIN templates use fewer than 2 x chunks + W x chunks).
+GIN_SIGNALS = 4096
+GIN_DESC_BYTES = 56
+GIN_CTAS = 1024
+
+
+def pack_gin(rank: int, size: int, barriers: int, epochs: int, inbox: list[int], signals: list[int],
+             arrays: list[int]) -> bytes:
+    """``cuco::EmuGin`` as the device reads it: the world's ``EmuComm``, every rank's signal
+    array, then this rank's shadows, queue, ctl, issued and completed, then the sizes."""
+    emu_comm = struct.pack("<iiiiQ", rank, size, barriers, 0, epochs) + _table(inbox)
+    return (emu_comm + _table(signals) + struct.pack("<5Q", *arrays)
+            + struct.pack("<iiii", GIN_SIGNALS, GIN_QUEUE, GIN_WINDOW, GIN_MAX_DELAY_NS))
+
+
+class EmuGin:
+    """The GIN of an emulated world (``cuco::EmuGin`` in ``cuco_gin.cuh``): every rank's
+    signal array mapped through CUDA IPC, this rank's signal shadows, its descriptor queue
+    and per-CTA issue/completion counts, and a world barrier. A put only queues a
+    descriptor; ``gin_proxy``, a CTA the runner launches beside each communication kernel,
+    completes them late and out of order, as GIN allows. Collective to build."""
+
+    def __init__(self, comm, stream, barriers: int = GIN_CTAS):
+        import cupy
+        w = comm.world_size
+        self.comm = comm
+        self.signals = IpcBuffer(comm, stream, GIN_SIGNALS * 8)
+        self.inbox = IpcBuffer(comm, stream, w * barriers * 8)
+        self.epochs = cupy.zeros(barriers, dtype=cupy.uint64)
+        self.shadows = cupy.zeros(GIN_SIGNALS, dtype=cupy.uint64)
+        self.queue = cupy.zeros(GIN_QUEUE * GIN_DESC_BYTES, dtype=cupy.uint8)
+        self.ctl = cupy.zeros(4, dtype=cupy.uint64)
+        self.issued = cupy.zeros(GIN_CTAS, dtype=cupy.uint64)
+        self.completed = cupy.zeros(GIN_CTAS, dtype=cupy.uint64)
+        self.device = _device_bytes(pack_gin(
+            comm.rank, w, barriers, int(self.epochs.data.ptr), self.inbox.bases, self.signals.bases,
+            [int(a.data.ptr) for a in (self.shadows, self.queue, self.ctl, self.issued, self.completed)]))
+
+    @property
+    def ptr(self) -> int:
+        return int(self.device.data.ptr)
+
+    def reset(self, stream) -> None:
+        """Signals, shadows, counters and barrier epochs back to zero before a job (stream
+        ordered; the caller then meets every rank before any puts)."""
+        import cupy
+        cupy.cuda.runtime.memsetAsync(self.signals.ptr, 0, self.signals.size, stream.ptr)
+        cupy.cuda.runtime.memsetAsync(self.inbox.ptr, 0, self.inbox.size, stream.ptr)
+        for a in (self.epochs, self.shadows, self.ctl, self.issued, self.completed):
+            cupy.cuda.runtime.memsetAsync(int(a.data.ptr), 0, a.nbytes, stream.ptr)
+
+    def stop_flag(self) -> int:
+        """The device address of the proxy's stop word (the runner sets it after the
+        communication kernel, in stream order)."""
+        return int(self.ctl.data.ptr) + 16
+
+    def destroy(self) -> None:
+        self.signals.free()
+        self.inbox.free()

@@ -52,6 +52,7 @@ class WorkerContext:
     torch_port: int | None = None  # rank 0's TCPStore for a torch process group (None: no torch)
     scratch: dict[str, Any] = field(default_factory=dict)
     _devcomm: Any = None
+    _gin: Any = None
     _modules: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -65,6 +66,21 @@ class WorkerContext:
             self._devcomm = DevComm(self.comm, lsa_barriers=self.options.lsa_barriers,
                                     arch=self.options.arch)
         return self._devcomm
+
+    @property
+    def gin(self):
+        """The emulated GIN (:class:`cuco.runtime.emulated.EmuGin`), made on first use
+        (collective). NCCL's own GIN cannot run on the machines cuco meets (it needs GDRCopy
+        and an RDMA network): outside an emulated world there is none."""
+        if self._gin is None:
+            if not self.options.emulated:
+                raise RuntimeError(
+                    "backend=gin runs here only in an emulated world (CUCO_EMULATE=W, or "
+                    "WorkerGroup(W, emulate=True)): NCCL's own GIN needs ranks on different hosts "
+                    "with a GIN-capable network and GDRCopy; use lsa or nvshmem on one host")
+            from cuco.runtime.emulated import EmuGin
+            self._gin = EmuGin(self.comm, self.stream)
+        return self._gin
 
     def function(self, cubin: str | Path, name: str):
         """A kernel from a cubin, loaded once per process (NVSHMEM modules registered)."""
@@ -245,6 +261,8 @@ def _shutdown(ctx: WorkerContext) -> None:
             dist.destroy_process_group()
         if ctx._devcomm is not None:
             ctx._devcomm.destroy()
+        if ctx._gin is not None:
+            ctx._gin.destroy()
         if ctx.nvshmem is not None:
             ctx.nvshmem.finalize()
         if ctx.comm is not None:

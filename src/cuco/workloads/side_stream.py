@@ -6,6 +6,11 @@ AllGather+GEMM, raising its flag afterwards for the reductions); the compute
 stream then waits for the communication stream. Buffers that peers read or
 write live in the symmetric arena (:mod:`cuco.runtime.arena`: an NCCL window, or
 NVSHMEM symmetric memory).
+
+``backend=gin`` runs in an emulated world (:class:`cuco.runtime.emulated.EmuGin`): its
+puts are completed by a proxy CTA (``gin_proxy``) on a third stream, launched before the
+communication kernel and stopped by a flag the communication stream sets after it; the
+call ends when both are done. Its receive slots are the arena's ``r`` region.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cuco.design import Directives
+from cuco.design import Backend, Directives
 from cuco.design.tiles import ChunkPlan
 from cuco.kernels.tp import THREADS
 from cuco.runtime.arena import Arena, ArenaLayout, arena_view
@@ -47,6 +52,14 @@ class SideStreamRunner:
         if "comm" not in streams:
             streams["comm"] = cupy.cuda.Stream(non_blocking=True)
         self.comm_stream = streams["comm"]
+        #: backend=gin: the emulated NIC beside the communication kernel, and where the
+        #: puts land (the reductions' receive slots; AllGather puts into XF itself)
+        self.proxy = ctx.function(cubin, "gin_proxy") if d.backend is Backend.GIN else None
+        if self.proxy is not None:
+            streams.setdefault("gin_proxy", cupy.cuda.Stream(non_blocking=True))
+            self.proxy_stream = streams["gin_proxy"]
+            self.proxy_done = cupy.cuda.Event(disable_timing=True)
+        self.sync_off = self.layout.data.get("r", self.layout.bar) if self.proxy else self.layout.bar
         self.inputs, self.out = inputs, out
         # where the result lands: the all-reduced output stays in the arena (every rank's O)
         if self.pattern == "gemm_allreduce":
@@ -81,6 +94,9 @@ class SideStreamRunner:
         u64 = np.uint64
         self.start.record(s)
         cs.wait_event(self.start)
+        if self.proxy is not None:
+            self.proxy_stream.wait_event(self.start)
+            self.proxy((1,), (256,), (*a.args(ctx), e), stream=self.proxy_stream)
         grid, block = (self.d.comm_ctas,), (THREADS,)
         esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
@@ -89,7 +105,7 @@ class SideStreamRunner:
             # the reduced result goes to the arena's O (all-reduce) or this rank's `out`
             dest = u64(lay.data["o"]) if self.pattern == "gemm_allreduce" else self.out
             self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), dest, u64(lay.flags),
-                                    u64(lay.bar), e), stream=cs)
+                                    u64(self.sync_off), e), stream=cs)
             for chunk in plan.order():
                 if self.stress_us:
                     spin(s, self.stress_us)
@@ -100,7 +116,7 @@ class SideStreamRunner:
                             stream=s)
         else:  # allgather_gemm: own shard first from X itself, then peers' as they arrive
             self.comm(grid, block, (*a.args(ctx), self.inputs["x"], u64(lay.data["xf"]),
-                                    u64(lay.flags), u64(lay.bar), e), stream=cs)
+                                    u64(lay.flags), u64(self.sync_off), e), stream=cs)
             a.counts[: plan.chunks_per_block] += self.d.comm_ctas
             me, W = ctx.rank, ctx.world_size
             o = int(self.out.data.ptr)
@@ -118,5 +134,10 @@ class SideStreamRunner:
                         a_ptr = base + lay.data["xf"] + row * k * esz
                     gemm(a_ptr, w, o + row * n * esz, rows, n, k, wl.dtype, s)
                     wl.chunk_epilogue(ctx, self.inputs, o + row * n * esz, row, rows, s)
+        if self.proxy is not None:  # the proxy drains the queue, then ends
+            import cupy
+            cupy.cuda.runtime.memsetAsync(ctx.gin.stop_flag(), 1, 1, cs.ptr)
+            self.proxy_done.record(self.proxy_stream)
+            s.wait_event(self.proxy_done)
         self.done.record(cs)
         s.wait_event(self.done)

@@ -1,0 +1,75 @@
+"""The emulated GIN's evidence: its points and two planted kernels that break GIN's rules.
+
+GIN promises little about when a put lands: only that its signal follows it, and that a
+source may be reused after ``flush``. The emulated GIN (``cuco_gin.cuh``: a proxy that
+completes puts late and out of order) holds kernels to exactly that, so a kernel relying on
+more must be judged wrong there. Used by ``bench/gin_correctness.py`` and
+``tests/test_gin_emulated_gpu.py``.
+"""
+
+from __future__ import annotations
+
+from cuco.design import Directives, GemmProblem
+from cuco.kernels.tp import TP_FAMILIES, render_tp
+
+#: Global M x K x N of every GIN point (small: W ranks share one GPU).
+M, K, N = 1024, 1024, 2048
+ISSUERS = ("thread", "warp", "cta")
+
+
+def problem(family: str, world_size: int) -> GemmProblem:
+    """``family`` with ranks on different hosts, as GIN requires (an emulated world's ranks
+    each claim a host of their own)."""
+    return GemmProblem(workload=family, m=M, n=N, k=K, world_size=world_size, has_network=True)
+
+
+def directives(issuer: str) -> Directives:
+    return Directives(backend="gin", placement="side_stream", sync_scope="chunk", issuer=issuer,
+                      chunk_bytes=256 << 10, comm_ctas=8)
+
+
+def points(world_size: int, issuers=ISSUERS) -> list[tuple[str, Directives]]:
+    """(family, directives) of every TP family and issuer."""
+    return [(fam, directives(i)) for fam in TP_FAMILIES for i in issuers]
+
+
+#: Where the AllReduce template's pieces are (asserted, so a template change that moves them
+#: breaks the plants loudly instead of making them pass for nothing).
+_SEND_END = "    // EVOLVE-BLOCK-END chunk_send\n  }\n  for (int c = blockIdx.x; c < kChunks; c += gridDim.x) {\n    wait_arrivals(a, (ncclGinSignal_t)c, W - 1);"
+_FIRST_WAIT = "    wait_arrivals(a, (ncclGinSignal_t)c, W - 1);\n    const size_t mine"
+
+
+def _allreduce_source(world_size: int) -> tuple[GemmProblem, Directives, str]:
+    p, d = problem("gemm_allreduce", world_size), directives("cta")
+    src = render_tp(p, d)[0].source
+    assert _SEND_END in src and _FIRST_WAIT in src, "the GIN AllReduce template changed: update the plants"
+    return p, d, src
+
+
+def reuses_source_before_flush(world_size: int) -> tuple[GemmProblem, Directives, str]:
+    """After putting its slices of a chunk, the CTA reuses those source bytes as scratch at
+    once (it writes 1.0 over them) instead of after ``flush``. With puts that copy on issue it
+    would be right; GIN may read a source any time before the flush."""
+    p, d, src = _allreduce_source(world_size)
+    reuse = (
+        "    __syncthreads();\n"
+        "    for (int s = 0; s < W; ++s)\n"
+        "      if (s != me)\n"
+        "        for (size_t i = threadIdx.x; i < slice / 16; i += blockDim.x)\n"
+        "          cuco::store16(a.local(p_off + (size_t)c * kChunkBytes + (size_t)s * slice) + i * 16,\n"
+        "                        make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u));\n")
+    return p, d, src.replace(_SEND_END, reuse + _SEND_END, 1)
+
+
+def reads_before_its_signal(world_size: int) -> tuple[GemmProblem, Directives, str]:
+    """Reduces a chunk's received slices as soon as its own partial is sent, without waiting
+    for the signal that says they landed (it keeps the signal shadows in step, so later calls
+    are not thrown off: only the missing wait is wrong)."""
+    p, d, src = _allreduce_source(world_size)
+    no_wait = ("    if (threadIdx.x == 0) a.gin().increaseSignalShadow((ncclGinSignal_t)c, W - 1);\n"
+               "    __syncthreads();\n    const size_t mine")
+    return p, d, src.replace(_FIRST_WAIT, no_wait, 1)
+
+
+PLANTS = {"reuses_source_before_flush": reuses_source_before_flush,
+          "reads_before_its_signal": reads_before_its_signal}

@@ -1,0 +1,48 @@
+"""The GIN kernels on the emulated GIN (issue 35): every TP family is right, and kernels that
+rely on more ordering than GIN promises are wrong.
+
+NCCL's own GIN cannot run on the machines cuco is lent (docs/gin-on-one-host.md), so these
+run only in an emulated world (``CUCO_EMULATE=W`` on one GPU), on ``cuco_gin.cuh``'s
+emulated GIN: puts complete late and out of order through a proxy CTA.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EMULATED, TEST_WORLD
+from cuco.benchmarks import gin
+from cuco.evaluate import Evaluator
+from cuco.evaluate.evaluator import Candidate
+from cuco.kernels.tp import TP_FAMILIES
+from cuco.runtime import WorkerGroup
+from cuco.workloads.base import for_problem
+
+pytestmark = [pytest.mark.gpu(count=2),
+              pytest.mark.skipif(not EMULATED, reason="GIN runs here only on the emulated GIN: "
+                                 "set CUCO_EMULATE=W (NCCL's GIN needs GDRCopy and an RDMA network)")]
+
+
+@pytest.fixture(scope="module")
+def group():
+    with WorkerGroup(TEST_WORLD, emulate=True) as g:
+        yield g
+
+
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_gin_kernels_are_right_on_the_emulated_gin(group, family):
+    wl = for_problem(gin.problem(family, TEST_WORLD))
+    verdicts = Evaluator(wl, group=group, timing_iters=5).evaluate_many(
+        [gin.directives(i) for i in gin.ISSUERS])
+    for issuer, r in zip(gin.ISSUERS, verdicts):
+        assert r.status == "ok", (issuer, r.status, r.error)
+        assert r.extra["gin"] == "emulated" and r.extra["emulated"] is True
+        assert r.speedup is None and r.time_ms is None  # emulated times are never scores
+
+
+@pytest.mark.parametrize("plant", sorted(gin.PLANTS))
+def test_a_kernel_that_breaks_gins_ordering_rules_is_wrong(group, plant):
+    problem, d, src = gin.PLANTS[plant](TEST_WORLD)
+    ev = Evaluator(for_problem(problem), group=group, timing_iters=5)
+    for r in (ev.evaluate(d, source=src), ev.evaluate_many([Candidate(d, src)])[0]):
+        assert r.status == "wrong", (plant, r.status, r.error)
