@@ -114,5 +114,5 @@ def test_isolation_plant_is_buildable(name, world):
     from cuco.evaluate import Evaluator
     ev = Evaluator(wl.GemmReduceScatter(**adv.isolation_shape(world), world_size=world),
                    compiler=Compiler(arch="sm_90a"))
-    _passes_cascade_until_gpu(ev, adv.SIDE, adv.ISOLATION[name](ev))
+    _passes_cascade_until_gpu(ev, adv.ISO_SIDE, adv.ISOLATION[name](ev))
 

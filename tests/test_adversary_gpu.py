@@ -269,6 +269,9 @@ def test_memo_survives_repeated_candidates(evs):
 #: Elements a plant that found nothing leaves NaN (its marker in `failed_call`).
 MISS_ELEMS = 24
 
+#: The isolation plants' directives: 64 KiB chunks, so a rank has several at their shape.
+ISO_SIDE = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=64 << 10)
+
 #: The window every plant may read: the 2 MiB pages of its own guarded output.
 SCAN_WINDOW = """    const unsigned long long kPage = 2097152ull, kGuard = 4096ull;
     const unsigned long long out_bytes = (unsigned long long)kBlockChunks * kChunkElems * sizeof(T);
@@ -325,7 +328,7 @@ HOST_OUTPUT_SCAN = RS_HEAD + SCAN_WINDOW + """    __shared__ unsigned long long 
 
 
 def host_output_scan(ev) -> str:
-    src, _ = _block(ev, SIDE, "chunk_reducescatter")
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
     return evolve.splice(src, {"chunk_reducescatter": HOST_OUTPUT_SCAN})
 
 
@@ -404,7 +407,7 @@ SUMS_INFLATE = RS_HEAD + SCAN_WINDOW + """    __shared__ int lossy;
 
 
 def sums_inflate(ev) -> str:
-    src, _ = _block(ev, SIDE, "chunk_reducescatter")
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
     return evolve.splice(src, {"chunk_reducescatter": SUMS_INFLATE})
 
 
@@ -492,7 +495,7 @@ SEAL_BRUTE = RS_HEAD + SCAN_WINDOW + """    volatile unsigned long long* keep = 
 
 
 def seal_brute_force(ev) -> str:
-    src, _ = _block(ev, SIDE, "chunk_reducescatter")
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
     return evolve.splice(src, {"chunk_reducescatter": SEAL_BRUTE})
 
 
@@ -531,14 +534,16 @@ STRESS_TELL = RS_HEAD + """    __shared__ int skip;
 
 
 def stress_tell(ev) -> str:
-    src, _ = _block(ev, SIDE, "chunk_reducescatter")
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
     return evolve.splice(src, {"chunk_reducescatter": STRESS_TELL})
 
 
 def isolation_shape(world: int) -> dict[str, int]:
-    """GEMM+ReduceScatter with 1 MiB of output a rank (4 chunks of 256 KiB), small enough that
-    the harness's own buffers of a job share 2 MiB pages with it (the plants' window)."""
-    return {"m": 512 * world, "n": 1024, "k": 1024 * world}
+    """GEMM+ReduceScatter with 256 KiB of output a rank (4 chunks of :data:`ISO_SIDE`), the
+    evaluator's small shape at one rank: every buffer of a job is small enough to share 2 MiB
+    pages with the others (the plants' window), the verifier's arrays included."""
+    return {"m": 256 * world, "n": 512, "k": 512 * world}
+
 
 
 #: The gap each plant that gets through today gets through (strict: the test fails the day
@@ -612,9 +617,9 @@ def test_isolation_plant_scores_nothing(iso_ev, name, route, record_property):
     ev = iso_ev
     source = ISOLATION[name](ev)
     if route == "evaluate":
-        r, honest = ev.evaluate(SIDE, source), None
+        r, honest = ev.evaluate(ISO_SIDE, source), None
     else:
-        r, honest = ev.evaluate_many([Candidate(SIDE, source), Candidate(SIDE)])
+        r, honest = ev.evaluate_many([Candidate(ISO_SIDE, source), Candidate(ISO_SIDE)])
     how = plant_route(name, r)
     record_property("route", how)
     print(f"{name} via {route} at W={TEST_WORLD}: {how}")
