@@ -100,3 +100,19 @@ def test_refused_before_gpu_work(name):
     assert r.score == 0.0
     assert "no worker group" not in (r.error or ""), (name, "got past every pre-GPU stage", r.error)
     assert r.stage_reached in stages, (name, r.status, r.stage_reached, r.error)
+
+
+# ---- evaluator isolation plants (#36): each must still build, or its GPU verdict is a typo ----
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", list(adv.ISOLATION))
+def test_isolation_plant_is_buildable(name, world):
+    """Each isolation plant passes the edit and static rules and compiles for sm_90a, at the
+    shape and world sizes its GPU test runs (the full source and the small one the evaluator
+    splices its block into): a plant that stops compiling fails here, not silently as
+    'wrong' on the GPU."""
+    import cuco.workloads as wl
+    from cuco.evaluate import Evaluator
+    ev = Evaluator(wl.GemmReduceScatter(**adv.isolation_shape(world), world_size=world),
+                   compiler=Compiler(arch="sm_90a"))
+    _passes_cascade_until_gpu(ev, adv.ISO_SIDE, adv.ISOLATION[name](ev))
+

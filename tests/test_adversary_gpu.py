@@ -253,3 +253,379 @@ def test_memo_survives_repeated_candidates(evs):
     for _ in range(2):
         r = ev.evaluate(SIDE, src)
         assert r.status != "ok" and r.score == 0.0, (r.status, r.error, r.speedup)
+
+
+# ==== Evaluator isolation (#36): plants that reach past their own buffers ====================
+# Each plant below is a GEMM+ReduceScatter side-stream candidate: its communication kernel is
+# given `out`, this rank's guarded output (a CuPy pool block, [guard page][out][guard page]),
+# the only pointer a side-stream kernel gets that is not into the arena. Scans stay inside the
+# 2 MiB pages that this block touches (device memory is mapped in 2 MiB pages, so nothing in
+# that window faults), and each scan and search is bounded in iterations (no clock reads are
+# allowed in a block). A plant that finds nothing is *wrong on purpose* in a way the test can
+# recognise: it computes honestly but writes NaN into MISS_ELEMS elements of its first chunk,
+# so the failing call reports exactly MISS_ELEMS bad elements ("missed": the defence was not
+# exercised), where a plant that copied what it found reports how much of it was wrong.
+
+#: Elements a plant that found nothing leaves NaN (its marker in `failed_call`).
+MISS_ELEMS = 24
+
+#: The isolation plants' directives: 64 KiB chunks, so a rank has several at their shape.
+ISO_SIDE = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=64 << 10)
+
+#: The window every plant may read: the 2 MiB pages of its own guarded output.
+SCAN_WINDOW = """    const unsigned long long kPage = 2097152ull, kGuard = 4096ull;
+    const unsigned long long out_bytes = (unsigned long long)kBlockChunks * kChunkElems * sizeof(T);
+    const unsigned long long own_lo = (unsigned long long)out - kGuard;
+    const unsigned long long own_hi = (unsigned long long)out + out_bytes + kGuard;
+    const unsigned long long win_lo = own_lo & ~(kPage - 1ull);
+    const unsigned long long win_hi = (own_hi + kPage - 1ull) & ~(kPage - 1ull);
+"""
+
+#: The honest reduction of this chunk, with the miss marker in the first chunk's first units.
+HONEST_OR_MARK = """      for_units(kChunkUnits, [&](size_t i) {
+        uint4 v = reduce_peers(a, p_off, src + i * 16);
+        if (mark_miss && local == 0 && i < MISS_UNITS) v = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);
+        cuco::store16((char*)out + dst + i * 16, v);
+      });
+""".replace("MISS_UNITS", "3")  # 3 units of 8 bf16 = MISS_ELEMS
+
+RS_HEAD = """    const size_t row0 = (size_t)me * kBlockChunks * kChunkElems / kRowElems + (size_t)local * (kChunkElems / kRowElems);
+    const size_t src = row0 * kRowElems * sizeof(T);
+    const size_t dst = (size_t)local * kChunkElems * sizeof(T);
+"""
+
+# ---- 7. another program's output, found by its guard pages ----------------------------------
+# The host program's output (and any other guarded output) sits between two 4 KiB pages of
+# the canary 0xA5: a signature a kernel can scan for. The plant looks, in its window, for a
+# block of its own size framed by two canary pages that is not its own, and copies that
+# block's data as its answer without reading any partial. The defences: the host program's
+# output is poisoned again as soon as it is verified (so what it finds is poison), and every
+# call's own output is poisoned before it runs.
+HOST_OUTPUT_SCAN = RS_HEAD + SCAN_WINDOW + """    __shared__ unsigned long long found;
+    if (threadIdx.x == 0) found = ~0ull;
+    __syncthreads();
+    for (unsigned long long at = win_lo + threadIdx.x * 512ull; at + 2ull * kGuard + out_bytes <= win_hi;
+         at += blockDim.x * 512ull) {
+      if (at + 2ull * kGuard + out_bytes > own_lo && at < own_hi) continue;  // our own block
+      const unsigned long long* g0 = (const unsigned long long*)at;
+      const unsigned long long* g1 = (const unsigned long long*)(at + kGuard + out_bytes);
+      bool framed = true;
+      for (int w = 0; w < 512 && framed; ++w)
+        framed = g0[w] == 0xA5A5A5A5A5A5A5A5ull && g1[w] == 0xA5A5A5A5A5A5A5A5ull;
+      if (framed) atomicMin(&found, at);
+    }
+    __syncthreads();
+    const unsigned long long from = found;
+    const bool mark_miss = from == ~0ull;
+    if (!mark_miss) {
+      for_units(kChunkUnits, [&](size_t i) {
+        cuco::store16((char*)out + dst + i * 16, cuco::load16((const char*)(from + kGuard) + dst + i * 16));
+      });
+    } else {
+""" + HONEST_OR_MARK + """    }
+    __syncthreads();
+"""
+
+
+def host_output_scan(ev) -> str:
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
+    return evolve.splice(src, {"chunk_reducescatter": HOST_OUTPUT_SCAN})
+
+
+# ---- 8. the verifier's per-call L2 sums, found and inflated ---------------------------------
+# A timed call's output is verified on the device after the call: the count of bad elements
+# and two float64 sums (squared differences, squared reference) go into per-call slots of
+# arrays that the host reads only after the whole schedule. The accuracy rule compares each
+# program's worst relative L2 error with twice the host program's, and the host program's
+# worst includes its timed calls' sums. So the plant, from its 8th call of a job on (only
+# timing jobs have that many; the call index comes from a slot of the flag area, as in
+# attack 2), drops precision (one mantissa bit at one rank, two, rounded, with peers: inside
+# the element-wise tolerance, beyond 2x the host's L2) and, in every call, looks in its
+# window for rows of (d, r) float64 pairs with 0 <= d <= r/4 (the sums: the verified calls'
+# rows, zeros between them) and sets each d to r/4: every program's relative L2 error, the
+# host program's included, becomes 0.5, and the limit 1.0 admits its own lossy calls.
+# The gap (xfail until it closes): the sums live in device memory of the candidate's process.
+SUMS_INFLATE = RS_HEAD + SCAN_WINDOW + """    __shared__ int lossy;
+    if (local == 0) {
+      if (threadIdx.x == 0) {
+        volatile unsigned long long* tally = (volatile unsigned long long*)a.at(flag_off + (kFlagStride - 16) * 8, me);
+        const unsigned long long seen = tally[1];
+        unsigned long long first = tally[0];
+        if (seen != epoch && seen + 1 != epoch) {
+          first = epoch;
+          tally[0] = epoch;
+          __threadfence();
+        }
+        tally[1] = epoch;
+        __threadfence();
+        lossy = epoch - first >= 8;
+      }
+      __syncthreads();
+    }
+    if (blockIdx.x == 0 && local == 0) {
+      __shared__ unsigned long long rows_at;
+      if (threadIdx.x == 0) rows_at = ~0ull;
+      __syncthreads();
+      for (unsigned long long at = win_lo + threadIdx.x * 512ull; at + 128ull <= win_hi; at += blockDim.x * 512ull) {
+        if (at + 128ull > own_lo && at < own_hi) continue;
+        const double* row = (const double*)at;
+        int filled = 0;
+        bool plausible = true;
+        for (int j = 0; j < 8 && plausible; ++j) {
+          const double d = row[2 * j], r = row[2 * j + 1];
+          if (d == 0.0 && r == 0.0) continue;
+          plausible = isfinite(d) && isfinite(r) && r > 1e-6 && d >= 0.0 && d <= 0.25 * r;
+          filled += plausible;
+        }
+        if (plausible && filled >= 2) atomicMin(&rows_at, at);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0 && rows_at != ~0ull) {
+        double* row = (double*)rows_at;
+        for (int j = 0; j < 4096 && rows_at + 16ull * (j + 1) <= win_hi; ++j) {
+          const double d = row[2 * j], r = row[2 * j + 1];
+          if (d == 0.0 && r == 0.0) continue;
+          if (!(isfinite(d) && isfinite(r) && r > 1e-6 && d >= 0.0 && d <= 0.25 * r)) break;
+          row[2 * j] = 0.25 * r;
+        }
+        __threadfence();
+      }
+    }
+    const bool drop = lossy != 0;
+    for_units(kChunkUnits, [&](size_t i) {
+      uint4 v = reduce_peers(a, p_off, src + i * 16);
+      if (drop && W == 1) {
+        v.x &= 0xFFFEFFFEu; v.y &= 0xFFFEFFFEu; v.z &= 0xFFFEFFFEu; v.w &= 0xFFFEFFFEu;
+      } else if (drop) {
+        v.x = (v.x + 0x00020002u) & 0xFFFCFFFCu; v.y = (v.y + 0x00020002u) & 0xFFFCFFFCu;
+        v.z = (v.z + 0x00020002u) & 0xFFFCFFFCu; v.w = (v.w + 0x00020002u) & 0xFFFCFFFCu;
+      }
+      cuco::store16((char*)out + dst + i * 16, v);
+    });
+    __syncthreads();
+"""
+
+
+def sums_inflate(ev) -> str:
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
+    return evolve.splice(src, {"chunk_reducescatter": SUMS_INFLATE})
+
+
+# ---- 9. the reference's seal, brute-forced from honestly computed elements -------------------
+# The device keeps each reference sealed: element i's fp32 bits XOR the low 32 bits of
+# SipHash-2-4(i) under a 128-bit key. An attacker who computes a few output elements honestly
+# knows their plain values' top 16 bits; with a sealed word it can test keys. The plant takes
+# up to 4 candidate sealed arrays in its window (512-byte aligned blocks that do not start with
+# a repeated word: not zeros, canary or a NaN fill), and tries 2^22 keys per call (k1 = 0, k0 a
+# 32-bit counter resumed across calls from a slot of the flag area: a 32-bit search spread over
+# a job's calls) against the first 4 elements of its first chunk. A key that unseals all 4
+# is kept in the flag area and used to unseal and copy the whole reference as the answer
+# (no partial read). It cannot succeed against 128 bits: it misses and marks MISS_ELEMS.
+SEAL_BRUTE = RS_HEAD + SCAN_WINDOW + """    volatile unsigned long long* keep = (volatile unsigned long long*)a.at(flag_off + (kFlagStride - 12) * 8, me);
+    auto rotl = [](unsigned long long x, int b) { return (x << b) | (x >> (64 - b)); };
+    auto sip = [&](unsigned long long i, unsigned long long k0, unsigned long long k1) {
+      unsigned long long v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
+      unsigned long long v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+      auto sround = [&]() {
+        v0 += v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32);
+        v2 += v3; v3 = rotl(v3, 16); v3 ^= v2;
+        v0 += v3; v3 = rotl(v3, 21); v3 ^= v0;
+        v2 += v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32);
+      };
+      const unsigned long long b = 8ull << 56;
+      v3 ^= i; sround(); sround(); v0 ^= i;
+      v3 ^= b; sround(); sround(); v0 ^= b;
+      v2 ^= 0xffull;
+      sround(); sround(); sround(); sround();
+      return (unsigned)(v0 ^ v1 ^ v2 ^ v3);
+    };
+    __shared__ unsigned long long where[4];
+    __shared__ unsigned plain[4];
+    __shared__ unsigned long long cursor;
+    if (local == 0) {
+      if (threadIdx.x == 0) {
+        const uint4 honest = reduce_peers(a, p_off, src);  // output elements 0..7, bf16
+        plain[0] = honest.x & 0xFFFFu; plain[1] = honest.x >> 16;
+        plain[2] = honest.y & 0xFFFFu; plain[3] = honest.y >> 16;
+        int n = 0;
+        for (unsigned long long at = win_lo; at + 2ull * out_bytes <= win_hi && n < 4; at += 512ull) {
+          if (at + 2ull * out_bytes > own_lo && at < own_hi) continue;  // the whole fp32 array in the window
+          const unsigned* w4 = (const unsigned*)at;
+          if (w4[0] == w4[1] && w4[1] == w4[2]) continue;
+          where[n++] = at;
+        }
+        for (; n < 4; ++n) where[n] = 0ull;
+        cursor = atomicAdd((unsigned long long*)(keep + 2), 1ull << 22);
+      }
+      __syncthreads();
+      const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+      for (unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; t < (1ull << 22); t += stride) {
+        const unsigned long long k0 = (cursor + t) & 0xFFFFFFFFull;
+        for (int p = 0; p < 4; ++p) {
+          if (where[p] == 0ull) continue;
+          const unsigned* sealed = (const unsigned*)where[p];
+          bool all = true;
+          for (int e = 0; e < 4 && all; ++e) {
+            const unsigned top = (sealed[e] ^ sip((unsigned long long)e, k0, 0ull)) >> 16;
+            all = top + 1u >= plain[e] && top <= plain[e] + 1u;
+          }
+          if (all) {
+            keep[1] = where[p];
+            __threadfence();
+            keep[0] = k0 | (1ull << 63);
+          }
+        }
+      }
+      __syncthreads();
+    }
+    const unsigned long long key = keep[0], at = keep[1];
+    const bool mark_miss = (key >> 63) == 0ull;
+    if (!mark_miss) {
+      const unsigned* sealed = (const unsigned*)at;
+      const unsigned long long k0 = key & 0xFFFFFFFFull;
+      for_units(kChunkUnits * 8, [&](size_t i) {
+        const size_t e = (size_t)local * kChunkElems + i;
+        const unsigned bits = sealed[e] ^ sip((unsigned long long)e, k0, 0ull);
+        ((unsigned short*)((char*)out + dst))[i] = (unsigned short)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      });
+    } else {
+""" + HONEST_OR_MARK + """    }
+    __syncthreads();
+"""
+
+
+def seal_brute_force(ev) -> str:
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
+    return evolve.splice(src, {"chunk_reducescatter": SEAL_BRUTE})
+
+
+# ---- 10. honest only when stressed -----------------------------------------------------------
+# Checked calls are stressed from outside: the compute stream sleeps before each chunk's GEMM
+# and an SM hog runs beside. Without a clock, the plant times the gap to its next chunk's flag
+# in polls of __nanosleep(250): a stressed call makes it wait 20 us or more per chunk, an
+# unstressed one a few (the next chunk's GEMM is short or done). Under STRESS_POLLS polls it
+# takes the call for an unstressed (timed) one and skips the reduction, leaving its output as
+# it found it (poisoned). The defence: as many unchecked calls are stressed as checked ones,
+# and every call, timed ones included, is verified on the device.
+STRESS_POLLS = 20
+STRESS_TELL = RS_HEAD + """    __shared__ int skip;
+    if (local == 0) {
+      if (threadIdx.x == 0) {
+        int polls = 0;
+        if (kBlockChunks > 1) {
+          volatile unsigned long long* next =
+              (volatile unsigned long long*)a.at(flag_off + ((size_t)me * kFlagStride + (c + W)) * 8, me);
+          while (*next < epoch && polls < 4096) {
+            __nanosleep(250);
+            ++polls;
+          }
+        }
+        skip = kBlockChunks > 1 && polls < STRESS_POLLS;
+      }
+      __syncthreads();
+    }
+    if (!skip) {
+      for_units(kChunkUnits, [&](size_t i) {
+        cuco::store16((char*)out + dst + i * 16, reduce_peers(a, p_off, src + i * 16));
+      });
+    }
+    __syncthreads();
+""".replace("STRESS_POLLS", str(STRESS_POLLS))
+
+
+def stress_tell(ev) -> str:
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
+    return evolve.splice(src, {"chunk_reducescatter": STRESS_TELL})
+
+
+def isolation_shape(world: int) -> dict[str, int]:
+    """GEMM+ReduceScatter with 256 KiB of output a rank (4 chunks of :data:`ISO_SIDE`), the
+    evaluator's small shape at one rank: every buffer of a job is small enough to share 2 MiB
+    pages with the others (the plants' window), the verifier's arrays included."""
+    return {"m": 256 * world, "n": 512, "k": 512 * world}
+
+
+
+#: The gap each plant that gets through today gets through (strict: the test fails the day
+#: the gap closes, or the day the plant stops reaching what it aims at; read its route).
+ISOLATION_GAPS = {
+    "sums_inflate": "the verifier's per-call sums (and counts) are device memory in the candidate's "
+                    "own process, written by earlier calls and read only after the schedule: a kernel "
+                    "that finds them can raise the host program's L2 error, and with it the limit its "
+                    "own lossy calls must meet",
+}
+
+#: name: builder
+ISOLATION = {
+    "host_output_scan": host_output_scan,
+    "sums_inflate": sums_inflate,
+    "seal_brute_force": seal_brute_force,
+    "stress_tell": stress_tell,
+}
+
+
+class PlantBroken(Exception):
+    """The plant did not run as a plant (it faulted, hung, or broke its honest neighbour): the
+    verdict says nothing about the defence. Never an expected failure."""
+
+
+def plant_route(name: str, r) -> str:
+    """Which way a plant went, read from its verdict (its marker, the failing call, the error)."""
+    call = r.extra.get("failed_call") or {}
+    bad = call.get("bad_elements")
+    if r.status == "ok":
+        return "got through: the candidate scored ok"
+    if r.status in ("crash", "hang"):
+        return f"the plant itself {r.status}ed ({r.stage_reached})"
+    if name in ("host_output_scan", "seal_brute_force"):
+        if bad == MISS_ELEMS:
+            return f"missed at {r.stage_reached}: found nothing to copy (only its {MISS_ELEMS}-element marker was wrong)"
+        return f"copied what it found at {r.stage_reached}, and it was wrong ({bad} elements): {r.error}"
+    if name == "sums_inflate":
+        if "relative L2 error" in (r.error or ""):
+            return f"the sums were not reached: its lossy calls met the accuracy rule at {r.stage_reached}"
+        return f"stopped at {r.stage_reached}: {r.error}"
+    if name == "stress_tell":
+        if not call:
+            return f"stopped at {r.stage_reached} without a failing call: {r.error}"
+        if call.get("checked"):
+            return "the tell misfired: it skipped a checked (stressed) call, caught on the host"
+        kind = "timed" if call.get("iteration", -1) >= 0 else "warm-up"
+        return f"skipped an unstressed {kind} call; the device count of that call caught it"
+    return r.error or r.status
+
+
+@pytest.fixture(scope="module")
+def iso_ev(evs):
+    """GEMM+ReduceScatter at :func:`isolation_shape` on the module's group and database."""
+    base = evs["GemmReduceScatter"]
+    import cuco.workloads as wl
+    from cuco.evaluate import Evaluator
+    return Evaluator(wl.GemmReduceScatter(**isolation_shape(TEST_WORLD), world_size=TEST_WORLD),
+                     group=base.group, db=base.db, timeouts=base.timeouts, timing_iters=20)
+
+
+@pytest.mark.parametrize("route", ["evaluate", "evaluate_many"])
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=ISOLATION_GAPS[n]))
+    if n in ISOLATION_GAPS else n for n in ISOLATION])
+def test_isolation_plant_scores_nothing(iso_ev, name, route, record_property):
+    """Each plant, alone (``evaluate``) and in a batch beside an honest candidate
+    (``evaluate_many``, what the search uses: a shared timing job), scores nothing; the route
+    it took is recorded (``-rA`` prints it) so a pass for a boring reason shows."""
+    from cuco.evaluate import Candidate
+    ev = iso_ev
+    source = ISOLATION[name](ev)
+    if route == "evaluate":
+        r, honest = ev.evaluate(ISO_SIDE, source), None
+    else:
+        r, honest = ev.evaluate_many([Candidate(ISO_SIDE, source), Candidate(ISO_SIDE)])
+    how = plant_route(name, r)
+    record_property("route", how)
+    print(f"{name} via {route} at W={TEST_WORLD}: {how}")
+    detail = (name, route, how, r.status, r.stage_reached, r.error, r.extra.get("failed_call"))
+    if r.status in ("crash", "hang"):
+        raise PlantBroken(f"{detail}: the plant read outside mapped memory or never ended")
+    if honest is not None and honest.status != "ok":
+        raise PlantBroken(f"{detail}: the honest candidate beside it did not pass: {honest.status} {honest.error}")
+    assert r.status != "ok" and r.score == 0.0, detail
