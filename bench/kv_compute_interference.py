@@ -45,7 +45,7 @@ from typing import Any
 
 NAME = "kv_compute_interference"
 #: prompt tokens of the default run and of ``--quick``
-TOKENS = (4096, 8192, 16384)
+TOKENS = (4096, 16384)
 QUICK_TOKENS = (4096,)
 #: the modes with a transfer; "alone" is the compute without one
 MODES = ("sm_persistent", "sm_launch", "copy_engine")
@@ -401,7 +401,10 @@ def measure(case: Case, modes: tuple[str, ...], rounds: int, warmup: int) -> dic
     if not bool(cupy.isfinite(f32).all()) or float(f32.std()) == 0.0:
         raise RuntimeError("the alone run's K/V cache is not finite or is constant: refusing to time it")
     del f32
-    out: dict[str, dict[str, Any]] = {}
+    case.sample("alone")
+    # the chain alone, again: equal bit for bit (else no with-transfer call can be)
+    repeat_identical = case.check(ref)[0]
+    out: dict[str, dict[str, Any]] = {"alone": {"repeat_identical": repeat_identical}}
     live = []
     for mode in modes:
         try:
@@ -467,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             m = {mode: {"error": f"{type(exc).__name__}: {exc}"} for mode in MODES}
         for mode in MODES:
             rows.append(make_row(p, mode, args, m[mode]))
+            rows[-1]["alone_repeat_identical"] = m.get("alone", {}).get("repeat_identical")
             if m[mode].get("transfer_error"):
                 rows[-1]["transfer_error"] = m[mode]["transfer_error"]
         print(table([r for r in rows if r["case"] == case_label(p)]), flush=True)

@@ -220,7 +220,7 @@ class Case:
     def __init__(self, ctx, torch, shape: str, counts: np.ndarray, seed: int, lib, sms: int):
         import cupy
 
-        from cuco.runtime import torch_bridge
+        from cuco.runtime import dtypes, torch_bridge
         from cuco.workloads.moe_gemm import GroupedGemm
         H, F, E, _ = EXPERT_SHAPES[shape]
         self.H, self.F, self.E, self.torch = H, F, E, torch
@@ -230,10 +230,11 @@ class Case:
         self.x = _normal((total, H), 1.0, seed + 1)
         self.wgu = _normal((E, 2 * F, H), H ** -0.5, seed + 2)   # gate rows then up rows
         self.wd = _normal((E, H, F), F ** -0.5, seed + 3)
-        self.h = cupy.empty((total, 2 * F), dtype=cupy.uint16)
-        self.act = cupy.empty((total, F), dtype=cupy.uint16)
-        self.y = cupy.empty((total, H), dtype=cupy.uint16)
-        self.y_torch = cupy.empty((total, H), dtype=cupy.uint16)
+        # flat storage, as the workload keeps it (moe_host.swiglu indexes it flat)
+        self.h = dtypes.empty(total * 2 * F, "bf16")
+        self.act = dtypes.empty(total * F, "bf16")
+        self.y = dtypes.empty(total * H, "bf16")
+        self.y_torch = dtypes.empty(total * H, "bf16")
         self.stream = ctx.stream
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         j = np.arange(E)
