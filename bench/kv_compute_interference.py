@@ -29,9 +29,10 @@ condition's K/V cache and residual stream must equal the alone run's bit for bit
 same inputs), and the copied K/V must equal the cache -- in a checked call before timing and
 in the last timed call (outputs and the copy's destination poisoned before each).
 
-Assumption (stated in the result file): the driver runs a same-device ``cudaMemcpyAsync``
-device-to-device on a copy engine, not as a kernel on the SMs; the ``copy_engine`` row measures
-whatever the driver does, so a large slowdown there would show it did not.
+Whether the driver runs a same-device ``cudaMemcpyAsync`` on a copy engine or as a kernel on
+the SMs is not documented; :func:`copy_engine_probe` measures it (a copy issued while a kernel
+holds every SM's threads: a copy engine finishes it long before the kernel ends) and the
+result file records it (``copy_engine_probe``).
 """
 
 from __future__ import annotations
@@ -88,6 +89,21 @@ copy_persistent(const char* src, char* dst, const unsigned long long* ready, int
     const size_t off = (size_t)c * chunk_units * 16;
     copy_units(src + off, dst + off, chunk_units);
   }
+}
+
+// Every SM's threads held for `ns` nanoseconds (launched as 2 CTAs of 1024 threads per SM,
+// at most 32 registers a thread: one wave fills every SM); each CTA counts itself in
+// *started as it begins. While it runs no other kernel can start a CTA.
+extern "C" __global__ void __launch_bounds__(1024, 2)
+hold_sms(long long ns, unsigned long long* started) {
+  if (threadIdx.x == 0) {
+    atomicAdd(started, 1ull);
+    __threadfence_system();
+  }
+  long long t0, now;
+  asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t0));
+  now = t0;
+  while (now - t0 < ns) asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(now));
 }
 """ % {"threads": THREADS}
 
@@ -275,6 +291,11 @@ class Case:
         self.enqueue_s = 0.0  # how long the host took to enqueue the last call
         dev = cupy.cuda.Device()
         dev.synchronize()  # inputs and flags were made on the default stream
+        # a stream memory write that fails must fail here, not after a persistent copy kernel
+        # started waiting for the flags it would raise
+        from cuco.runtime import stream_ops
+        stream_ops.write_value(self.s.ptr, int(self.ready.data.ptr), 0)
+        self.s.synchronize()
 
     # -- one call of a condition
     def _copy(self, c: int) -> None:
@@ -438,6 +459,48 @@ def measure(case: Case, modes: tuple[str, ...], rounds: int, warmup: int) -> dic
     return out
 
 
+def copy_engine_probe(ctx, copy_path: str, nbytes: int, hold_ms: float = 20.0) -> dict[str, Any]:
+    """Whether a same-device ``cudaMemcpyAsync`` runs beside a kernel that holds every SM's
+    threads: on a copy engine it ends long before the kernel does (``ran_on_copy_engine``);
+    as a kernel of the driver it waits for free SMs (about ``hold_ms``)."""
+    import cupy
+    import numpy as np
+
+    from cuco.runtime import stream_ops
+    hold = ctx.function(copy_path, "hold_sms")
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    src = cupy.random.RandomState(5).randint(0, 256, size=nbytes, dtype=cupy.uint8)
+    dst = cupy.zeros(nbytes, dtype=cupy.uint8)
+    started = cupy.zeros(1, dtype=cupy.uint64)
+    side = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def timed_copy() -> None:
+        e0.record(side)
+        cupy.cuda.runtime.memcpyAsync(int(dst.data.ptr), int(src.data.ptr), nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToDevice, side.ptr)
+        e1.record(side)
+
+    alone = []
+    for _ in range(6):
+        timed_copy()
+        e1.synchronize()
+        alone.append(cupy.cuda.get_elapsed_time(e0, e1))
+    dst.fill(0)
+    cupy.cuda.Device().synchronize()
+    hold((2 * sms,), (1024,), (np.int64(int(hold_ms * 1e6)), started), stream=ctx.stream)
+    stream_ops.wait_value(side.ptr, int(started.data.ptr), 2 * sms)  # every SM is held now
+    timed_copy()
+    e1.synchronize()
+    beside = cupy.cuda.get_elapsed_time(e0, e1)
+    ctx.stream.synchronize()
+    return {"bytes": nbytes, "memcpy_alone_ms": round(statistics.median(alone[1:]), 4),
+            "memcpy_beside_held_sms_ms": round(beside, 4), "hold_ms": hold_ms,
+            "ran_on_copy_engine": beside < hold_ms / 4,
+            "copied": bool(cupy.array_equal(dst, src))}
+
+
 def build_copy_kernels(arch: str) -> str:
     from cuco.kernels import Compiler
     return str(Compiler(arch=arch).compile(COPY_SOURCE, needs=(), name="kv_interference_copy").path)
@@ -459,6 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     copy_path = build_copy_kernels(toolchain.default_arch())
     compile_s = time.perf_counter() - t0
+    probes = []
+    for nbytes in (1 << 20, 16 << 20, 64 << 20):
+        try:
+            probes.append(copy_engine_probe(ctx, copy_path, nbytes))
+        except Exception as exc:  # noqa: BLE001 - the interference numbers stand without it
+            probes.append({"bytes": nbytes, "error": f"{type(exc).__name__}: {exc}"})
+        print(f"copy-engine probe: {probes[-1]}", flush=True)
     rows: list[dict[str, Any]] = []
     for p in cases:
         print(f"{case_label(p)}: building and warming up", flush=True)
@@ -477,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         del case
         cupy.get_default_memory_pool().free_all_blocks()
     path = write_results(rows, args.out, device=device, argv=argv,
-                         extra={"compile_s": round(compile_s, 1),
+                         extra={"compile_s": round(compile_s, 1), "copy_engine_probe": probes,
                                 "config": {"layers": args.layers, "rounds": args.rounds,
                                            "comm_ctas": args.comm_ctas,
                                            "chunks_per_layer": args.chunks_per_layer,

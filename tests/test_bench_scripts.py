@@ -113,7 +113,7 @@ def test_kv_rows_summary_and_result_file(kv, tmp_path, monkeypatch):
 def test_kv_copy_kernels_compile(kv):
     cubin = Path(kv.build_copy_kernels("sm_90a"))
     data = cubin.read_bytes()
-    assert b"copy_chunk" in data and b"copy_persistent" in data
+    assert b"copy_chunk" in data and b"copy_persistent" in data and b"hold_sms" in data
 
 
 # ---- MoE expert FFN ------------------------------------------------------------------------
