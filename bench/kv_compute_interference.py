@@ -27,7 +27,9 @@ spin kernel ahead of each sample so the host's enqueueing is not timed); ``slowd
 taken round by round. Checks: inputs are N(0, 1) (weights scaled by 1/sqrt(fan_in)); every
 condition's K/V cache and residual stream must equal the alone run's bit for bit (same kernels,
 same inputs), and the copied K/V must equal the cache -- in a checked call before timing and
-in the last timed call (outputs and the copy's destination poisoned before each).
+in one more call after it, made exactly as the timed ones (outputs and the copy's destination
+are poisoned before every call, timed or not). The chain alone is also run twice and
+compared (``alone_repeat_identical``): cuBLAS on one stream repeats bit for bit.
 
 Whether the driver runs a same-device ``cudaMemcpyAsync`` on a copy engine or as a kernel on
 the SMs is not documented; :func:`copy_engine_probe` measures it (a copy issued while a kernel
@@ -112,6 +114,7 @@ hold_sms(long long ns, unsigned long long* started) {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=f"bench/results/{NAME}.json", help="result file")
+    ap.add_argument("--out-dir", help=f"write <OUT_DIR>/{NAME}.json instead (as bench/gpu_session.sh passes)")
     ap.add_argument("--quick", action="store_true", help=f"tokens {QUICK_TOKENS} only (~1 min)")
     ap.add_argument("--tokens", type=int, action="append",
                     help=f"prompt tokens (repeatable); default {TOKENS}")
@@ -123,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chunks-per-layer", type=int, default=4,
                     help="chunks each layer's K/V is cut into (the workload's grid: 1 or 4)")
     args = ap.parse_args(argv)
+    if args.out_dir:
+        args.out = str(Path(args.out_dir) / f"{NAME}.json")
     for name in ("layers", "rounds", "warmup", "comm_ctas", "chunks_per_layer"):
         if getattr(args, name) < (1 if name != "warmup" else 0):
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -513,7 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
 
     from cuco.kernels import toolchain
-    if cupy.cuda.runtime.getDeviceCount() < 1:
+    try:
+        gpus = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        gpus = 0
+    if gpus < 1:
         print("no CUDA device visible: this benchmark needs one GPU", file=sys.stderr)
         return 2
     dev = cupy.cuda.Device()

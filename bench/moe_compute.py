@@ -64,6 +64,7 @@ BASELINE = "torch._grouped_mm+silu*up"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=f"bench/results/{NAME}.json", help="result file")
+    ap.add_argument("--out-dir", help=f"write <OUT_DIR>/{NAME}.json instead (as bench/gpu_session.sh passes)")
     ap.add_argument("--quick", action="store_true", help=f"shapes {QUICK_SHAPES} only (~1 min)")
     ap.add_argument("--shape", action="append", choices=sorted(EXPERT_SHAPES),
                     help="expert shape (repeatable); default: all")
@@ -74,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--zipf", type=float, default=ZIPF, help="routing skew exponent (0: uniform)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.out_dir:
+        args.out = str(Path(args.out_dir) / f"{NAME}.json")
     if args.iters < 20:
         ap.error("--iters: the issue asks for the median of >= 20 samples")
     if args.warmup < 0 or args.zipf < 0:

@@ -40,6 +40,9 @@ def test_help_needs_no_gpu(name):
                        text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--quick" in r.stdout and "--out" in r.stdout
+    mod = load(name)
+    assert mod.parse_args([]).out == f"bench/results/{name}.json"
+    assert mod.parse_args(["--out-dir", "/tmp/o"]).out == f"/tmp/o/{name}.json"
 
 
 # ---- KV transfer beside the prefill compute ------------------------------------------------
