@@ -1,0 +1,194 @@
+"""The one-GPU compute benchmarks of issue #37 on the CPU: bench/kv_compute_interference.py
+and bench/moe_compute.py -- their arguments and case lists, the routing they draw, how a
+measurement becomes a result row and a summary, the result file they write, and (nvcc is
+here) the copy kernels the KV benchmark builds."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def kv():
+    return load("kv_compute_interference")
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return load("moe_compute")
+
+
+@pytest.mark.parametrize("name", ["kv_compute_interference", "moe_compute"])
+def test_help_needs_no_gpu(name):
+    r = subprocess.run([sys.executable, f"bench/{name}.py", "--help"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--quick" in r.stdout and "--out" in r.stdout
+    mod = load(name)
+    assert mod.parse_args([]).out == f"bench/results/{name}.json"
+    assert mod.parse_args(["--out-dir", "/tmp/o"]).out == f"/tmp/o/{name}.json"
+
+
+# ---- KV transfer beside the prefill compute ------------------------------------------------
+def test_kv_cases_are_the_workload_layer_at_each_prompt_length(kv):
+    full = kv.problems(kv.parse_args([]))
+    assert [p.tokens for p in full] == list(kv.TOKENS) and 4096 in kv.TOKENS and 16384 in kv.TOKENS
+    quick = kv.problems(kv.parse_args(["--quick"]))
+    assert [p.tokens for p in quick] == [4096]
+    p = full[0]  # KVProblem's defaults: the Llama-3-70B-like layer KVTransfer runs
+    assert (p.hidden, p.kv_dim, p.heads, p.head_dim, p.ffn, p.layers) == (8192, 2048, 64, 128, 28672, 2)
+    assert kv.case_label(p) == "kv_compute/L2T4096H8192KV2048F28672/bf16"
+    assert [p.tokens for p in kv.problems(kv.parse_args(["--tokens", "2048", "--tokens", "8192"]))] == [2048, 8192]
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "10"], ["--comm-ctas", "0"], ["--layers", "0"]])
+def test_kv_refuses_too_few_samples_or_ctas(kv, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        kv.parse_args(argv)
+    assert e.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_kv_refuses_a_prompt_the_workload_refuses(kv):
+    from cuco.errors import ShapeError
+    with pytest.raises(ShapeError, match="tokens"):
+        kv.problems(kv.parse_args(["--tokens", "32768"]))
+
+
+def fake_kv(alone: float, with_: float, xfer: float = 0.1, *, identical=True, arrived=True) -> dict:
+    n = 20
+    return {"alone": [alone] * n, "with": [with_] * n,
+            "total": [with_ + xfer] * n, "transfer_alone": [xfer] * 10,
+            "identical": identical, "arrived": arrived}
+
+
+def test_kv_rows_summary_and_result_file(kv, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUCO_REV", "abc1234")
+    args = kv.parse_args(["--quick"])
+    p = kv.problems(args)[0]
+    rows = [kv.make_row(p, "sm_persistent", args, fake_kv(10.0, 10.8)),
+            kv.make_row(p, "sm_launch", args, fake_kv(10.0, 10.3, arrived=False)),
+            kv.make_row(p, "copy_engine", args, fake_kv(10.0, 10.2))]
+    ce = rows[2]
+    assert ce["slowdown_pct"] == pytest.approx(2.0) and ce["within_limit"] is True
+    assert ce["speedup"] == pytest.approx(10.0 / 10.2, abs=1e-4) and ce["comm_ctas"] == 0
+    assert ce["bytes_per_layer"] == 4096 * 2048 * 2 and ce["chunks_per_layer"] == 4
+    assert ce["transfer_gbps"] == pytest.approx(2 * 4096 * 2048 * 2 / 0.1e-3 / 1e9, rel=1e-3)
+    assert rows[0]["variant"] == "sm_persistent.cc8.chunks4" and rows[0]["slowdown_pct"] == pytest.approx(8.0)
+    assert rows[1]["correct"] is False and rows[0]["correct"] is True  # the copy did not arrive
+    s = kv.summarize(rows)
+    assert s["max_copy_engine_slowdown_pct"] == pytest.approx(2.0) and s["copy_engine_within_limit"]
+    assert s["max_slowdown_pct_by_mode"]["sm_persistent"] == pytest.approx(8.0)
+    assert s["all_correct"] is False
+    slow = kv.make_row(p, "copy_engine", args, fake_kv(10.0, 10.6))
+    assert slow["within_limit"] is False and not kv.summarize([slow])["copy_engine_within_limit"]
+    failed = kv.make_row(p, "copy_engine", args, {"error": "RuntimeError: out of memory"})
+    assert failed["ms"] is None and failed["correct"] is False
+    assert "ERROR" in kv.table([failed]) and "copy_engine.chunks4" in kv.table(rows)
+
+    out = tmp_path / "res" / "kv_compute_interference.json"
+    path = kv.write_results(rows, out, device="1 x NVIDIA H100 80GB HBM3", argv=["--quick"])
+    doc = json.loads(Path(path).read_text())
+    assert path == out
+    assert doc["bench"] == "kv_compute_interference" and doc["commit"] == "abc1234"
+    assert doc["world_size"] == 1 and doc["emulated"] is False and doc["device"].startswith("1 x ")
+    assert doc["command"] == "python3 bench/kv_compute_interference.py --quick"
+    assert doc["rows"] == rows and doc["summary"] == s
+    assert any("copy engine" in n for n in doc["notes"])
+
+
+def test_kv_copy_kernels_compile(kv):
+    cubin = Path(kv.build_copy_kernels("sm_90a"))
+    data = cubin.read_bytes()
+    assert b"copy_chunk" in data and b"copy_persistent" in data and b"hold_sms" in data
+
+
+# ---- MoE expert FFN ------------------------------------------------------------------------
+def test_moe_cases_cover_the_issue_shapes_and_regimes(moe):
+    full = moe.cases(moe.parse_args([]))
+    assert len(full) == 6 and {s for s, _ in full} == set(moe.EXPERT_SHAPES)
+    assert moe.EXPERT_SHAPES["deepseek_v3"][:3] == (7168, 2048, 32)
+    assert moe.EXPERT_SHAPES["qwen3_235b_a22b"][:3] == (4096, 1536, 16)
+    assert moe.EXPERT_SHAPES["qwen3_30b_a3b"][:3] == (2048, 768, 128)
+    quick = moe.cases(moe.parse_args(["--quick"]))
+    assert len(quick) == 4 and {r for _, r in quick} == {"decode", "prefill"}
+    assert moe.cases(moe.parse_args(["--shape", "qwen3_30b_a3b", "--regime", "decode"])) == [
+        ("qwen3_30b_a3b", "decode")]
+    assert moe.case_label("deepseek_v3", "decode") == "moe_ffn/deepseek_v3/E32H7168F2048/decode/bf16"
+    with pytest.raises(SystemExit):
+        moe.parse_args(["--iters", "5"])
+    with pytest.raises(SystemExit):
+        moe.parse_args(["--shape", "llama"])
+
+
+@pytest.mark.parametrize("experts", [16, 32, 128])
+def test_moe_routing_is_skewed_within_the_regime_bounds(moe, experts):
+    dec = moe.skewed_counts(experts, "decode", seed=3)
+    assert dec.dtype == np.int64 and dec.shape == (experts,)
+    assert dec.min() >= 1 and dec.max() <= 16 and dec.max() == 16  # the hot experts hit the cap
+    pre = moe.skewed_counts(experts, "prefill", seed=3)
+    assert pre.min() >= 256 and pre.mean() >= 512
+    assert pre.max() >= 3 * np.median(pre)  # skewed, not uniform
+    assert (moe.skewed_counts(experts, "prefill", seed=3) == pre).all()
+    flat = moe.skewed_counts(experts, "prefill", seed=3, zipf=0.0)
+    assert flat.max() < 2 * np.median(flat)
+
+
+def fake_moe(cuco_ms: float, torch_ms: float, correct=True) -> dict:
+    check = {"correct": correct, "bad_elements": 0 if correct else 7, "rel_l2_error": 0.004,
+             "max_abs_error": 0.01}
+    return {"cuco": [cuco_ms] * 20, "torch": [torch_ms] * 20, "cuco_check": check,
+            "torch_check": dict(check, correct=True), "cuco_vs_torch_max_abs": 0.0078}
+
+
+def test_moe_rows_summary_and_result_file(moe, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUCO_REV", "abc1234")
+    counts = moe.skewed_counts(32, "decode", seed=0)
+    rows = [moe.make_row("deepseek_v3", "decode", counts, fake_moe(1.0, 1.2)),
+            moe.make_row("deepseek_v3", "prefill", moe.skewed_counts(32, "prefill", 0), fake_moe(2.0, 1.9)),
+            moe.make_row("qwen3_30b_a3b", "decode", moe.skewed_counts(128, "decode", 0),
+                         fake_moe(0.5, 0.6, correct=False))]
+    r = rows[0]
+    assert r["speedup"] == pytest.approx(1.2) and r["baseline"] == moe.BASELINE
+    assert r["rows"]["total"] == int(counts.sum()) and r["rows"]["max"] == 16
+    assert r["tflops"] == pytest.approx(2 * counts.sum() * 7168 * 3 * 2048 / 1e-3 / 1e12, rel=1e-2)
+    assert rows[2]["correct"] is False
+    s = moe.summarize(rows)
+    assert s["min_speedup"] == pytest.approx(0.95) and s["min_speedup_case"] == rows[1]["case"]
+    assert s["min_speedup_by_regime"] == {"decode": pytest.approx(1.2), "prefill": pytest.approx(0.95)}
+    assert s["meets_1x"] is False and s["all_correct"] is False
+    err = moe.make_row("qwen3_235b_a22b", "prefill", moe.skewed_counts(16, "prefill", 0),
+                       {"error": "RuntimeError: CUTLASS cannot run them"})
+    assert err["speedup"] is None and "ERROR" in moe.table([err])
+    assert not moe.summarize([*rows[:2], err])["meets_1x"]  # a case that did not run is no pass
+
+    path = moe.write_results(rows, tmp_path / "moe_compute.json", device="1 x NVIDIA H200",
+                             argv=["--quick"])
+    doc = json.loads(path.read_text())
+    assert doc["bench"] == "moe_compute" and doc["commit"] == "abc1234" and doc["world_size"] == 1
+    assert doc["command"] == "python3 bench/moe_compute.py --quick" and doc["rows"] == rows
+    assert doc["summary"]["min_speedup"] == pytest.approx(0.95)
+    assert doc["tolerance"]["rtol"] == moe.RTOL
+    text = moe.table(rows)
+    assert "torch/cuco" in text and "1.200" in text
+
+
+def test_moe_refuses_a_result_path_that_is_not_json(moe, tmp_path):
+    with pytest.raises(SystemExit, match="json"):
+        moe.write_results([], tmp_path / "moe.txt", device="1 x H100", argv=[])
