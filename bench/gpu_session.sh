@@ -66,6 +66,11 @@ step_command() {
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
+    tests_gin)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_gin_emulated_gpu.py" ;;
+    gin_correctness) echo "python3 bench/gin_correctness.py $R" ;;
+    kv_interference) echo "python3 bench/kv_compute_interference.py $R" ;;
+    moe_compute)     echo "python3 bench/moe_compute.py $R" ;;
+    tests_isolation) echo "python3 -m pytest -v -rA -p no:xdist --tb=short -k isolation tests/test_adversary_gpu.py" ;;
     tests_dispatch)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_dispatch_gpu.py" ;;
     tests_ev_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_in_kernel_gpu.py" ;;
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
