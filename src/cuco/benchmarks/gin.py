@@ -10,6 +10,7 @@ more must be judged wrong there. Used by ``bench/gin_correctness.py`` and
 from __future__ import annotations
 
 from cuco.design import Directives, GemmProblem
+from cuco.kernels import evolve
 from cuco.kernels.tp import TP_FAMILIES, render_tp
 
 #: Global M x K x N of every GIN point (small: W ranks share one GPU).
@@ -33,24 +34,22 @@ def points(world_size: int, issuers=ISSUERS) -> list[tuple[str, Directives]]:
     return [(fam, directives(i)) for fam in TP_FAMILIES for i in issuers]
 
 
-#: Where the AllReduce template's pieces are (asserted, so a template change that moves them
-#: breaks the plants loudly instead of making them pass for nothing).
-_SEND_END = "    // EVOLVE-BLOCK-END chunk_send\n  }\n  for (int c = blockIdx.x; c < kChunks; c += gridDim.x) {\n    wait_arrivals(a, (ncclGinSignal_t)c, W - 1);"
-_FIRST_WAIT = "    wait_arrivals(a, (ncclGinSignal_t)c, W - 1);\n    const size_t mine"
-
-
-def _allreduce_source(world_size: int) -> tuple[GemmProblem, Directives, str]:
+def _allreduce_source(world_size: int) -> tuple[GemmProblem, Directives, str, dict[str, str]]:
     p, d = problem("gemm_allreduce", world_size), directives("cta")
     src = render_tp(p, d)[0].source
-    assert _SEND_END in src and _FIRST_WAIT in src, "the GIN AllReduce template changed: update the plants"
-    return p, d, src
+    bodies = evolve.blocks(src)
+    # where the plants cut (asserted, so a template change breaks them loudly instead of
+    # making them "caught" for nothing)
+    assert "gin.put(" in bodies["chunk_send"] and "reduce_rx(" in bodies["chunk_reduce"], \
+        "the GIN AllReduce template changed: update the plants"
+    return p, d, src, bodies
 
 
 def reuses_source_before_flush(world_size: int) -> tuple[GemmProblem, Directives, str]:
     """After putting its slices of a chunk, the CTA reuses those source bytes as scratch at
     once (it writes 1.0 over them) instead of after ``flush``. With puts that copy on issue it
     would be right; GIN may read a source any time before the flush."""
-    p, d, src = _allreduce_source(world_size)
+    p, d, src, bodies = _allreduce_source(world_size)
     reuse = (
         "    __syncthreads();\n"
         "    for (int s = 0; s < W; ++s)\n"
@@ -58,17 +57,18 @@ def reuses_source_before_flush(world_size: int) -> tuple[GemmProblem, Directives
         "        for (size_t i = threadIdx.x; i < slice / 16; i += blockDim.x)\n"
         "          cuco::store16(a.local(p_off + (size_t)c * kChunkBytes + (size_t)s * slice) + i * 16,\n"
         "                        make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u));\n")
-    return p, d, src.replace(_SEND_END, reuse + _SEND_END, 1)
+    return p, d, evolve.splice(src, {"chunk_send": bodies["chunk_send"] + reuse})
 
 
 def reads_before_its_signal(world_size: int) -> tuple[GemmProblem, Directives, str]:
-    """Reduces a chunk's received slices as soon as its own partial is sent, without waiting
-    for the signal that says they landed (it keeps the signal shadows in step, so later calls
-    are not thrown off: only the missing wait is wrong)."""
-    p, d, src = _allreduce_source(world_size)
-    no_wait = ("    if (threadIdx.x == 0) a.gin().increaseSignalShadow((ncclGinSignal_t)c, W - 1);\n"
-               "    __syncthreads();\n    const size_t mine")
-    return p, d, src.replace(_FIRST_WAIT, no_wait, 1)
+    """Reduces a chunk's received slices right after sending its own, in the send block,
+    before the signal that says they landed (the reduce block then only sends the sums)."""
+    p, d, src, bodies = _allreduce_source(world_size)
+    reduce_loop, sends = bodies["chunk_reduce"].split("    __syncthreads();\n", 1)
+    early = ("    __syncthreads();\n    {\n      const size_t mine = (size_t)c * kChunkBytes + (size_t)me * slice;\n"
+             + reduce_loop + "    }\n")
+    return p, d, evolve.splice(src, {"chunk_send": bodies["chunk_send"] + early,
+                                     "chunk_reduce": "    __syncthreads();\n" + sends})
 
 
 PLANTS = {"reuses_source_before_flush": reuses_source_before_flush,

@@ -13,8 +13,8 @@
 // signal. So a kernel that relies on more than GIN guarantees fails: one that reuses a
 // put's source before `flush` sends the new bytes; one that reads data before its signal
 // reads poison; one that counts on puts landing in issue order sees them reordered.
-// Signals are weak (ncclGin_SignalInc is treated as ncclGin_WeakSignalInc): an increment
-// says its own put landed, nothing about earlier ones.
+// Signals are weak (ncclGin_SignalInc, the one signal type NCCL 2.28.9 has, is treated as
+// 2.32's ncclGin_WeakSignalInc): an increment says its own put landed, nothing of earlier ones.
 #pragma once
 
 #include <cstddef>
@@ -60,7 +60,6 @@ using SysRef = cuda::atomic_ref<A, cuda::thread_scope_system>;
 
 __device__ __forceinline__ int signal_of(ncclGin_None) { return -1; }
 __device__ __forceinline__ int signal_of(ncclGin_SignalInc s) { return (int)s.signal; }
-__device__ __forceinline__ int signal_of(ncclGin_WeakSignalInc s) { return (int)s.signal; }
 
 // The issuing side of the emulated GIN: one thread of the coop writes the descriptor.
 __device__ __forceinline__ void emu_gin_enqueue(const EmuGin& g, int peer, size_t dst_off,
