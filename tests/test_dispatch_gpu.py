@@ -53,7 +53,7 @@ def table(tmp_path_factory):
         store_result(db, wl.family, cand, r, run)
         art = export(db, cand.candidate_id, root / wl.family)
         layer = Layer(wl.family, N, K, "bf16", NPROC)
-        fused = TORCH_FUSED if wl.family != "gemm_allreduce" else HOST
+        fused = TORCH_FUSED if wl.pattern.symm_mem_op else HOST  # PyTorch has no fused AllReduce
         t.add(LayerTable(layer, [Entry(64, HOST), Entry(1024, fused, fallback=fused),
                                  Entry(16384, CUCO, artifact=str(art.path), variant=EPILOGUE.full_name,
                                        runtime_shape=True)]))

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from cuco.design.patterns import GEMM_ALLREDUCE
+
 #: Row-parallel kernels' global shape (per rank: A[1024, 1024], B[1024, 512]) and the
 #: AllGather kernel's (per rank: A[512, 2048], B[2048, 256])
 SHAPE = "1024x2048x512"
@@ -241,7 +243,7 @@ def _bad_calls(torch, T, two, world):
         "operand: not a tensor": (lambda: T.matmul_all_reduce([[1.0]], b, two), T.OperandTypeError,
                                   r"A is a list; pass a torch.Tensor"),
         "operand: a kernel called with another shape": (
-            lambda: next(o for o in T.registered() if o.pattern == "gemm_allreduce")(m(512, 1024), b, two),
+            lambda: next(o for o in T.registered() if o.pattern is GEMM_ALLREDUCE)(m(512, 1024), b, two),
             T.OperandShapeError, r"A has shape \[512, 1024\]; this kernel .* takes \[1024, 1024\]"),
     }
 

@@ -38,7 +38,7 @@ dist.init_process_group("nccl", device_id=torch.device("cuda", local))
 G = dist.group.WORLD.group_name
 if mode in ("check", "compile"):
     enable_symm_mem_for_group(G)  # torch's own fused ops need it
-ops = {o.pattern: o for o in (cuco.load(p, world_size=world).as_torch_op() for p in paths)}
+ops = {o.pattern.name: o for o in (cuco.load(p, world_size=world).as_torch_op() for p in paths)}
 gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
 
 

@@ -86,9 +86,9 @@ class GemmWorkload(Workload):
     problem: GemmProblem
 
     def __init_subclass__(cls, **kw) -> None:
-        super().__init_subclass__(**kw)
-        if isinstance(cls.__dict__.get("pattern"), str):
+        if isinstance(cls.__dict__.get("pattern"), str):  # before its name becomes a known one
             cls.pattern = tp_pattern(cls.__dict__["pattern"])
+        super().__init_subclass__(**kw)
 
     def __init__(self, *positional: object, m: int | None = None, n: int | None = None,
                  k: int | None = None, world_size: int | None = None, dtype: Dtype = "bf16"):
