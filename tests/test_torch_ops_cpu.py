@@ -17,12 +17,12 @@ import sys
 
 import pytest
 
-from cuco.design.patterns import GEMM_ALLREDUCE
+from cuco.design.patterns import GEMM_ALLREDUCE, TP_NAMES
 
 #: Row-parallel kernels' global shape (per rank: A[1024, 1024], B[1024, 512]) and the
 #: AllGather kernel's (per rank: A[512, 2048], B[2048, 256])
 SHAPE = "1024x2048x512"
-PATTERNS = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+PATTERNS = TP_NAMES
 
 
 def test_import_cuco_without_torch_works_and_torch_ops_says_what_to_install():

@@ -33,13 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco.design.patterns import TP_NAMES, TPPattern, tp_pattern
+from cuco.design.patterns import TPPattern, tp_pattern
 from cuco.errors import CucoError, InputError
 
 FORMAT = "cuco-dispatch-table"
 VERSION = 1
-#: Patterns a table can dispatch (the torch ops of :mod:`cuco.torch_ops`), by name.
-PATTERNS = TP_NAMES
 DTYPES = ("bf16", "fp16", "fp32")
 #: Choices that are not a cuco kernel.
 HOST, TORCH_FUSED, CUCO = "host", "torch_fused", "cuco"

@@ -170,7 +170,8 @@ class TorchOp:
         pattern = find(p.workload)
         if pattern is None:
             raise RegistrationError(
-                f"{p.workload}: only {', '.join(TP_NAMES)} kernels are torch ops (a user workload's epilogue makes it no plain matmul; "
+                f"{p.workload}: only {', '.join(TP_NAMES)} kernels are torch ops (a user "
+                "workload's epilogue makes it no plain matmul; "
                 "the pipelines run inside cuco's workers); export one of those")
         if artifact.directives.backend.value != "lsa":
             raise RegistrationError(
