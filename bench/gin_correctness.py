@@ -26,7 +26,6 @@ from cuco.benchmarks import gin
 from cuco.errors import run_script
 from cuco.evaluate import Evaluator
 from cuco.evaluate.evaluator import Candidate, StageTimeouts
-from cuco.kernels.tp import TP_FAMILIES
 from cuco.runtime import WorkerGroup
 from cuco.workloads.base import for_problem
 
@@ -47,7 +46,7 @@ def run_world(world: int, issuers: tuple[str, ...], plants: bool, db: CandidateD
     rows = []
     timeouts = StageTimeouts(small=90, full=180, timing=240)
     with WorkerGroup(world, emulate=True) as group:
-        for family in TP_FAMILIES:
+        for family in gin.FAMILIES:
             wl = for_problem(gin.problem(family, world))
             ev = Evaluator(wl, group=group, db=db, timing_iters=5, timeouts=timeouts)
             cands = [Candidate(gin.directives(i)) for i in issuers]

@@ -61,12 +61,13 @@ def on_rank(table_path: str, out_dir: str) -> int:
     table = T.load_table(table_path, group_name=G)
     rows = []
     for layer in table.layers:
-        p = layer.pattern
+        tp = layer.pattern
+        p = tp.name
         for m in MS:
             if layer.takes_m(m):
                 continue
             w = world
-            a_shape = (m // w, layer.k) if p == "allgather_gemm" else (m, layer.k // w)
+            a_shape = tp.operand_shapes(m=m, n=layer.n, k=layer.k, world_size=w).a
             a = (torch.randn(a_shape, device="cuda") / a_shape[1] ** 0.5).bfloat16()
             b = torch.randn(layer.b_shape(), device="cuda").bfloat16()
             with warnings.catch_warnings():
@@ -74,8 +75,8 @@ def on_rank(table_path: str, out_dir: str) -> int:
                 op = {"gemm_allreduce": lambda: T.matmul_all_reduce(a, b, G),
                       "gemm_reducescatter": lambda: T.fused_matmul_reduce_scatter(a, b, "sum", 0, G),
                       "allgather_gemm": lambda: T.fused_all_gather_matmul(a, [b], 0, G, return_A=False)[1][0]}[p]
-                host = lambda: T.host_program(p, a, b, G)  # noqa: E731
-                fused = (lambda: T.torch_fused_op(p, a, b, G)) if p != "gemm_allreduce" else None
+                host = lambda: T.host_program(tp, a, b, G)  # noqa: E731
+                fused = (lambda: T.torch_fused_op(tp, a, b, G)) if tp.symm_mem_op else None
                 before = dict(T.DISPATCHED)
                 y, ref = op(), host()
                 chose = [k[2] for k, n in T.DISPATCHED.items() if n != before.get(k, 0)]

@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 
+from cuco.design.patterns import GEMM_ALLREDUCE, GEMM_REDUCESCATTER
 from cuco.dispatch import (CUCO, HOST, TORCH_FUSED, DispatchTable, Layer, LayerTable, Measurement,
                            Provenance, TableError, TableMismatch, buckets, entry_from, select)
 from cuco.errors import InputError
@@ -237,7 +238,7 @@ def _row_parallel_table(tmp_path, T, group):
 
 def test_the_op_runs_the_tables_choice_for_the_bucket_of_each_m(torch, T, group, tmp_path, fresh):
     layer = _row_parallel_table(tmp_path, T, group)
-    routes = {m: T.route("gemm_reducescatter", "bf16", 2, (m, 512), (512, 512)) for m in (2, 64, 66, 1000, 4096)}
+    routes = {m: T.route(GEMM_REDUCESCATTER, "bf16", 2, (m, 512), (512, 512)) for m in (2, 64, 66, 1000, 4096)}
     assert {m: (r.kind, r.bucket) for m, r in routes.items()} == {
         2: (HOST, 64), 64: (HOST, 64), 66: (TORCH_FUSED, 1024), 1000: (TORCH_FUSED, 1024),
         4096: (TORCH_FUSED, 4096)}
@@ -259,10 +260,10 @@ def test_a_cuco_entry_runs_its_kernel_where_it_takes_m_and_the_fallback_elsewher
     cuco_buckets = [e for e in table.layers[layer].entries if e.choice == CUCO]
     assert cuco_buckets, "the model picks a fused kernel for the large buckets"
     e = cuco_buckets[-1]
-    at = T.route("gemm_allreduce", "bf16", 2, (e.m, 2048), (2048, 4096))
+    at = T.route(GEMM_ALLREDUCE, "bf16", 2, (e.m, 2048), (2048, 4096))
     assert at.kind == CUCO and at.kernel.artifact.path == table.artifact_path(e)
     # a side-stream kernel bakes M in: another M of its bucket runs the bucket's fallback
-    below = T.route("gemm_allreduce", "bf16", 2, (e.m - 8, 2048), (2048, 4096))
+    below = T.route(GEMM_ALLREDUCE, "bf16", 2, (e.m - 8, 2048), (2048, 4096))
     assert (below.kind, below.bucket) == (e.fallback, e.m) and "bakes M=" in below.why
 
 

@@ -55,7 +55,7 @@ def table(tmp_path_factory):
         layer = Layer(wl.family, N, K, "bf16", NPROC)
         # torch has no fused AllReduce op; in an emulated world its symmetric memory refuses
         # ranks that share a GPU, so the table names the host program there instead
-        fused = TORCH_FUSED if wl.family != "gemm_allreduce" and not EMULATED else HOST
+        fused = TORCH_FUSED if wl.pattern.symm_mem_op and not EMULATED else HOST
         t.add(LayerTable(layer, [Entry(64, HOST), Entry(1024, fused, fallback=fused),
                                  Entry(16384, CUCO, artifact=str(art.path), variant=EPILOGUE.full_name,
                                        runtime_shape=True)]))

@@ -8,7 +8,7 @@ import difflib
 import pytest
 
 from cuco.benchmarks import gin
-from cuco.kernels.tp import TP_FAMILIES, render_tp
+from cuco.kernels.tp import render_tp
 from cuco.runtime.worker import WorkerContext, WorkerOptions
 
 
@@ -18,7 +18,7 @@ def test_gin_outside_an_emulated_world_says_where_it_can_run():
         ctx.gin  # noqa: B018
 
 
-@pytest.mark.parametrize("family", TP_FAMILIES)
+@pytest.mark.parametrize("family", gin.FAMILIES)
 def test_every_gin_template_runs_through_cuco_gin_with_its_proxy(family):
     src = render_tp(gin.problem(family, 4), gin.directives("warp"))[0].source
     assert '#include "cuco_gin.cuh"' in src and "gin_proxy(ARENA_PARAMS" in src

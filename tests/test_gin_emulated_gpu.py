@@ -14,7 +14,6 @@ from conftest import EMULATED, TEST_WORLD
 from cuco.benchmarks import gin
 from cuco.evaluate import Evaluator
 from cuco.evaluate.evaluator import Candidate
-from cuco.kernels.tp import TP_FAMILIES
 from cuco.runtime import WorkerGroup
 from cuco.workloads.base import for_problem
 
@@ -29,7 +28,7 @@ def group():
         yield g
 
 
-@pytest.mark.parametrize("family", TP_FAMILIES)
+@pytest.mark.parametrize("family", gin.FAMILIES)
 def test_gin_kernels_are_right_on_the_emulated_gin(group, family):
     wl = for_problem(gin.problem(family, TEST_WORLD))
     verdicts = Evaluator(wl, group=group, timing_iters=5).evaluate_many(

@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from cuco.design.patterns import ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER
 from cuco.runtime import host_collective, host_gemm
 from cuco.runtime.host_gemm import UNUSABLE_MS, candidate_names, fastest
 from cuco.runtime.worker import WorkerContext, WorkerOptions
@@ -68,8 +69,8 @@ def test_a_missing_torch_is_a_recorded_reason():
     assert not torch_bridge.installed()
     assert "torch is not installed" in torch_bridge.missing()
     # asked to run torch where there is none: the reason is torch's absence
-    assert "torch is not installed" in torch_fused.gap(_ctx(torch=True), "allgather_gemm")
-    assert "not running in this worker group" in torch_fused.gap(_ctx(torch=False), "gemm_reducescatter")
+    assert "torch is not installed" in torch_fused.gap(_ctx(torch=True), ALLGATHER_GEMM)
+    assert "not running in this worker group" in torch_fused.gap(_ctx(torch=False), GEMM_REDUCESCATTER)
     # without torch the workers do not start it
     from cuco.runtime import WorkerGroup
     assert WorkerGroup(2, gpu=False).torch is False
@@ -77,7 +78,7 @@ def test_a_missing_torch_is_a_recorded_reason():
 
 def test_gemm_allreduce_has_no_torch_fused_op():
     from cuco.workloads import torch_fused
-    assert torch_fused.gap(_ctx(torch=True), "gemm_allreduce") == "PyTorch has no fused op for gemm_allreduce"
+    assert torch_fused.gap(_ctx(torch=True), GEMM_ALLREDUCE) == "PyTorch has no fused op for gemm_allreduce"
 
 
 def test_peer_gaps_and_pieces_of_the_built_in_workloads():
@@ -107,5 +108,5 @@ def test_a_cpu_worker_records_why_torch_is_not_used():
     from cuco.workloads import torch_fused
 
     with WorkerGroup(1, gpu=False) as group:
-        got = group.run(lambda ctx: torch_fused.gap(ctx, "gemm_reducescatter"), timeout=60).unwrap()
+        got = group.run(lambda ctx: torch_fused.gap(ctx, GEMM_REDUCESCATTER), timeout=60).unwrap()
     assert "not running in this worker group" in got[0]

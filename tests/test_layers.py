@@ -62,6 +62,32 @@ def test_imports_point_down_the_layers():
     assert not up, "imports against the one-way rule:\n" + "\n".join(up)
 
 
+#: Modules a layer may not import although they rank below it: the runtime runs any workload
+#: and knows none (not the workloads, not the tensor-parallel templates' module; the
+#: tensor-parallel arena takes its regions from the workload).
+FORBIDDEN = {"runtime": ("cuco.workloads", "cuco.kernels.tp")}
+
+
+def test_the_runtime_imports_no_workload_nor_the_tp_templates():
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        me = _layer(".".join(rel.parts))
+        for line, module, names in _imports(path):
+            targets = [module, *(f"{module}.{n}" for n in names)]
+            bad += [f"{rel}.py:{line} ({me}) imports {t}" for t in targets
+                    for f in FORBIDDEN.get(me, ()) if t == f or t.startswith(f + ".")]
+    assert not bad, "imports the runtime may not make:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_the_forbidden_check_sees_an_import_of_the_tp_templates(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("def f():\n    from cuco.kernels import tp\n    from cuco.kernels.tp import FLAG_STRIDE\n")
+    found = [(m, names) for _, m, names in _imports(mod)]
+    assert found == [("cuco.kernels", ["tp"]), ("cuco.kernels.tp", ["FLAG_STRIDE"])]
+    assert any(f"{m}.{n}" == "cuco.kernels.tp" for m, names in found for n in names)
+
+
 def test_no_module_imports_private_names():
     bad = []
     for path in sorted(SRC.rglob("*.py")):

@@ -17,10 +17,12 @@ import sys
 
 import pytest
 
+from cuco.design.patterns import GEMM_ALLREDUCE, TP_NAMES
+
 #: Row-parallel kernels' global shape (per rank: A[1024, 1024], B[1024, 512]) and the
 #: AllGather kernel's (per rank: A[512, 2048], B[2048, 256])
 SHAPE = "1024x2048x512"
-PATTERNS = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+PATTERNS = TP_NAMES
 
 
 def test_import_cuco_without_torch_works_and_torch_ops_says_what_to_install():
@@ -241,7 +243,7 @@ def _bad_calls(torch, T, two, world):
         "operand: not a tensor": (lambda: T.matmul_all_reduce([[1.0]], b, two), T.OperandTypeError,
                                   r"A is a list; pass a torch.Tensor"),
         "operand: a kernel called with another shape": (
-            lambda: next(o for o in T.registered() if o.pattern == "gemm_allreduce")(m(512, 1024), b, two),
+            lambda: next(o for o in T.registered() if o.pattern is GEMM_ALLREDUCE)(m(512, 1024), b, two),
             T.OperandShapeError, r"A has shape \[512, 1024\]; this kernel .* takes \[1024, 1024\]"),
     }
 

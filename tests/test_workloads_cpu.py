@@ -44,7 +44,7 @@ def test_registry():
 
 
 def test_arena_layout_is_page_aligned_and_disjoint():
-    lay = ArenaLayout.for_workload(GemmAllReduce(m=8192, n=8192, k=8192, world_size=2))
+    lay = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2).layout()
     region = 8192 * 8192 * 2
     assert lay.data["p"] == 0 and lay.guards[0] == region and lay.data["o"] == region + 4096
     assert lay.guards[1] == lay.data["o"] + region and lay.data["r"] == lay.guards[1] + 4096
@@ -52,17 +52,21 @@ def test_arena_layout_is_page_aligned_and_disjoint():
     assert lay.bar - lay.flags >= 2 * 2 * FLAG_STRIDE * 8  # side-stream counters, then in-kernel epochs
     assert lay.bar > lay.flags
     assert all(v % 4096 == 0 for v in (*lay.data.values(), *lay.guards, lay.flags, lay.bar, lay.size))
-    ag = ArenaLayout.for_workload(AllGatherGemm(m=2048, n=4096, k=4096, world_size=2))
+    ag = AllGatherGemm(m=2048, n=4096, k=4096, world_size=2).layout()
     assert set(ag.data) == {"xf"} and ag.sync_bytes == ag.size - ag.flags
 
 
 def test_arena_lives_in_the_runtime_and_refuses_gin():
-    """The runtime owns the arena; the TP layout needs only numbers, and GIN is refused
-    before anything is allocated (its kernels are compile-checked only)."""
+    """The runtime owns the arena; the TP layout needs only numbers (the pattern's regions,
+    the templates' flag slots), and GIN is refused before anything is allocated (its kernels
+    are compile-checked only)."""
+    from cuco.design.patterns import GEMM_REDUCESCATTER
     from cuco.runtime.arena import Arena
 
     wl = GemmReduceScatter(m=4096, n=2048, k=1024, world_size=2)
-    assert ArenaLayout.for_workload(wl) == ArenaLayout.for_tp("gemm_reducescatter", 4096, 2048, 1024, 2, "bf16")
+    regions = {"p": 4096 * 2048 * 2, "r": 4096 * 2048 * 2}
+    assert GEMM_REDUCESCATTER.arena_regions(m=4096, n=2048, k=1024, dtype_bytes=2) == regions
+    assert wl.layout() == ArenaLayout.for_tp(regions, 2, FLAG_STRIDE)
     with pytest.raises(RuntimeError, match="backend=gin kernels are rendered and compile-checked but not run"):
         Arena(None, "gin", 1 << 20)
 

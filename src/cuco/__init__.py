@@ -7,7 +7,7 @@ Importing cuco needs neither torch nor a GPU.
 from cuco.db import EVIDENCE, Candidate, CandidateDB, Evaluation
 from cuco.design import (
     Backend, ChunkSchedule, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
-    MoEProblem, Placement, Problem, Schedule, SyncScope, make_problem,
+    MoEProblem, Placement, Problem, Schedule, SyncScope, TP_PATTERNS, TPPattern, make_problem,
 )
 from cuco.errors import (
     CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryConflict, LibraryNotFound,
@@ -68,6 +68,6 @@ __all__ = [
     "CucoError", "DesignSpace", "DirectiveError", "Directives", "EVIDENCE", "EnvironmentProblem",
     "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
     "MoEProblem", "NoGPUError", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",
-    "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",
+    "TP_PATTERNS", "TPPattern", "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",
     *sorted(_LAZY),
 ]

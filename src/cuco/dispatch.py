@@ -33,12 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuco.design.patterns import TPPattern, tp_pattern
 from cuco.errors import CucoError, InputError
 
 FORMAT = "cuco-dispatch-table"
 VERSION = 1
-#: Patterns a table can dispatch (the torch ops of :mod:`cuco.torch_ops`).
-PATTERNS = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 DTYPES = ("bf16", "fp16", "fp32")
 #: Choices that are not a cuco kernel.
 HOST, TORCH_FUSED, CUCO = "host", "torch_fused", "cuco"
@@ -60,18 +59,17 @@ class TableMismatch(CucoError):
 @dataclass(frozen=True)
 class Layer:
     """A tensor-parallel GEMM at fixed N, K, dtype and world size: what one registration
-    and one table serve, for every M."""
+    and one table serve, for every M. ``pattern`` may be given by name (a table file, the
+    CLI): it is looked up here."""
 
-    pattern: str
+    pattern: TPPattern
     n: int
     k: int
     dtype: str = "bf16"
     world_size: int = 2
 
     def __post_init__(self) -> None:
-        if self.pattern not in PATTERNS:
-            raise TableError(f"pattern {self.pattern!r}: a dispatch table serves one of "
-                             f"{', '.join(PATTERNS)}")
+        object.__setattr__(self, "pattern", tp_pattern(self.pattern, TableError))
         if self.dtype not in DTYPES:
             raise TableError(f"dtype {self.dtype!r}: pass one of {', '.join(DTYPES)}")
         for name in ("n", "k", "world_size"):
@@ -81,16 +79,16 @@ class Layer:
         if self.world_size < 2:
             raise TableError(f"world_size {self.world_size}: a tensor-parallel layer has 2 or "
                              "more ranks")
-        split = self.n if self.pattern == "allgather_gemm" else self.k
+        split = getattr(self, self.pattern.split)
         if split % self.world_size:
-            what = "N" if self.pattern == "allgather_gemm" else "K"
+            what = self.pattern.split.upper()
             raise TableError(f"{what}={split} does not split over {self.world_size} ranks; "
                              f"pick a multiple of {self.world_size}")
 
     @property
     def key(self) -> str:
         """``gemm_reducescatter/N4096K14336/bf16/w2``: how files and warnings name it."""
-        return f"{self.pattern}/N{self.n}K{self.k}/{self.dtype}/w{self.world_size}"
+        return f"{self.pattern.name}/N{self.n}K{self.k}/{self.dtype}/w{self.world_size}"
 
     def shape(self, m: int) -> str:
         """The ``MxKxN`` of :func:`cuco.search` at ``m`` tokens."""
@@ -100,30 +98,33 @@ class Layer:
         """Why no program of this layer runs ``m`` tokens (None: it can)."""
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             return f"M {m!r} is not a positive number of tokens"
-        if self.pattern != "gemm_allreduce" and m % self.world_size:
+        if self.pattern.scatters_rows and m % self.world_size:
             return (f"M={m} does not split over {self.world_size} ranks; pad it to a multiple of "
                     f"{self.world_size}")
         return None
 
     def b_shape(self) -> tuple[int, int]:
         """Each rank's ``B`` (the layer's weight shard)."""
-        w = self.world_size
-        return (self.k, self.n // w) if self.pattern == "allgather_gemm" else (self.k // w, self.n)
+        g = self.pattern.local_gemm(m=1, n=self.n, k=self.k, world_size=self.world_size)
+        return g.k, g.n
 
     @classmethod
-    def of_call(cls, pattern: str, dtype: str, world_size: int, a_rows: int,
+    def of_call(cls, pattern: TPPattern, dtype: str, world_size: int, a_rows: int,
                 b_shape: Sequence[int]) -> tuple[Layer, int]:
         """The layer and global M of a call with per-rank ``A`` rows and ``B`` shape."""
-        kb, nb = b_shape
-        if pattern == "allgather_gemm":
-            return cls(pattern, nb * world_size, kb, dtype, world_size), a_rows * world_size
-        return cls(pattern, nb, kb * world_size, dtype, world_size), a_rows
+        m, n, k = pattern.global_gemm(a_rows, tuple(b_shape), world_size)
+        return cls(pattern, n, k, dtype, world_size), m
 
     def tune_command(self, ms: Iterable[int] = (), table: str = "TABLE.json") -> str:
         """The exact ``cuco tune`` line that makes this layer's table (``ms``: extra buckets)."""
         extra = "".join(f" --m {m}" for m in sorted(set(ms)))
-        return (f"cuco tune {self.pattern} --n {self.n} --k {self.k} --dtype {self.dtype} "
+        return (f"cuco tune {self.pattern.name} --n {self.n} --k {self.k} --dtype {self.dtype} "
                 f"--world-size {self.world_size}{extra} --table {table}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The layer as a table file keeps it (the pattern by name)."""
+        return {"pattern": self.pattern.name, "n": self.n, "k": self.k, "dtype": self.dtype,
+                "world_size": self.world_size}
 
 
 def buckets(extra: Iterable[int] = (), default: Iterable[int] = DEFAULT_BUCKETS) -> list[int]:
@@ -337,7 +338,7 @@ class DispatchTable:
     # ---- the file -------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "provenance": asdict(self.provenance),
-                "layers": [{"layer": asdict(t.layer), "entries": [asdict(e) for e in t.entries]}
+                "layers": [{"layer": t.layer.to_json(), "entries": [asdict(e) for e in t.entries]}
                            for t in sorted(self.layers.values(), key=lambda t: t.layer.key)]}
 
     def save(self, path: str | Path) -> Path:

@@ -188,7 +188,7 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
         if why:
             skipped[m] = why
             continue
-        problem = make_problem(layer.pattern, layer.shape(m), world_size=layer.world_size,
+        problem = make_problem(layer.pattern.name, layer.shape(m), world_size=layer.world_size,
                                dtype=layer.dtype)
         run = db.create_run(f"tune {layer.key} M{m}", problem.workload, problem=problem.model_dump(),
                             config={"dispatch_tune": True, "source": measure.source})

@@ -125,10 +125,9 @@ class FusedCall:
 
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """Per-rank ``x`` and ``w`` shapes this kernel takes."""
-        m, n, k = self.workload.local_gemm()
-        if self.problem.workload == "allgather_gemm":
-            return (self.problem.m // self.problem.world_size, k), (k, n)
-        return (m, k), (k, n)
+        p = self.problem
+        a, b, _ = self.workload.tp.operand_shapes(m=p.m, n=p.n, k=p.k, world_size=p.world_size)
+        return a, b
 
     def __call__(self, x, w, out=None):
         """``x @ w`` fused with the collective; returns the same kind as ``x``."""
@@ -151,7 +150,7 @@ class FusedCall:
         self.ctx.stream = stream
         self._refuse_capture_from_host_state(stream)
         rows, cols = self.workload.output_shape()
-        reduce_in_arena = self.problem.workload == "gemm_allreduce"
+        reduce_in_arena = self.workload.tp.output_in_arena
         if reduce_in_arena:  # the result stays in the arena
             dest = None
         elif out is not None:

@@ -57,6 +57,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
+                                  Collective, TPPattern, find)
 from cuco.dispatch import CUCO, HOST, TORCH_FUSED, DispatchTable, Entry, Layer, TableMismatch
 from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
 
@@ -127,9 +129,6 @@ class CaptureError(EnvironmentProblem):
 
 # ---- what an artifact takes ----------------------------------------------------------------
 
-#: cuco workload -> name of its op in the ``cuco`` namespace
-OP_OF = {"gemm_allreduce": "matmul_all_reduce", "gemm_reducescatter": "matmul_reduce_scatter",
-         "allgather_gemm": "all_gather_matmul"}
 #: torch dtype -> cuco's dtype name
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 #: Devices an operand may be on: CUDA to run, meta to trace shapes, CPU where the call runs
@@ -144,20 +143,16 @@ Shape2 = tuple[int, int]
 
 def operand_shapes(problem) -> tuple[Shape2, Shape2, Shape2]:
     """Per-rank ``A``, ``B`` and output shapes of a tensor-parallel GEMM problem's kernel."""
-    from cuco.workloads import for_problem
-    wl = for_problem(problem)
-    m, n, k = wl.local_gemm()
-    a_rows = problem.m // problem.world_size if problem.workload == "allgather_gemm" else m
-    return (a_rows, k), (k, n), tuple(wl.output_shape())
+    return tuple(find(problem.workload).operand_shapes(
+        m=problem.m, n=problem.n, k=problem.k, world_size=problem.world_size))
 
 
-def global_shape(pattern: str, a_shape: Shape2, b_shape: Shape2, world: int) -> str:
+def global_shape(pattern: TPPattern, a_shape: Shape2, b_shape: Shape2, world: int) -> str:
     """The ``MxKxN`` a call with these per-rank shapes would tune (inverse of
     :func:`operand_shapes`)."""
     (ra, ca), (_, cb) = a_shape, b_shape
-    if pattern == "allgather_gemm":
-        return f"{ra * world}x{ca}x{cb * world}"
-    return f"{ra}x{ca * world}x{cb}"
+    m, n, k = pattern.global_gemm(ra, (ca, cb), world)
+    return f"{m}x{k}x{n}"
 
 
 # ---- the registry --------------------------------------------------------------------------
@@ -172,21 +167,22 @@ class TorchOp:
 
     def __init__(self, artifact):
         p = artifact.problem
-        if p.workload not in OP_OF:
+        pattern = find(p.workload)
+        if pattern is None:
             raise RegistrationError(
-                f"{p.workload}: only gemm_allreduce, gemm_reducescatter and allgather_gemm "
-                "kernels are torch ops (a user workload's epilogue makes it no plain matmul; "
+                f"{p.workload}: only {', '.join(TP_NAMES)} kernels are torch ops (a user "
+                "workload's epilogue makes it no plain matmul; "
                 "the pipelines run inside cuco's workers); export one of those")
         if artifact.directives.backend.value != "lsa":
             raise RegistrationError(
                 f"backend {artifact.directives.backend.value}: only LSA kernels are callable "
                 "outside cuco's workers; export an LSA candidate (`cuco db ls`, `cuco export ID`)")
-        self.artifact, self.pattern, self.dtype = artifact, p.workload, p.dtype
+        self.artifact, self.pattern, self.dtype = artifact, pattern, p.dtype
         self.world_size = p.world_size
         self.a_shape, self.b_shape, self.output_shape = operand_shapes(p)
         #: whether the kernel takes M per launch (in-kernel placements): it serves its layer
         self.runtime_shape = artifact.directives.placement.in_kernel
-        self.layer = Layer(p.workload, p.n, p.k, p.dtype, p.world_size)
+        self.layer = Layer(pattern, p.n, p.k, p.dtype, p.world_size)
         self.key = (self.pattern, self.dtype, self.world_size,
                     None if self.runtime_shape else self.a_shape, self.b_shape)
         #: (group name, M) -> FusedCall, made on the first call at that M (binding is collective)
@@ -194,11 +190,11 @@ class TorchOp:
 
     @property
     def name(self) -> str:
-        return f"cuco::{OP_OF[self.pattern]}"
+        return f"cuco::{self.pattern.torch_op}"
 
     @property
     def op(self):
-        return getattr(torch.ops.cuco, OP_OF[self.pattern]).default
+        return getattr(torch.ops.cuco, self.pattern.torch_op).default
 
     def __repr__(self) -> str:
         a = "A[M, ...]" if self.runtime_shape else f"A{list(self.a_shape)}"
@@ -216,7 +212,7 @@ class TorchOp:
         bad = self.layer.takes_m(m)
         if bad:
             return bad
-        return runs_at(self.artifact, make_problem(self.pattern, self.layer.shape(m),
+        return runs_at(self.artifact, make_problem(self.pattern.name, self.layer.shape(m),
                                                    world_size=self.world_size, dtype=self.dtype))
 
     def __call__(self, A, B, group_name: str):
@@ -224,7 +220,7 @@ class TorchOp:
             if tuple(B.shape) != self.b_shape:
                 refuse(OperandShapeError, f"{self.name}: B has shape {list(B.shape)}; this kernel "
                                         f"({self.artifact.path}) takes {list(self.b_shape)}")
-            m = A.shape[0] * (self.world_size if self.pattern == "allgather_gemm" else 1)
+            m = A.shape[0] * (self.world_size if self.pattern.gathers_input else 1)
             why = self.why_not(int(m)) if A.dim() == 2 else None
             if why:
                 want = "A[M, ...]" if self.runtime_shape else list(self.a_shape)
@@ -249,7 +245,7 @@ class TorchOp:
             from cuco.design import make_problem
             from cuco.fused_call import bind_torch
             first = next((c for (g, _), c in self._bound.items() if g == group_name), None)
-            problem = make_problem(self.pattern, self.layer.shape(m), world_size=self.world_size,
+            problem = make_problem(self.pattern.name, self.layer.shape(m), world_size=self.world_size,
                                    dtype=self.dtype) if self.runtime_shape else None
             call = self._bound[(group_name, m)] = bind_torch(
                 self.artifact, _group(group_name), problem=problem,
@@ -414,7 +410,7 @@ def _kernel_for(layer: Layer, key: tuple, m: int) -> TorchOp | None:
     return free if free is not None and free.why_not(m) is None else None
 
 
-def route(pattern: str, dtype: str, world: int, a_shape, b_shape, *, quiet: bool = False) -> Route | None:
+def route(pattern: TPPattern, dtype: str, world: int, a_shape, b_shape, *, quiet: bool = False) -> Route | None:
     """What a call with per-rank shapes ``a_shape``, ``b_shape`` runs (see the module's
     docstring); None where nothing serves it and the policy is strict (or ``quiet``: the
     caller has its own fallback)."""
@@ -454,7 +450,7 @@ def _warn_fallback(layer: Layer, m: int, found) -> None:
     if (layer, found is None) in _WARNED:
         return
     _WARNED.add((layer, found is None))
-    op = OP_OF[layer.pattern]
+    op = layer.pattern.torch_op
     where = (f"the loaded table's buckets end at M={found[0].layers[layer].buckets[-1]}"
              if found is not None else "no dispatch table or registered kernel serves it")
     warnings.warn(FallbackWarning(
@@ -464,7 +460,7 @@ def _warn_fallback(layer: Layer, m: int, found) -> None:
         stacklevel=3)
 
 
-def layer_served(pattern: str, dtype: str, world: int, b_shape) -> bool:
+def layer_served(pattern: TPPattern, dtype: str, world: int, b_shape) -> bool:
     """Whether any table or kernel serves the layer of ``b_shape`` (at some M)."""
     b_shape = tuple(int(x) for x in b_shape)
     try:
@@ -548,12 +544,12 @@ def check_pair(op: str, A, B) -> None:
                                 f"(A's last dim {A.shape[-1]} != B's rows {B.shape[0]})")
 
 
-def check_call(pattern: str, A, B, group_name: str) -> Route | None:
+def check_call(pattern: TPPattern, A, B, group_name: str) -> Route | None:
     """Refuse a call that cannot run, before anything launches; the :class:`Route` it takes
     (eager), or None under ``torch.compile``, where M is symbolic: there only what does not
     depend on M is checked (operands, group, a strict policy's layer), and the op chooses
     by M when it runs."""
-    op = OP_OF[pattern]
+    op = pattern.torch_op
     check_operand(op, "A", A, max_dims=2)
     check_operand(op, "B", B, max_dims=2)
     check_pair(op, A, B)
@@ -573,10 +569,10 @@ def check_call(pattern: str, A, B, group_name: str) -> Route | None:
     return r
 
 
-def tune_call(pattern: str, shape: str, world: int, dtype: str) -> str:
+def tune_call(pattern: TPPattern, shape: str, world: int, dtype: str) -> str:
     """The lines that tune this call: a kernel for its shape, or a table for its layer."""
-    what = (f"{pattern!r}, {shape!r}, world_size={world}" if dtype == "bf16" else
-            f"cuco.make_problem({pattern!r}, {shape!r}, world_size={world}, dtype={dtype!r})")
+    what = (f"{pattern.name!r}, {shape!r}, world_size={world}" if dtype == "bf16" else
+            f"cuco.make_problem({pattern.name!r}, {shape!r}, world_size={world}, dtype={dtype!r})")
     m, k, n = (int(x) for x in shape.split("x"))
     layer = Layer(pattern, n, k, dtype, world)
     return f"cuco.tune({what}, cache_dir=...).as_torch_op(), or a table for every M: {layer.tune_command([m])}"
@@ -585,9 +581,9 @@ def tune_call(pattern: str, shape: str, world: int, dtype: str) -> str:
 def _missing(key: tuple, group_name: str) -> TorchOpError:
     """Why no kernel has ``key``: the group's size, the dtype, or the shape."""
     pattern, dtype, world, a_shape, b_shape = key
-    op = OP_OF[pattern]
-    mine = [o for o in _REGISTRY.values() if o.pattern == pattern]
-    mine += [k for (t, ks) in _TABLES.values() for k in ks.values() if k.pattern == pattern]
+    op = pattern.torch_op
+    mine = [o for o in _REGISTRY.values() if o.pattern is pattern]
+    mine += [k for (t, ks) in _TABLES.values() for k in ks.values() if k.pattern is pattern]
     tune = tune_call(pattern, global_shape(pattern, a_shape, b_shape, world), world, dtype)
     if mine and all(o.world_size != world for o in mine):
         sizes = sorted({o.world_size for o in mine})
@@ -621,46 +617,44 @@ def leading_dim(op: str, name: str, dim: int, A) -> int:
 _TAGS = (torch.Tag.needs_fixed_stride_order,)
 
 
-def output_shape(pattern: str, A, B, world: int) -> tuple:
+def output_shape(pattern: TPPattern, A, B, world: int) -> tuple:
     """The per-rank output's shape (symbolic M stays symbolic: no recompile per M)."""
     rows = A.shape[0]
-    if pattern == "gemm_reducescatter":
+    if pattern.collective is Collective.REDUCE_SCATTER:
         torch._check(rows % world == 0, lambda: f"M={rows} does not split over {world} ranks")
-        rows = rows // world
-    elif pattern == "allgather_gemm":
-        rows = rows * world
-    return (rows, B.shape[1])
+    return (pattern.output_rows(rows, world), B.shape[1])
 
 
-def host_program(pattern: str, A, B, group_name: str):
+def host_program(pattern: TPPattern, A, B, group_name: str):
     """The layer as the host runs it: the GEMM, then the NCCL collective (or the gather,
     then the GEMM), through torch's functional collectives (any backend)."""
-    if pattern == "allgather_gemm":
+    if pattern.collective is Collective.ALL_GATHER:
         return gather_rows(A, group_name) @ B
-    if pattern == "gemm_reducescatter":
+    if pattern.collective is Collective.REDUCE_SCATTER:
         return scatter_rows(A @ B, group_name)
     return sum_over_ranks(A @ B, group_name)
 
 
-def torch_fused_op(pattern: str, A, B, group_name: str):
+def torch_fused_op(pattern: TPPattern, A, B, group_name: str):
     """PyTorch's symmetric-memory fused op of ``pattern`` (the group needs symmetric memory
     enabled: ``torch.distributed._symmetric_memory.enable_symm_mem_for_group``)."""
     import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem)
     from cuco.runtime import emulated
     if emulated.requested():
         from cuco.runtime.torch_bridge import SYMM_MEM_SHARED_GPU
-        raise EnvironmentProblem(f"{OP_OF[pattern]}: the table names torch_fused, but "
+        raise EnvironmentProblem(f"{pattern.torch_op}: the table names torch_fused, but "
                                  f"{SYMM_MEM_SHARED_GPU}; tune the table in this world (cuco tune "
                                  "skips what cannot run) or run with one GPU per rank")
-    if pattern == "gemm_reducescatter":
-        return torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, group_name)
-    if pattern == "allgather_gemm":
-        return torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, group_name)[1][0]
-    raise NoArtifactError(f"{OP_OF[pattern]}: PyTorch has no fused op for {pattern}; the table "
-                          "naming torch_fused for it is damaged: tune it again")
+    if pattern.symm_mem_op is None:
+        raise NoArtifactError(f"{pattern.torch_op}: PyTorch has no fused op for {pattern.name}; "
+                              "the table naming torch_fused for it is damaged: tune it again")
+    op = getattr(torch.ops.symm_mem, pattern.symm_mem_op)
+    if pattern.collective is Collective.REDUCE_SCATTER:
+        return op(A, B, "sum", 0, group_name)
+    return op(A, [B], 0, group_name)[1][0]
 
 
-def run_route(r: Route, pattern: str, A, B, group_name: str):
+def run_route(r: Route, pattern: TPPattern, A, B, group_name: str):
     """Run what ``r`` chose, counting it in :data:`DISPATCHED`."""
     what = r.kind if r.kind != CUCO else f"cuco:{r.kernel.artifact.path.name}"
     tag = (r.layer.key, r.bucket, what)
@@ -674,13 +668,13 @@ def run_route(r: Route, pattern: str, A, B, group_name: str):
     return out
 
 
-def _launch(pattern: str, A, B, group_name: str):
+def _launch(pattern: TPPattern, A, B, group_name: str):
     r = check_call(pattern, A, B, group_name)
     return run_route(r, pattern, A, B, group_name).contiguous()
 
 
-def _fake(pattern: str, A, B, group_name: str):
-    op = OP_OF[pattern]
+def _fake(pattern: TPPattern, A, B, group_name: str):
+    op = pattern.torch_op
     check_operand(op, "A", A, max_dims=2)
     check_operand(op, "B", B, max_dims=2)
     check_pair(op, A, B)
@@ -689,23 +683,23 @@ def _fake(pattern: str, A, B, group_name: str):
 
 @torch.library.custom_op("cuco::matmul_all_reduce", mutates_args=(), tags=_TAGS)
 def _matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
-    return _launch("gemm_allreduce", A, B, group_name)
+    return _launch(GEMM_ALLREDUCE, A, B, group_name)
 
 
 @torch.library.custom_op("cuco::matmul_reduce_scatter", mutates_args=(), tags=_TAGS)
 def _matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
-    return _launch("gemm_reducescatter", A, B, group_name)
+    return _launch(GEMM_REDUCESCATTER, A, B, group_name)
 
 
 @torch.library.custom_op("cuco::all_gather_matmul", mutates_args=(), tags=_TAGS)
 def _all_gather_matmul(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torch.Tensor:
-    return _launch("allgather_gemm", A, B, group_name)
+    return _launch(ALLGATHER_GEMM, A, B, group_name)
 
 
-_matmul_all_reduce.register_fake(lambda A, B, group_name: _fake("gemm_allreduce", A, B, group_name))
+_matmul_all_reduce.register_fake(lambda A, B, group_name: _fake(GEMM_ALLREDUCE, A, B, group_name))
 _matmul_reduce_scatter.register_fake(
-    lambda A, B, group_name: _fake("gemm_reducescatter", A, B, group_name))
-_all_gather_matmul.register_fake(lambda A, B, group_name: _fake("allgather_gemm", A, B, group_name))
+    lambda A, B, group_name: _fake(GEMM_REDUCESCATTER, A, B, group_name))
+_all_gather_matmul.register_fake(lambda A, B, group_name: _fake(ALLGATHER_GEMM, A, B, group_name))
 
 
 # ---- drop-ins ------------------------------------------------------------------------------
@@ -718,7 +712,7 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: str) -> torc
     check_operand(op, "B", B, max_dims=2)
     check_pair(op, A, B)
     A2 = A.flatten(0, -2)  # contiguous: a view
-    check_call("gemm_allreduce", A2, B, group_name)
+    check_call(GEMM_ALLREDUCE, A2, B, group_name)
     return torch.ops.cuco.matmul_all_reduce(A2, B, group_name).view(*A.shape[:-1], B.shape[1])
 
 
@@ -739,7 +733,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
                                 f"group's {world} ranks; pad it to a multiple of {world}")
     x = A.movedim(dim, 0)  # rows of the scattered dim first (a copy unless dim == 0, as torch's)
     A2 = x.reshape(-1, x.shape[-1])
-    check_call("gemm_reducescatter", A2, B, group_name)
+    check_call(GEMM_REDUCESCATTER, A2, B, group_name)
     out = torch.ops.cuco.matmul_reduce_scatter(A2, B, group_name)
     out = out.view(x.shape[0] // world, *x.shape[1:-1], B.shape[1]).movedim(0, dim)
     return out / world if reduce_op == "avg" else out
@@ -768,7 +762,7 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: list[torch.Tensor], gather_dim:
     A2 = x.reshape(-1, x.shape[-1])
     outs = []
     for B in Bs:
-        check_call("allgather_gemm", A2, B, group_name)
+        check_call(ALLGATHER_GEMM, A2, B, group_name)
         y = torch.ops.cuco.all_gather_matmul(A2, B, group_name)
         outs.append(y.view(x.shape[0] * world, *x.shape[1:-1], B.shape[1]).movedim(0, dim))
     gathered = None
@@ -807,7 +801,7 @@ def sum_over_ranks(x, group_name: str):
     return c10d.wait_tensor(c10d.all_reduce(x.contiguous(), "sum", group_name))
 
 
-def registered_for(pattern: str, A, B, group_name: str) -> Route | None:
+def registered_for(pattern: TPPattern, A, B, group_name: str) -> Route | None:
     """What a table or registered kernel runs for ``pattern`` at these operands, or None
     (then the caller runs plain torch, quietly). Only operands of a registered dtype can have
     one. Under ``torch.compile(dynamic=True)`` M is symbolic: there it is the layer that is
@@ -823,11 +817,11 @@ def registered_for(pattern: str, A, B, group_name: str) -> Route | None:
     return route(pattern, dtype, world, A.shape, B.shape, quiet=True)
 
 
-def fused_if_registered(pattern: str, A, B, group_name: str):
+def fused_if_registered(pattern: TPPattern, A, B, group_name: str):
     """``pattern``'s cuco op on (A, B) where a table or kernel serves them; else None."""
     if registered_for(pattern, A, B, group_name) is None:
         return None
-    return getattr(torch.ops.cuco, OP_OF[pattern])(A.contiguous(), B.contiguous(), group_name)
+    return getattr(torch.ops.cuco, pattern.torch_op)(A.contiguous(), B.contiguous(), group_name)
 
 
 def all_gather_matmul_backward(A, B, dY, group_name: str, need=(True, True)):
@@ -839,7 +833,7 @@ def all_gather_matmul_backward(A, B, dY, group_name: str, need=(True, True)):
     re-gathering is what Megatron-LM's sequence parallelism does too)."""
     dA = dB = None
     if need[0]:
-        dA = fused_if_registered("gemm_reducescatter", dY, B.t(), group_name)
+        dA = fused_if_registered(GEMM_REDUCESCATTER, dY, B.t(), group_name)
         if dA is None:
             dA = scatter_rows(dY @ B.t(), group_name)
     if need[1]:
@@ -856,7 +850,7 @@ def matmul_reduce_scatter_backward(A, B, dY, group_name: str, need=(True, True))
     dA = dB = None
     gathered = None
     if need[0]:
-        dA = fused_if_registered("allgather_gemm", dY, B.t(), group_name)
+        dA = fused_if_registered(ALLGATHER_GEMM, dY, B.t(), group_name)
         if dA is None:
             gathered = gather_rows(dY, group_name)
             dA = gathered @ B.t()
@@ -881,7 +875,7 @@ def replicated_input_backward(A, B, dY, group_name: str, need=(True, True)):
     ``dB = A^T @ dY``."""
     dA = dB = None
     if need[0]:
-        dA = fused_if_registered("gemm_allreduce", dY, B.t(), group_name)
+        dA = fused_if_registered(GEMM_ALLREDUCE, dY, B.t(), group_name)
         if dA is None:
             dA = sum_over_ranks(dY @ B.t(), group_name)
     if need[1]:
@@ -889,9 +883,9 @@ def replicated_input_backward(A, B, dY, group_name: str, need=(True, True)):
     return dA, dB
 
 
-BACKWARD = {"allgather_gemm": all_gather_matmul_backward,
-            "gemm_reducescatter": matmul_reduce_scatter_backward,
-            "gemm_allreduce": matmul_all_reduce_backward}
+BACKWARD = {ALLGATHER_GEMM: all_gather_matmul_backward,
+            GEMM_REDUCESCATTER: matmul_reduce_scatter_backward,
+            GEMM_ALLREDUCE: matmul_all_reduce_backward}
 
 
 def _save_operands(ctx, inputs, output) -> None:
@@ -900,18 +894,18 @@ def _save_operands(ctx, inputs, output) -> None:
     ctx.group_name = group_name
 
 
-def _backward_of(pattern: str):
+def _backward_of(pattern: TPPattern):
     def backward(ctx, dY):
         A, B = ctx.saved_tensors
         dA, dB = BACKWARD[pattern](A, B, dY, ctx.group_name, need=ctx.needs_input_grad[:2])
         return dA, dB, None
-    backward.__name__ = f"{OP_OF[pattern]}_backward"
+    backward.__name__ = f"{pattern.torch_op}_backward"
     return backward
 
 
-for _op, _pattern in ((_matmul_all_reduce, "gemm_allreduce"),
-                      (_matmul_reduce_scatter, "gemm_reducescatter"),
-                      (_all_gather_matmul, "allgather_gemm")):
+for _op, _pattern in ((_matmul_all_reduce, GEMM_ALLREDUCE),
+                      (_matmul_reduce_scatter, GEMM_REDUCESCATTER),
+                      (_all_gather_matmul, ALLGATHER_GEMM)):
     _op.register_autograd(_backward_of(_pattern), setup_context=_save_operands)
 
 

@@ -44,10 +44,7 @@ MS = (2, 8, 16, 30, 64, 96, 128, 200, 256, 512, 640, 1000, 1024, 1536, 2048, 300
 
 def operands(layer, m):
     w = world
-    if layer.pattern == "allgather_gemm":
-        a, b = (m // w, layer.k), (layer.k, layer.n // w)
-    else:
-        a, b = (m, layer.k // w), (layer.k // w, layer.n)
+    a, b, _ = layer.pattern.operand_shapes(m=m, n=layer.n, k=layer.k, world_size=w)
     x = torch.randn(a, device="cuda", generator=gen) / a[1] ** 0.25
     y = torch.randn(b, device="cuda", generator=gen) / b[0] ** 0.25
     return x.bfloat16(), y.bfloat16()
@@ -62,7 +59,7 @@ def drop_in(pattern, a, b):
 
 
 def bad(layer, m, y, ref):
-    rtol, atol = get(layer.pattern)(m=m, n=layer.n, k=layer.k, world_size=world).tolerance()
+    rtol, atol = get(layer.pattern.name)(m=m, n=layer.n, k=layer.k, world_size=world).tolerance()
     limit = 2.0 * (rtol * ref.abs() + atol * ref.abs().max())
     return int(((y.float() - ref).abs() > limit).sum()) + int(torch.isnan(y).sum())
 
@@ -95,19 +92,19 @@ if mode == "ms":
             before = dict(T.DISPATCHED)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", T.FallbackWarning)  # above the largest bucket
-                y = drop_in(layer.pattern, a, b)
-            rows[m] = {"bad": total(bad(layer, m, y, reference(layer.pattern, a, b))), "ran": ran(before)}
-        verdict[layer.pattern] = rows
+                y = drop_in(layer.pattern.name, a, b)
+            rows[m] = {"bad": total(bad(layer, m, y, reference(layer.pattern.name, a, b))), "ran": ran(before)}
+        verdict[layer.pattern.name] = rows
 elif mode == "choices":
     for layer, lt in table.layers.items():
         rows = {}
         for e in lt.entries:
             a, b = operands(layer, e.m)
             before = dict(T.DISPATCHED)
-            y = drop_in(layer.pattern, a, b)
+            y = drop_in(layer.pattern.name, a, b)
             rows[e.choice] = {"m": e.m, "ran": ran(before),
-                              "bad": total(bad(layer, e.m, y, reference(layer.pattern, a, b)))}
-        verdict[layer.pattern] = rows
+                              "bad": total(bad(layer, e.m, y, reference(layer.pattern.name, a, b)))}
+        verdict[layer.pattern.name] = rows
 elif mode == "unknown":
     a, b = torch.randn(96, 384, device="cuda").bfloat16(), torch.randn(384, 640, device="cuda").bfloat16()
     with warnings.catch_warnings(record=True) as seen:

@@ -39,7 +39,7 @@ G = dist.group.WORLD.group_name
 if mode in ("check", "compile") and not EMULATED:
     # torch's own fused ops need it; its symmetric memory refuses ranks sharing one GPU
     enable_symm_mem_for_group(G)
-ops = {o.pattern: o for o in (cuco.load(p, world_size=world).as_torch_op() for p in paths)}
+ops = {o.pattern.name: o for o in (cuco.load(p, world_size=world).as_torch_op() for p in paths)}
 gen = torch.Generator(device="cuda").manual_seed(1234 + rank)
 
 

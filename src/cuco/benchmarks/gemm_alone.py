@@ -23,7 +23,8 @@ from rich.table import Table
 
 from cuco import results
 from cuco.design import Directives, GemmProblem
-from cuco.kernels.tp import MAINLOOPS, TP_FAMILIES, in_kernel, local_gemm, render_tp
+from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
+from cuco.kernels.tp import MAINLOOPS, in_kernel, render_tp
 from cuco.runtime import dtypes
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
@@ -40,8 +41,8 @@ def nine_pair_gemms(world_size: int = 2) -> list[tuple[int, int, int]]:
     """The distinct per-rank GEMMs ``(M, N, K)`` of the tensor-parallel benchmark."""
     out: list[tuple[int, int, int]] = []
     for m, k, n in TP_SHAPES:
-        for family in TP_FAMILIES:
-            shape = local_gemm(GemmProblem(workload=family, m=m, n=n, k=k, world_size=world_size))
+        for tp in TP_PATTERNS:
+            shape = tp.local_gemm(m=m, n=n, k=k, world_size=world_size)
             if shape not in out:
                 out.append(shape)
     return out
@@ -57,7 +58,7 @@ def mainloop_points() -> list[Directives]:
 def problem_of(m: int, n: int, k: int) -> GemmProblem:
     """A one-rank problem whose local GEMM is ``C[m, n] = A[m, k] B[k, n]``: AllGather's
     kernel on one rank gathers nothing, and ``gemm_only`` leaves its pushes out."""
-    return GemmProblem(workload="allgather_gemm", m=m, n=n, k=k, world_size=1)
+    return GemmProblem(workload=ALLGATHER_GEMM.name, m=m, n=n, k=k, world_size=1)
 
 
 @dataclass

@@ -10,12 +10,15 @@ more must be judged wrong there. Used by ``bench/gin_correctness.py`` and
 from __future__ import annotations
 
 from cuco.design import Directives, GemmProblem
+from cuco.design.patterns import TP_PATTERNS
 from cuco.kernels import evolve
-from cuco.kernels.tp import TP_FAMILIES, render_tp
+from cuco.kernels.tp import render_tp
 
 #: Global M x K x N of every GIN point (small: W ranks share one GPU).
 M, K, N = 1024, 1024, 2048
 ISSUERS = ("thread", "warp", "cta")
+#: Every TP pattern has a GIN side-stream template.
+FAMILIES = tuple(p.name for p in TP_PATTERNS)
 
 
 def problem(family: str, world_size: int) -> GemmProblem:
@@ -31,7 +34,7 @@ def directives(issuer: str) -> Directives:
 
 def points(world_size: int, issuers=ISSUERS) -> list[tuple[str, Directives]]:
     """(family, directives) of every TP family and issuer."""
-    return [(fam, directives(i)) for fam in TP_FAMILIES for i in issuers]
+    return [(fam, directives(i)) for fam in FAMILIES for i in issuers]
 
 
 def _allreduce_source(world_size: int) -> tuple[GemmProblem, Directives, str, dict[str, str]]:

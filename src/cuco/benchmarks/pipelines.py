@@ -87,7 +87,7 @@ class PipelineBench:
                    "rel_l2_error": m.get("rel_l2_error"), "backend": name.split(".")[0],
                    "suspect": name not in BASELINES and m["ms"] < 0.98 * bound}
             row["comm_share"] = round(t_comm / host, 4)  # of the host program
-            if wl.family in ("kv_transfer", "cp_attention"):
+            if wl.hides_transfer:
                 row["hidden_fraction"] = round(1 - max(0.0, m["ms"] - t_comp) / t_comm, 4)
             out.append(row)
         return out

@@ -25,13 +25,14 @@ from rich.table import Table
 from cuco import results
 from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.design import Directives, Placement, GemmProblem
+from cuco.design.patterns import TP_NAMES
 from cuco.design.tiles import chunk_sizes
 from cuco.errors import CucoError
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.peaks import below_floor
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
-FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
+FAMILIES = TP_NAMES
 #: Programs of a case that are not cuco's: baselines, peers, and pieces timed alone.
 NOT_CUCO = ("host_nccl", "host_nccl_default", "torch_fused", "compute_only", "comm_only",
             "torch_gemm", "*")

@@ -2,6 +2,7 @@
 
 from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope
 from cuco.design.directives import Directives
+from cuco.design.patterns import TP_PATTERNS, Collective, LocalGemm, TPPattern, tp_pattern
 from cuco.design.problem import (
     CPProblem, GemmProblem, KVProblem, MoEProblem, Problem, check_count, check_workload,
     make_problem, parse_shape, problem_class, problem_from_dict, register_workload,
@@ -10,8 +11,9 @@ from cuco.design.rules import violations
 from cuco.design.space import DesignSpace, as_rng
 
 __all__ = [
-    "Backend", "CPProblem", "ChunkSchedule", "DesignSpace", "Directives", "GemmProblem",
-    "Issuer", "KVProblem", "MoEProblem", "Placement", "Problem", "Schedule", "SyncScope", "as_rng",
+    "Backend", "CPProblem", "ChunkSchedule", "Collective", "DesignSpace", "Directives",
+    "GemmProblem", "Issuer", "KVProblem", "LocalGemm", "MoEProblem", "Placement", "Problem",
+    "Schedule", "SyncScope", "TPPattern", "TP_PATTERNS", "as_rng",
     "check_count", "check_workload", "make_problem", "parse_shape", "problem_class",
-    "problem_from_dict", "register_workload", "violations",
+    "problem_from_dict", "register_workload", "tp_pattern", "violations",
 ]

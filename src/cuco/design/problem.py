@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cuco.design.patterns import TP_NAMES, find
 from cuco.errors import InputError, ShapeError
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -108,13 +109,14 @@ class GemmProblem(Problem):
         results); the dimension the pattern splits, and M where it scatters or gathers rows,
         divide by the world size. Each refusal names the multiple to choose and the nearest one."""
         w = self.world_size
-        split = SPLIT_DIM.get(self.workload)
+        tp = find(self.workload)
+        split = tp.split if tp is not None else None
         row_step = ROW_BYTES // self.dtype_bytes
         for dim in ("m", "n", "k"):
             value = getattr(self, dim)
             why = [f"{dim.upper()}={value} makes rows of {value * self.dtype_bytes} bytes, "
                    f"not whole {ROW_BYTES}-byte units"] if dim != "m" and value % row_step else []
-            if dim == "m" and self.workload in SCATTERS_ROWS and value % w:
+            if dim == "m" and tp is not None and tp.scatters_rows and value % w:
                 why.append(f"M={value} rows are scattered/gathered over {w} ranks but M is not "
                            f"divisible by {w}")
             if dim == split and value % w:
@@ -137,10 +139,13 @@ class GemmProblem(Problem):
         return f"{self.workload}/M{self.m}K{self.k}N{self.n}/{self.dtype}"
 
     def output_shape_per_rank(self) -> tuple[int, int]:
-        """Rows x cols of the output tile each rank's GEMM produces."""
-        if self.workload == "allgather_gemm":
-            return self.m, self.n // self.world_size
-        return self.m, self.n
+        """Rows x cols of the output tile each rank's GEMM produces (its pattern's local
+        GEMM; M x N for a workload that is no pattern)."""
+        tp = find(self.workload)
+        if tp is None:
+            return self.m, self.n
+        g = tp.local_gemm(m=self.m, n=self.n, k=self.k, world_size=self.world_size)
+        return g.m, g.n
 
     def output_bytes_per_rank(self) -> int:
         rows, cols = self.output_shape_per_rank()
@@ -310,19 +315,10 @@ class CPProblem(Problem):
         return f"cp_attention/S{self.seq}H{self.heads}D{self.head_dim}{mask}/{self.dtype}"
 
 
-# Workloads whose split of M/N/K over ranks is known to the design layer: the dimension
-# each divides by the world size (and those whose M rows are scattered/gathered over ranks).
-SPLIT_DIM: dict[str, str] = {
-    "gemm_allreduce": "k",
-    "gemm_reducescatter": "k",
-    "allgather_gemm": "n",
-}
-SCATTERS_ROWS = ("gemm_reducescatter", "allgather_gemm")
-
 #: Every workload cuco knows and its problem class: the built-ins, and each user
 #: ``Workload`` subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).
 PROBLEMS: dict[str, type[Problem]] = {
-    **{name: GemmProblem for name in SPLIT_DIM},
+    **{name: GemmProblem for name in TP_NAMES},
     "moe": MoEProblem, "kv_transfer": KVProblem, "cp_attention": CPProblem,
 }
 

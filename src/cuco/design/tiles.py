@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from cuco.design.directives import Directives
+from cuco.design.patterns import Collective, TPPattern, find
 from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN, GemmProblem
 from cuco.errors import DirectiveError
 
@@ -44,7 +45,7 @@ class ChunkPlan:
     take each chunk's own row count; the others render the equal-chunk bodies.
     """
 
-    workload: str
+    pattern: TPPattern
     world_size: int
     rows: int
     chunks_per_block: int
@@ -83,7 +84,7 @@ class ChunkPlan:
         """
         out = []
         for j in range(self.n_chunks):
-            if self.workload == "gemm_reducescatter":
+            if self.pattern.collective is Collective.REDUCE_SCATTER:
                 block, local = j % self.blocks, j // self.blocks
             else:
                 block, local = j // self.chunks_per_block, j % self.chunks_per_block
@@ -93,41 +94,37 @@ class ChunkPlan:
     @classmethod
     def for_problem(cls, problem: GemmProblem, d: Directives) -> "ChunkPlan":
         w, esz = problem.world_size, DTYPE_BYTES[problem.dtype]
-        if problem.workload == "gemm_allreduce":
-            blocks, unit, row_elems = 1, problem.m, problem.n
-        elif problem.workload == "gemm_reducescatter":
-            blocks, unit, row_elems = w, problem.m // w, problem.n
-        elif problem.workload == "allgather_gemm":
-            blocks, unit, row_elems = w, problem.m // w, problem.k
-        else:
+        tp = find(problem.workload)
+        if tp is None:
             raise DirectiveError([f"workload: no chunk plan for {problem.workload!r}"])
+        blocks, unit, row_elems = tp.chunk_blocks(m=problem.m, n=problem.n, k=problem.k, world_size=w)
         target = max(1, d.chunk_bytes // (row_elems * esz))
         if problem.m % EQUAL_CHUNKS_M:
-            return cls._ragged(problem.workload, w, blocks, unit, row_elems, esz, target, d)
+            return cls._ragged(tp, w, blocks, unit, row_elems, esz, target, d)
         rows = largest_divisor(unit, min(target, unit))
         if rows is None:
             raise DirectiveError([_too_small(d, unit, row_elems * esz)])
-        plan = cls(problem.workload, w, rows, unit // rows, blocks, row_elems, esz, rows)
-        if problem.workload == "gemm_allreduce" and (plan.chunk_elems * esz) % (16 * w):
+        plan = cls(tp, w, rows, unit // rows, blocks, row_elems, esz, rows)
+        if tp.collective is Collective.ALL_REDUCE and (plan.chunk_elems * esz) % (16 * w):
             raise DirectiveError([
                 f"chunk_bytes: a chunk of {plan.chunk_elems} elements does not split into "
                 f"{w} slices of 16-byte vectors; choose N a multiple of {8 * w}"])
         return plan
 
     @classmethod
-    def _ragged(cls, workload: str, w: int, blocks: int, unit: int, row_elems: int, esz: int,
+    def _ragged(cls, pattern: TPPattern, w: int, blocks: int, unit: int, row_elems: int, esz: int,
                 target: int, d: Directives) -> "ChunkPlan":
         """``unit`` rows per block in chunks of at most ``target`` rows (a multiple of
         :data:`ROW_ALIGN`), as equal as that allows: the last chunk of a block takes the rest."""
         if target >= unit:
-            return cls(workload, w, unit, 1, blocks, row_elems, esz, unit, True)
+            return cls(pattern, w, unit, 1, blocks, row_elems, esz, unit, True)
         cap = target // ROW_ALIGN * ROW_ALIGN
         if cap == 0:
             raise DirectiveError([_too_small(d, unit, row_elems * esz)])
         chunks = -(-unit // cap)
         rows = -(-unit // chunks)
         rows = -(-rows // ROW_ALIGN) * ROW_ALIGN  # <= cap, so (chunks - 1) * rows < unit
-        return cls(workload, w, rows, chunks, blocks, row_elems, esz, unit - (chunks - 1) * rows, True)
+        return cls(pattern, w, rows, chunks, blocks, row_elems, esz, unit - (chunks - 1) * rows, True)
 
 
 def _too_small(d: Directives, unit: int, row_bytes: int) -> str:

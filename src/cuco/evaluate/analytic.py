@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cuco.db import CandidateDB
 from cuco.design import Directives, GemmProblem, Problem
+from cuco.design.patterns import find
 from cuco.design.rules import violations
 from cuco.design.tiles import ChunkPlan
 from cuco.errors import DirectiveError
@@ -49,12 +50,13 @@ class AnalyticEvaluator:
         flops = 2 * p.m * p.n * p.k / w
         t_gemm = flops / (mc.tflops * 1e12) * 1e3
         out = p.output_bytes_per_rank()
-        factor = {"gemm_allreduce": 2 * (w - 1) / w, "gemm_reducescatter": (w - 1) / w,
-                  "allgather_gemm": (w - 1) / w}.get(p.workload, 1.0)
+        tp = find(p.workload)
+        factor = tp.link_factor(w) if tp is not None else 1.0
         t_comm = factor * out / (mc.link_gbs * 1e9) * 1e3
         host = t_gemm + t_comm + 2 * mc.launch_us * 1e-3
         if d.placement.in_kernel:  # one kernel, a flag per tile
-            tiles = max(1, (p.m * p.n // (w if p.workload == "allgather_gemm" else 1)) // (d.tile_m * d.tile_n))
+            rows, cols = p.output_shape_per_rank()
+            tiles = max(1, rows * cols // (d.tile_m * d.tile_n))
             if d.placement.own_comm_ctas:
                 gemm_slow = t_gemm * SMS / (SMS - d.comm_ctas)
                 comm_eff = t_comm / min(1.0, 0.2 + d.comm_ctas / 32)

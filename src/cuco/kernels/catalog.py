@@ -23,12 +23,13 @@ def tp_sources() -> list[KernelSource]:
     """One side-stream variant per workload, backend and issuer, at a small shape (GIN
     on a problem whose ranks span hosts, as GIN requires)."""
     from cuco.design import Directives, GemmProblem
-    from cuco.kernels.tp import TP_FAMILIES, render_tp
+    from cuco.design.patterns import TP_PATTERNS
+    from cuco.kernels.tp import render_tp
 
     out = []
-    for fam in TP_FAMILIES:
+    for tp in TP_PATTERNS:
         for backend in ("lsa", "nvshmem", "gin"):
-            problem = GemmProblem(workload=fam, m=1024, n=1024, k=1024, world_size=2,
+            problem = GemmProblem(workload=tp.name, m=1024, n=1024, k=1024, world_size=2,
                                   has_network=backend == "gin")
             for issuer in ("thread", "warp", "cta"):
                 d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
@@ -41,21 +42,22 @@ def in_kernel_sources() -> list[KernelSource]:
     """The one-kernel placements (CUTLASS mainloop): each workload with epilogue and
     dedicated_ctas, both backends and every issuer among them, at a small shape."""
     from cuco.design import GemmProblem
-    from cuco.kernels.tp import TP_FAMILIES, in_kernel, render_tp
+    from cuco.design.patterns import ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_PATTERNS
+    from cuco.kernels.tp import in_kernel, render_tp
 
     # (placement, backend, issuer, comm_warps, raster_group, world size, schedule): both
     # epilogue owners (the consumers, spare producer warps), both tile orders, both consumer
     # schedules, and world sizes 4 and 8
-    picks = {"gemm_allreduce": (("epilogue", "lsa", "warp", 3, 4, 4, "cooperative"),
-                                ("dedicated_ctas", "nvshmem", "warp", 0, 1, 2, "pingpong")),
-             "gemm_reducescatter": (("epilogue", "nvshmem", "thread", 0, 1, 2, "pingpong"),
-                                    ("dedicated_ctas", "lsa", "cta", 1, 4, 2, "cooperative")),
-             "allgather_gemm": (("epilogue", "nvshmem", "cta", 2, 16, 8, "cooperative"),
-                                ("dedicated_ctas", "lsa", "thread", 3, 1, 2, "pingpong"))}
+    picks = {GEMM_ALLREDUCE: (("epilogue", "lsa", "warp", 3, 4, 4, "cooperative"),
+                              ("dedicated_ctas", "nvshmem", "warp", 0, 1, 2, "pingpong")),
+             GEMM_REDUCESCATTER: (("epilogue", "nvshmem", "thread", 0, 1, 2, "pingpong"),
+                                  ("dedicated_ctas", "lsa", "cta", 1, 4, 2, "cooperative")),
+             ALLGATHER_GEMM: (("epilogue", "nvshmem", "cta", 2, 16, 8, "cooperative"),
+                              ("dedicated_ctas", "lsa", "thread", 3, 1, 2, "pingpong"))}
     out = []
-    for fam in TP_FAMILIES:
-        for placement, backend, issuer, warps, group, w, schedule in picks[fam]:
-            problem = GemmProblem(workload=fam, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)),
+    for tp in TP_PATTERNS:
+        for placement, backend, issuer, warps, group, w, schedule in picks[tp]:
+            problem = GemmProblem(workload=tp.name, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)),
                                   k=1024, world_size=w)
             tile = {"tile_n": 128, "stages": 6} if schedule == "pingpong" else {}
             d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
@@ -71,6 +73,10 @@ def kernel_sources() -> list[KernelSource]:
     return [*all_sources(), probe_source(), *tp_sources(), *in_kernel_sources()]
 
 
+#: The pipeline workloads' templates, each named as the workload whose kernels it renders.
+PIPELINE_TEMPLATES = ("kv_transfer", "moe", "cp_attention")
+
+
 def template_of(source: KernelSource) -> str:
     """Template file a source was rendered from (by naming convention)."""
     if source.name.startswith("lsa_collectives"):
@@ -79,9 +85,9 @@ def template_of(source: KernelSource) -> str:
         return "collectives_nvshmem.cu.j2"
     if "gin.side_stream" in source.name:
         return "tp_side_stream_gin.cu.j2"
-    for family in ("kv_transfer", "moe", "cp_attention"):
-        if source.name.startswith(family + "."):
-            return f"{family}.cu.j2"
+    for template in PIPELINE_TEMPLATES:
+        if source.name.startswith(template + "."):
+            return f"{template}.cu.j2"
     if ".epilogue." in source.name or ".dedicated_ctas." in source.name:
         return "tp_fused.cu.j2"
     if "side_stream" in source.name:

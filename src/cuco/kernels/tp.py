@@ -18,6 +18,7 @@ from typing import Any
 
 from cuco.design import Directives, GemmProblem
 from cuco.design.dimensions import Placement, Schedule, format_bytes
+from cuco.design.patterns import TP_NAMES, LocalGemm, TPPattern, find
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
@@ -28,7 +29,6 @@ from cuco.kernels.render import CTYPES, render
 THREADS = 512
 #: Flag slots per source rank: side-stream chunks, or fused tiles (at most half of them).
 FLAG_STRIDE = 16384
-TP_FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 #: The in-kernel placements' names, derived from :attr:`Placement.in_kernel` (test it there).
 IN_KERNEL = tuple(p.value for p in Placement if p.in_kernel)
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
@@ -49,12 +49,20 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
                       comm_warps=comm_warps, schedule=schedule)
 
 
-def local_gemm(problem: GemmProblem) -> tuple[int, int, int]:
+def pattern_of(problem: GemmProblem) -> TPPattern:
+    """The pattern whose templates render ``problem``; :class:`DirectiveError` for a
+    workload that is none (a user workload renders under its pattern's problem)."""
+    tp = find(problem.workload)
+    if tp is None:
+        raise DirectiveError([f"workload: {problem.workload} is not a tensor-parallel family "
+                              f"({', '.join(TP_NAMES)})"])
+    return tp
+
+
+def local_gemm(problem: GemmProblem) -> LocalGemm:
     """``(rows of C, cols of C, K)`` of the GEMM one rank runs in a fused kernel."""
-    w = problem.world_size
-    if problem.workload == "allgather_gemm":
-        return problem.m, problem.n // w, problem.k
-    return problem.m, problem.n, problem.k // w
+    return pattern_of(problem).local_gemm(m=problem.m, n=problem.n, k=problem.k,
+                                          world_size=problem.world_size)
 
 
 def fused_tiles(problem: GemmProblem, d: Directives) -> int:
@@ -131,7 +139,7 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
     template of an earlier commit with it, to compare builds before and after a change
     (hence ``m``, ``n``, ``k``, which templates before that took)."""
     m, n, k = local_gemm(problem)  # read only by templates before the shape became an argument
-    return dict(workload=problem.workload, placement=d.placement.value, backend=d.backend.value,
+    return dict(workload=pattern_of(problem).name, placement=d.placement.value, backend=d.backend.value,
                 issuer=d.issuer.value, ctype=CTYPES[problem.dtype], cutlass_type=CUTLASS_TYPES[problem.dtype],
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
@@ -166,9 +174,7 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
     ``gemm_only=True`` (in-kernel placements; profiling) renders the same kernel with its
     communication left out: its time is the GEMM's inside the fused kernel, and its output
     is not the workload's."""
-    if problem.workload not in TP_FAMILIES:
-        raise DirectiveError([f"workload: {problem.workload} is not a tensor-parallel family "
-                              f"({', '.join(TP_FAMILIES)})"])
+    pattern_of(problem)
     d.check(problem)
     bad = supported(problem, d)
     if bad:
@@ -191,7 +197,7 @@ def render_side_stream(problem: GemmProblem, d: Directives) -> tuple[KernelSourc
     does not fit the templates."""
     plan = side_stream_plan(problem, d)
     template = "tp_side_stream_gin.cu.j2" if d.backend.value == "gin" else "tp_side_stream.cu.j2"
-    src = render(template, workload=problem.workload, backend=d.backend.value,
+    src = render(template, workload=plan.pattern.name, backend=d.backend.value,
                  issuer=d.issuer.value, ctype=CTYPES[problem.dtype], plan=plan,
                  comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
                  flag_stride=FLAG_STRIDE, name=d.full_name)

@@ -6,8 +6,8 @@ region, then the flags, then the barrier slots, then the per-call state that ker
 on the device (``cuco_calls.cuh``: the last call's epoch); :func:`prepare_arenas` zeroes
 the flags, seeds that state and fills the guards before a job, :func:`poison_arena` poisons the data before a checked call
 and :func:`guards_intact` says whether a candidate wrote past its regions. The workloads
-decide what the regions are (:meth:`ArenaLayout.build`); the tensor-parallel layers' layout
-is :meth:`ArenaLayout.for_tp`.
+decide what the regions are (:meth:`ArenaLayout.build`; the tensor-parallel layers'
+:meth:`ArenaLayout.for_tp` takes their pattern's regions): the runtime knows no workload.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from cuco.kernels.tp import FLAG_STRIDE
 
 #: Barrier slots per rank: one per communication CTA.
 MAX_CTAS = 1024
@@ -47,28 +45,12 @@ class ArenaLayout:
     guards: tuple[int, ...] = ()
 
     @classmethod
-    def for_tp(cls, pattern: str, m: int, n: int, k: int, world_size: int, dtype: str) -> "ArenaLayout":
-        """The tensor-parallel layers' arena (``pattern``: one of ``kernels.tp.TP_FAMILIES``;
-        global ``m``, ``n``, ``k``): what the side-stream and in-kernel variants share."""
-        esz = 2 if dtype in ("bf16", "fp16") else 4
-        w = world_size
-        # p: this rank's partial (side stream) or staged tiles (dedicated_ctas); o: the
-        # all-reduced output; r: receive slots of the in-kernel placements, [src][M/w][N]
-        if pattern == "gemm_allreduce":
-            regions = {"p": m * n * esz, "o": m * n * esz, "r": m * n * esz}
-        elif pattern == "gemm_reducescatter":
-            regions = {"p": m * n * esz, "r": m * n * esz}
-        else:
-            regions = {"xf": m * k * esz}
-        # flags: the side-stream variants' (chunk counters) first, then the in-kernel variants'
-        # (epoch-valued): a counter and an epoch never share a slot across variants of one job
-        return cls.build(regions, 2 * w * FLAG_STRIDE * 8, w * MAX_CTAS * 8)
-
-    @classmethod
-    def for_workload(cls, wl) -> "ArenaLayout":
-        """:meth:`for_tp` of a tensor-parallel workload (anything with ``pattern_name``,
-        ``m``, ``n``, ``k``, ``world_size`` and ``dtype``; the runtime imports no workload)."""
-        return cls.for_tp(wl.pattern_name, wl.m, wl.n, wl.k, wl.world_size, wl.dtype)
+    def for_tp(cls, regions: dict[str, int], world_size: int, flag_stride: int) -> "ArenaLayout":
+        """The tensor-parallel layers' arena: their pattern's data ``regions`` (bytes), then
+        flags of ``flag_stride`` slots per rank for each kind of variant of one job: the
+        side-stream variants' (chunk counters) first, then the in-kernel variants'
+        (epoch-valued, :attr:`in_kernel_flags`), so a counter and an epoch never share a slot."""
+        return cls.build(regions, 2 * world_size * flag_stride * 8, world_size * MAX_CTAS * 8)
 
     @classmethod
     def build(cls, regions: dict[str, int], flag_bytes: int, bar_bytes: int) -> "ArenaLayout":

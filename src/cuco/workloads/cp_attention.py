@@ -175,6 +175,7 @@ class CPAttention(PipelineWorkload):
     :class:`cuco.design.CPProblem`)."""
 
     family = "cp_attention"
+    hides_transfer = True
     problem_type = CPProblem
     problem: CPProblem
     #: PyTorch's flash attention after the same all-gather (where torch runs) is what a user

@@ -14,8 +14,7 @@ import ctypes
 from typing import TYPE_CHECKING
 
 from cuco.design import Directives
-from cuco.kernels.tp import local_gemm
-from cuco.runtime.arena import Arena, ArenaLayout, arena_view
+from cuco.runtime.arena import Arena, arena_view
 from cuco.workloads.base import Buffers
 from cuco.workloads.side_stream import SideStreamRunner
 
@@ -44,18 +43,19 @@ class InKernelRunner:
                              f"placement={d.placement.value} runs the whole GEMM in one kernel; "
                              "use placement=side_stream")
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
-        self.pattern = wl.pattern_name
+        self.pattern = wl.tp
         #: Unused: the kernel's arguments are the same in checked and timed calls; checked
         #: calls are stressed from outside (:mod:`cuco.runtime.stress`).
         self.stress_us = 0.0
-        self.layout = lay = ArenaLayout.for_workload(wl)
+        self.layout = lay = wl.layout()
         self.lib = ctx.launcher(library)
         self.grid = sm_count()  # persistent: one CTA per SM (the tile buffers fill its smem)
         if d.placement.own_comm_ctas and d.comm_ctas >= self.grid:
             raise ValueError(f"comm_ctas={d.comm_ctas} leaves no SM of {self.grid} for the GEMM")
-        self.gemm = local_gemm(wl.problem)  # this rank's m, n, k: the build takes any that tiles
+        # this rank's m, n, k (its pattern's): the build takes any that tiles
+        self.gemm = wl.tp.local_gemm(m=wl.m, n=wl.n, k=wl.k, world_size=wl.world_size)
         self.inputs, self.out = inputs, out
-        if self.pattern == "gemm_allreduce":
+        if self.pattern.output_in_arena:
             rows, cols = wl.output_shape()
             self.output = arena_view(arena, lay.data["o"], rows * cols, wl.dtype)
         else:
@@ -68,7 +68,7 @@ class InKernelRunner:
             bases = [arena.ptr if r == ctx.rank else 0 for r in range(w)]
             self.a0, self.a1 = ctx.devcomm.ptr, arena.window.handle
         self.bases = (ctypes.c_void_p * w)(*bases)
-        data = lay.data["xf"] if self.pattern == "allgather_gemm" else lay.data["r"]
+        data = lay.data["xf"] if self.pattern.gathers_input else lay.data["r"]
         # the last: the call state the kernel advances itself, so no argument changes between
         # calls (a CUDA graph may capture one and replay it)
         self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.in_kernel_flags, lay.calls)

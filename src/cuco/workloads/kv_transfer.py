@@ -62,6 +62,7 @@ class KVTransfer(PipelineWorkload):
     head_dim=..., ffn=...)`` (fields of :class:`cuco.design.KVProblem`)."""
 
     family = "kv_transfer"
+    hides_transfer = True
     problem_type = KVProblem
     problem: KVProblem
     #: the layer-by-layer send overlapped by hand beats the send-it-all-at-the-end program

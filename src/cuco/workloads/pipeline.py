@@ -47,6 +47,9 @@ class PipelineWorkload(Workload):
     placements = (Placement.SIDE_STREAM,)
     #: Communication CTAs the design space offers.
     comm_cta_choices: ClassVar[tuple[int, ...]] = (4, 8, 16, 32)
+    #: Whether its communication is a transfer that compute can hide entirely (benchmark
+    #: rows then report ``hidden_fraction``); MoE's dispatch and combine feed its compute.
+    hides_transfer: ClassVar[bool] = False
 
     def __init__(self, world_size: int = 2, **shape):
         super().__init__(validated(self.problem_type, {**shape, "workload": self.family,

@@ -22,7 +22,7 @@ import numpy as np
 from cuco.design import Backend, Directives
 from cuco.design.tiles import ChunkPlan
 from cuco.kernels.tp import THREADS
-from cuco.runtime.arena import Arena, ArenaLayout, arena_view
+from cuco.runtime.arena import Arena, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
@@ -39,12 +39,12 @@ class SideStreamRunner:
         import cupy
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
         self.plan = ChunkPlan.for_problem(wl.pattern_problem, d)
-        self.pattern = wl.pattern_name
+        self.pattern = wl.tp
         #: > 0 during correctness runs: the compute stream sleeps this long before
         #: each chunk's GEMM, so a consumer that reads a chunk before its flag says
         #: so meets NaN poison every time instead of stale data some of the time.
         self.stress_us = 0.0
-        self.layout = ArenaLayout.for_workload(wl)
+        self.layout = wl.layout()
         self.comm = ctx.function(cubin, "comm_kernel")
         self.signal = ctx.function(cubin, "signal_chunk")
         self.wait = ctx.function(cubin, "wait_chunk")
@@ -62,7 +62,7 @@ class SideStreamRunner:
         self.sync_off = self.layout.data.get("r", self.layout.bar) if self.proxy else self.layout.bar
         self.inputs, self.out = inputs, out
         # where the result lands: the all-reduced output stays in the arena (every rank's O)
-        if self.pattern == "gemm_allreduce":
+        if self.pattern.output_in_arena:
             rows, cols = wl.output_shape()
             self.output = arena_view(arena, self.layout.data["o"], rows * cols, wl.dtype)
         else:
@@ -101,9 +101,9 @@ class SideStreamRunner:
         esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
         m, n, k = wl.local_gemm()
-        if self.pattern in ("gemm_allreduce", "gemm_reducescatter"):
+        if not self.pattern.gathers_input:
             # the reduced result goes to the arena's O (all-reduce) or this rank's `out`
-            dest = u64(lay.data["o"]) if self.pattern == "gemm_allreduce" else self.out
+            dest = u64(lay.data["o"]) if self.pattern.output_in_arena else self.out
             self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), dest, u64(lay.flags),
                                     u64(self.sync_off), e), stream=cs)
             for chunk in plan.order():

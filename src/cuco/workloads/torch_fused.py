@@ -11,32 +11,31 @@ there. PyTorch has no fused matmul + all-reduce.
 
 from __future__ import annotations
 
+from cuco.design.patterns import Collective, TPPattern
 from cuco.runtime import torch_bridge
 from cuco.workloads.base import Buffers, Peer
 
 PEER = "torch_fused"
-FUSED_OPS = {"gemm_reducescatter": "fused_matmul_reduce_scatter",
-             "allgather_gemm": "fused_all_gather_matmul"}
 
 
-def gap(ctx, family: str) -> str | None:
-    """Why ``family`` has no torch peer in this worker (None: it has one)."""
-    if family not in FUSED_OPS:
-        return f"PyTorch has no fused op for {family}"
+def gap(ctx, pattern: TPPattern) -> str | None:
+    """Why ``pattern`` has no torch peer in this worker (None: it has one)."""
+    if pattern.symm_mem_op is None:
+        return f"PyTorch has no fused op for {pattern.name}"
     return torch_bridge.symm_mem_unusable(ctx)
 
 
-def peer(ctx, family: str, inputs: Buffers, out, dtype: str) -> Peer:
-    """The fused op of ``family`` on this input set; its result lands in ``out``."""
+def peer(ctx, pattern: TPPattern, inputs: Buffers, out, dtype: str) -> Peer:
+    """The fused op of ``pattern`` on this input set; its result lands in ``out``."""
     import torch
     group = torch_bridge.process_group(ctx)
     stream = torch_bridge.stream(ctx)
     x, w = inputs["x"], inputs["w"]
     a, b = torch_bridge.tensor(x, dtype), torch_bridge.tensor(w, dtype)
-    op = getattr(torch.ops.symm_mem, FUSED_OPS[family])
+    op = getattr(torch.ops.symm_mem, pattern.symm_mem_op)
     got: list = []
 
-    if family == "gemm_reducescatter":  # Y_r = rows_r(sum_s X_s @ W_s)
+    if pattern.collective is Collective.REDUCE_SCATTER:  # Y_r = rows_r(sum_s X_s @ W_s)
         def call() -> None:
             with torch.cuda.stream(stream):
                 got[:] = [op(a, b, "sum", 0, group)]

@@ -19,8 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from cuco.design import DesignSpace, Directives, GemmProblem, Placement
+from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
+                                  LocalGemm, TPPattern, find, tp_pattern)
 from cuco.design.tiles import EQUAL_CHUNKS_M, chunk_sizes
-from cuco.errors import DirectiveError, ShapeError
+from cuco.errors import DirectiveError, InputError, ShapeError
 from cuco.kernels import tp as templates
 from cuco.kernels.collectives import KernelSource
 from cuco.runtime import dtypes, host_collective, host_gemm, torch_bridge
@@ -75,11 +77,18 @@ class GemmWorkload(Workload):
     #: PyTorch's fused op of the pattern (``torch_fused``) wherever a job timed it (torch
     #: present, ``Case(peers=True)``): the fastest correct of them is the bar
     host_programs = ("host_nccl", "host_nccl_default", torch_fused.PEER)
-    #: The built-in family whose fused templates this workload reuses (its own family for
-    #: the built-ins). A user workload that is "GEMM + something, then AllReduce" sets
-    #: ``pattern = "gemm_allreduce"`` and adds a :meth:`chunk_epilogue`.
-    pattern: ClassVar[str | None] = None
+    #: The pattern whose fused templates, chunk plans and arena this workload uses (the
+    #: built-ins: their own; a subclass inherits it). A user workload that is "GEMM +
+    #: something, then AllReduce" subclasses :class:`GemmAllReduce` or sets
+    #: ``pattern = "gemm_allreduce"`` (the name is looked up once, when the class is
+    #: defined), and adds a :meth:`chunk_epilogue`.
+    pattern: ClassVar[TPPattern | None] = None
     problem: GemmProblem
+
+    def __init_subclass__(cls, **kw) -> None:
+        if isinstance(cls.__dict__.get("pattern"), str):  # before its name becomes a known one
+            cls.pattern = tp_pattern(cls.__dict__["pattern"])
+        super().__init_subclass__(**kw)
 
     def __init__(self, *positional: object, m: int | None = None, n: int | None = None,
                  k: int | None = None, world_size: int | None = None, dtype: Dtype = "bf16"):
@@ -112,8 +121,14 @@ class GemmWorkload(Workload):
         return self.problem.k
 
     @property
-    def pattern_name(self) -> str:
-        return self.pattern or self.family
+    def tp(self) -> TPPattern:
+        """The pattern this workload runs (:attr:`pattern`); an :class:`InputError` naming
+        the fix for a GEMM workload that names none."""
+        if self.pattern is None:
+            raise InputError(f"{type(self).__name__} names no tensor-parallel pattern; set "
+                             f"pattern = one of {', '.join(TP_NAMES)} (the templates it reuses)",
+                             param="pattern", fix=TP_NAMES[0])
+        return self.pattern
 
     @property
     def pattern_problem(self) -> GemmProblem:
@@ -123,17 +138,17 @@ class GemmWorkload(Workload):
     def in_pattern(self, problem: GemmProblem) -> GemmProblem:
         """``problem`` (this workload's, or a smaller one) under its pattern's family,
         validated, so a shape the pattern cannot split is refused with the fix."""
-        if problem.workload == self.pattern_name:
+        if find(problem.workload) is self.tp:
             return problem
-        return GemmProblem(**{**problem.model_dump(), "workload": self.pattern_name})
+        return GemmProblem(**{**problem.model_dump(), "workload": self.tp.name})
 
-    @abstractmethod
-    def local_gemm(self) -> tuple[int, int, int]:
-        """(m, n, k) of the GEMM each rank runs in the host-driven program."""
+    def local_gemm(self) -> LocalGemm:
+        """(m, n, k) of the GEMM each rank runs (its pattern's)."""
+        return self.tp.local_gemm(m=self.m, n=self.n, k=self.k, world_size=self.world_size)
 
-    @abstractmethod
     def output_shape(self) -> tuple[int, int]:
-        """Shape of each rank's final output."""
+        """Shape of each rank's final output (its pattern's)."""
+        return self.tp.operand_shapes(m=self.m, n=self.n, k=self.k, world_size=self.world_size).out
 
     def output_elems(self) -> int:
         rows, cols = self.output_shape()
@@ -273,7 +288,10 @@ class GemmWorkload(Workload):
         return d.replace(chunk_bytes=chunk)
 
     def layout(self) -> ArenaLayout:
-        return ArenaLayout.for_workload(self)
+        """The arena of this shape: its pattern's regions, the templates' flag slots."""
+        regions = self.tp.arena_regions(m=self.m, n=self.n, k=self.k,
+                                        dtype_bytes=self.problem.dtype_bytes)
+        return ArenaLayout.for_tp(regions, self.world_size, templates.FLAG_STRIDE)
 
     # ---- GPU side (inside a worker) -------------------------------------------------
     @abstractmethod
@@ -302,7 +320,7 @@ class GemmWorkload(Workload):
         if not self.builtin_host():
             return self.gemm_only(ctx, inputs)
         m, n, k = self.local_gemm()
-        a = inputs["x"] if self.family != "allgather_gemm" else dtypes.random(m * k, self.dtype, 11 + ctx.rank)
+        a = dtypes.random(m * k, self.dtype, 11 + ctx.rank) if self.tp.gathers_input else inputs["x"]
         c = dtypes.empty(m * n, self.dtype)
         call = self.host_parts(ctx)[0].bind(_ptr(a), _ptr(inputs["w"]), _ptr(c))
         call.keepalive = (a, c)  # type: ignore[attr-defined]
@@ -328,13 +346,14 @@ class GemmWorkload(Workload):
         """PyTorch's fused op of this pattern (``torch_fused``), where there is one."""
         if self.peer_gaps(ctx):
             return {}
-        return {torch_fused.PEER: torch_fused.peer(ctx, self.family, inputs, out, self.dtype)}
+        return {torch_fused.PEER: torch_fused.peer(ctx, self.tp, inputs, out, self.dtype)}
 
     def peer_gaps(self, ctx) -> dict[str, str]:
         if not self.builtin_host():
             return {torch_fused.PEER: "the workload writes its own host program; torch's fused op "
                                       "computes the plain GEMM and collective"}
-        why = torch_fused.gap(ctx, self.family)
+        own = find(self.family)  # a user workload of another name computes more than torch's op
+        why = torch_fused.gap(ctx, own) if own else f"PyTorch has no fused op for {self.family}"
         return {torch_fused.PEER: why} if why else {}
 
     def timed_alone(self, ctx) -> dict[str, Callable[[Buffers], Callable[[], None]]]:
@@ -344,7 +363,7 @@ class GemmWorkload(Workload):
         m, n, k = self.local_gemm()
 
         def make(inputs: Buffers) -> Callable[[], None]:
-            a = inputs["x"] if self.family != "allgather_gemm" else dtypes.random(m * k, self.dtype, 13 + ctx.rank)
+            a = dtypes.random(m * k, self.dtype, 13 + ctx.rank) if self.tp.gathers_input else inputs["x"]
             c = dtypes.empty(m * n, self.dtype)
             call = host_gemm.torch_matmul(ctx, _ptr(a), _ptr(inputs["w"]), _ptr(c), m, n, k, self.dtype)
             call.keepalive = (a, c)  # type: ignore[attr-defined]
@@ -371,9 +390,6 @@ class GemmWorkload(Workload):
 class _RowParallel(GemmWorkload):
     """Shared by GEMM+AllReduce and GEMM+ReduceScatter: K is split over ranks."""
 
-    def local_gemm(self) -> tuple[int, int, int]:
-        return self.m, self.n, self.k // self.world_size
-
     def make_inputs(self, ctx, seed: int) -> Buffers:
         m, n, kl = self.local_gemm()
         s = 1000 * seed + 10 * ctx.rank
@@ -394,15 +410,13 @@ class _RowParallel(GemmWorkload):
 
 @register
 class GemmAllReduce(_RowParallel):
-    family = "gemm_allreduce"
+    family = GEMM_ALLREDUCE.name
+    pattern = GEMM_ALLREDUCE
 
     def link_bytes_per_rank(self) -> int:
         """Reduce-scatter then all-gather of the M x N result: 2 (w-1)/w of it."""
         w = self.world_size
         return 2 * (w - 1) * self.m * self.n * self.problem.dtype_bytes // w
-
-    def output_shape(self) -> tuple[int, int]:
-        return self.m, self.n
 
     def reference(self, ctx, inputs: Buffers):
         import cupy
@@ -441,15 +455,13 @@ class GemmAllReduce(_RowParallel):
 
 @register
 class GemmReduceScatter(_RowParallel):
-    family = "gemm_reducescatter"
+    family = GEMM_REDUCESCATTER.name
+    pattern = GEMM_REDUCESCATTER
 
     def link_bytes_per_rank(self) -> int:
         """(w-1)/w of the M x N partial sums."""
         w = self.world_size
         return (w - 1) * self.m * self.n * self.problem.dtype_bytes // w
-
-    def output_shape(self) -> tuple[int, int]:
-        return self.m // self.world_size, self.n
 
     def reference(self, ctx, inputs: Buffers):
         import cupy
@@ -495,18 +507,13 @@ class GemmReduceScatter(_RowParallel):
 
 @register
 class AllGatherGemm(GemmWorkload):
-    family = "allgather_gemm"
-
-    def local_gemm(self) -> tuple[int, int, int]:
-        return self.m, self.n // self.world_size, self.k
+    family = ALLGATHER_GEMM.name
+    pattern = ALLGATHER_GEMM
 
     def link_bytes_per_rank(self) -> int:
         """Every peer's M/w x K rows of X."""
         w = self.world_size
         return (w - 1) * self.m * self.k * self.problem.dtype_bytes // w
-
-    def output_shape(self) -> tuple[int, int]:
-        return self.m, self.n // self.world_size
 
     def make_inputs(self, ctx, seed: int) -> Buffers:
         w_ = self.world_size
