@@ -67,6 +67,7 @@ step_command() {
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
     tests_gin)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_gin_emulated_gpu.py" ;;
+    gin_probe)       echo "python3 bench/gin_probe.py --world ${EMULATE:-2}" ;;
     gin_correctness) echo "python3 bench/gin_correctness.py $R" ;;
     kv_interference) echo "python3 bench/kv_compute_interference.py $R" ;;
     moe_compute)     echo "python3 bench/moe_compute.py $R" ;;
