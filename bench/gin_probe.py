@@ -78,15 +78,21 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--wait", type=float, default=8.0)
     ap.add_argument("--issuer", default="cta")
+    ap.add_argument("--family", default=",".join(gin.FAMILIES))
     args = ap.parse_args()
     comp = Compiler()
+    t0 = time.perf_counter()
+    built = {}
+    for family in args.family.split(","):
+        wl = for_problem(gin.problem(family, args.world))
+        src = wl.render(gin.directives(args.issuer))
+        built[family] = comp.compile(src.source, needs=src.needs, name=src.name)
+        print(f"built {family} at {time.perf_counter() - t0:.0f} s", flush=True)
     with WorkerGroup(args.world, emulate=True) as group:
-        for family in gin.FAMILIES:
-            wl = for_problem(gin.problem(family, args.world))
+        print(f"group up at {time.perf_counter() - t0:.0f} s", flush=True)
+        for family in built:
             d = gin.directives(args.issuer)
-            src = wl.render(d)
-            built = comp.compile(src.source, needs=src.needs, name=src.name)
-            res = group.run(GinProbe(family, d.to_json(), str(built.path), args.calls, args.wait),
+            res = group.run(GinProbe(family, d.to_json(), str(built[family].path), args.calls, args.wait),
                             timeout=args.wait * args.calls + 60)
             print(f"== {family}: {res.status} {res.errors if not res.ok else ''}"[:2000], flush=True)
             for r in res.results or []:
