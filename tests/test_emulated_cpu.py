@@ -175,11 +175,15 @@ def test_an_emulated_verdict_is_stored_as_emulated_with_no_speedup(tmp_path):
 def test_a_launched_rank_takes_its_host_id_only_when_emulating(monkeypatch):
     """torchrun's ranks (``$RANK``) call ``apply_rank_env`` before NCCL starts: under
     ``CUCO_EMULATE`` each claims its own host, otherwise nothing changes."""
-    for var in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"):
+    for var in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.delenv(emulated.ENV_VAR, raising=False)
     assert emulated.apply_rank_env() is False and "NCCL_HOSTID" not in os.environ
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
     monkeypatch.setenv(emulated.ENV_VAR, "4")
     assert emulated.apply_rank_env() is True
     assert os.environ["NCCL_HOSTID"] == emulated.nccl_env(3)["NCCL_HOSTID"]
+    # its share of the SMs, so the 4 ranks' persistent kernels are resident together
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"

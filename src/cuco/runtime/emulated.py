@@ -69,11 +69,16 @@ def nccl_env(rank: int) -> dict[str, str]:
 
 def apply_rank_env(rank: int | None = None) -> bool:
     """For a process some other launcher started as one rank (torchrun, say): where
-    ``CUCO_EMULATE`` is set, give it its own NCCL host id before NCCL (torch's or cuco's)
-    starts, and return True; otherwise change nothing. ``rank``: ``$RANK`` by default."""
+    ``CUCO_EMULATE`` is set, give it its own NCCL host id and its share of the SMs before
+    NCCL (torch's or cuco's) and CUDA start, and return True; otherwise change nothing.
+    ``rank``: ``$RANK`` by default. Without the SM share each rank's context reports every SM,
+    a persistent kernel sized from it fills the GPU, and its peer's kernel, which it waits
+    for, never becomes resident."""
     if requested() <= 0:
         return False
+    world = int(os.environ.get("WORLD_SIZE", "0")) or requested()
     os.environ.update(nccl_env(int(os.environ.get("RANK", "0")) if rank is None else rank))
+    os.environ.update(sm_share_env(world))
     return True
 
 
