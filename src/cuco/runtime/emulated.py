@@ -349,12 +349,15 @@ class EmuGin:
         return int(self.device.data.ptr)
 
     def reset(self, stream) -> None:
-        """Signals, shadows, counters and barrier epochs back to zero before a job (stream
-        ordered; the caller then meets every rank before any puts)."""
+        """Signals, shadows, counters, barrier epochs and the descriptor ring back to zero
+        before a job (stream ordered; the caller then meets every rank before any puts). The
+        ring too: a slot's ``seq`` and ``done`` are the slot number + 1, so with the counters
+        restarted at 0, a slot left from the last job reads as published and already done, and
+        the proxy would never take the new descriptor written there."""
         import cupy
         cupy.cuda.runtime.memsetAsync(self.signals.ptr, 0, self.signals.size, stream.ptr)
         cupy.cuda.runtime.memsetAsync(self.inbox.ptr, 0, self.inbox.size, stream.ptr)
-        for a in (self.epochs, self.shadows, self.ctl, self.issued, self.completed):
+        for a in (self.epochs, self.shadows, self.ctl, self.issued, self.completed, self.queue):
             cupy.cuda.runtime.memsetAsync(int(a.data.ptr), 0, a.nbytes, stream.ptr)
 
     def stop_flag(self) -> int:
