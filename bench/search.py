@@ -42,7 +42,8 @@ from cuco.evaluate import Evaluator
 from cuco.kernels import Compiler
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.runtime.collective_ops import merge_ranks
-from cuco.workloads import Case, VariantSpec, for_problem
+from cuco.evaluate.jobs import Case, VariantSpec
+from cuco.workloads import for_problem
 from cuco.errors import run_script
 
 

@@ -14,7 +14,7 @@ def assert_variants_correct(group, wl, points: Sequence[Directives], *, seeds=(5
     """Builds ``points`` for ``wl`` and runs them with ``programs`` on fresh ``seeds``: every
     output of every one of them correct."""
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
+    from cuco.evaluate.jobs import Case, VariantSpec
 
     sources = [wl.render(d) for d in points]
     built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
@@ -32,7 +32,7 @@ def assert_edit_is_caught(group, wl, d: Directives, old: str, new: str, name: st
                           seed: int = 7, timeout: int = 150) -> None:
     """``d``'s kernel with ``old`` replaced by ``new`` (a wait left out, say) is judged wrong."""
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec
+    from cuco.evaluate.jobs import Case, VariantSpec
 
     src = wl.render(d)
     edited = src.source.replace(old, new)

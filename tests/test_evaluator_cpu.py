@@ -163,7 +163,7 @@ def test_a_batch_is_judged_in_the_order_its_builds_finish():
 def test_only_timing_jobs_carry_the_other_host_programs(ev):
     """The baseline is the fastest host program, so the others are timed (and verified) where
     it is chosen; check-only stages check the candidate against host_nccl's accuracy alone."""
-    from cuco.workloads.jobs import VariantSpec
+    from cuco.evaluate.jobs import VariantSpec
     spec = VariantSpec("candidate", D.to_json(), "unused.cubin")
     check = ev.case(ev.problem, spec, seed=1, time_it=False)
     timing = ev.case(ev.problem, spec, seed=1, time_it=True)
@@ -173,7 +173,7 @@ def test_only_timing_jobs_carry_the_other_host_programs(ev):
 
 def test_the_full_stage_checks_both_fresh_seeds_in_one_job(ev):
     """One job carries both seeds' input sets (the checks of two jobs, one dispatch)."""
-    from cuco.workloads.jobs import VariantSpec
+    from cuco.evaluate.jobs import VariantSpec
     spec = VariantSpec("candidate", D.to_json(), "unused.cubin")
     full = ev.case(ev.problem, spec, seed=ev.seeds, time_it=False)
     assert full.seed == ev.seeds and len(set(ev.seeds)) == 2

@@ -119,7 +119,8 @@ def test_a_communication_cta_that_skips_its_staged_flag_is_caught(evs):
     from cuco.kernels import Compiler
     from cuco.kernels.tp import render_tp
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, GemmReduceScatter, VariantSpec
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.workloads import GemmReduceScatter
 
     ev = evs["rs"]
     wait = "    if (threadIdx.x == 0) flag_wait(slot(p, me, staged_slot(me, tg)), cuco::call_epoch());\n"

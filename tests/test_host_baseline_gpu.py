@@ -23,7 +23,8 @@ NOISE = 1.05
 
 
 def _case(family, **kw):
-    from cuco.workloads import Case, for_problem
+    from cuco.evaluate.jobs import Case
+    from cuco.workloads import for_problem
     m, n, k = SHAPE
     return Case(for_problem(GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)), **kw)
 

@@ -31,9 +31,10 @@ def test_a_timing_job_verifies_every_call(group, family):
     from cuco.kernels import Compiler
     from cuco.kernels.tp import render_tp
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec, for_problem
-    from cuco.workloads.jobs import N_CHECKED
-    from cuco.workloads.schedule import N_SETS
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.workloads import for_problem
+    from cuco.evaluate.jobs import N_CHECKED
+    from cuco.evaluate.schedule import N_SETS
 
     m, n, k = 1024, 2048, 2048
     p = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)

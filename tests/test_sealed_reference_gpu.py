@@ -141,7 +141,8 @@ def _reference_copier(base):
 @pytest.mark.parametrize("timed", [False, True])
 def test_a_variant_that_copies_its_reference_scores_nothing(world_group, timed):
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec, for_problem
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.workloads import for_problem
     p = GemmProblem(workload="gemm_allreduce", m=512, n=1024, k=1024, world_size=TEST_WORLD)
     honest = for_problem(p)
     wl = _reference_copier(type(honest)).from_problem(p)

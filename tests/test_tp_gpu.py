@@ -30,7 +30,8 @@ def grid(problem: GemmProblem) -> list[Directives]:
 @pytest.mark.parametrize("family,shape", [(f, s) for f, ss in SHAPES.items() for s in ss])
 def test_side_stream_grid_is_correct(gpu_group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec, for_problem
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.workloads import for_problem
 
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)
@@ -65,7 +66,8 @@ def test_side_stream_is_correct_at_a_ragged_m(gpu_group, family, shape, dtype):
     from cuco.design.tiles import ChunkPlan
     from cuco.kernels.tp import render_side_stream
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, VariantSpec, for_problem
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.workloads import for_problem
 
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2, dtype=dtype)

@@ -45,7 +45,7 @@ def pingpong():
 
 
 def build(problem, points, edit=None):
-    from cuco.workloads.jobs import VariantSpec
+    from cuco.evaluate.jobs import VariantSpec
     sources = [render_tp(problem, d)[0] for d in points]
     built = Compiler().compile_many([(s.name, edit(s.source) if edit else s.source, s.needs)
                                      for s in sources])
@@ -57,7 +57,8 @@ def build(problem, points, edit=None):
 @pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES, RAGGED)])
 def test_in_kernel_grid_is_correct(world_group, family, shape):
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, for_problem
+    from cuco.evaluate.jobs import Case
+    from cuco.workloads import for_problem
 
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
@@ -80,7 +81,8 @@ def test_one_build_runs_every_shape(world_group, family, dtype):
     """The kernel takes its shape per launch: built once (for the first shape), it is
     correct at shapes it was not rendered for, whole-tiled and ragged, in bf16 and fp16."""
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, for_problem
+    from cuco.evaluate.jobs import Case
+    from cuco.workloads import for_problem
 
     points = [in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8),
               in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, tile_n=128, stages=6,
@@ -103,7 +105,8 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(world_group, comm_warps,
     warpgroups or in the comm warps): the stressed correctness run must see NaN poison (or
     a stale partial) and fail it."""
     from cuco.runtime.collective_ops import merge_ranks
-    from cuco.workloads import Case, GemmReduceScatter
+    from cuco.evaluate.jobs import Case
+    from cuco.workloads import GemmReduceScatter
 
     m, n, k = 1024, 1024, 2048
     d = in_kernel("epilogue", "lsa", "cta", comm_warps=comm_warps, schedule=schedule,

@@ -14,8 +14,8 @@ from cuco.runtime.dtypes import Poison
 from cuco.runtime.peaks import below_floor, physical_floor_ms
 from cuco.runtime.stress import Stress
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
-from cuco.workloads.jobs import first_epoch
-from cuco.workloads.schedule import N_SETS, make_schedule
+from cuco.evaluate.jobs import first_epoch
+from cuco.evaluate.schedule import N_SETS, make_schedule
 
 VERIFIED = {"host_nccl": (), "v1": ("arena:lsa",), "v2": ("arena:lsa",), "v3": ("arena:nvshmem",)}
 EXTRAS = ["compute_only", "comm_only"]

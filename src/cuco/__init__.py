@@ -23,7 +23,7 @@ _LAZY = {
     "GemmReduceScatter": "cuco.workloads", "AllGatherGemm": "cuco.workloads",
     "KVTransfer": "cuco.workloads", "MoE": "cuco.workloads", "CPAttention": "cuco.workloads",
     "GemmWorkload": "cuco.workloads", "PipelineWorkload": "cuco.workloads",
-    "Case": "cuco.workloads",
+    "Case": "cuco.evaluate.jobs",
     "Evaluator": "cuco.evaluate", "EvalResult": "cuco.evaluate",
     "Agent": "cuco.agents", "FastPathAgent": "cuco.agents", "EvolutionAgent": "cuco.agents", "Island": "cuco.agents",
     "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",

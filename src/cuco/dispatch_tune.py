@@ -6,7 +6,7 @@ take this M), torch's fused op and the strongest host program; the table keeps t
 fastest correct (:func:`cuco.dispatch.select`). The measurement is pluggable:
 
 - :class:`GpuMeasure` (needs GPUs): one verification-and-timing job of cuco's evaluator
-  (:class:`cuco.workloads.jobs.Case` with ``peers=True``) per bucket on a worker group,
+  (:class:`cuco.evaluate.jobs.Case` with ``peers=True``) per bucket on a worker group,
   every call of every program checked against the fp32 reference;
 - :class:`ModelMeasure` (a dry run, no GPU): the analytic model's times; the table is
   marked ``model`` and has no torch_fused times (the model has none).
@@ -98,7 +98,7 @@ class GpuMeasure:
         from cuco.kernels import Compiler
         from cuco.runtime.collective_ops import merge_ranks
         from cuco.workloads import for_problem
-        from cuco.workloads.jobs import Case, VariantSpec
+        from cuco.evaluate.jobs import Case, VariantSpec
         wl = for_problem(problem)
         comp = Compiler(arch=self.arch)
         specs, names = [], {}

@@ -44,7 +44,7 @@ class PipelineBench:
         return {wl.label: specs.get(wl.label, []) for wl in self.workloads}
 
     def run(self) -> Path:
-        from cuco.workloads import Case
+        from cuco.evaluate.jobs import Case
 
         t0 = time.perf_counter()
         specs = self.compile_all()

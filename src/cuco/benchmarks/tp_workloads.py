@@ -176,7 +176,8 @@ class TPBench:
         return 0
 
     def run(self) -> Path:
-        from cuco.workloads import Case, for_problem
+        from cuco.evaluate.jobs import Case
+        from cuco.workloads import for_problem
 
         before, before_device = self.finished()
         self.done = frozenset(r["case"] for r in before)

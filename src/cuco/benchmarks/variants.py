@@ -19,7 +19,7 @@ def compile_variants(points: list[tuple[str, Directives, KernelSource]], console
                      arch: str | None = None) -> dict[str, list]:
     """``{case label: [VariantSpec]}`` of every ``(label, directives, source)``, compiled in
     parallel (cached); a variant that does not compile is reported and left out."""
-    from cuco.workloads.jobs import VariantSpec
+    from cuco.evaluate.jobs import VariantSpec
     t0, done, fresh, lock = time.perf_counter(), [0], [0], threading.Lock()
     step = max(1, len(points) // 10)
 

@@ -7,7 +7,7 @@ template rendered for it) -> ``full`` (correctness at the target shape on two
 fresh seeds) -> ``timing`` (interleaved with the host-driven program, the compute
 alone and the communication alone) -> score.
 
-What the score rests on (:mod:`cuco.workloads.jobs`): every call of every stage, timed
+What the score rests on (:mod:`cuco.evaluate.jobs`): every call of every stage, timed
 ones included, is verified element by element against an fp32 reference; each job
 holds three input sets in different buffers and never gives a call the set that last
 wrote a buffer it shares, so a stale output is wrong; outputs and arena are poisoned
@@ -53,7 +53,7 @@ from cuco.runtime.collective_ops import merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
-from cuco.workloads.jobs import ACCURACY_SLACK, Case, VariantSpec
+from cuco.evaluate.jobs import ACCURACY_SLACK, Case, VariantSpec
 
 
 #: Candidates of a batch timed in one job (the timing stage is most of a candidate's GPU time,

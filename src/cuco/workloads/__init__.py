@@ -2,18 +2,18 @@
 
 Tensor-parallel layers (:class:`GemmWorkload`: GEMM+AllReduce, GEMM+ReduceScatter,
 AllGather+GEMM) and the pipelines (:class:`PipelineWorkload`: KV-cache transfer, MoE,
-context-parallel attention). One job, :class:`~cuco.workloads.jobs.Case`, verifies and
-times the variants of any of them.
+context-parallel attention). The verification job that checks and times the variants of
+any of them, :class:`~cuco.evaluate.jobs.Case`, lives in :mod:`cuco.evaluate` (above this
+layer: a workload never imports it).
 """
 
 from cuco.workloads.base import REGISTRY, Runner, Workload, for_problem, get, register
 from cuco.workloads.cp_attention import CPAttention
-from cuco.workloads.jobs import Case, VariantSpec
 from cuco.workloads.kv_transfer import KVTransfer
 from cuco.workloads.moe import MoE
 from cuco.workloads.pipeline import PipelineWorkload
 from cuco.workloads.tp import AllGatherGemm, GemmAllReduce, GemmReduceScatter, GemmWorkload
 
-__all__ = ["REGISTRY", "AllGatherGemm", "CPAttention", "Case", "GemmAllReduce",
+__all__ = ["REGISTRY", "AllGatherGemm", "CPAttention", "GemmAllReduce",
            "GemmReduceScatter", "GemmWorkload", "KVTransfer", "MoE", "PipelineWorkload", "Runner",
-           "VariantSpec", "Workload", "for_problem", "get", "register"]
+           "Workload", "for_problem", "get", "register"]

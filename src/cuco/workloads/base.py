@@ -13,7 +13,7 @@ communication, and how its fused kernels are made and launched:
   performs one fused call.
 
 The evaluator, the search, the fast path, export and the one verification job
-(:class:`cuco.workloads.jobs.Case`) use only this protocol, so a user's subclass goes
+(:class:`cuco.evaluate.jobs.Case`) use only this protocol, so a user's subclass goes
 everywhere a built-in does. GPU methods run inside a worker (``ctx`` is a
 :class:`cuco.runtime.WorkerContext`).
 """

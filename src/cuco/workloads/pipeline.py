@@ -10,7 +10,7 @@ that peers touch live in the symmetric arena (:mod:`cuco.runtime.arena`).
 
 :class:`PipelineWorkload` is what such a workload implements on top of the workload
 protocol (:class:`cuco.workloads.Workload`); the one verification job
-(:class:`cuco.workloads.jobs.Case`) checks and times its variants like any workload's.
+(:class:`cuco.evaluate.jobs.Case`) checks and times its variants like any workload's.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ MAX_FLAGS = 1 << 16
 #: variants, since a peer may already be in its next call (with another variant) when it
 #: raises it; every other slot is written only after this handshake.
 OPEN_SLOT = MAX_FLAGS - 8
-#: Programs every job times besides the variants (:class:`cuco.workloads.jobs.Case`).
+#: Programs every job times besides the variants (:class:`cuco.evaluate.jobs.Case`).
 BASELINES = ("host_nccl", "compute_only", "comm_only")
 
 

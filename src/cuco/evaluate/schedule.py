@@ -1,7 +1,7 @@
 """The order of one job's calls: which program, on which input set, checked or timed.
 
 Pure Python, the same on every rank (drawn from the job's seed), tested on the CPU.
-What it guarantees to the verification in :mod:`cuco.workloads.jobs`:
+What it guarantees to the verification in :mod:`cuco.evaluate.jobs`:
 
 * **a stale output is wrong.** Each job holds :data:`N_SETS` input sets in different
   buffers with different values. A call never uses the input set that last wrote any

@@ -1,8 +1,8 @@
 """The job that verifies and times fused variants of a workload on every rank.
 
-Each rank draws :data:`~cuco.workloads.schedule.N_SETS` input sets from each of the job's seeds
+Each rank draws :data:`~cuco.evaluate.schedule.N_SETS` input sets from each of the job's seeds
 (different buffers, different values) and their fp32 references (fp32 GEMM + fp32
-NCCL collective). One schedule (:mod:`cuco.workloads.schedule`) orders every call of
+NCCL collective). One schedule (:mod:`cuco.evaluate.schedule`) orders every call of
 every program; *every* call is verified against its input set's reference: checked
 calls (outputs and the arena's data poisoned with a pattern drawn per call, the call
 stressed from outside the kernel, guard pages checked) in full on the host, all others
@@ -33,7 +33,7 @@ from cuco.runtime.peaks import MeasurePeaks, physical_floor_ms
 from cuco.runtime.sealed import SealedReference, scrubbed_allocations
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Buffers, Workload
-from cuco.workloads.schedule import N_SETS, Call, make_schedule, set_seed
+from cuco.evaluate.schedule import N_SETS, Call, make_schedule, set_seed
 from cuco.runtime import dtypes
 
 #: Microseconds the compute stream sleeps before each chunk in checked calls.
@@ -121,7 +121,7 @@ class InputSet:
 
 
 def input_sets(ctx, wl, cls: type, seed: int, atol_factor: float) -> list[InputSet]:
-    """The job's :data:`~cuco.workloads.schedule.N_SETS` input sets, each with its own seed
+    """The job's :data:`~cuco.evaluate.schedule.N_SETS` input sets, each with its own seed
     and buffers (cached per worker like any seed)."""
     out = []
     for j in range(N_SETS):
