@@ -319,7 +319,7 @@ class CPProblem(Problem):
 #: ``Workload`` subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).
 PROBLEMS: dict[str, type[Problem]] = {
     **{name: GemmProblem for name in TP_NAMES},
-    "moe": MoEProblem, "kv_transfer": KVProblem, "cp_attention": CPProblem,
+    **{cls.model_fields["workload"].default: cls for cls in (MoEProblem, KVProblem, CPProblem)},
 }
 
 
