@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cuco.design import Directives, make_problem
-from cuco.design.stream_order import STREAM_ORDERED, issuers_of
+from cuco.design.pipeline_ops import KV_TRANSFER, PIPELINE_OPS
 from cuco.errors import DirectiveError, ShapeError
 from cuco.runtime.dtypes import EPS
 from cuco.workloads import for_problem
@@ -61,7 +61,8 @@ def test_other_workloads_refuse_them_naming_what_they_have(workload, shape):
 
 
 def test_kv_transfer_space_offers_them_and_the_search_reaches_them():
-    assert set(STREAM_ORDERED) == {"kv_transfer"}
+    assert [op for op in PIPELINE_OPS if op.stream_ordered] == [KV_TRANSFER]
+    assert KVTransfer.op is KV_TRANSFER
     wl = KVTransfer(2, **SMALL)
     space = wl.space()
     points = list(space.enumerate())
@@ -80,7 +81,7 @@ def test_kv_transfer_space_offers_them_and_the_search_reaches_them():
         assert space.contains(d)
         seen.add(wl.mode(d))
     assert seen == {"persistent", "launch", "copy_engine"}
-    assert issuers_of("kv_transfer")[-1].value == "copy_engine"
+    assert KV_TRANSFER.issuers[-1].value == "copy_engine"
 
 
 def test_chunk_plans_of_every_mode():

@@ -1,40 +1,87 @@
-"""The tensor-parallel patterns as typed objects (issue #38, "strings stand in for types"):
-what each one is lives in ``cuco/design/patterns.py`` alone, and nothing else compares a
-pattern's (or workload's, or family's) name."""
+"""The tensor-parallel patterns and the pipeline ops as typed objects (issue #38, "strings
+stand in for types"): what each one is lives in ``cuco/design/patterns.py`` and
+``cuco/design/pipeline_ops.py`` alone, and nothing else compares a pattern's (or op's,
+workload's, family's) name."""
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
 
 from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
                                   TP_PATTERNS, Collective, LocalGemm, find, tp_pattern)
+from cuco.design.pipeline_ops import (CP_ATTENTION, KV_TRANSFER, MOE, PIPELINE_NAMES,
+                                      PIPELINE_OPS, find_op, pipeline_op)
+from cuco.design.problem import CPProblem, KVProblem, MoEProblem
 from cuco.errors import InputError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-REGISTRY = SRC / "cuco" / "design" / "patterns.py"
+REGISTRIES = ("cuco/design/patterns.py", "cuco/design/pipeline_ops.py")
 #: The acceptance check of issue #38: a name compared with a string literal.
 NAME_COMPARED = re.compile(r'(workload|family|pattern)\s*(==|!=|in)\s*\(?"')
+#: A registry object's name compared instead of the object (``workload == KV_TRANSFER.name``).
+OBJECT_NAME_COMPARED = re.compile(r"(==|!=|\bin)\s*\(?\s*[A-Z_]+\.name\b|\b[A-Z_]+\.name\s*(==|!=)")
+#: Where an op's name may stand as a string of its own: a problem class's ``workload``
+#: field (its identity, which the op checks).
+EXEMPT = re.compile(r"workload: Literal\[")
 
 
-def test_no_module_but_the_registry_compares_a_pattern_name():
+def op_name_strings(text: str) -> set[int]:
+    """Lines holding a string literal that is exactly a pipeline op's name: the name held
+    to be compared through a variable (``KV = "kv_transfer"; workload == KV``), in a tuple
+    that ``in`` tests, as a dict's key (a name inside a longer string or a docstring is
+    not one)."""
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.STRING and not tok.string.lstrip("rbuRBU").startswith(("f", "F")):
+            if ast.literal_eval(tok.string) in PIPELINE_NAMES:
+                lines.add(tok.start[0])
+    return lines
+
+
+def name_comparisons(src: Path) -> list[str]:
+    """Lines of ``src`` (outside the registries) that compare a pattern's or op's name."""
     hits = []
-    for path in sorted(SRC.rglob("*.py")):
-        if path == REGISTRY:
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).as_posix() in REGISTRIES:
             continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if NAME_COMPARED.search(line):
-                hits.append(f"{path.relative_to(SRC)}:{n}: {line.strip()}")
-    assert hits == [], "ask the TPPattern object instead:\n" + "\n".join(hits)
+        text = path.read_text()
+        named = op_name_strings(text)
+        for n, line in enumerate(text.splitlines(), 1):
+            if (NAME_COMPARED.search(line) or OBJECT_NAME_COMPARED.search(line)
+                    or (n in named and not EXEMPT.search(line))):
+                hits.append(f"{path.relative_to(src)}:{n}: {line.strip()}")
+    return hits
 
 
-def test_the_check_finds_what_it_is_for():
+def test_no_module_but_the_registries_compares_a_pattern_or_op_name():
+    hits = name_comparisons(SRC)
+    assert hits == [], "ask the TPPattern or PipelineOp object instead:\n" + "\n".join(hits)
+
+
+def test_the_check_finds_what_it_is_for(tmp_path):
     for line in ('if problem.workload == "allgather_gemm":', 'if self.pattern in ("a", "b"):',
                  'x = wl.family != "moe"'):
         assert NAME_COMPARED.search(line), line
     assert not NAME_COMPARED.search("if self.pattern.gathers_input:")
+    bad = ['STREAM_ORDERED = {"kv_transfer": ("lsa", "nvshmem")}', "KV = 'kv_transfer'",
+           'if name in ("kv_transfer", "moe", "cp_attention"):', 'for t in ("moe",):',
+           "if workload == KV_TRANSFER.name:", "ok = MOE.name != family",
+           "if family in (CP_ATTENTION.name,):"]
+    fine = ["if self.op.stream_ordered:", 'return f"moe/T{tokens}"', "render(self.op.template)",
+            'workload: Literal["moe"] = "moe"', '"""Usage:\n\n>>> make_problem("moe", "tokens=64")"""',
+            "help = \"workload name, e.g. 'gemm_allreduce' or 'moe'\"",
+            "if problem.workload != self.family:", 'raise ShapeError("moe: only bf16")']
+    module = tmp_path / "cuco" / "m.py"
+    module.parent.mkdir()
+    for line in bad + fine:
+        module.write_text(line + "\n")
+        assert bool(name_comparisons(tmp_path)) == (line in bad), line
 
 
 def test_three_patterns_each_found_by_its_name_and_nothing_else():
@@ -46,6 +93,45 @@ def test_three_patterns_each_found_by_its_name_and_nothing_else():
     with pytest.raises(InputError, match=r"'gemm_alreduce' is not a tensor-parallel pattern.*"
                                          r"did you mean pattern='gemm_allreduce'"):
         tp_pattern("gemm_alreduce")
+
+
+def test_three_pipeline_ops_each_found_by_its_name_and_nothing_else():
+    assert PIPELINE_OPS == (MOE, KV_TRANSFER, CP_ATTENTION)
+    assert PIPELINE_NAMES == ("moe", "kv_transfer", "cp_attention")
+    assert [op.problem for op in PIPELINE_OPS] == [MoEProblem, KVProblem, CPProblem]
+    assert [op.template for op in PIPELINE_OPS] == ["moe.cu.j2", "kv_transfer.cu.j2",
+                                                    "cp_attention.cu.j2"]
+    for op in PIPELINE_OPS:
+        assert find_op(op.name) is op and pipeline_op(op.name) is op and find_op(op) is op
+        assert find(op.name) is None
+    assert find_op("gemm_allreduce") is None and find_op(None) is None
+    with pytest.raises(InputError, match=r"'kv_transfr' is not a pipeline op.*"
+                                         r"did you mean workload='kv_transfer'"):
+        pipeline_op("kv_transfr")
+    with pytest.raises(ValueError, match="KVProblem is not the problem of moe"):
+        type(MOE)("moe", KVProblem, "moe.cu.j2")
+
+
+def test_only_kv_transfer_is_stream_ordered_and_offers_its_values():
+    assert [op.stream_ordered for op in PIPELINE_OPS] == [False, True, False]
+    assert [b.value for b in KV_TRANSFER.stream_ordered_backends] == ["lsa", "nvshmem"]
+    assert [i.value for i in KV_TRANSFER.issuers] == ["thread", "warp", "cta", "copy_engine"]
+    assert [i.value for i in MOE.issuers] == ["thread", "warp", "cta"]
+    assert [s.value for s in KV_TRANSFER.sync_scopes()] == ["chunk", "stream"]
+    assert [s.value for s in CP_ATTENTION.sync_scopes(side_stream_only=False)] == [
+        "chunk", "cta", "kernel"]
+
+
+def test_the_built_in_pipeline_workloads_are_their_ops():
+    from cuco.kernels.catalog import template_of
+    from cuco.workloads import KVTransfer, MoE
+    from cuco.workloads.catalog import pipeline_sources
+    from cuco.workloads.cp_attention import CPAttention
+
+    for cls, op in ((MoE, MOE), (KVTransfer, KV_TRANSFER), (CPAttention, CP_ATTENTION)):
+        assert cls.op is op and cls.family == op.name and cls.problem_type is op.problem
+    templates = {template_of(s) for s in pipeline_sources()}
+    assert {op.template for op in PIPELINE_OPS} <= templates
 
 
 def test_each_pattern_splits_and_joins_as_its_layer_does():

@@ -7,7 +7,8 @@ Importing cuco needs neither torch nor a GPU.
 from cuco.db import EVIDENCE, Candidate, CandidateDB, Evaluation
 from cuco.design import (
     Backend, ChunkSchedule, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
-    MoEProblem, Placement, Problem, Schedule, SyncScope, TP_PATTERNS, TPPattern, make_problem,
+    MoEProblem, PIPELINE_OPS, PipelineOp, Placement, Problem, Schedule, SyncScope, TP_PATTERNS,
+    TPPattern, make_problem,
 )
 from cuco.errors import (
     CompileError, CucoError, DirectiveError, EnvironmentProblem, LibraryConflict, LibraryNotFound,
@@ -67,7 +68,7 @@ __all__ = [
     "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError",
     "CucoError", "DesignSpace", "DirectiveError", "Directives", "EVIDENCE", "EnvironmentProblem",
     "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
-    "MoEProblem", "NoGPUError", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",
+    "MoEProblem", "NoGPUError", "PIPELINE_OPS", "PipelineOp", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",
     "TP_PATTERNS", "TPPattern", "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",
     *sorted(_LAZY),
 ]

@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cuco.design.patterns import TP_NAMES
+from cuco.design.pipeline_ops import PIPELINE_NAMES
+
 app = typer.Typer(help="cuco: fused compute + communication GPU kernels, searched and verified.",
                   no_args_is_help=True, add_completion=False)
 db_app = typer.Typer(help="Inspect a candidate database.", no_args_is_help=True)
@@ -228,8 +231,7 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
             task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0]))
 
 
-WORKLOAD_HELP = ("gemm_allreduce | gemm_reducescatter | allgather_gemm | moe | kv_transfer | "
-                 "cp_attention")
+WORKLOAD_HELP = " | ".join((*TP_NAMES, *PIPELINE_NAMES))
 SHAPE_HELP = ("GEMM workloads: global MxKxN (default 8192x8192x8192); any workload: "
               "field=value,... e.g. moe: tokens=128,hidden=7168,ffn=2048,experts=256,topk=8 "
               "(default: the workload's defaults)")

@@ -3,6 +3,7 @@
 from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope
 from cuco.design.directives import Directives
 from cuco.design.patterns import TP_PATTERNS, Collective, LocalGemm, TPPattern, tp_pattern
+from cuco.design.pipeline_ops import PIPELINE_OPS, PipelineOp, pipeline_op
 from cuco.design.problem import (
     CPProblem, GemmProblem, KVProblem, MoEProblem, Problem, check_count, check_workload,
     make_problem, parse_shape, problem_class, problem_from_dict, register_workload,
@@ -12,8 +13,8 @@ from cuco.design.space import DesignSpace, as_rng
 
 __all__ = [
     "Backend", "CPProblem", "ChunkSchedule", "Collective", "DesignSpace", "Directives",
-    "GemmProblem", "Issuer", "KVProblem", "LocalGemm", "MoEProblem", "Placement", "Problem",
+    "GemmProblem", "Issuer", "KVProblem", "LocalGemm", "MoEProblem", "PIPELINE_OPS", "PipelineOp", "Placement", "Problem",
     "Schedule", "SyncScope", "TPPattern", "TP_PATTERNS", "as_rng",
     "check_count", "check_workload", "make_problem", "parse_shape", "problem_class",
-    "problem_from_dict", "register_workload", "tp_pattern", "violations",
+    "pipeline_op", "problem_from_dict", "register_workload", "tp_pattern", "violations",
 ]

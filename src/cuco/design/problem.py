@@ -315,11 +315,13 @@ class CPProblem(Problem):
         return f"cp_attention/S{self.seq}H{self.heads}D{self.head_dim}{mask}/{self.dtype}"
 
 
-#: Every workload cuco knows and its problem class: the built-ins, and each user
-#: ``Workload`` subclass's ``family`` (added by ``cuco.workloads`` when the class is defined).
+#: Every workload cuco knows and its problem class: the built-ins (a pipeline problem under
+#: its ``workload`` field's name, which its ``cuco.design.pipeline_ops.PipelineOp`` checks),
+#: and each user ``Workload`` subclass's ``family`` (added by ``cuco.workloads`` when the
+#: class is defined). The lookup where a workload name arrives (:func:`problem_class`).
 PROBLEMS: dict[str, type[Problem]] = {
     **{name: GemmProblem for name in TP_NAMES},
-    "moe": MoEProblem, "kv_transfer": KVProblem, "cp_attention": CPProblem,
+    **{cls.model_fields["workload"].default: cls for cls in (MoEProblem, KVProblem, CPProblem)},
 }
 
 

@@ -54,7 +54,7 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             f"sync_scope: placement=side_stream is driven by per-chunk flags, not "
             f"sync_scope={sync}; set sync_scope=chunk"
         )
-    out += stream_order.violations(d, None if problem is None else problem.workload)
+    out += stream_order.violations(d, problem)
     if schedule == "ring" and sync == "kernel":
         out.append(
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "

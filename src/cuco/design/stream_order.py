@@ -1,5 +1,6 @@
-"""Stream-ordered communication: ``sync_scope=stream`` and ``issuer=copy_engine``, which
-workloads have them and the rules they obey (the one place that says so).
+"""Stream-ordered communication: ``sync_scope=stream`` and ``issuer=copy_engine``, the rules
+they obey (the one place that says so). Which workloads have them, on which backends, each
+:class:`~cuco.design.pipeline_ops.PipelineOp` says (``stream_ordered_backends``).
 
 A persistent communication kernel (``sync_scope=chunk``) holds its SMs for the whole call,
 polling one flag per chunk, and slows the compute beside it. A stream-ordered variant holds
@@ -15,34 +16,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cuco.design.dimensions import Issuer, SyncScope
+from cuco.design.pipeline_ops import SM_ISSUERS, SM_SYNC_SCOPES, find_op
+from cuco.design.problem import Problem
 
-#: Issuers whose bytes SM threads move, and the sync scopes every placement may have.
-SM_ISSUERS: tuple[Issuer, ...] = (Issuer.THREAD, Issuer.WARP, Issuer.CTA)
-SM_SYNC_SCOPES: tuple[SyncScope, ...] = (SyncScope.CHUNK, SyncScope.CTA, SyncScope.KERNEL)
-
-#: Workloads with stream-ordered templates, and the backends they run them on: the arena
-#: (an NCCL window or the NVSHMEM heap) gives the sender its peer's address to copy to.
-STREAM_ORDERED: dict[str, tuple[str, ...]] = {"kv_transfer": ("lsa", "nvshmem")}
+__all__ = ["SM_ISSUERS", "SM_SYNC_SCOPES", "repair", "violations"]
 
 
 def _v(x: Any) -> Any:
     return getattr(x, "value", x)
 
 
-def issuers_of(workload: str) -> tuple[Issuer, ...]:
-    """The issuers ``workload``'s templates render."""
-    return (*SM_ISSUERS, Issuer.COPY_ENGINE) if workload in STREAM_ORDERED else SM_ISSUERS
-
-
-def sync_scopes_of(workload: str, side_stream_only: bool = True) -> tuple[SyncScope, ...]:
-    """The sync scopes of ``workload``'s side-stream templates (``chunk``; ``stream`` too where
-    it has stream-ordered ones)."""
-    base = (SyncScope.CHUNK,) if side_stream_only else SM_SYNC_SCOPES
-    return (*base, SyncScope.STREAM) if workload in STREAM_ORDERED else base
-
-
-def violations(d: Mapping[str, Any], workload: str | None = None) -> list[str]:
-    """The rules of the two stream-ordered values that ``d`` breaks (for ``workload`` if given)."""
+def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str]:
+    """The rules of the two stream-ordered values that ``d`` breaks (for ``problem``'s
+    workload if given: only a pipeline op with stream-ordered templates has them, on the
+    backends it names)."""
     out: list[str] = []
     issuer, sync = _v(d["issuer"]), _v(d["sync_scope"])
     placement, backend = _v(d["placement"]), _v(d["backend"])
@@ -57,13 +44,14 @@ def violations(d: Mapping[str, Any], workload: str | None = None) -> list[str]:
         out.append(f"comm_ctas: issuer=copy_engine launches no kernel, so comm_ctas="
                    f"{d['comm_ctas']} means nothing; set comm_ctas=1 (one point per copy-engine "
                    "variant)")
-    if workload is None:
+    if problem is None:
         return out
-    allowed = STREAM_ORDERED.get(workload)
-    if allowed is None:
+    workload, op = problem.workload, find_op(problem.workload)
+    allowed = tuple(b.value for b in op.stream_ordered_backends) if op else ()
+    if not allowed:
         if issuer == "copy_engine":
             out.append(f"issuer: {workload} has no copy-engine template; its issuers are "
-                       f"{', '.join(i.value for i in issuers_of(workload))}")
+                       f"{', '.join(i.value for i in SM_ISSUERS)}")
         if sync == "stream":
             out.append(f"sync_scope: {workload} has no stream-ordered template; its sync scopes "
                        f"are {', '.join(s.value for s in SM_SYNC_SCOPES)}")

@@ -8,6 +8,7 @@ a test.
 
 from __future__ import annotations
 
+from cuco.design.pipeline_ops import find_op
 from cuco.kernels import toolchain
 from cuco.kernels.collectives import KernelSource, all_sources
 from cuco.kernels.compiler import SHIM_DIR, Compiler, performance_losses
@@ -73,10 +74,6 @@ def kernel_sources() -> list[KernelSource]:
     return [*all_sources(), probe_source(), *tp_sources(), *in_kernel_sources()]
 
 
-#: The pipeline workloads' templates, each named as the workload whose kernels it renders.
-PIPELINE_TEMPLATES = ("kv_transfer", "moe", "cp_attention")
-
-
 def template_of(source: KernelSource) -> str:
     """Template file a source was rendered from (by naming convention)."""
     if source.name.startswith("lsa_collectives"):
@@ -85,9 +82,9 @@ def template_of(source: KernelSource) -> str:
         return "collectives_nvshmem.cu.j2"
     if "gin.side_stream" in source.name:
         return "tp_side_stream_gin.cu.j2"
-    for template in PIPELINE_TEMPLATES:
-        if source.name.startswith(template + "."):
-            return f"{template}.cu.j2"
+    op = find_op(source.name.split(".", 1)[0])  # a pipeline op's sources start with its label
+    if op is not None and "." in source.name:
+        return op.template
     if ".epilogue." in source.name or ".dedicated_ctas." in source.name:
         return "tp_fused.cu.j2"
     if "side_stream" in source.name:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from cuco.design import CPProblem, Directives
+from cuco.design.pipeline_ops import CP_ATTENTION
 from cuco.design.problem import CP_Q_TILE, DTYPE_BYTES
 from cuco.design.tiles import sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem
@@ -174,9 +175,8 @@ class CPAttention(PipelineWorkload):
     """``CPAttention(world_size, seq=..., heads=..., head_dim=..., causal=...)`` (fields of
     :class:`cuco.design.CPProblem`)."""
 
-    family = "cp_attention"
+    op = CP_ATTENTION
     hides_transfer = True
-    problem_type = CPProblem
     problem: CPProblem
     #: PyTorch's flash attention after the same all-gather (where torch runs) is what a user
     #: would pick; cuco's own attention core runs 0.58-0.77x of it
@@ -262,7 +262,7 @@ class CPAttention(PipelineWorkload):
     def render(self, d: Directives) -> KernelSource:
         self.check(d)
         s = self.shape
-        src = render("cp_attention.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
+        src = render(self.op.template, backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], row_bytes=self.row_elems * self.esz,
                      heads=s.heads, head_dim=s.head_dim, causal=s.causal, comm_ctas=d.comm_ctas,
                      threads=THREADS, max_ranks=MAX_RANKS, open_slot=OPEN_SLOT,

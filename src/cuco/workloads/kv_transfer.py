@@ -34,6 +34,7 @@ import math
 import numpy as np
 
 from cuco.design import Directives, Issuer, KVProblem, SyncScope
+from cuco.design.pipeline_ops import KV_TRANSFER
 from cuco.design.problem import DTYPE_BYTES, ROW_ALIGN
 from cuco.design.tiles import largest_divisor, sizes_cutting
 from cuco.errors import DirectiveError
@@ -61,9 +62,8 @@ class KVTransfer(PipelineWorkload):
     """``KVTransfer(world_size, layers=..., tokens=..., hidden=..., kv_dim=..., heads=...,
     head_dim=..., ffn=...)`` (fields of :class:`cuco.design.KVProblem`)."""
 
-    family = "kv_transfer"
+    op = KV_TRANSFER
     hides_transfer = True
-    problem_type = KVProblem
     problem: KVProblem
     #: the layer-by-layer send overlapped by hand beats the send-it-all-at-the-end program
     #: (33.41 against 34.96 ms in bench/results/kv_transfer.json): the faster is the baseline
@@ -163,7 +163,7 @@ class KVTransfer(PipelineWorkload):
         texts = {"persistent": f"sync_scope=chunk, issuer={d.issuer.value}: a persistent kernel",
                  "launch": f"sync_scope=stream, issuer={d.issuer.value}: a kernel per chunk",
                  "copy_engine": "sync_scope=stream, issuer=copy_engine"}
-        src = render("kv_transfer.cu.j2", backend=d.backend.value, mode=mode,
+        src = render(self.op.template, backend=d.backend.value, mode=mode,
                      mode_text=texts[mode],
                      issuer="cta" if mode == "copy_engine" else d.issuer.value,
                      ctype=CTYPES[self.dtype], comm_ctas=d.comm_ctas,

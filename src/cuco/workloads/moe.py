@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from cuco.design import Directives, MoEProblem
+from cuco.design.pipeline_ops import MOE
 from cuco.design.problem import DTYPE_BYTES
 from cuco.design.tiles import sizes_cutting
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
@@ -106,8 +107,7 @@ class MoE(PipelineWorkload):
     """``MoE(world_size, tokens=..., hidden=..., ffn=..., experts=..., topk=..., routing=...)``
     (fields of :class:`cuco.design.MoEProblem`)."""
 
-    family = "moe"
-    problem_type = MoEProblem
+    op = MOE
     problem: MoEProblem
     #: torch's grouped GEMM (host_nccl, where torch runs) or CUTLASS's: the faster is the baseline
     host_programs = ("host_nccl", "host_cutlass")
@@ -166,7 +166,7 @@ class MoE(PipelineWorkload):
     def plan(self, d: Directives) -> dict:
         """One chunk per group of experts (any chunk size groups the experts somehow)."""
         g = self.groups(d)
-        flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, "moe")
+        flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, self.family)
         return {"groups": g}
 
     def chunk_choices(self) -> list[int]:
@@ -175,7 +175,7 @@ class MoE(PipelineWorkload):
     def render(self, d: Directives) -> KernelSource:
         self.check(d)
         s = self.shape
-        src = render("moe.cu.j2", backend=d.backend.value, issuer=d.issuer.value,
+        src = render(self.op.template, backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], experts=s.experts, experts_per_rank=self.local_experts,
                      tokens=s.tokens, topk=s.topk, hidden=s.hidden, ffn=s.ffn,
                      row_bytes=self.row_bytes, max_ranks=MAX_RANKS, threads=THREADS,

@@ -19,7 +19,8 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from cuco.design import DesignSpace, Directives, Placement, stream_order
+from cuco.design import DesignSpace, Directives, Placement
+from cuco.design.pipeline_ops import PipelineOp
 from cuco.design.problem import validated
 from cuco.errors import DirectiveError
 from cuco.runtime.checking import compare
@@ -40,16 +41,28 @@ BASELINES = ("host_nccl", "compute_only", "comm_only")
 class PipelineWorkload(Workload):
     """A compute + communication pipeline: a sequence of compute steps on one stream whose
     pieces cross ranks through one persistent communication kernel on another
-    (``side_stream``). Subclasses set :attr:`family` and :attr:`problem_type`, and
-    implement :meth:`plan` (the template's constants), :meth:`chunk_choices`, the rendering
-    and the GPU methods."""
+    (``side_stream``). Subclasses set :attr:`op` (which gives their :attr:`family` and
+    :attr:`problem_type` unless they set their own), and implement :meth:`plan` (the
+    template's constants), :meth:`chunk_choices`, the rendering and the GPU methods."""
 
+    #: The pipeline op this workload runs: its problem class, template, and the issuers and
+    #: sync scopes its templates render (:mod:`cuco.design.pipeline_ops`).
+    op: ClassVar[PipelineOp]
     placements = (Placement.SIDE_STREAM,)
     #: Communication CTAs the design space offers.
     comm_cta_choices: ClassVar[tuple[int, ...]] = (4, 8, 16, 32)
     #: Whether its communication is a transfer that compute can hide entirely (benchmark
     #: rows then report ``hidden_fraction``); MoE's dispatch and combine feed its compute.
     hides_transfer: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kw) -> None:
+        op = cls.__dict__.get("op")
+        if op is not None:  # before its name becomes a known one (Workload registers it)
+            if "family" not in cls.__dict__:
+                cls.family = op.name
+            if "problem_type" not in cls.__dict__:
+                cls.problem_type = op.problem
+        super().__init_subclass__(**kw)
 
     def __init__(self, world_size: int = 2, **shape):
         super().__init__(validated(self.problem_type, {**shape, "workload": self.family,
@@ -92,15 +105,14 @@ class PipelineWorkload(Workload):
         return []
 
     def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
-        """Side-stream points: every backend, issuer and sync scope the family has
-        (:mod:`cuco.design.stream_order`), :meth:`chunk_choices` and
+        """Side-stream points: every backend, issuer and sync scope its :attr:`op` has, :meth:`chunk_choices` and
         :attr:`comm_cta_choices`, filtered by :meth:`supported` (tile fields unused)."""
         self.check_placements(placements or self.placements)
         return DesignSpace(self.problem, rules=lambda values, _p: self.supported(
                                Directives.model_construct(**values)),
                            backend=[b.value for b in self.backends], placement=["side_stream"],
-                           sync_scope=[v.value for v in stream_order.sync_scopes_of(self.family)],
-                           issuer=[v.value for v in stream_order.issuers_of(self.family)],
+                           sync_scope=[v.value for v in self.op.sync_scopes()],
+                           issuer=[v.value for v in self.op.issuers],
                            chunk_bytes=sorted(self.chunk_choices()),
                            comm_ctas=list(self.comm_cta_choices), tile_m=[128], tile_n=[128],
                            tile_k=[64], stages=[4], raster_group=[1], comm_warps=[0],

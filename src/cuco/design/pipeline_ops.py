@@ -1,0 +1,104 @@
+"""The three pipeline ops as typed objects: what each one is, in one place.
+
+A pipeline op is a sequence of compute steps whose pieces cross ranks while later steps
+compute (:mod:`cuco.workloads.pipeline`):
+
+* ``moe``           MoE dispatch -> expert GEMMs -> combine (:class:`~cuco.design.MoEProblem`)
+* ``kv_transfer``   prefill layers, each layer's K/V sent to a decode rank
+  (:class:`~cuco.design.KVProblem`)
+* ``cp_attention``  context-parallel attention over zig-zag chunks
+  (:class:`~cuco.design.CPProblem`)
+
+Everything else asks the :class:`PipelineOp` object (its problem class, the template its
+fused kernels are rendered from, which stream-ordered values it offers and on which
+backends) instead of comparing its name: a name (a string from the CLI, a database row, a
+problem's ``workload``, a rendered source's name) is looked up here once, by
+:func:`find_op` (or :func:`pipeline_op`), where it arrives. The tensor-parallel patterns
+are the same thing for GEMM + collective layers (:mod:`cuco.design.patterns`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from cuco.design.dimensions import Backend, Issuer, SyncScope
+from cuco.design.problem import CPProblem, KVProblem, MoEProblem, Problem
+from cuco.errors import InputError
+
+#: Issuers whose bytes SM threads move, and the sync scopes every placement may have.
+SM_ISSUERS: tuple[Issuer, ...] = (Issuer.THREAD, Issuer.WARP, Issuer.CTA)
+SM_SYNC_SCOPES: tuple[SyncScope, ...] = (SyncScope.CHUNK, SyncScope.CTA, SyncScope.KERNEL)
+
+
+@dataclass(frozen=True)
+class PipelineOp:
+    """One pipeline op (see the module's docstring); three instances exist, :data:`MOE`,
+    :data:`KV_TRANSFER` and :data:`CP_ATTENTION`."""
+
+    #: the workload name (the built-in workload's ``family``, its problem's ``workload``)
+    name: str
+    #: the :class:`Problem` subclass of its shapes
+    problem: type[Problem]
+    #: the template its fused (side-stream) kernels are rendered from
+    template: str
+    #: the backends its stream-ordered variants (``sync_scope=stream``,
+    #: ``issuer=copy_engine``) run on; empty: it has none. The arena (an NCCL window or the
+    #: NVSHMEM heap) gives the sender its peer's address to copy to.
+    stream_ordered_backends: tuple[Backend, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.problem.model_fields["workload"].default != self.name:
+            raise ValueError(f"{self.problem.__name__} is not the problem of {self.name}")
+
+    def __repr__(self) -> str:
+        return f"PipelineOp({self.name})"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def stream_ordered(self) -> bool:
+        """Whether it has stream-ordered templates (a kernel per chunk, the copy engine)."""
+        return bool(self.stream_ordered_backends)
+
+    @property
+    def issuers(self) -> tuple[Issuer, ...]:
+        """The issuers its templates render (``copy_engine`` where it is stream-ordered)."""
+        return (*SM_ISSUERS, Issuer.COPY_ENGINE) if self.stream_ordered else SM_ISSUERS
+
+    def sync_scopes(self, side_stream_only: bool = True) -> tuple[SyncScope, ...]:
+        """The sync scopes of its side-stream templates (``chunk``; ``stream`` too where it
+        is stream-ordered); every placement's with ``side_stream_only=False``."""
+        base = (SyncScope.CHUNK,) if side_stream_only else SM_SYNC_SCOPES
+        return (*base, SyncScope.STREAM) if self.stream_ordered else base
+
+
+MOE = PipelineOp("moe", MoEProblem, "moe.cu.j2")
+KV_TRANSFER = PipelineOp("kv_transfer", KVProblem, "kv_transfer.cu.j2",
+                         (Backend.LSA, Backend.NVSHMEM))
+CP_ATTENTION = PipelineOp("cp_attention", CPProblem, "cp_attention.cu.j2")
+
+#: Every pipeline op, in the order listings use.
+PIPELINE_OPS: tuple[PipelineOp, ...] = (MOE, KV_TRANSFER, CP_ATTENTION)
+#: Their names (the workloads' names).
+PIPELINE_NAMES: tuple[str, ...] = tuple(op.name for op in PIPELINE_OPS)
+_BY_NAME = {op.name: op for op in PIPELINE_OPS}
+
+
+def find_op(name: str | PipelineOp | None) -> PipelineOp | None:
+    """The op named ``name`` (an op passes through); None for any other workload."""
+    if isinstance(name, PipelineOp):
+        return name
+    return _BY_NAME.get(name) if isinstance(name, str) else None
+
+
+def pipeline_op(name: str | PipelineOp, error: type[InputError] = InputError) -> PipelineOp:
+    """The op named ``name``, or ``error`` naming the closest one."""
+    found = find_op(name)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(str(name), PIPELINE_NAMES, n=1, cutoff=0.6)
+    raise error(f"{name!r} is not a pipeline op; choose one of {', '.join(PIPELINE_NAMES)}",
+                param="workload", fix=close[0] if close else PIPELINE_NAMES[0],
+                guess=bool(close))
