@@ -15,11 +15,11 @@ looked up here once, by :func:`tp_pattern` (or :func:`find`), where it arrives.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from cuco.design.registry import Registry
 from cuco.errors import InputError
 
 Shape2 = tuple[int, int]
@@ -151,23 +151,16 @@ ALLGATHER_GEMM = TPPattern("allgather_gemm", Collective.ALL_GATHER, "n", "all_ga
 TP_PATTERNS: tuple[TPPattern, ...] = (GEMM_ALLREDUCE, GEMM_REDUCESCATTER, ALLGATHER_GEMM)
 #: Their names (the workloads' names).
 TP_NAMES: tuple[str, ...] = tuple(p.name for p in TP_PATTERNS)
-_BY_NAME = {p.name: p for p in TP_PATTERNS}
+_REGISTRY = Registry(TPPattern, TP_PATTERNS, "pattern {name!r} is not a tensor-parallel pattern",
+                     param="pattern")
 
 
 def find(name: str | TPPattern | None) -> TPPattern | None:
     """The pattern named ``name`` (a pattern passes through); None for any other workload."""
-    if isinstance(name, TPPattern):
-        return name
-    return _BY_NAME.get(name) if isinstance(name, str) else None
+    return _REGISTRY.find(name)
 
 
 def tp_pattern(name: str | TPPattern, error: type[InputError] = InputError) -> TPPattern:
     """The pattern named ``name``, or ``error`` naming the closest one (the lookup every
     entry point does where a pattern name arrives)."""
-    found = find(name)
-    if found is not None:
-        return found
-    close = difflib.get_close_matches(str(name), TP_NAMES, n=1, cutoff=0.6)
-    raise error(f"pattern {name!r} is not a tensor-parallel pattern; choose one of "
-                f"{', '.join(TP_NAMES)}", param="pattern", fix=close[0] if close else TP_NAMES[0],
-                guess=bool(close))
+    return _REGISTRY.get(name, error)

@@ -19,11 +19,11 @@ are the same thing for GEMM + collective layers (:mod:`cuco.design.patterns`).
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from cuco.design.dimensions import Backend, Issuer, SyncScope
 from cuco.design.problem import CPProblem, KVProblem, MoEProblem, Problem
+from cuco.design.registry import Registry
 from cuco.errors import InputError
 
 #: Issuers whose bytes SM threads move, and the sync scopes every placement may have.
@@ -83,22 +83,14 @@ CP_ATTENTION = PipelineOp("cp_attention", CPProblem, "cp_attention.cu.j2")
 PIPELINE_OPS: tuple[PipelineOp, ...] = (MOE, KV_TRANSFER, CP_ATTENTION)
 #: Their names (the workloads' names).
 PIPELINE_NAMES: tuple[str, ...] = tuple(op.name for op in PIPELINE_OPS)
-_BY_NAME = {op.name: op for op in PIPELINE_OPS}
+_REGISTRY = Registry(PipelineOp, PIPELINE_OPS, "{name!r} is not a pipeline op", param="workload")
 
 
 def find_op(name: str | PipelineOp | None) -> PipelineOp | None:
     """The op named ``name`` (an op passes through); None for any other workload."""
-    if isinstance(name, PipelineOp):
-        return name
-    return _BY_NAME.get(name) if isinstance(name, str) else None
+    return _REGISTRY.find(name)
 
 
 def pipeline_op(name: str | PipelineOp, error: type[InputError] = InputError) -> PipelineOp:
     """The op named ``name``, or ``error`` naming the closest one."""
-    found = find_op(name)
-    if found is not None:
-        return found
-    close = difflib.get_close_matches(str(name), PIPELINE_NAMES, n=1, cutoff=0.6)
-    raise error(f"{name!r} is not a pipeline op; choose one of {', '.join(PIPELINE_NAMES)}",
-                param="workload", fix=close[0] if close else PIPELINE_NAMES[0],
-                guess=bool(close))
+    return _REGISTRY.get(name, error)
