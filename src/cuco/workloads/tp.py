@@ -18,7 +18,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from cuco.design import DesignSpace, Directives, GemmProblem, Placement
+from cuco.design import DesignSpace, Directives, GemmProblem, Placement, placement_rules
 from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
                                   LocalGemm, TPPattern, find, tp_pattern)
 from cuco.design.tiles import EQUAL_CHUNKS_M, chunk_sizes
@@ -184,18 +184,20 @@ class GemmWorkload(Workload):
     # ---- templates ----------------------------------------------------------------------
     def row_blocks_refusal(self) -> str | None:
         """Why the in-kernel placements cannot take this shape's rows (see
-        :func:`cuco.kernels.tp.row_blocks_refusal`); None when they can."""
-        return templates.row_blocks_refusal(self.pattern_problem)
+        :func:`cuco.design.placement_rules.row_blocks_refusal`); None when they can."""
+        return placement_rules.row_blocks_refusal(self.pattern_problem)
 
     def supported(self, d: Directives) -> list[str]:
-        """The one-kernel templates' refusals, or a side-stream chunk plan that does not fit."""
+        """The in-kernel placements' rules (:mod:`cuco.design.placement_rules`) and what their
+        templates cannot render, or a side-stream chunk plan that does not fit."""
         problem = self.pattern_problem
         if d.placement.in_kernel:
-            if self.has_chunk_epilogue():
-                return [f"placement: {type(self).__name__} adds a chunk_epilogue (Python, "
-                        f"between chunks); placement={d.placement.value} runs the whole GEMM in "
-                        "one kernel; use placement=side_stream"]
-            return templates.supported(problem, d)
+            python = placement_rules.chunk_epilogue_refusal(type(self).__name__, d.placement) \
+                if self.has_chunk_epilogue() else None
+            if python:
+                return [python]
+            return (placement_rules.in_kernel_violations(d.__dict__, problem)
+                    + templates.supported(problem, d))
         try:
             templates.side_stream_plan(problem, d)
         except DirectiveError as exc:
