@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cuco.design.dimensions import Placement
 from cuco.design.patterns import TP_NAMES
+from cuco.design.placement_rules import PLACEMENTS
 from cuco.design.pipeline_ops import PIPELINE_NAMES
 
 app = typer.Typer(help="cuco: fused compute + communication GPU kernels, searched and verified.",
@@ -268,7 +270,7 @@ def search(
     cluster: Optional[str] = typer.Option(None, help="Ray address (ray://host:10001), or 'local'"),
     hosts: int = typer.Option(2, help="cluster hosts (one actor each)"),
     placements: Optional[str] = typer.Option(None, help="placements to search, comma-separated "
-                                             "(default side_stream,epilogue,dedicated_ctas"
+                                             f"(default {','.join(PLACEMENTS)}"
                                              + RESUMED, show_default=False),
     emulate: bool = typer.Option(False, "--emulate", metavar=FLAG,
                                  help="every rank on one GPU under MPS (an emulated world): "
@@ -300,7 +302,7 @@ def search(
         problem = _problem(workload or "gemm_allreduce", shape, 2 if world_size is None else world_size)
         settings = search_settings(problem, db=db, budget=budget, islands=islands, seed=seed,
                                    proposer=proposer, dry_run=dry_run, llm=llm,
-                                   placements=picked or PLACEMENTS_DEFAULT, hosts=hosts)
+                                   placements=picked or PLACEMENTS, hosts=hosts)
     problem = settings.problem
     if emulate and not settings.dry_run:
         _emulate(problem.world_size)
@@ -315,9 +317,6 @@ def search(
                 seed=settings.seed, proposer=settings.proposer, dry_run=settings.dry_run,
                 resume=resume, llm=llm, cluster=cluster, hosts=hosts,
                 placements=settings.placements)
-
-
-PLACEMENTS_DEFAULT = ("side_stream", "epilogue", "dedicated_ctas")
 
 
 def _shape_fields(workload: Optional[str], shape: Optional[str], resume: int, db: str):
@@ -442,7 +441,6 @@ def _problem(workload: str, shape: Optional[str], world_size: int):
 
 def _placements(text: str) -> tuple[str, ...]:
     """``--placements a,b`` -> a tuple, or exit 2 naming the placements there are."""
-    from cuco.agents.api import PLACEMENTS
     picked = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in picked if p not in PLACEMENTS]
     if bad or not picked:
@@ -574,7 +572,7 @@ def fastpath(
     from cuco.runtime import visible_gpus
 
     problem = check_search(_problem(workload, shape, world_size), llm=llm,
-                           placements=("side_stream",))
+                           placements=(Placement.SIDE_STREAM.value,))
     check_count("max_rounds", rounds, "rounds", 6)
     if llm and host_program is None:
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
@@ -647,7 +645,7 @@ def tune_cmd(
     only: bool = typer.Option(False, "--only", help="time only the --m buckets, not the defaults"),
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32"),
     world_size: int = typer.Option(2, "--world-size", help="GPUs (ranks) of the layer"),
-    placements: str = typer.Option("side_stream,epilogue,dedicated_ctas",
+    placements: str = typer.Option(",".join(PLACEMENTS),
                                    help="placements of the cuco candidates"),
     dry_run: bool = typer.Option(False, "--dry-run", help="no GPU: the analytic model's times "
                                  "(the table is marked model)"),

@@ -27,12 +27,11 @@ from typing import Protocol
 
 from cuco.db import CandidateDB
 from cuco.design import Directives, GemmProblem, make_problem
+from cuco.design.placement_rules import PLACEMENTS
 from cuco.dispatch import (CUCO, HOST, TORCH_FUSED, DispatchTable, Layer, LayerTable,
                            Measurement, Provenance, TableError, entry_from, select)
 from cuco.errors import CucoError
 
-#: Placements a table may choose: every one a torch op can run outside cuco's workers.
-PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
 
 
 class Measure(Protocol):

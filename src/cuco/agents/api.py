@@ -13,10 +13,10 @@ from cuco.agents.proposers import OfflineProposer, TPEProposer
 from cuco.agents.resume import DEFAULTS, RunSettings, resumed
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Problem, check_count, make_problem
+from cuco.design.placement_rules import PLACEMENTS
 from cuco.errors import InputError
 
 
-PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
 PROPOSERS = ("offline", "tpe")
 
 Shape = str | Mapping[str, Any] | None

@@ -26,6 +26,7 @@ from cuco import results
 from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.design import Directives, Placement, GemmProblem
 from cuco.design.patterns import TP_NAMES
+from cuco.design.placement_rules import PLACEMENTS
 from cuco.design.tiles import chunk_sizes
 from cuco.errors import CucoError
 from cuco.kernels.tp import in_kernel, render_tp
@@ -57,9 +58,6 @@ def case_keys(merged: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "torch_fused_correct": fused.get("correct") if fused is not None else None,
             "torch_fused_why": skipped.get("torch_fused") if fused is None else
             (None if fused.get("correct") else f"wrong output: {fused}")}
-
-
-PLACEMENTS = ("side_stream", "epilogue", "dedicated_ctas")
 
 
 #: In-kernel points whose GEMM alone is timed beside them (``profile.gemm_only.*`` rows): the

@@ -2,7 +2,8 @@
 
 Kept apart from the pydantic model so that :meth:`DesignSpace.enumerate` can
 filter tens of thousands of points quickly, and so that every rule lives in
-one place. Each violation is a sentence naming the dimension and a fix.
+one place: the placements' rules in :mod:`cuco.design.placement_rules`, the
+stream-ordered values' in :mod:`cuco.design.stream_order`, the rest here. Each violation is a sentence naming the dimension and a fix.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cuco.design import stream_order
+from cuco.design import placement_rules, stream_order
 from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.problem import GemmProblem, Problem
 
@@ -35,53 +36,22 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
     out: list[str] = []
     backend, placement = _v(d["backend"]), _v(d["placement"])
     sync, schedule = _v(d["sync_scope"]), _v(d["chunk_schedule"])
-    comm_ctas, chunk = d["comm_ctas"], d["chunk_bytes"]
-    where = Placement(placement)
+    chunk, where = d["chunk_bytes"], Placement(placement)
     tm, tn, tk, stages = d["tile_m"], d["tile_n"], d["tile_k"], d["stages"]
 
-    if where.own_comm_ctas and comm_ctas < 1:
-        out.append(
-            f"comm_ctas: placement={placement} runs communication on CTAs of its own; "
-            "set comm_ctas >= 1 (e.g. 8)"
-        )
-    if not where.own_comm_ctas and comm_ctas != 0:
-        out.append(
-            f"comm_ctas: comm_ctas={comm_ctas} does not apply to placement=epilogue (the "
-            "compute CTAs communicate); set comm_ctas=0 or another placement"
-        )
-    if placement == "side_stream" and sync not in ("chunk", "stream"):
-        out.append(
-            f"sync_scope: placement=side_stream is driven by per-chunk flags, not "
-            f"sync_scope={sync}; set sync_scope=chunk"
-        )
+    out += placement_rules.violations(d)
     out += stream_order.violations(d, problem)
     if schedule == "ring" and sync == "kernel":
         out.append(
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "
             "per-chunk or per-CTA sync; set sync_scope=chunk or cta, or chunk_schedule=direct"
         )
-    if not where.in_kernel and d.get("raster_group", 1) != 1:
+    if _v(d.get("schedule", "cooperative")) == "pingpong" and tm * tn > PINGPONG_TILE_ELEMS:
         out.append(
-            "raster_group: placement=side_stream runs a vendor GEMM per chunk; raster_group "
-            "orders the tiles of the in-kernel placements only; set raster_group=1"
+            f"schedule: under pingpong one warpgroup holds a whole {tm}x{tn} tile's "
+            f"accumulators; choose tile_m x tile_n <= {PINGPONG_TILE_ELEMS} (128x128 or "
+            "64x256) or schedule=cooperative"
         )
-    if not where.in_kernel and d.get("comm_warps", 0):
-        out.append(
-            "comm_warps: placement=side_stream moves chunks from a kernel of its own; comm_warps "
-            "hands the tiles of the in-kernel placements to spare warps only; set comm_warps=0"
-        )
-    if _v(d.get("schedule", "cooperative")) == "pingpong":
-        if not where.in_kernel:
-            out.append(
-                "schedule: placement=side_stream runs a vendor GEMM per chunk; schedule=pingpong "
-                "applies to the in-kernel placements' mainloop only; set schedule=cooperative"
-            )
-        if tm * tn > PINGPONG_TILE_ELEMS:
-            out.append(
-                f"schedule: under pingpong one warpgroup holds a whole {tm}x{tn} tile's "
-                f"accumulators; choose tile_m x tile_n <= {PINGPONG_TILE_ELEMS} (128x128 or "
-                "64x256) or schedule=cooperative"
-            )
     need = smem_bytes(tm, tn, tk, stages)
     if need > SMEM_LIMIT_BYTES:
         fit = SMEM_LIMIT_BYTES // smem_bytes(tm, tn, tk, 1)

@@ -8,16 +8,17 @@ Three templates:
   whose GEMM mainloop is CUTLASS's Hopper collective (TMA + wgmma); each output tile is
   moved by the compute CTA itself (epilogue) or by CTAs of the same kernel reserved for
   communication (dedicated_ctas), with a flag per tile. These are built as shared objects
-  (CUTLASS builds the TMA descriptors on the host) and need ``sync_scope=chunk``, one
-  output tile per flag (``chunk_bytes`` = the tile's bytes) and a tile_m of 128 or 256.
+  (CUTLASS builds the TMA descriptors on the host) and need a tile_m of 128 or 256; the
+  placements' own rules (one output tile per flag, ...) are in
+  :mod:`cuco.design.placement_rules`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cuco.design import Directives, GemmProblem
-from cuco.design.dimensions import Placement, Schedule, format_bytes
+from cuco.design import Directives, GemmProblem, placement_rules
+from cuco.design.dimensions import Placement, Schedule
 from cuco.design.patterns import TP_NAMES, LocalGemm, TPPattern, find
 from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
@@ -73,20 +74,10 @@ def fused_tiles(problem: GemmProblem, d: Directives) -> int:
     return w * -(-(m // w) // d.tile_m) * -(-n // d.tile_n)
 
 
-def row_blocks_refusal(problem: GemmProblem) -> str | None:
-    """Why the in-kernel placements cannot take ``problem``'s rows, naming the fix (None when
-    they can): they cut M into ``world_size`` equal blocks of rows, one per rank (any block
-    size: a block's last tile may be short); ``side_stream`` takes any M."""
-    m, w = problem.m, problem.world_size
-    if m % w == 0:
-        return None
-    return (f"epilogue and dedicated_ctas cut M into {w} equal blocks of rows, one per rank, and "
-            f"M={m} is not a multiple of {w}; use placement=side_stream or pad M to a multiple "
-            f"of {w} (e.g. {-(-m // w) * w})")
-
-
 def supported(problem: GemmProblem, d: Directives) -> list[str]:
-    """Why ``d`` has no template for ``problem`` (empty when it has one)."""
+    """What the templates cannot render of ``d`` at ``problem`` (empty when they can): no GIN
+    or fp32 in-kernel template, CUTLASS's tile shapes, the shared memory and flag slots. Whether
+    ``d`` makes sense is :mod:`cuco.design.placement_rules`' to say."""
     if not d.placement.in_kernel:
         return []
     out = []
@@ -96,12 +87,6 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
                    "placement=side_stream only")
     if problem.dtype not in CUTLASS_TYPES:
         out.append(f"dtype: placement={p} runs a CUTLASS bf16/fp16 mainloop, not {problem.dtype}")
-    if d.sync_scope.value != "chunk":
-        out.append(f"sync_scope: placement={p} raises one flag per output tile; set "
-                   "sync_scope=chunk")
-    if d.chunk_schedule.value != "direct":
-        out.append(f"chunk_schedule: placement={p} sends each tile straight to its owner; set "
-                   "chunk_schedule=direct")
     if d.schedule is Schedule.COOPERATIVE and d.tile_m not in (128, 256):
         out.append(f"tile_m: placement={p} with schedule=cooperative splits each tile's rows "
                    "between two consumer warpgroups of 64+ rows; choose tile_m 128 or 256 (or "
@@ -116,18 +101,9 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
         out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
                    f"{d.stages} mainloop stages ({smem // 1024} KiB > {SMEM_LIMIT_BYTES // 1024 - 1} KiB); "
                    + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile"))
-    tile_bytes = d.tile_m * d.tile_n * problem.dtype_bytes
-    if d.chunk_bytes != tile_bytes:
-        out.append(f"chunk_bytes: placement={p} moves one {d.tile_m}x{d.tile_n} output tile "
-                   f"per flag; set chunk_bytes={format_bytes(tile_bytes)} ({tile_bytes})")
-    rows = row_blocks_refusal(problem)
-    if rows:
-        out.append(f"placement: {rows}")
     if not out and fused_tiles(problem, d) > FLAG_STRIDE // 2 - 1:
         out.append(f"tile_n: {fused_tiles(problem, d)} output tiles exceed the "
                    f"{FLAG_STRIDE // 2 - 1} flag slots; choose larger tiles")
-    if p == "dedicated_ctas" and d.comm_ctas > 32:
-        out.append("comm_ctas: keep comm_ctas <= 32 so most SMs run the GEMM")
     return out
 
 
@@ -176,7 +152,7 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
     is not the workload's."""
     pattern_of(problem)
     d.check(problem)
-    bad = supported(problem, d)
+    bad = placement_rules.in_kernel_violations(d.__dict__, problem) + supported(problem, d)
     if bad:
         raise DirectiveError(bad)
     name = kernel_name(problem, d)

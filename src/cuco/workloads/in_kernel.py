@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING
 
-from cuco.design import Directives
+from cuco.design import Directives, placement_rules
 from cuco.runtime.arena import Arena, arena_view
 from cuco.workloads.base import Buffers
 from cuco.workloads.side_stream import SideStreamRunner
@@ -38,10 +38,10 @@ class InKernelRunner:
 
     def __init__(self, ctx, wl: "GemmWorkload", d: Directives, library: str, arena: Arena,
                  inputs: Buffers, out):
-        if wl.has_chunk_epilogue():
-            raise ValueError(f"{type(wl).__name__} adds a chunk_epilogue (Python, between chunks): "
-                             f"placement={d.placement.value} runs the whole GEMM in one kernel; "
-                             "use placement=side_stream")
+        python = placement_rules.chunk_epilogue_refusal(type(wl).__name__, d.placement) \
+            if wl.has_chunk_epilogue() else None
+        if python:  # the workload's check refuses it first; a runner built directly, here
+            raise ValueError(python)
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
         self.pattern = wl.tp
         #: Unused: the kernel's arguments are the same in checked and timed calls; checked

@@ -18,7 +18,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from cuco.design import DesignSpace, Directives, GemmProblem, Placement
+from cuco.design import DesignSpace, Directives, GemmProblem, Placement, placement_rules
 from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
                                   LocalGemm, TPPattern, find, tp_pattern)
 from cuco.design.tiles import EQUAL_CHUNKS_M, chunk_sizes
@@ -184,18 +184,20 @@ class GemmWorkload(Workload):
     # ---- templates ----------------------------------------------------------------------
     def row_blocks_refusal(self) -> str | None:
         """Why the in-kernel placements cannot take this shape's rows (see
-        :func:`cuco.kernels.tp.row_blocks_refusal`); None when they can."""
-        return templates.row_blocks_refusal(self.pattern_problem)
+        :func:`cuco.design.placement_rules.row_blocks_refusal`); None when they can."""
+        return placement_rules.row_blocks_refusal(self.pattern_problem)
 
     def supported(self, d: Directives) -> list[str]:
-        """The one-kernel templates' refusals, or a side-stream chunk plan that does not fit."""
+        """The in-kernel placements' rules (:mod:`cuco.design.placement_rules`) and what their
+        templates cannot render, or a side-stream chunk plan that does not fit."""
         problem = self.pattern_problem
         if d.placement.in_kernel:
-            if self.has_chunk_epilogue():
-                return [f"placement: {type(self).__name__} adds a chunk_epilogue (Python, "
-                        f"between chunks); placement={d.placement.value} runs the whole GEMM in "
-                        "one kernel; use placement=side_stream"]
-            return templates.supported(problem, d)
+            python = placement_rules.chunk_epilogue_refusal(type(self).__name__, d.placement) \
+                if self.has_chunk_epilogue() else None
+            if python:
+                return [python]
+            return (placement_rules.in_kernel_violations(d.__dict__, problem)
+                    + templates.supported(problem, d))
         try:
             templates.side_stream_plan(problem, d)
         except DirectiveError as exc:
@@ -241,25 +243,8 @@ class GemmWorkload(Workload):
             + ([0] if Placement.EPILOGUE in placements else []) \
             + ([8, 16] if Placement.DEDICATED_CTAS in placements else [])
 
-        def rules(values, prob) -> list[str]:
-            """What the templates add to the design rules: side_stream's chunk sizes and its
-            unused tile fields fixed (no duplicate points); the in-kernel refusals."""
-            if values["placement"] is Placement.SIDE_STREAM:
-                out = []
-                if values["chunk_bytes"] not in side:
-                    out.append("chunk_bytes: side_stream uses 2 to 32 chunks per rank")
-                if (values["tile_n"], values["stages"]) != (128, 4) or values["comm_ctas"] < 8:
-                    out.append("tile_n: side_stream runs a vendor GEMM; its tile fields stay "
-                               "128x128x64, 4 stages")
-                return out or self.supported(Directives.model_construct(**values))
-            if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
-                return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
-            if (values["schedule"].value, values["tile_n"], values["stages"]) not in templates.MAINLOOPS:
-                return ["stages: the in-kernel mainloops of this space are " + ", ".join(
-                    f"{s} 128x{n} with {st} stages" for s, n, st in templates.MAINLOOPS)]
-            return self.supported(Directives.model_construct(**values))
-
-        return DesignSpace(problem, rules=rules, backend=[b.value for b in self.backends],
+        return DesignSpace(problem, rules=lambda values, _p: self.space_refusals(values, side),
+                           backend=[b.value for b in self.backends],
                            placement=list(placements), sync_scope=["chunk"],
                            chunk_bytes=sorted({*side, *tiles}), tile_m=[128],
                            tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
@@ -268,6 +253,27 @@ class GemmWorkload(Workload):
                            schedule=["cooperative", "pingpong"] if in_kernel else ["cooperative"],
                            raster_group=[1, 8, 16] if in_kernel else [1],
                            comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
+
+    def space_refusals(self, values: dict, side_chunks: Sequence[int]) -> list[str]:
+        """Why :meth:`space` leaves out the point ``values`` of its grid, beyond the design
+        rules (:func:`cuco.design.rules.violations`): the points it offers (side_stream's
+        chunk sizes ``side_chunks``, its unused tile fields fixed so that no point repeats;
+        the in-kernel :data:`~cuco.kernels.tp.MAINLOOPS` and CTA counts), then
+        :meth:`supported`."""
+        if values["placement"] is Placement.SIDE_STREAM:
+            out = []
+            if values["chunk_bytes"] not in side_chunks:
+                out.append("chunk_bytes: side_stream uses 2 to 32 chunks per rank")
+            if (values["tile_n"], values["stages"]) != (128, 4) or values["comm_ctas"] < 8:
+                out.append("tile_n: side_stream runs a vendor GEMM; its tile fields stay "
+                           "128x128x64, 4 stages")
+            return out or self.supported(Directives.model_construct(**values))
+        if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
+            return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
+        if (values["schedule"].value, values["tile_n"], values["stages"]) not in templates.MAINLOOPS:
+            return ["stages: the in-kernel mainloops of this space are " + ", ".join(
+                f"{s} 128x{n} with {st} stages" for s, n, st in templates.MAINLOOPS)]
+        return self.supported(Directives.model_construct(**values))
 
     def small_problem(self) -> GemmProblem:
         """A few chunks per rank, with M's residue mod 64 kept: a ragged M checks the

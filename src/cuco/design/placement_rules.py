@@ -1,0 +1,116 @@
+"""Where communication runs (``placement``): every rule a placement sets on the other
+directives and on the problem, in one place. Templates (:mod:`cuco.kernels.tp`) refuse only
+what they cannot render; whether a combination makes sense is said here.
+
+Each violation is a sentence naming the dimension and a fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cuco.design.dimensions import Placement, format_bytes
+from cuco.design.problem import GemmProblem
+
+#: The placements' names, ``side_stream`` (takes every workload and shape) first, then the
+#: in-kernel ones in :class:`Placement`'s order: the default of every search and help text.
+PLACEMENTS: tuple[str, ...] = tuple(p.value for p in sorted(Placement, key=lambda p: p.in_kernel))
+#: Communication CTAs ``dedicated_ctas`` may reserve, so that most SMs run the GEMM.
+MAX_DEDICATED_CTAS = 32
+
+
+def _v(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def violations(d: Mapping[str, Any]) -> list[str]:
+    """Every rule of its placement that ``d`` breaks, whatever the problem (part of
+    :func:`cuco.design.rules.violations`, which every point passes)."""
+    out: list[str] = []
+    placement, sync, comm_ctas = _v(d["placement"]), _v(d["sync_scope"]), d["comm_ctas"]
+    where = Placement(placement)
+    if where.own_comm_ctas and comm_ctas < 1:
+        out.append(
+            f"comm_ctas: placement={placement} runs communication on CTAs of its own; "
+            "set comm_ctas >= 1 (e.g. 8)"
+        )
+    if not where.own_comm_ctas and comm_ctas != 0:
+        out.append(
+            f"comm_ctas: comm_ctas={comm_ctas} does not apply to placement=epilogue (the "
+            "compute CTAs communicate); set comm_ctas=0 or another placement"
+        )
+    if placement == "side_stream" and sync not in ("chunk", "stream"):
+        out.append(
+            f"sync_scope: placement=side_stream is driven by per-chunk flags, not "
+            f"sync_scope={sync}; set sync_scope=chunk"
+        )
+    if not where.in_kernel and d.get("raster_group", 1) != 1:
+        out.append(
+            "raster_group: placement=side_stream runs a vendor GEMM per chunk; raster_group "
+            "orders the tiles of the in-kernel placements only; set raster_group=1"
+        )
+    if not where.in_kernel and d.get("comm_warps", 0):
+        out.append(
+            "comm_warps: placement=side_stream moves chunks from a kernel of its own; comm_warps "
+            "hands the tiles of the in-kernel placements to spare warps only; set comm_warps=0"
+        )
+    if not where.in_kernel and _v(d.get("schedule", "cooperative")) == "pingpong":
+        out.append(
+            "schedule: placement=side_stream runs a vendor GEMM per chunk; schedule=pingpong "
+            "applies to the in-kernel placements' mainloop only; set schedule=cooperative"
+        )
+    return out
+
+
+def in_kernel_violations(d: Mapping[str, Any], problem: GemmProblem) -> list[str]:
+    """The rules of ``epilogue`` and ``dedicated_ctas`` at ``problem`` (none for
+    ``side_stream``): one kernel raises one flag per output tile and sends it straight to its
+    owner, each rank's block of rows whole. Checked where a point is rendered or searched
+    (:func:`cuco.kernels.tp.render_tp`, ``GemmWorkload.supported``), not by
+    :meth:`Directives.check`, which accepts the default point (``epilogue``, one kernel-wide
+    sync) as a description the analytic model can time."""
+    where = Placement(_v(d["placement"]))
+    if not where.in_kernel:
+        return []
+    p, out = where.value, []
+    if _v(d["sync_scope"]) != "chunk":
+        out.append(f"sync_scope: placement={p} raises one flag per output tile; set "
+                   "sync_scope=chunk")
+    if _v(d["chunk_schedule"]) != "direct":
+        out.append(f"chunk_schedule: placement={p} sends each tile straight to its owner; set "
+                   "chunk_schedule=direct")
+    tm, tn = d["tile_m"], d["tile_n"]
+    tile_bytes = tm * tn * problem.dtype_bytes
+    if d["chunk_bytes"] != tile_bytes:
+        out.append(f"chunk_bytes: placement={p} moves one {tm}x{tn} output tile "
+                   f"per flag; set chunk_bytes={format_bytes(tile_bytes)} ({tile_bytes})")
+    rows = row_blocks_refusal(problem)
+    if rows:
+        out.append(f"placement: {rows}")
+    if where is Placement.DEDICATED_CTAS and d["comm_ctas"] > MAX_DEDICATED_CTAS:
+        out.append(f"comm_ctas: keep comm_ctas <= {MAX_DEDICATED_CTAS} so most SMs run the GEMM")
+    return out
+
+
+def row_blocks_refusal(problem: GemmProblem) -> str | None:
+    """Why the in-kernel placements cannot take ``problem``'s rows, naming the fix (None when
+    they can): they cut M into ``world_size`` equal blocks of rows, one per rank (any block
+    size: a block's last tile may be short); ``side_stream`` takes any M."""
+    m, w = problem.m, problem.world_size
+    if m % w == 0:
+        return None
+    return (f"epilogue and dedicated_ctas cut M into {w} equal blocks of rows, one per rank, and "
+            f"M={m} is not a multiple of {w}; use placement=side_stream or pad M to a multiple "
+            f"of {w} (e.g. {-(-m // w) * w})")
+
+
+def chunk_epilogue_refusal(workload: str, placement: Placement) -> str | None:
+    """Why ``workload``, which runs Python between chunks (a ``chunk_epilogue``), cannot take
+    ``placement`` (None when it can): the in-kernel placements run the whole GEMM in one
+    kernel, with no point between chunks to return to Python."""
+    if not placement.in_kernel:
+        return None
+    return (f"placement: {workload} adds a chunk_epilogue (Python, between chunks); "
+            f"placement={placement.value} runs the whole GEMM in one kernel; use "
+            "placement=side_stream")
