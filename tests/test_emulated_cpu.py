@@ -108,10 +108,10 @@ GIN_PROBE = r"""
 #include "cuco_gin.cuh"
 int main() {
   using cuco::EmuGin; using cuco::EmuGinDesc;
-  std::printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(EmuGin), offsetof(EmuGin, signals),
+  std::printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(EmuGin), offsetof(EmuGin, signals),
               offsetof(EmuGin, shadows), offsetof(EmuGin, completed), offsetof(EmuGin, n_signals),
               offsetof(EmuGin, max_delay_ns), sizeof(EmuGinDesc), offsetof(EmuGinDesc, peer),
-              offsetof(EmuGinDesc, dst_off));
+              offsetof(EmuGinDesc, dst_off), (int)cuco::kGinStop);
 }
 """
 
@@ -127,9 +127,11 @@ def test_the_emulated_gins_struct_matches_what_the_runtime_packs(tmp_path):
     exe = tmp_path / "gin_probe"
     subprocess.run([str(nvcc), "-std=c++17", f"-I{INCLUDE_DIR}", f"-I{toolchain.nccl().include}",
                     str(src), "-o", str(exe)], check=True, capture_output=True, timeout=300)
-    size, signals, shadows, completed, n_signals, max_delay, desc, peer, dst = map(int, subprocess.run(
+    size, signals, shadows, completed, n_signals, max_delay, desc, peer, dst, stop = map(int, subprocess.run(
         [str(exe)], check=True, capture_output=True, text=True).stdout.split())
-    blob = emulated.pack_gin(1, 4, 1024, 0xE0, [0x10, 0x11], [0x20, 0x21, 0x22], [0x31, 0x32, 0x33, 0x34, 0x35])
+    world = emulated.pack_emu_comm(1, 4, 1024, 0xE0, [0x10, 0x11])
+    blob = emulated.pack_gin(world, [0x20, 0x21, 0x22], [0x31, 0x32, 0x33, 0x34, 0x35])
+    assert blob.startswith(world)
     assert len(blob) == size
     assert struct.unpack_from("<3Q", blob, signals) == (0x20, 0x21, 0x22)
     assert struct.unpack_from("<Q", blob, shadows)[0] == 0x31
@@ -137,6 +139,7 @@ def test_the_emulated_gins_struct_matches_what_the_runtime_packs(tmp_path):
     assert struct.unpack_from("<i", blob, n_signals)[0] == emulated.GIN_SIGNALS
     assert struct.unpack_from("<i", blob, max_delay)[0] == emulated.GIN_MAX_DELAY_NS
     assert (desc, peer, dst) == (emulated.GIN_DESC_BYTES, 16, 32)
+    assert stop == emulated.GIN_CTL_STOP  # the word EmuGin.stop_proxy sets
 
 
 def test_cli_emulate_without_a_gpu_says_what_to_do_instead(tmp_path):

@@ -277,6 +277,12 @@ class EmuWindow:
         self.buffer.free()
 
 
+def pack_emu_comm(rank: int, size: int, barriers: int, epochs: int, inbox: list[int]) -> bytes:
+    """``cuco::EmuComm`` as the device reads it: rank, size, barrier count, this rank's
+    epochs and every rank's inbox."""
+    return struct.pack("<iiiiQ", rank, size, barriers, 0, epochs) + _table(inbox)
+
+
 class EmuDevComm:
     """The device communicator of an emulated world (``cuco::EmuComm``): rank, size, and
     per-CTA barriers as flag exchanges in IPC memory. Same ``ptr`` / ``lsa_barriers`` /
@@ -288,9 +294,9 @@ class EmuDevComm:
         self.comm, self.lsa_barriers = comm, lsa_barriers
         self.inbox = IpcBuffer(comm, stream, w * lsa_barriers * 8)
         self.epochs = cupy.zeros(lsa_barriers, dtype=cupy.uint64)
-        head = struct.pack("<iiii", comm.rank, w, lsa_barriers, 0)
-        blob = head + struct.pack("<Q", int(self.epochs.data.ptr)) + _table(self.inbox.bases)
-        self.device = _device_bytes(blob)
+        #: ``cuco::EmuComm`` as packed (the emulated GIN embeds it)
+        self.blob = pack_emu_comm(comm.rank, w, lsa_barriers, int(self.epochs.data.ptr), self.inbox.bases)
+        self.device = _device_bytes(self.blob)
 
     @property
     def ptr(self) -> int:
@@ -309,14 +315,15 @@ GIN_MAX_DELAY_NS = 4000
 #: Signals per rank (cuco's GIN templates use fewer than 2 x chunks + W x chunks).
 GIN_SIGNALS = 4096
 GIN_DESC_BYTES = 56
+#: The proxy's stop word in ``ctl`` (``kGinStop`` in ``cuco_gin.cuh``).
+GIN_CTL_STOP = 2
 GIN_CTAS = 1024
 
 
-def pack_gin(rank: int, size: int, barriers: int, epochs: int, inbox: list[int], signals: list[int],
-             arrays: list[int]) -> bytes:
-    """``cuco::EmuGin`` as the device reads it: the world's ``EmuComm``, every rank's signal
-    array, then this rank's shadows, queue, ctl, issued and completed, then the sizes."""
-    emu_comm = struct.pack("<iiiiQ", rank, size, barriers, 0, epochs) + _table(inbox)
+def pack_gin(emu_comm: bytes, signals: list[int], arrays: list[int]) -> bytes:
+    """``cuco::EmuGin`` as the device reads it: the world's ``EmuComm`` (:func:`pack_emu_comm`),
+    every rank's signal array, then this rank's shadows, queue, ctl, issued and completed,
+    then the sizes."""
     return (emu_comm + _table(signals) + struct.pack("<5Q", *arrays)
             + struct.pack("<iiii", GIN_SIGNALS, GIN_QUEUE, GIN_WINDOW, GIN_MAX_DELAY_NS))
 
@@ -330,18 +337,16 @@ class EmuGin:
 
     def __init__(self, comm, stream, barriers: int = GIN_CTAS):
         import cupy
-        w = comm.world_size
         self.comm = comm
+        self.world = EmuDevComm(comm, stream, lsa_barriers=barriers)  # the world barrier
         self.signals = IpcBuffer(comm, stream, GIN_SIGNALS * 8)
-        self.inbox = IpcBuffer(comm, stream, w * barriers * 8)
-        self.epochs = cupy.zeros(barriers, dtype=cupy.uint64)
         self.shadows = cupy.zeros(GIN_SIGNALS, dtype=cupy.uint64)
         self.queue = cupy.zeros(GIN_QUEUE * GIN_DESC_BYTES, dtype=cupy.uint8)
         self.ctl = cupy.zeros(4, dtype=cupy.uint64)
         self.issued = cupy.zeros(GIN_CTAS, dtype=cupy.uint64)
         self.completed = cupy.zeros(GIN_CTAS, dtype=cupy.uint64)
         self.device = _device_bytes(pack_gin(
-            comm.rank, w, barriers, int(self.epochs.data.ptr), self.inbox.bases, self.signals.bases,
+            self.world.blob, self.signals.bases,
             [int(a.data.ptr) for a in (self.shadows, self.queue, self.ctl, self.issued, self.completed)]))
 
     @property
@@ -355,16 +360,18 @@ class EmuGin:
         restarted at 0, a slot left from the last job reads as published and already done, and
         the proxy would never take the new descriptor written there."""
         import cupy
-        cupy.cuda.runtime.memsetAsync(self.signals.ptr, 0, self.signals.size, stream.ptr)
-        cupy.cuda.runtime.memsetAsync(self.inbox.ptr, 0, self.inbox.size, stream.ptr)
-        for a in (self.epochs, self.shadows, self.ctl, self.issued, self.completed, self.queue):
+        for buf in (self.signals, self.world.inbox):
+            cupy.cuda.runtime.memsetAsync(buf.ptr, 0, buf.size, stream.ptr)
+        for a in (self.world.epochs, self.shadows, self.ctl, self.issued, self.completed, self.queue):
             cupy.cuda.runtime.memsetAsync(int(a.data.ptr), 0, a.nbytes, stream.ptr)
 
-    def stop_flag(self) -> int:
-        """The device address of the proxy's stop word (the runner sets it after the
-        communication kernel, in stream order)."""
-        return int(self.ctl.data.ptr) + 16
+    def stop_proxy(self, stream) -> None:
+        """Tell this call's proxy to end once its queue is drained (stream ordered: the
+        runner enqueues it after the communication kernel; the proxy clears it as it ends)."""
+        import cupy
+        stop = int(self.ctl.data.ptr) + 8 * GIN_CTL_STOP
+        cupy.cuda.runtime.memsetAsync(stop, 1, 1, stream.ptr)
 
     def destroy(self) -> None:
         self.signals.free()
-        self.inbox.free()
+        self.world.destroy()

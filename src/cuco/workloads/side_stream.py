@@ -135,8 +135,7 @@ class SideStreamRunner:
                     gemm(a_ptr, w, o + row * n * esz, rows, n, k, wl.dtype, s)
                     wl.chunk_epilogue(ctx, self.inputs, o + row * n * esz, row, rows, s)
         if self.proxy is not None:  # the proxy drains the queue, then ends
-            import cupy
-            cupy.cuda.runtime.memsetAsync(ctx.gin.stop_flag(), 1, 1, cs.ptr)
+            ctx.gin.stop_proxy(cs)
             self.proxy_done.record(self.proxy_stream)
             s.wait_event(self.proxy_done)
         self.done.record(cs)
