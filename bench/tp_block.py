@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import tp_block as B  # noqa: E402
 
 from cuco import results  # noqa: E402
+from cuco.benchmarks.torch_timing import slowest_rank_median_ms  # noqa: E402
 from cuco.errors import CucoError, run_script  # noqa: E402
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -117,26 +118,6 @@ class ComputeOnly(B.Comm):
         return (x @ w)[: x.shape[0] // self.world]
 
 
-def timed(torch, fn, iters: int, warmup: int) -> float:
-    """Median ms of ``fn`` (CUDA events), the slowest rank's."""
-    import torch.distributed as dist
-    for _ in range(warmup):
-        fn()
-    ms = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    t = torch.tensor([sorted(ms)[len(ms) // 2]], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def passes(torch, s, params: dict, data: dict, comm) -> dict:
     """The calls timed: the forward (no autograd) and forward+backward."""
     def fwd():
@@ -171,7 +152,7 @@ def worker(plan_path: str, out_path: str) -> int:
     ms = {}
     for name, comm in [*comms.items(), ("compute_only", ComputeOnly(world))]:
         for what, fn in passes(torch, s, params, data, comm).items():
-            ms[(name, what)] = timed(torch, fn, plan["iters"], plan["warmup"])
+            ms[(name, what)] = slowest_rank_median_ms(fn, plan["iters"], plan["warmup"])
     rows = []
     for what in passes(torch, s, params, data, comms["plain"]):
         base, cu, asy = ms[("plain", what)], ms.get(("cuco", what)), ms.get(("async", what))

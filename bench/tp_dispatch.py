@@ -24,24 +24,9 @@ MS = (2, 16, 32, 64, 100, 128, 256, 384, 512, 768, 1000, 1024, 1536, 2048, 2500,
 
 
 def timed(fn, iters: int = 20) -> float:
-    """Median ms of ``fn`` over ``iters`` calls (CUDA events, after 3 warm-up calls), the
-    slowest rank's (a collective ends when its last rank does)."""
-    import torch
-    import torch.distributed as dist
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    t = torch.tensor([sorted(times)[len(times) // 2]], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    """Median ms of ``fn`` over ``iters`` calls after 3 warm-up calls, the slowest rank's."""
+    from cuco.benchmarks.torch_timing import slowest_rank_median_ms
+    return slowest_rank_median_ms(fn, iters, warmup=3)
 
 
 def on_rank(table_path: str, out_dir: str) -> int:
