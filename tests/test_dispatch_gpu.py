@@ -9,7 +9,6 @@ two ranks on one device there).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -63,11 +62,7 @@ def table(tmp_path_factory):
 
 
 def run_script(mode: str, table: Path, tmp_path: Path) -> dict:
-    out = tmp_path / f"{mode}.json"
-    v = torchrun.verdict(SCRIPT, [mode, str(out), str(table)], out, nproc=NPROC, timeout=900,
-                         env={"CUDA_MODULE_LOADING": "EAGER"})
-    print(json.dumps(v))
-    return v
+    return torchrun.run_mode(SCRIPT, mode, [str(table)], tmp_path, nproc=NPROC, timeout=900)
 
 
 @pytest.mark.gpu(count=1)

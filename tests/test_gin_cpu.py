@@ -30,10 +30,9 @@ def test_every_gin_template_runs_through_cuco_gin_with_its_proxy(family):
 def test_each_plant_changes_only_what_it_says(plant):
     _, d, planted = gin.PLANTS[plant](2)
     base = render_tp(gin.problem("gemm_allreduce", 2), d)[0].source
-    added = [l[1:] for l in difflib.unified_diff(base.splitlines(), planted.splitlines(), lineterm="", n=0)
-             if l.startswith("+") and not l.startswith("+++")]
-    removed = [l[1:] for l in difflib.unified_diff(base.splitlines(), planted.splitlines(), lineterm="", n=0)
-               if l.startswith("-") and not l.startswith("---")]
+    diff = list(difflib.unified_diff(base.splitlines(), planted.splitlines(), lineterm="", n=0))
+    added = [l[1:] for l in diff if l.startswith("+") and not l.startswith("+++")]
+    removed = [l[1:] for l in diff if l.startswith("-") and not l.startswith("---")]
     from cuco.kernels import evolve
     assert evolve.edit_violations(base, planted) == []  # block bodies only: it reaches the GPU
     if plant == "reuses_source_before_flush":

@@ -10,7 +10,6 @@ capture a side-stream one (as many ranks as there are GPUs, up to 2).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -66,11 +65,7 @@ def in_kernel_artifacts(group, tmp_path_factory):
 
 def run_script(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:
     """The script's verdict in ``mode`` (:func:`torchrun.verdict`)."""
-    out = tmp_path / f"{mode}.json"
-    verdict = torchrun.verdict(SCRIPT, [mode, str(out), *paths], out, nproc=TEST_WORLD, timeout=timeout,
-                               env={"CUDA_MODULE_LOADING": "EAGER"})
-    print(json.dumps(verdict))
-    return verdict
+    return torchrun.run_mode(SCRIPT, mode, paths, tmp_path, nproc=TEST_WORLD, timeout=timeout)
 
 
 @pytest.mark.gpu(count=2)

@@ -28,3 +28,14 @@ def verdict(script: Path, args: list[str], out: Path, *, nproc: int, timeout: in
                              "(a hang)") from None
     assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
     return json.loads(out.read_text())
+
+
+def run_mode(script: Path, mode: str, inputs: list[str], tmp_path: Path, *, nproc: int,
+             timeout: int) -> dict:
+    """``script MODE OUT.json *inputs`` under torchrun (modules loaded eagerly, so no kernel
+    loads while a peer's spins), its verdict printed (``-s`` shows it) and returned."""
+    out = tmp_path / f"{mode}.json"
+    v = verdict(script, [mode, str(out), *inputs], out, nproc=nproc, timeout=timeout,
+                env={"CUDA_MODULE_LOADING": "EAGER"})
+    print(json.dumps(v))
+    return v
