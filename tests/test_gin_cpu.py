@@ -9,12 +9,13 @@ import pytest
 
 from cuco.benchmarks import gin
 from cuco.kernels.tp import render_tp
+from cuco.errors import EnvironmentProblem
 from cuco.runtime.worker import WorkerContext, WorkerOptions
 
 
 def test_gin_outside_an_emulated_world_says_where_it_can_run():
     ctx = WorkerContext(rank=0, world_size=2, device=0, options=WorkerOptions(emulated=False))
-    with pytest.raises(RuntimeError, match="only in an emulated world .*CUCO_EMULATE.*use lsa or nvshmem"):
+    with pytest.raises(EnvironmentProblem, match="only in an emulated world .*CUCO_EMULATE.*use lsa or nvshmem"):
         ctx.gin  # noqa: B018
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuco.errors import EnvironmentProblem
 from cuco.runtime.safety import apply_safe_env
 
 
@@ -74,7 +75,7 @@ class WorkerContext:
         and an RDMA network): outside an emulated world there is none."""
         if self._gin is None:
             if not self.options.emulated:
-                raise RuntimeError(
+                raise EnvironmentProblem(
                     "backend=gin runs here only in an emulated world (CUCO_EMULATE=W, or "
                     "WorkerGroup(W, emulate=True)): NCCL's own GIN needs ranks on different hosts "
                     "with a GIN-capable network and GDRCopy; use lsa or nvshmem on one host")
