@@ -28,7 +28,7 @@ from cuco.errors import run_script
 
 def setup(seq, heads, head_dim, causal, w, dtype="bf16"):
     from cuco.kernels import Compiler
-    from cuco.workloads.cp_attention import AttentionKernel, CPAttention
+    from cuco.workloads.cp import AttentionKernel, CPAttention
     import cupy
     wl = CPAttention(w, seq=seq, heads=heads, head_dim=head_dim, causal=causal, dtype=dtype)
     built = Compiler().compile(wl.core_source(), needs=(), name=f"cp_attend_{heads}_{head_dim}_{causal}_{dtype}")
@@ -50,7 +50,7 @@ def tensors(wl, me, seed):
 
 def reference(wl, me, q, k, v):
     import torch
-    from cuco.workloads.cp_attention import token_positions
+    from cuco.workloads.cp import token_positions
     s = wl.shape
     qpos = torch.as_tensor(token_positions(me, wl.world_size, wl.chunk), device="cuda")
     kpos = torch.as_tensor(wl.key_positions(), device="cuda")
@@ -71,7 +71,7 @@ def slots_of(wl, k, v):
 
 def launch(wl, attn, me, q, out, slots, stream, *, two_phase, flags=0, need=0, chunk_rows=None, reserve=0):
     import cupy
-    from cuco.workloads.cp_attention import parked_floats
+    from cuco.workloads.cp import parked_floats
     scratch = None
     if two_phase:
         scratch = wl._scratch if getattr(wl, "_scratch", None) is not None else cupy.empty(
@@ -94,7 +94,7 @@ def check(wl, out, ref):
 def prebuild(shapes):
     """Every kernel the run needs, compiled on all cores first."""
     from cuco.kernels import Compiler
-    from cuco.workloads.cp_attention import CPAttention
+    from cuco.workloads.cp import CPAttention
     srcs = {}
     for seq, heads, d, causal, w, dt in shapes:
         wl = CPAttention(w, seq=seq, heads=heads, head_dim=d, causal=causal, dtype=dt)
@@ -185,7 +185,7 @@ def timed(fn, iters=8):
 def speed(report, shapes):
     import cupy
     import torch
-    from cuco.workloads.cp_attention import zigzag_chunk
+    from cuco.workloads.cp import zigzag_chunk
     stream = cupy.cuda.Stream.null
     fa = torch.ops.aten._scaled_dot_product_flash_attention
     for seq, heads, d, causal in shapes:

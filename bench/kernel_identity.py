@@ -73,8 +73,8 @@ def _side(family: str, backend: str, issuer: str) -> Callable[[], tuple[str, str
 
 def _pipeline(kind: str, backend: str, issuer: str) -> Callable[[], tuple[str, str, tuple[str, ...]]]:
     def render() -> tuple[str, str, tuple[str, ...]]:
-        from cuco.workloads.cp_attention import CPAttention
-        from cuco.workloads.kv_transfer import KVTransfer
+        from cuco.workloads.cp import CPAttention
+        from cuco.workloads.kv import KVTransfer
         from cuco.workloads.moe import MoE
         workload = {"kv_transfer": lambda: KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
                     "moe": lambda: MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2),

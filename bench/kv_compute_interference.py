@@ -4,7 +4,7 @@
     python bench/kv_compute_interference.py --out bench/results/kv_compute_interference.json
     python bench/kv_compute_interference.py --quick          # one shape, about a minute
 
-The compute is the KV-transfer workload's own prefill chain (:class:`cuco.workloads.kv_prefill.
+The compute is the KV-transfer workload's own prefill chain (:class:`cuco.workloads.kv.prefill.
 PrefillChain`: RMSNorm, QKV, causal GQA attention, output projection, SwiGLU MLP; cuBLAS and
 cuco's layer kernels) with its Llama-3-70B-like layer (:class:`cuco.design.KVProblem`'s
 defaults), at several prompt lengths. It is timed alone, then while each layer's K/V
@@ -271,7 +271,7 @@ class Case:
         import numpy as np
 
         from cuco.runtime import dtypes
-        from cuco.workloads.kv_prefill import (
+        from cuco.workloads.kv.prefill import (
             LayerKernels, PrefillChain, layer_pointers, make_prompt_and_weights,
         )
         self.ctx, self.p, self.args, self.np = ctx, p, args, np

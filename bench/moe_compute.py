@@ -7,7 +7,7 @@
 The computation: every local expert's rows (expert-major, ``offs`` cumulative) through
 gate/up, SwiGLU, down -- ``y = (silu(x Wg) * (x Wu)) Wd`` in bf16 with fp32 accumulation.
 
-* cuco: what the MoE workload runs (:mod:`cuco.workloads.moe_gemm`, :func:`cuco.workloads.
+* cuco: what the MoE workload runs (:mod:`cuco.workloads.moe.grouped_gemm`, :func:`cuco.workloads.
   moe_host.compute_only`): one CUTLASS grouped GEMM per projection (sizes and pointers in
   device tables, one group per expert) and cuco's SwiGLU kernel between them;
 * torch: ``torch._grouped_mm`` per projection (the weights in the layout the workload's torch
@@ -224,7 +224,7 @@ class Case:
         import cupy
 
         from cuco.runtime import dtypes, torch_bridge
-        from cuco.workloads.moe_gemm import GroupedGemm
+        from cuco.workloads.moe.grouped_gemm import GroupedGemm
         H, F, E, _ = EXPERT_SHAPES[shape]
         self.H, self.F, self.E, self.torch = H, F, E, torch
         self.counts = counts
@@ -261,7 +261,7 @@ class Case:
 
     def cuco(self) -> None:
         """Gate/up, SwiGLU, down: the MoE workload's compute (on the current CuPy stream)."""
-        from cuco.workloads.moe_host import swiglu
+        from cuco.workloads.moe.host import swiglu
         self.gg[0](self.stream.ptr)
         swiglu(self.h, self.act, self.total, self.F)
         self.gg[1](self.stream.ptr)
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from cuco.kernels import toolchain
     from cuco.runtime.worker import WorkerContext, WorkerOptions
-    from cuco.workloads.moe_gemm import build, load
+    from cuco.workloads.moe.grouped_gemm import build, load
     dev = cupy.cuda.Device()
     device = f"1 x {cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}"
     sms = int(dev.attributes["MultiProcessorCount"])

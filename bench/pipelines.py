@@ -18,8 +18,8 @@ import argparse
 
 from cuco.benchmarks.pipelines import PipelineBench
 from cuco.runtime import visible_gpus
-from cuco.workloads.cp_attention import CPAttention
-from cuco.workloads.kv_transfer import KVTransfer
+from cuco.workloads.cp import CPAttention
+from cuco.workloads.kv import KVTransfer
 from cuco.workloads.moe import MoE
 from cuco.errors import run_script
 

@@ -25,8 +25,8 @@ def _workloads(w: int):
     from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
     out = [cls(m=1024, n=1024, k=1024, world_size=w) for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm)]
     if w == 2:  # the pipelines pair two ranks
-        from cuco.workloads.cp_attention import CPAttention
-        from cuco.workloads.kv_transfer import KVTransfer
+        from cuco.workloads.cp import CPAttention
+        from cuco.workloads.kv import KVTransfer
         from cuco.workloads.moe import MoE
         out += [KVTransfer(2, layers=2, tokens=256, hidden=1024, kv_dim=256, heads=8, head_dim=64,
                            ffn=2048),

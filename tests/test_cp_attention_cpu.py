@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 
 from cuco.design import Directives
-from cuco.workloads import cp_attention as cp
-from cuco.workloads.cp_attention import CPAttention, CPRunner
+from cuco.workloads.cp import workload as cp
+from cuco.workloads.cp import CPAttention, CPRunner
 from cuco.workloads.pipeline import OPEN_SLOT
 from fake_gpu import STREAM_OPS, Arena, Ctx, Event, Stream, run_streams, stream_op
 

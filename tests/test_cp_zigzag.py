@@ -10,8 +10,8 @@ import pytest
 
 from cuco.design import Directives
 from cuco.errors import DirectiveError, ShapeError
-from cuco.workloads import cp_attention as cp
-from cuco.workloads.cp_attention import CPAttention
+from cuco.workloads.cp import workload as cp
+from cuco.workloads.cp import CPAttention
 
 
 def side(**kw) -> Directives:

@@ -65,7 +65,7 @@ def _ctx(torch: bool) -> WorkerContext:
 @pytest.mark.skipif(HAS_TORCH, reason="torch is installed here")
 def test_a_missing_torch_is_a_recorded_reason():
     from cuco.runtime import torch_bridge
-    from cuco.workloads import torch_fused
+    from cuco.workloads.tp import torch_fused
     assert not torch_bridge.installed()
     assert "torch is not installed" in torch_bridge.missing()
     # asked to run torch where there is none: the reason is torch's absence
@@ -77,7 +77,7 @@ def test_a_missing_torch_is_a_recorded_reason():
 
 
 def test_gemm_allreduce_has_no_torch_fused_op():
-    from cuco.workloads import torch_fused
+    from cuco.workloads.tp import torch_fused
     assert torch_fused.gap(_ctx(torch=True), GEMM_ALLREDUCE) == "PyTorch has no fused op for gemm_allreduce"
 
 
@@ -105,7 +105,7 @@ def test_peer_gaps_and_pieces_of_the_built_in_workloads():
 def test_a_cpu_worker_records_why_torch_is_not_used():
     """A real worker (no GPU): torch is not started there, and a job sees why."""
     from cuco.runtime import WorkerGroup
-    from cuco.workloads import torch_fused
+    from cuco.workloads.tp import torch_fused
 
     with WorkerGroup(1, gpu=False) as group:
         got = group.run(lambda ctx: torch_fused.gap(ctx, GEMM_REDUCESCATTER), timeout=60).unwrap()

@@ -19,7 +19,7 @@ from cuco.design.pipeline_ops import KV_TRANSFER, PIPELINE_OPS
 from cuco.errors import DirectiveError, ShapeError
 from cuco.runtime.dtypes import EPS
 from cuco.workloads import for_problem
-from cuco.workloads.kv_transfer import KVTransfer
+from cuco.workloads.kv import KVTransfer
 from fake_gpu import STREAM_OPS, Arena, Ctx, Event, Stream, run_streams, stream_op
 
 SMALL = dict(layers=2, tokens=256, hidden=512, kv_dim=256, heads=4, head_dim=64, ffn=1024)
@@ -129,7 +129,7 @@ def _bf16(x):
 
 
 def _layer_chain(x, w, s, rnd, dt):
-    """The chain of cuco.workloads.kv_prefill in numpy, rounding with ``rnd`` where the GPU
+    """The chain of cuco.workloads.kv.prefill in numpy, rounding with ``rnd`` where the GPU
     rounds to the dtype: the cache [layers, T, kv_dim]."""
     hd, kvh, group, T = s.head_dim, s.kv_heads, s.heads // s.kv_heads, s.tokens
     norm = lambda v: rnd(v / np.sqrt((v * v).mean(1, keepdims=True) + 1e-5))  # noqa: E731
@@ -158,7 +158,7 @@ def test_the_tolerance_holds_for_a_bf16_emulation_of_the_layer_chain():
     """bf16 rounding where the GPU chain rounds, against float64: every cache element of every
     layer within the workload's tolerance, and the last layer's error not far below it (the
     tolerance is not loose by orders of magnitude)."""
-    from cuco.workloads.kv_prefill import weight_shapes
+    from cuco.workloads.kv.prefill import weight_shapes
     wl = KVTransfer(2, layers=3, tokens=128, hidden=256, kv_dim=256, heads=4, head_dim=64, ffn=512)
     s = wl.shape
     rs = np.random.RandomState(0)
@@ -180,7 +180,7 @@ def test_templates_render_and_compile(tmp_path):
     chunk_kernel) compile; every mode renders the kernels its runner launches."""
     import re
     from cuco.kernels import Compiler
-    from cuco.workloads.kv_prefill import layer_source
+    from cuco.workloads.kv.prefill import layer_source
     wl = KVTransfer(2, **SMALL)
     for d in (kv(), kv(backend="nvshmem"), kv(issuer="thread", comm_ctas=4),
               kv(sync_scope="chunk", issuer="cta", comm_ctas=4)):
@@ -351,7 +351,7 @@ def _model(monkeypatch, variants: list[Directives]):
     compute chain, spin and stream memory operations as queued operations, and each
     variant's template constants (from its rendered source) under its cubin name."""
     from cuco.runtime import stream_ops
-    from cuco.workloads import kv_transfer
+    from cuco.workloads.kv import workload as kv_transfer
     wl = KVTransfer(2, **MODEL_SHAPE)
     layout = wl.layout()
     dev = _Dev(layout.size, layout.data["kv"], wl.cache_elems * wl.esz)
@@ -394,7 +394,7 @@ def _job(model, calls: list[Directives], first_epoch: int, seed: int):
     every variant's runner on both ranks, then each call as the job's schedule makes it
     (outputs poisoned, an all-reduce, the call, its check), the host never waiting; then the
     devices run. Returns the collective host calls each rank made and every check."""
-    from cuco.workloads.kv_transfer import KVRunner
+    from cuco.workloads.kv import KVRunner
     wl, dev, ctxs, arenas = model
     for r in range(2):
         dev.flags[r].clear()
@@ -474,7 +474,7 @@ def test_the_model_sees_a_wrong_target_or_slot(monkeypatch):
     """The model is not blind: a decode rank waiting for one arrival more than the senders add
     deadlocks; one waiting for fewer finds poison in its cache; a copy engine flagging the
     ready slot instead of the arrival slot deadlocks."""
-    from cuco.workloads import kv_transfer
+    from cuco.workloads.kv import workload as kv_transfer
     launch, copy_engine = MODEL_VARIANTS["lsa"][1], MODEL_VARIANTS["lsa"][2]
     model = _model(monkeypatch, MODEL_VARIANTS["lsa"])
     real = KVTransfer.arrival_target

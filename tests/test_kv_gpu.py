@@ -21,7 +21,7 @@ SHAPE = dict(layers=3, tokens=256, hidden=512, kv_dim=256, heads=4, head_dim=64,
 
 
 def _wl(**kw):
-    from cuco.workloads.kv_transfer import KVTransfer
+    from cuco.workloads.kv import KVTransfer
     return KVTransfer(2, **{**SHAPE, **kw})
 
 
@@ -33,7 +33,7 @@ class ChainJob:
 
     def __call__(self, ctx):
         from cuco.runtime import dtypes
-        from cuco.workloads.kv_prefill import make_prompt_and_weights, reference_cache
+        from cuco.workloads.kv.prefill import make_prompt_and_weights, reference_cache
         wl = _wl()
         with ctx.stream:
             inputs = make_prompt_and_weights(wl.shape, wl.dtype, self.seed)

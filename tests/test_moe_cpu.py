@@ -13,7 +13,7 @@ from cuco.design import Directives
 from cuco.errors import DirectiveError, ShapeError
 from cuco.kernels import Compiler
 from cuco.workloads.moe import MoE, MoERunner
-from cuco.workloads.moe_gemm import SHAPE_BYTES, grouped_gemm_source
+from cuco.workloads.moe.grouped_gemm import SHAPE_BYTES, grouped_gemm_source
 
 
 def side(**kw) -> Directives:

@@ -37,7 +37,7 @@ class GroupedGemmJob:
         import cupy
         from cuco.runtime import dtypes
         from cuco.runtime.cublas import gemm
-        from cuco.workloads.moe_gemm import GroupedGemm, load
+        from cuco.workloads.moe.grouped_gemm import GroupedGemm, load
         g, n, k = len(self.rows), self.n, self.k
         total = sum(self.rows)
         a = dtypes.random(max(total, 1) * k, "bf16", 3)
@@ -74,7 +74,7 @@ def test_grouped_gemm_reads_its_sizes_on_the_device(world_group, one_by_one):
     """Every group right, one launch or one per group; the second job's tables and workspace
     land where the first job's were (the allocator reuses them): each GEMM has parameters of
     its own."""
-    from cuco.workloads.moe_gemm import build
+    from cuco.workloads.moe.grouped_gemm import build
     path = str(build())
     rows = (0, 5, 130, 0, 1, 257, 0, 64)  # empty groups first, inside and ragged rows
     for n, k in ((512, 256), (256, 512)):

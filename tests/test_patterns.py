@@ -126,7 +126,7 @@ def test_the_built_in_pipeline_workloads_are_their_ops():
     from cuco.kernels.catalog import template_of
     from cuco.workloads import KVTransfer, MoE
     from cuco.workloads.catalog import pipeline_sources
-    from cuco.workloads.cp_attention import CPAttention
+    from cuco.workloads.cp import CPAttention
 
     for cls, op in ((MoE, MOE), (KVTransfer, KV_TRANSFER), (CPAttention, CP_ATTENTION)):
         assert cls.op is op and cls.family == op.name and cls.problem_type is op.problem

@@ -8,8 +8,8 @@ import pytest
 
 from cuco.design import Directives
 from cuco.errors import DirectiveError, ShapeError
-from cuco.workloads.cp_attention import CPAttention
-from cuco.workloads.kv_transfer import KVTransfer
+from cuco.workloads.cp import CPAttention
+from cuco.workloads.kv import KVTransfer
 from cuco.workloads.moe import MoE, route, routing_tables
 
 

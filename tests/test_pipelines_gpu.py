@@ -12,8 +12,8 @@ pytestmark = pytest.mark.gpu(count=2)
 
 
 def _workloads():
-    from cuco.workloads.cp_attention import CPAttention
-    from cuco.workloads.kv_transfer import KVTransfer
+    from cuco.workloads.cp import CPAttention
+    from cuco.workloads.kv import KVTransfer
     from cuco.workloads.moe import MoE
     return {
         "kv": KVTransfer(2, layers=3, tokens=512, hidden=1024, kv_dim=256, heads=8, head_dim=64,

@@ -1,9 +1,9 @@
 """An exported kernel as a callable: ``y = cuco.load(path).bind_torch()(x, w)``.
 
 The call runs in the caller's process on the caller's stream, with the same
-launch code the evaluator timed (:class:`cuco.workloads.side_stream.SideStreamRunner`:
+launch code the evaluator timed (:class:`cuco.workloads.tp.side_stream.SideStreamRunner`:
 the artifact's cubin and cuBLAS chunks on the current stream; for the in-kernel
-placements :class:`cuco.workloads.in_kernel.InKernelRunner`: the artifact's shared
+placements :class:`cuco.workloads.tp.in_kernel.InKernelRunner`: the artifact's shared
 object launches one persistent kernel), with a symmetric arena registered with cuco's
 own NCCL communicator. With torch, the communicator
 is made from an existing ``torch.distributed`` group (rank 0's NCCL id goes

@@ -11,11 +11,9 @@ from __future__ import annotations
 from cuco.design import Directives
 from cuco.kernels.catalog import SHIMS, compile_report, kernel_sources, template_of
 from cuco.kernels.collectives import KernelSource
-from cuco.workloads.cp_attention import CPAttention
-from cuco.workloads.kv_prefill import layer_kernel_source
-from cuco.workloads.kv_transfer import KVTransfer
-from cuco.workloads.moe import MoE
-from cuco.workloads.moe_gemm import grouped_gemm_source
+from cuco.workloads.cp import CPAttention
+from cuco.workloads.kv import KVTransfer, layer_kernel_source
+from cuco.workloads.moe import MoE, grouped_gemm_source
 
 
 def pipeline_sources() -> list[KernelSource]:

@@ -23,7 +23,7 @@
 namespace cuco {
 namespace cp {
 
-// ---- the zig-zag split (mirrors cuco.workloads.cp_attention: zigzag_chunk, pair_kind) -----
+// ---- the zig-zag split (mirrors cuco.workloads.cp: zigzag_chunk, pair_kind) -----
 __device__ __forceinline__ int zigzag_chunk(int rank, int half, int W) { return half == 0 ? rank : 2 * W - 1 - rank; }
 
 enum Pair { kSkip = 0, kFull = 1, kDiagonal = 2 };

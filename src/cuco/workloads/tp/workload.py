@@ -29,7 +29,7 @@ from cuco.runtime import dtypes, host_collective, host_gemm, torch_bridge
 from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
-from cuco.workloads import torch_fused
+from cuco.workloads.tp import torch_fused
 from cuco.workloads.base import EPS, Buffers, Peer, Runner, Workload, register
 from cuco.design.problem import Dtype
 
@@ -377,7 +377,7 @@ class GemmWorkload(Workload):
         return {"torch_gemm": make}
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
-        from cuco.workloads.in_kernel import runner_class
+        from cuco.workloads.tp.in_kernel import runner_class
         return runner_class(d)(ctx, self, d, binary, arena, inputs, out)
 
     def chunk_epilogue(self, ctx, inputs: Buffers, ptr: int, row0: int, rows: int, stream) -> None:

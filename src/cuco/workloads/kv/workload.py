@@ -1,7 +1,7 @@
 """KV-cache transfer from a prefill rank to a decode rank while later layers compute.
 
 Ranks pair up: prefill rank ``r < w/2`` sends to decode rank ``r + w/2``. The prefill rank
-runs ``layers`` transformer layers (:mod:`cuco.workloads.kv_prefill`: QKV projection, causal
+runs ``layers`` transformer layers (:mod:`cuco.workloads.kv.prefill`: QKV projection, causal
 GQA attention, output projection, SwiGLU MLP); layer ``l``'s K/V (``[T, kv_dim]``) is its
 cache, which the decode rank must receive (``[L, T, kv_dim]``: the decode rank's output; the
 prefill rank's is the cache it computed).
@@ -45,7 +45,7 @@ from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers, Runner, register
-from cuco.workloads.kv_prefill import (
+from cuco.workloads.kv.prefill import (
     LayerKernels, PrefillChain, layer_flops, layer_pointers, make_prompt_and_weights,
     reference_cache, weight_shapes,
 )

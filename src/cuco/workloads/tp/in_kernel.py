@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 from cuco.design import Directives, placement_rules
 from cuco.runtime.arena import Arena, arena_view
 from cuco.workloads.base import Buffers
-from cuco.workloads.side_stream import SideStreamRunner
+from cuco.workloads.tp.side_stream import SideStreamRunner
 
 if TYPE_CHECKING:
-    from cuco.workloads.tp import GemmWorkload
+    from cuco.workloads.tp.workload import GemmWorkload
 
 
 def runner_class(d: Directives) -> type:
     """The launch code of ``d``'s placement: :class:`InKernelRunner` for the one-kernel
-    placements, :class:`~cuco.workloads.side_stream.SideStreamRunner` otherwise."""
+    placements, :class:`~cuco.workloads.tp.side_stream.SideStreamRunner` otherwise."""
     return InKernelRunner if d.placement.in_kernel else SideStreamRunner
 
 

@@ -7,7 +7,7 @@ expert, sends the outputs back and sums each token's top-k outputs with its weig
 
 The FFN's GEMMs, one program each:
 
-* ``cutlass``: one CUTLASS grouped GEMM per projection (:mod:`cuco.workloads.moe_gemm`)
+* ``cutlass``: one CUTLASS grouped GEMM per projection (:mod:`cuco.workloads.moe.grouped_gemm`)
   over the received segments as NCCL delivered them ([source][expert]): every segment is
   a group of its own, so no row is moved to make experts contiguous;
 * ``torch``: ``torch._grouped_mm`` per projection, which wants each expert's rows
@@ -95,7 +95,7 @@ class HostMoE:
         self.ret = buf("ret", wl.pairs * s.hidden)
         self.cmat = cupy.empty((wl.world_size, s.experts), dtype=cupy.int32)
         if ffn == "cutlass":
-            from cuco.workloads.moe_gemm import GroupedGemm, load
+            from cuco.workloads.moe.grouped_gemm import GroupedGemm, load
             lib, sms = load(ctx), _sms()
             g = wl.world_size * wl.local_experts
             self.gu = GroupedGemm(lib, ctx.device, g, 2 * s.ffn, s.hidden, sms)
@@ -246,7 +246,7 @@ def compute_only(wl, ctx, inputs) -> Callable[[], None]:
     """The expert FFNs on this rank's share of rows, as the routing gives them, with the
     CUTLASS grouped GEMM (expert-major rows, one group per local expert)."""
     import cupy
-    from cuco.workloads.moe_gemm import GroupedGemm, load
+    from cuco.workloads.moe.grouped_gemm import GroupedGemm, load
     s, W, el, me = wl.shape, wl.world_size, wl.local_experts, ctx.rank
     H, F = s.hidden, s.ffn
     counts = cupy.bincount(inputs["ids"].reshape(-1), minlength=s.experts).astype(cupy.int32)

@@ -28,7 +28,7 @@ from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
 
 if TYPE_CHECKING:
-    from cuco.workloads.tp import GemmWorkload
+    from cuco.workloads.tp.workload import GemmWorkload
 
 
 class SideStreamRunner:

@@ -112,7 +112,7 @@ def kv_tiles(me: int, w: int, chunk: int, row0: int, causal: bool, phase: str = 
 
 def kernel_constants() -> dict[str, int]:
     """The tile constants ``cuco_cp_attention.cuh`` is written for (kBr, kBc, kWarps)."""
-    text = (Path(__file__).parents[1] / "kernels" / "include" / "cuco_cp_attention.cuh").read_text()
+    text = (Path(__file__).parents[2] / "kernels" / "include" / "cuco_cp_attention.cuh").read_text()
     m = re.search(r"kBr = (\d+), kBc = (\d+), kWarps = (\d+)", text)
     return {"kBr": int(m[1]), "kBc": int(m[2]), "kWarps": int(m[3])}
 

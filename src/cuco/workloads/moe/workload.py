@@ -9,12 +9,12 @@ weights are stored with K contiguous, as the GEMMs read them: ``wgu [E/w, 2F, H]
 rows then up rows) and ``wd [E/w, H, F]``. Each rank's output is
 ``out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t])``.
 
-* host-driven (:mod:`cuco.workloads.moe_host`): sort, gather, counts on the host, NCCL
+* host-driven (:mod:`cuco.workloads.moe.host`): sort, gather, counts on the host, NCCL
   all-to-all, a grouped GEMM per projection, NCCL back, a fused weighted sum;
 * fused (``side_stream``, ``moe.cu.j2``): device-side end to end; routing tables and the
   exchange of counts in a kernel, rows stored straight into the owner's expert-major
   buffer, one CUTLASS grouped GEMM per projection whose sizes the device writes
-  (:mod:`cuco.workloads.moe_gemm`), and a combine that reads each pair's output from its
+  (:mod:`cuco.workloads.moe.grouped_gemm`), and a combine that reads each pair's output from its
   owner and writes the weighted sum. No host synchronisation in a call.
 
 The layout both sides agree on is :func:`routing_tables` (numpy; the kernel computes the
@@ -40,7 +40,7 @@ from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
-from cuco.workloads import moe_host
+from cuco.workloads.moe import host as moe_host
 from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check
 
@@ -249,7 +249,7 @@ class MoE(PipelineWorkload):
     def output_elems(self) -> int:
         return self.shape.tokens * self.shape.hidden
 
-    # -- host programs (cuco.workloads.moe_host) --
+    # -- host programs (cuco.workloads.moe.host) --
     def expert_major_order(self, C: np.ndarray, owner: int) -> np.ndarray:
         """For each row of ``owner``'s expert-major buffer, its row in the [source][expert]
         buffer NCCL delivers (segments of ``C[s, e]`` rows, e local to ``owner``)."""
@@ -302,7 +302,7 @@ class MoERunner:
 
     def __init__(self, ctx, wl: MoE, d: Directives, cubin: str, arena, inputs: Buffers, out):
         import cupy
-        from cuco.workloads.moe_gemm import GroupedGemm, load
+        from cuco.workloads.moe.grouped_gemm import GroupedGemm, load
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.output = out
         self.stress_us = 0.0
