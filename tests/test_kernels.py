@@ -40,7 +40,7 @@ def builds(kernel_cache):
     pool.shutdown(cancel_futures=True)
 
 
-@pytest.mark.parametrize("source", REPRESENTATIVE, ids=[s.name.split(".M")[0] for s in REPRESENTATIVE])
+@pytest.mark.parametrize("source", REPRESENTATIVE, ids=[s.name for s in REPRESENTATIVE])
 def test_representative_kernels_compile_with_nvcc(source, builds):
     """One kernel per template; the whole catalog is `cuco kernels check` (CI's second step)."""
     built = builds[source.name].result()

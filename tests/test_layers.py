@@ -7,6 +7,7 @@ below the importer's; no module imports another module's ``_private`` names.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "cuco"
@@ -78,6 +79,33 @@ def test_the_runtime_imports_no_workload_nor_the_tp_templates():
             bad += [f"{rel}.py:{line} ({me}) imports {t}" for t in targets
                     for f in FORBIDDEN.get(me, ()) if t == f or t.startswith(f + ".")]
     assert not bad, "imports the runtime may not make:\n" + "\n".join(sorted(set(bad)))
+
+
+def _module_strings(path: Path):
+    """String constants of ``path`` that are a module path of ours (what
+    ``importlib.import_module`` or a by-name reference takes), with their lines."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.fullmatch(r"cuco(\.\w+)+", node.value):
+            yield node.lineno, node.value
+
+
+def test_the_runtime_names_no_workload_module_in_a_string():
+    """Nor by name: an ``importlib.import_module("cuco.workloads...")`` passes the import check."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        me = _layer(".".join(rel.parts))
+        bad += [f"{rel}.py:{line} ({me}) names {s}" for line, s in _module_strings(path)
+                for f in FORBIDDEN.get(me, ()) if s == f or s.startswith(f + ".")]
+    assert not bad, "modules the runtime may not name:\n" + "\n".join(bad)
+
+
+def test_the_name_check_sees_a_module_named_in_a_string(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text('import importlib\nm = importlib.import_module("cuco.workloads.tp")\n'
+                   '"""the workloads (cuco.workloads) run on it"""\n')
+    assert list(_module_strings(mod)) == [(2, "cuco.workloads.tp")]
 
 
 def test_the_forbidden_check_sees_an_import_of_the_tp_templates(tmp_path):

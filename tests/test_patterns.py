@@ -191,3 +191,104 @@ def test_the_built_in_workloads_are_their_patterns_and_a_user_one_names_its_own(
         assert "test_patterns_misspelt" not in PROBLEMS  # refused before it became a workload
     finally:
         PROBLEMS.pop("test_patterns_named", None)
+
+
+# ---- one GEMM shape order: one function maps the global (M, K, N) to the per-rank GEMM -----
+#: A GEMM dimension's name (a variable or attribute), and the world size's.
+GEMM_DIMS = {"m", "n", "k", "M", "N", "K"}
+WORLD_NAMES = {"w", "W", "w_", "ws", "nranks"}
+#: Where a GEMM dimension may be divided by the world size: the patterns (the per-rank GEMM
+#: and its operands) and the in-kernel placements' row blocks. The runtime knows no GEMM
+#: (tests/test_layers.py): its ``n`` is a buffer's element count.
+SPLIT_HOMES = ("cuco/design/patterns.py", "cuco/design/placement_rules.py")
+
+
+def _leaf(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _only_dims(node: ast.AST) -> bool:
+    """``m``, ``self.k``, ``m * n``: a GEMM dimension or a product of them alone."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _only_dims(node.left) and _only_dims(node.right)
+    return _leaf(node) in GEMM_DIMS
+
+
+def hand_splits(src: Path) -> list[str]:
+    """Lines (outside :data:`SPLIT_HOMES` and the runtime) that divide a GEMM dimension by the
+    world size: a per-rank shape computed by hand instead of asking the pattern."""
+    hits = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel in SPLIT_HOMES or rel.startswith("cuco/runtime/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv) \
+                    and _only_dims(node.left):
+                right = _leaf(node.right) or ""
+                if right in WORLD_NAMES or "world" in right:
+                    hits.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_no_module_splits_a_gemm_over_the_ranks_by_hand():
+    hits = hand_splits(SRC)
+    assert hits == [], ("ask the pattern (TPPattern.local_gemm / operand_shapes, or the "
+                        "workload's local_gemm / operand_shapes / output_elems):\n" + "\n".join(hits))
+
+
+def test_the_split_check_finds_what_it_is_for(tmp_path):
+    bad = ["x = (self.m // w_, self.k)", "c = m * k // self.world_size", "kl = k // problem.world_size",
+           "rows = M // world", "n_local = self.n // W"]
+    fine = ["local = E // world_size", "b = 2 * (w - 1) * self.m * esz // w", "h = m // 2",
+            "t = -(-n // d.tile_n)", "r = rows // world_size"]
+    module = tmp_path / "cuco" / "m.py"
+    module.parent.mkdir()
+    for line in bad + fine:
+        module.write_text(line + "\n")
+        assert bool(hand_splits(tmp_path)) == (line in bad), line
+
+
+@pytest.mark.parametrize("pattern", TP_PATTERNS, ids=TP_NAMES)
+def test_every_per_rank_gemm_is_the_patterns(pattern):
+    """The workload, the templates, the problem, a dispatch table's layer: each asks the
+    pattern, so they agree (distinct M, N, K, and N/w != K, so a swapped order shows)."""
+    from cuco.design.problem import GemmProblem
+    from cuco.dispatch import Layer
+    from cuco.kernels import tp as templates
+    from cuco.workloads import for_problem
+
+    dims = dict(m=1536, n=2048, k=3072, world_size=4)
+    g = pattern.local_gemm(**dims)
+    problem = GemmProblem(workload=pattern.name, **dims)
+    wl = for_problem(problem)
+    assert wl.local_gemm() == g == templates.local_gemm(problem)
+    assert problem.output_shape_per_rank() == (g.m, g.n)
+    assert Layer(pattern, dims["n"], dims["k"], "bf16", 4).b_shape() == (g.k, g.n)
+    a, b, out = wl.operand_shapes()
+    assert (a[1], b) == (g.k, (g.k, g.n)) and wl.output_shape() == out
+    assert wl.output_elems() == out[0] * out[1]
+
+
+def test_names_and_shape_strings_come_from_the_problem():
+    """A kernel's name starts with its problem's label (M, K, N as everywhere), and the one
+    writer of ``MxKxN`` is read back by make_problem."""
+    from cuco import make_problem
+    from cuco.design import Directives
+    from cuco.design.problem import GemmProblem
+    from cuco.dispatch import Layer
+    from cuco.kernels.tp import PROFILE, in_kernel, render_tp
+
+    p = GemmProblem(workload="gemm_reducescatter", m=1536, n=2048, k=3072, world_size=4)
+    assert p.shape_text == GemmProblem.shape_text_of(m=1536, n=2048, k=3072) == "1536x3072x2048"
+    assert make_problem("gemm_reducescatter", p.shape_text, world_size=4) == p
+    assert Layer(GEMM_REDUCESCATTER, 2048, 3072, "bf16", 4).shape(1536) == p.shape_text
+    side = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="cta",
+                      chunk_bytes=1 << 16, comm_ctas=8)
+    fused = in_kernel("epilogue")
+    for d in (side, fused):
+        name = render_tp(p, d)[0].name
+        assert name == p.kernel_name(d.full_name)
+        assert name.startswith("gemm_reducescatter.M1536K3072N2048.bf16.") and name.endswith(".w4")
+    assert render_tp(p, fused, gemm_only=True)[0].name == PROFILE + p.kernel_name(fused.full_name)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cuco.design.patterns import TPPattern, tp_pattern
+from cuco.design.problem import GemmProblem
 from cuco.errors import CucoError, InputError
 
 FORMAT = "cuco-dispatch-table"
@@ -92,7 +93,7 @@ class Layer:
 
     def shape(self, m: int) -> str:
         """The ``MxKxN`` of :func:`cuco.search` at ``m`` tokens."""
-        return f"{m}x{self.k}x{self.n}"
+        return GemmProblem.shape_text_of(m=m, n=self.n, k=self.k)
 
     def takes_m(self, m: int) -> str | None:
         """Why no program of this layer runs ``m`` tokens (None: it can)."""

@@ -59,6 +59,7 @@ from typing import Any, NoReturn
 
 from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
                                   Collective, TPPattern, find)
+from cuco.design.problem import GemmProblem
 from cuco.dispatch import CUCO, HOST, TORCH_FUSED, DispatchTable, Entry, Layer, TableMismatch
 from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
 
@@ -152,7 +153,7 @@ def global_shape(pattern: TPPattern, a_shape: Shape2, b_shape: Shape2, world: in
     :func:`operand_shapes`)."""
     (ra, ca), (_, cb) = a_shape, b_shape
     m, n, k = pattern.global_gemm(ra, (ca, cb), world)
-    return f"{m}x{k}x{n}"
+    return GemmProblem.shape_text_of(m=m, n=n, k=k)
 
 
 # ---- the registry --------------------------------------------------------------------------
@@ -735,7 +736,8 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     A2 = x.reshape(-1, x.shape[-1])
     check_call(GEMM_REDUCESCATTER, A2, B, group_name)
     out = torch.ops.cuco.matmul_reduce_scatter(A2, B, group_name)
-    out = out.view(x.shape[0] // world, *x.shape[1:-1], B.shape[1]).movedim(0, dim)
+    out = out.view(GEMM_REDUCESCATTER.output_rows(x.shape[0], world), *x.shape[1:-1],
+                   B.shape[1]).movedim(0, dim)
     return out / world if reduce_op == "avg" else out
 
 

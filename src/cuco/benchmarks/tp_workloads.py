@@ -29,7 +29,7 @@ from cuco.design.patterns import TP_NAMES
 from cuco.design.placement_rules import PLACEMENTS
 from cuco.design.tiles import chunk_sizes
 from cuco.errors import CucoError
-from cuco.kernels.tp import in_kernel, render_tp
+from cuco.kernels.tp import PROFILE, in_kernel, render_tp
 from cuco.runtime.peaks import below_floor
 
 SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))  # (M, K, N) as in DEVICE.md
@@ -242,7 +242,7 @@ class TPBench:
                    "floor_ms": m.get("floor_ms"),
                    # faster than the physical floor: it did less than the workload asks
                    "suspect": below_floor(m)}
-            if name.startswith("profile."):  # not the workload's output: a time, not a candidate
+            if name.startswith(PROFILE):  # not the workload's output: a time, not a candidate
                 row.update(role="profile", correct=None, suspect=False)
             out.append(row)
         return out
@@ -252,8 +252,8 @@ class TPBench:
         best: dict[str, dict] = {}
         profile: dict[str, dict[str, float]] = {}
         for r in rows:
-            if r["variant"].startswith("profile."):
-                profile.setdefault(r["case"], {})[r["variant"].split(".", 2)[2]] = r["ms"]
+            if r["variant"].startswith(PROFILE):
+                profile.setdefault(r["case"], {})[r["variant"].removeprefix(PROFILE)] = r["ms"]
             if r["variant"] in NOT_CUCO or not r.get("correct") or r.get("suspect"):
                 continue
             if r["case"] not in best or r["ms"] < best[r["case"]]["ms"]:

@@ -13,6 +13,7 @@ from rich.console import Console
 from cuco.design import Directives
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import KernelSource
+from cuco.kernels.tp import PROFILE
 
 
 def compile_variants(points: list[tuple[str, Directives, KernelSource]], console: Console,
@@ -37,9 +38,9 @@ def compile_variants(points: list[tuple[str, Directives, KernelSource]], console
     specs: dict[str, list] = {label: [] for label, _, _ in points}
     for (label, d, s), r in zip(points, built):
         if hasattr(r, "path"):
-            # a profile build (e.g. the fused kernel's GEMM alone) keeps its prefix
-            prefix = s.name.split(d.full_name)[0] if s.name.startswith("profile.") else ""
-            specs[label].append(VariantSpec(prefix + d.full_name, d.to_json(), str(r.path)))
+            # a profile build (the fused kernel's GEMM alone) keeps its prefix
+            name = PROFILE + d.full_name if s.name.startswith(PROFILE) else d.full_name
+            specs[label].append(VariantSpec(name, d.to_json(), str(r.path)))
         else:
             console.print(f"[red]{label} {d.full_name} does not compile[/]: {r}")
     return specs

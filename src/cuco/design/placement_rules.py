@@ -93,6 +93,12 @@ def in_kernel_violations(d: Mapping[str, Any], problem: GemmProblem) -> list[str
     return out
 
 
+def row_block(problem: GemmProblem) -> int:
+    """Rows of each rank's block of M in the in-kernel placements (they cut M into
+    ``world_size`` equal blocks, one per rank; :func:`row_blocks_refusal` says when it cannot)."""
+    return problem.m // problem.world_size
+
+
 def row_blocks_refusal(problem: GemmProblem) -> str | None:
     """Why the in-kernel placements cannot take ``problem``'s rows, naming the fix (None when
     they can): they cut M into ``world_size`` equal blocks of rows, one per rank (any block

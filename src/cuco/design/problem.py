@@ -84,6 +84,11 @@ class Problem(BaseModel):
         """Case label used in result files, e.g. ``gemm_allreduce/M8192K8192N8192/bf16``."""
         return f"{self.workload}/{self.shape_text}/{self.dtype}"
 
+    def kernel_name(self, variant: str) -> str:
+        """The name of a kernel source for this problem and the variant named ``variant`` (a
+        :attr:`Directives.full_name`): the label, dotted, then the variant and world size."""
+        return f"{self.label.replace('/', '.')}.{variant}.w{self.world_size}"
+
 
 class GemmProblem(Problem):
     """A GEMM of global shape ``M x K`` times ``K x N`` split over ranks as the workload's
@@ -130,9 +135,16 @@ class GemmProblem(Problem):
                                  f"multiple of {step}", param=dim, fix=nearest)
         return self
 
+    @classmethod
+    def shape_text_of(cls, *, m: int, n: int, k: int) -> str:
+        """``MxKxN``: a GEMM's shape as ``--shape`` and :func:`make_problem` read it, in the
+        order of :attr:`SHAPE` (the one place that writes it)."""
+        dims = {"m": m, "n": n, "k": k}
+        return "x".join(str(dims[f]) for f in cls.SHAPE)
+
     @property
     def shape_text(self) -> str:
-        return f"{self.m}x{self.k}x{self.n}"
+        return self.shape_text_of(m=self.m, n=self.n, k=self.k)
 
     @property
     def label(self) -> str:

@@ -32,6 +32,8 @@ THREADS = 512
 FLAG_STRIDE = 16384
 #: The in-kernel placements' names, derived from :attr:`Placement.in_kernel` (test it there).
 IN_KERNEL = tuple(p.value for p in Placement if p.in_kernel)
+#: What a profile build's name starts with (the fused kernel's GEMM alone, ``gemm_only``).
+PROFILE = "profile.gemm_only."
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 #: The in-kernel mainloops a search sweeps, ``(schedule, tile_n, stages)`` at tile_m 128: the
 #: most stages that fit beside the staged output tile. On one H200 the best of them ran
@@ -69,9 +71,8 @@ def local_gemm(problem: GemmProblem) -> LocalGemm:
 def fused_tiles(problem: GemmProblem, d: Directives) -> int:
     """Output tiles of one rank's fused GEMM: each rank's block of M/w rows cut into
     ``tile_m``-row tiles (the last one short where they do not divide), N likewise."""
-    m, n, _ = local_gemm(problem)
-    w = problem.world_size
-    return w * -(-(m // w) // d.tile_m) * -(-n // d.tile_n)
+    n = local_gemm(problem).n
+    return problem.world_size * -(-placement_rules.row_block(problem) // d.tile_m) * -(-n // d.tile_n)
 
 
 def supported(problem: GemmProblem, d: Directives) -> list[str]:
@@ -155,11 +156,11 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
     bad = placement_rules.in_kernel_violations(d.__dict__, problem) + supported(problem, d)
     if bad:
         raise DirectiveError(bad)
-    name = kernel_name(problem, d)
+    name = problem.kernel_name(d.full_name)
     if d.placement.in_kernel:
         src = render("tp_fused.cu.j2", **fused_context(problem, d, gemm_only=gemm_only))
         if gemm_only:
-            name = "profile.gemm_only." + name
+            name = PROFILE + name
         needs = ("cutlass", "nccl") if d.backend.value == "lsa" else ("cutlass", "nvshmem")
         return KernelSource(name, src, needs, ("cuco_fused_launch",)), None
     if gemm_only:
@@ -178,10 +179,5 @@ def render_side_stream(problem: GemmProblem, d: Directives) -> tuple[KernelSourc
                  comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
                  flag_stride=FLAG_STRIDE, name=d.full_name)
     needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-    return KernelSource(kernel_name(problem, d), src, needs, ("comm_kernel", "signal_chunk",
-                                                            "wait_chunk")), plan
-
-
-def kernel_name(problem: GemmProblem, d: Directives) -> str:
-    """The name a fused variant's kernel source carries (and the compile cache shows)."""
-    return f"{problem.workload}.{d.full_name}.M{problem.m}N{problem.n}K{problem.k}w{problem.world_size}"
+    return KernelSource(problem.kernel_name(d.full_name), src, needs,
+                        ("comm_kernel", "signal_chunk", "wait_chunk")), plan

@@ -135,7 +135,7 @@ class PipelineWorkload(Workload):
         return out
 
     def kernel_name(self, d: Directives) -> str:
-        return f"{self.label.replace('/', '.')}.{d.full_name}.w{self.world_size}"
+        return self.problem.kernel_name(d.full_name)
 
     def compare(self, got, ref) -> dict[str, Any]:
         """Every element of ``got`` against ``ref`` (fp32)."""

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from cuco.design import DesignSpace, Directives, GemmProblem, Placement, placement_rules
 from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_NAMES,
-                                  LocalGemm, TPPattern, find, tp_pattern)
+                                  LocalGemm, OperandShapes, TPPattern, find, tp_pattern)
 from cuco.design.tiles import EQUAL_CHUNKS_M, chunk_sizes
 from cuco.errors import DirectiveError, InputError, ShapeError
 from cuco.kernels import tp as templates
@@ -146,9 +146,13 @@ class GemmWorkload(Workload):
         """(m, n, k) of the GEMM each rank runs (its pattern's)."""
         return self.tp.local_gemm(m=self.m, n=self.n, k=self.k, world_size=self.world_size)
 
+    def operand_shapes(self) -> OperandShapes:
+        """Each rank's ``A``, ``B`` and final output shapes (its pattern's)."""
+        return self.tp.operand_shapes(m=self.m, n=self.n, k=self.k, world_size=self.world_size)
+
     def output_shape(self) -> tuple[int, int]:
         """Shape of each rank's final output (its pattern's)."""
-        return self.tp.operand_shapes(m=self.m, n=self.n, k=self.k, world_size=self.world_size).out
+        return self.operand_shapes().out
 
     def output_elems(self) -> int:
         rows, cols = self.output_shape()
@@ -300,6 +304,14 @@ class GemmWorkload(Workload):
         return ArenaLayout.for_tp(regions, self.world_size, templates.FLAG_STRIDE)
 
     # ---- GPU side (inside a worker) -------------------------------------------------
+    def make_inputs(self, ctx, seed: int) -> Buffers:
+        """This rank's ``x`` and ``w`` shards (shapes: :meth:`operand_shapes`), ``w`` scaled
+        by ``1/sqrt(K)`` so outputs stay near 1 at any K."""
+        a, b, _ = self.operand_shapes()
+        s = 1000 * seed + 10 * ctx.rank
+        return {"x": _random_matrix(a, self.dtype, s),
+                "w": _random_matrix(b, self.dtype, s + 1, 1.0 / math.sqrt(self.k))}
+
     @abstractmethod
     def gemm_only(self, ctx, inputs: Buffers) -> Callable[[], None]:
         """The GEMM alone (the compute half of the bound)."""
@@ -396,12 +408,6 @@ class GemmWorkload(Workload):
 class _RowParallel(GemmWorkload):
     """Shared by GEMM+AllReduce and GEMM+ReduceScatter: K is split over ranks."""
 
-    def make_inputs(self, ctx, seed: int) -> Buffers:
-        m, n, kl = self.local_gemm()
-        s = 1000 * seed + 10 * ctx.rank
-        return {"x": _random_matrix((m, kl), self.dtype, s),
-                "w": _random_matrix((kl, n), self.dtype, s + 1, 1.0 / math.sqrt(self.k))}
-
     def _partial_fp32(self, inputs: Buffers):
         x32 = dtypes.to_float32(inputs["x"], self.dtype)
         w32 = dtypes.to_float32(inputs["w"], self.dtype)
@@ -480,7 +486,7 @@ class GemmReduceScatter(_RowParallel):
     def host_parts(self, ctx):
         m, n, kl = self.local_gemm()
         return (host_gemm.select(ctx, m, n, kl, self.dtype),
-                host_collective.select(ctx, "reduce_scatter", m * n // self.world_size, self.dtype))
+                host_collective.select(ctx, "reduce_scatter", self.output_elems(), self.dtype))
 
     def host_sequence(self, ctx, inputs: Buffers, out):
         """The fastest GEMM into the reduce-scatter's send buffer, then the faster NCCL
@@ -496,7 +502,7 @@ class GemmReduceScatter(_RowParallel):
         m, n, kl = self.local_gemm()
         tmp = dtypes.empty(m * n, self.dtype)
         x, w, t, o = _ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(tmp), _ptr(out)
-        count = (m // self.world_size) * n
+        count = self.output_elems()
 
         def run():
             gemm(x, w, t, m, n, kl, self.dtype, ctx.stream)
@@ -507,7 +513,7 @@ class GemmReduceScatter(_RowParallel):
     def comm_only(self, ctx, inputs: Buffers):
         coll = self.host_parts(ctx)[1]
         src = coll.buffer(ctx, "send", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
-        dst = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.n // self.world_size, self.dtype))
+        dst = coll.buffer(ctx, "recv", dtypes.empty(self.output_elems(), self.dtype))
         return _in_order(coll.bind(ctx, src, dst), output=dst)
 
 
@@ -520,13 +526,6 @@ class AllGatherGemm(GemmWorkload):
         """Every peer's M/w x K rows of X."""
         w = self.world_size
         return (w - 1) * self.m * self.k * self.problem.dtype_bytes // w
-
-    def make_inputs(self, ctx, seed: int) -> Buffers:
-        w_ = self.world_size
-        s = 1000 * seed + 10 * ctx.rank
-        return {"x": _random_matrix((self.m // w_, self.k), self.dtype, s),
-                "w": _random_matrix((self.k, self.n // w_), self.dtype, s + 1,
-                                    1.0 / math.sqrt(self.k))}
 
     def tolerance(self) -> tuple[float, float]:
         """No reduction across ranks: one rounding of the output (twice for slack)."""
@@ -542,8 +541,9 @@ class AllGatherGemm(GemmWorkload):
 
     def host_parts(self, ctx):
         m, n, k = self.local_gemm()
+        rows, cols = self.operand_shapes().a  # this rank's shard of X, gathered
         return (host_gemm.select(ctx, m, n, k, self.dtype),
-                host_collective.select(ctx, "all_gather", m * k // self.world_size, self.dtype))
+                host_collective.select(ctx, "all_gather", rows * cols, self.dtype))
 
     def host_sequence(self, ctx, inputs: Buffers, out):
         """The faster NCCL all-gather of X (from a registered window holding it, where that
