@@ -116,6 +116,25 @@ def test_the_forbidden_check_sees_an_import_of_the_tp_templates(tmp_path):
     assert any(f"{m}.{n}" == "cuco.kernels.tp" for m, names in found for n in names)
 
 
+#: The op folders of ``workloads/`` (each op's workload, programs and launch code).
+OPS = sorted(p.name for p in (SRC / "workloads").iterdir() if (p / "__init__.py").exists())
+
+
+def test_an_op_folder_imports_no_other_op():
+    """``workloads/tp/`` ... ``workloads/cp/`` share the protocol and the pipeline kind at the
+    top of ``workloads/``, never each other's modules (the catalog above them lists all)."""
+    assert OPS == ["cp", "kv", "moe", "tp"]
+    bad = []
+    for op in OPS:
+        for path in sorted((SRC / "workloads" / op).rglob("*.py")):
+            for line, module, names in _imports(path):
+                targets = [module, *(f"{module}.{n}" for n in names)]
+                bad += [f"{path.relative_to(SRC.parent)}:{line} imports {t}" for t in targets
+                        for other in OPS if other != op
+                        and (t == f"cuco.workloads.{other}" or t.startswith(f"cuco.workloads.{other}."))]
+    assert not bad, "one op's folder imports another's:\n" + "\n".join(sorted(set(bad)))
+
+
 def test_no_module_imports_private_names():
     bad = []
     for path in sorted(SRC.rglob("*.py")):
