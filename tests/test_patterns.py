@@ -59,6 +59,16 @@ def name_comparisons(src: Path) -> list[str]:
     return hits
 
 
+def assert_finds_exactly(check, tmp_path: Path, bad: list[str], fine: list[str]) -> None:
+    """``check`` (a source tree -> hits) flags each line of ``bad`` and none of ``fine``, each
+    alone in a module of a package ``cuco``."""
+    module = tmp_path / "cuco" / "m.py"
+    module.parent.mkdir()
+    for line in bad + fine:
+        module.write_text(line + "\n")
+        assert bool(check(tmp_path)) == (line in bad), line
+
+
 def test_no_module_but_the_registries_compares_a_pattern_or_op_name():
     hits = name_comparisons(SRC)
     assert hits == [], "ask the TPPattern or PipelineOp object instead:\n" + "\n".join(hits)
@@ -77,11 +87,7 @@ def test_the_check_finds_what_it_is_for(tmp_path):
             'workload: Literal["moe"] = "moe"', '"""Usage:\n\n>>> make_problem("moe", "tokens=64")"""',
             "help = \"workload name, e.g. 'gemm_allreduce' or 'moe'\"",
             "if problem.workload != self.family:", 'raise ShapeError("moe: only bf16")']
-    module = tmp_path / "cuco" / "m.py"
-    module.parent.mkdir()
-    for line in bad + fine:
-        module.write_text(line + "\n")
-        assert bool(name_comparisons(tmp_path)) == (line in bad), line
+    assert_finds_exactly(name_comparisons, tmp_path, bad, fine)
 
 
 def test_three_patterns_each_found_by_its_name_and_nothing_else():
@@ -243,11 +249,7 @@ def test_the_split_check_finds_what_it_is_for(tmp_path):
            "rows = M // world", "n_local = self.n // W"]
     fine = ["local = E // world_size", "b = 2 * (w - 1) * self.m * esz // w", "h = m // 2",
             "t = -(-n // d.tile_n)", "r = rows // world_size"]
-    module = tmp_path / "cuco" / "m.py"
-    module.parent.mkdir()
-    for line in bad + fine:
-        module.write_text(line + "\n")
-        assert bool(hand_splits(tmp_path)) == (line in bad), line
+    assert_finds_exactly(hand_splits, tmp_path, bad, fine)
 
 
 @pytest.mark.parametrize("pattern", TP_PATTERNS, ids=TP_NAMES)
