@@ -37,7 +37,7 @@ class GinProbe:
         import cupy
         from cuco.runtime import dtypes
         from cuco.runtime.arena import prepare_arenas
-        from cuco.evaluate.jobs import input_sets
+        from cuco.evaluate.programs import input_sets
         wl = for_problem(gin.problem(self.family, ctx.world_size))
         d = Directives.from_json(self.directives)
         s = ctx.stream

@@ -41,7 +41,7 @@ from cuco.design import Directives
 from cuco.evaluate import Evaluator
 from cuco.kernels import Compiler
 from cuco.runtime import WorkerGroup, visible_gpus
-from cuco.runtime.collective_ops import merge_ranks
+from cuco.runtime.records import merge_ranks
 from cuco.evaluate.jobs import Case, VariantSpec
 from cuco.workloads import for_problem
 from cuco.errors import run_script
@@ -64,15 +64,15 @@ def grid_sweep(ev: Evaluator, space, iters: int) -> list[dict]:
     if not res.ok:
         raise RuntimeError(res.error_text())
     merged = merge_ranks(res.results)
-    host = merged["host_nccl"]["ms"]
-    bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
+    host = merged["host_nccl"].ms
+    bound = max(merged["compute_only"].ms, merged["comm_only"].ms)
     for s in specs:
         rec = merged[s.name]
-        ok = rec.get("correct", False)
-        rows.append({"variant": s.name, "status": "ok" if ok else "wrong", "ms": rec["ms"],
+        ok = rec.correct
+        rows.append({"variant": s.name, "status": "ok" if ok else "wrong", "ms": rec.ms,
                      "baseline_ms": host, "bound_ms": bound,
-                     "speedup": host / rec["ms"] if ok else None,
-                     "overlap_eff": bound / rec["ms"] if ok else None})
+                     "speedup": host / rec.ms if ok else None,
+                     "overlap_eff": bound / rec.ms if ok else None})
     return rows
 
 

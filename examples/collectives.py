@@ -6,7 +6,8 @@
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import lsa_collectives
 from cuco.runtime import WorkerGroup, visible_gpus
-from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
+from cuco.runtime.collective_ops import CollectiveCase
+from cuco.runtime.records import merge_ranks
 
 
 def main() -> None:
@@ -19,7 +20,7 @@ def main() -> None:
                               ctas=(32,), lsa_cubin=str(cubin.path))
         merged = merge_ranks(group.run(case, timeout=120).unwrap())
     for name, m in merged.items():
-        print(f"{name:16s} {m['ms'] * 1e3:8.1f} us  correct={m['correct']}")
+        print(f"{name:16s} {m.ms * 1e3:8.1f} us  correct={m.correct}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def assert_variants_correct(group, wl, points: Sequence[Directives], *, seeds=(5
                             programs: Sequence[str] = ("host_nccl",)) -> None:
     """Builds ``points`` for ``wl`` and runs them with ``programs`` on fresh ``seeds``: every
     output of every one of them correct."""
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
 
     sources = [wl.render(d) for d in points]
@@ -25,13 +25,13 @@ def assert_variants_correct(group, wl, points: Sequence[Directives], *, seeds=(5
         merged = merge_ranks(res.results)
         assert set(merged) >= {*programs, *(s.name for s in specs)}
         for name, rec in merged.items():
-            assert rec["correct"], f"{wl.label} seed {seed} {name}: {rec}"
+            assert rec.correct, f"{wl.label} seed {seed} {name}: {rec}"
 
 
 def assert_edit_is_caught(group, wl, d: Directives, old: str, new: str, name: str, *,
                           seed: int = 7, timeout: int = 150) -> None:
     """``d``'s kernel with ``old`` replaced by ``new`` (a wait left out, say) is judged wrong."""
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
 
     src = wl.render(d)
@@ -41,14 +41,15 @@ def assert_edit_is_caught(group, wl, d: Directives, old: str, new: str, name: st
     res = group.run(Case(wl, [VariantSpec(name, d.to_json(), str(built.path))], seed=seed, time=False),
                     timeout=timeout)
     assert res.ok, res.error_text()
-    assert not merge_ranks(res.results)[name]["correct"]
+    assert not merge_ranks(res.results)[name].correct
 
 
 def assert_collectives_correct(group, cubins: dict[str, str], op: str, elements: int, *,
                                seeds=(1, 2), timeout: int = 180) -> dict:
     """cuco's LSA / NVSHMEM collectives and NCCL's, on random data of ``elements`` bf16 per
     rank and fresh ``seeds``: every variant's every element right. Returns the last merge."""
-    from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
+    from cuco.runtime.collective_ops import CollectiveCase
+    from cuco.runtime.records import merge_ranks
     merged: dict = {}
     for seed in seeds:
         case = CollectiveCase(op, elements * 2, ctas=(7, 32), seed=seed, time=False,
@@ -58,5 +59,5 @@ def assert_collectives_correct(group, cubins: dict[str, str], op: str, elements:
         merged = merge_ranks(res.results)
         assert len(merged) >= 3
         for name, m in merged.items():
-            assert m["correct"], f"{op} {elements} {name}: {m}"
+            assert m.correct, f"{op} {elements} {name}: {m}"
     return merged

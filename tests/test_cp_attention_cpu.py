@@ -15,7 +15,7 @@ them in random interleavings that respect each stream's order:
   the first tile of each transfer chunk until counter [slot * n_chunks + token / chunk_rows]
   reaches `need` (wait_ready), reading K and V through the slot table the runner passed.
 
-Around every call the job's steps (jobs.judge): the arena's data poisoned, an all-reduce
+Around every call the job's steps (verification.judge): the arena's data poisoned, an all-reduce
 (every rank starts together; left out to check the protocol alone), the call, then a check
 that every tile the attention read held the call's input set of the right rank, kind and
 rows. Calls of different variants (chunk counts, CTAs, issuers) follow each other on one
@@ -153,7 +153,7 @@ def _op(dev: _Dev, me: int, op: tuple):
     kind, flags, w = op[0], dev.flags, dev.w
     if kind in STREAM_OPS:
         yield from stream_op(dev, op, w)
-    elif kind == "poison":  # jobs.judge: poison_arena before every call
+    elif kind == "poison":  # verification.judge: poison_arena before every call
         dev.kvg[op[1], me][:] = -1
     elif kind == "check":
         _, call, input_set, out, results = op
@@ -272,7 +272,7 @@ def _model(monkeypatch, w: int, causal: bool, variants: list[Directives]):
 def _job(model, calls: list[Directives], first_epoch: int, seed: int, barrier: bool = True):
     """One job: prepare_arenas (flags zeroed on every rank, the first epoch, the LSA device
     communicator made), a runner per variant and input set on every rank (one output per
-    variant), then each call as jobs.judge makes it, its input set never the one the arena's
+    variant), then each call as verification.judge makes it, its input set never the one the arena's
     last call used (make_schedule's pick), half of them stressed (checked calls: the comm
     stream spins before the transfers), the host never waiting; then the devices run."""
     wl, dev, ctxs, arenas, inputs = model

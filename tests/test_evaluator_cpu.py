@@ -193,17 +193,19 @@ class _StandInJob:
     def __call__(self, ctx):
         import time
         time.sleep(0.05)
-        out = {"host_nccl": {"correct": True, "rel_l2_error": 1e-3},
-               "host_nccl_default": {"correct": True, "rel_l2_error": 1e-3}}
+        from cuco.runtime.records import ProgramRecord, RankResult
+        out = {"host_nccl": ProgramRecord(rel_l2_error=1e-3),
+               "host_nccl_default": ProgramRecord(rel_l2_error=1e-3)}
         for name, d in zip(self.names, self.directives):
             wrong = self.time_it and len(self.names) > 1 and d == self.wrong_together
-            out[name] = {"correct": not wrong, "rel_l2_error": 1e-3, "bad_elements": 7 * wrong,
-                         "calls_verified": 12}
+            out[name] = ProgramRecord(correct=not wrong, rel_l2_error=1e-3, bad_elements=7 * wrong,
+                                      calls_verified=12)
         if self.time_it:
             for i, name in enumerate(out):
-                out[name]["median_ms"] = 2.0 if name.startswith("host") else 1.0 + 0.1 * i
-            out["compute_only"], out["comm_only"] = {"median_ms": 0.9}, {"median_ms": 0.4}
-        return {"rank": ctx.rank, "variants": out}
+                out[name].median_ms = 2.0 if name.startswith("host") else 1.0 + 0.1 * i
+            out["compute_only"] = ProgramRecord(verified=False, median_ms=0.9)
+            out["comm_only"] = ProgramRecord(verified=False, median_ms=0.4)
+        return RankResult(ctx.rank, out)
 
 
 def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp_path):

@@ -118,7 +118,7 @@ def test_a_communication_cta_that_skips_its_staged_flag_is_caught(evs):
     poison is read every time."""
     from cuco.kernels import Compiler
     from cuco.kernels.tp import render_tp
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.workloads import GemmReduceScatter
 
@@ -134,5 +134,5 @@ def test_a_communication_cta_that_skips_its_staged_flag_is_caught(evs):
                                 seed=seed, time=False), timeout=120)
         assert res.ok, res.error_text()
         merged = merge_ranks(res.results)
-        assert merged["host_nccl"]["correct"]
-        assert not merged["racy"]["correct"], merged["racy"]
+        assert merged["host_nccl"].correct
+        assert not merged["racy"].correct, merged["racy"]

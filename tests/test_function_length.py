@@ -26,11 +26,7 @@ def long_functions(root: Path, limit: int = MAX_LINES) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("folder", [
-    "workloads",
-    pytest.param("evaluate", marks=pytest.mark.xfail(strict=True,
-                                                     reason="judge split on branch h-judge")),
-])
+@pytest.mark.parametrize("folder", ["workloads", "evaluate"])
 def test_no_function_is_longer_than_60_lines(folder):
     found = long_functions(SRC / folder)
     assert found == [], f"split into named steps (at most {MAX_LINES} lines each):\n" + "\n".join(found)

@@ -31,20 +31,20 @@ def _case(family, **kw):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_strong_host_is_correct_and_no_slower_than_the_old_one(gpu_group, family):
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     res = gpu_group.run(_case(family, seed=21, iters=20, warmup=3), timeout=300)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
     strong, old = merged["host_nccl"], merged["host_nccl_default"]
-    assert strong["correct"] and old["correct"], merged
-    assert strong["calls_verified"] == 23, strong
-    notes = strong["notes"]
+    assert strong.correct and old.correct, merged
+    assert strong.calls_verified == 23, strong
+    notes = strong.notes
     assert notes["gemm"] in notes["gemm_ms"] and notes["collective"] in ("nccl_plain", "nccl_registered")
     assert notes["gemm_ms"][notes["gemm"]] == min(notes["gemm_ms"].values())
     assert "cublas.gemmex" in notes["gemm_ms"], notes  # the old GEMM competed
-    assert strong["ms"] <= NOISE * old["ms"], (strong["ms"], old["ms"], notes)
+    assert strong.ms <= NOISE * old.ms, (strong.ms, old.ms, notes)
     # the bound's halves are the best pieces: the best GEMM alone is no slower than gemmEx's
-    assert merged["compute_only"]["ms"] <= NOISE * notes["gemm_ms"]["cublas.gemmex"]
+    assert merged["compute_only"].ms <= NOISE * notes["gemm_ms"]["cublas.gemmex"]
 
 
 def _lt_job(ctx):
@@ -115,19 +115,19 @@ def test_registered_windows_give_nccls_result(gpu_group):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_torch_fused_ops_are_checked_and_timed_in_the_same_job(gpu_group, family):
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     res = gpu_group.run(_case(family, seed=22, iters=12, warmup=2, peers=True), timeout=400)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
-    skipped = merged["host_nccl"]["notes"]["peers_skipped"]
+    skipped = merged["host_nccl"].notes["peers_skipped"]
     if family == "gemm_allreduce":
         assert "no fused op" in skipped["torch_fused"] and "torch_fused" not in merged
         return
     if "torch_fused" in skipped:
         pytest.skip(f"torch does not run in the workers: {skipped['torch_fused']}")
     fused = merged["torch_fused"]
-    assert fused["correct"], fused
+    assert fused.correct, fused
     # every call verified, four of them in full, like any variant's
-    assert fused["calls_verified"] == 14 and fused["calls_checked"] == 4, fused
-    assert fused["ms"] > 0 and merged["torch_gemm"]["ms"] > 0
-    assert merged["host_nccl"]["correct"] and merged["host_nccl_default"]["correct"]
+    assert fused.calls_verified == 14 and fused.calls_checked == 4, fused
+    assert fused.ms > 0 and merged["torch_gemm"].ms > 0
+    assert merged["host_nccl"].correct and merged["host_nccl_default"].correct

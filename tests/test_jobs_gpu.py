@@ -30,7 +30,7 @@ def group():
 def test_a_timing_job_verifies_every_call(group, family):
     from cuco.kernels import Compiler
     from cuco.kernels.tp import render_tp
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.workloads import for_problem
     from cuco.evaluate.jobs import N_CHECKED
@@ -48,13 +48,13 @@ def test_a_timing_job_verifies_every_call(group, family):
     merged = merge_ranks(res.results)
     for name in ("host_nccl", *(s.name for s in specs)):
         rec = merged[name]
-        assert rec["correct"], (name, merged)
+        assert rec.correct, (name, merged)
         # every call verified: warm-up and timed ones, N_CHECKED of them in full
-        assert rec["calls_verified"] == warmup + iters and rec["calls_checked"] == N_CHECKED
+        assert rec.calls_verified == warmup + iters and rec.calls_checked == N_CHECKED
         if not group.emulated:  # ranks sharing one GPU: their times say nothing
-            assert rec["ms"] > rec["floor_ms"] > 0, (name, rec)
+            assert rec.ms > rec.floor_ms > 0, (name, rec)
     assert {"compute_only", "comm_only"} <= set(merged)
     check_only = group.run(Case(for_problem(p), variants=specs, seed=12, time=False), timeout=300)
     assert check_only.ok, check_only.error_text()
     for name, rec in merge_ranks(check_only.results).items():
-        assert rec["correct"] and rec["calls_checked"] == N_SETS, (name, rec)
+        assert rec.correct and rec.calls_checked == N_SETS, (name, rec)

@@ -204,7 +204,7 @@ def test_templates_render_and_compile(tmp_path):
 # and events land in per-stream queues; a model of both devices executes them (each kernel as
 # kv_transfer.cu.j2 and _pipeline.cu.j2 write it, at the slots its rendered constants name) in
 # random interleavings, with the job's poison, start-of-call all-reduce and check around every
-# call (jobs.judge). A slot written at one index and waited on at another, or an arrival
+# call (verification.judge). A slot written at one index and waited on at another, or an arrival
 # target that the senders never reach, is a deadlock here; a target below what they add leaves
 # poison in the decode rank's cache; a collective host call made by one rank only is reported.
 

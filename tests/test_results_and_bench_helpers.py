@@ -9,7 +9,8 @@ import pytest
 
 from cuco import results
 from cuco.benchmarks.collectives import CollectivesBench, bus_factor, parse_size, size_label
-from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
+from cuco.runtime.collective_ops import CollectiveCase
+from cuco.runtime.records import FailedCall, ProgramRecord, RankResult, merge_ranks
 
 
 def test_result_file_has_the_shared_schema(tmp_path, monkeypatch):
@@ -83,13 +84,31 @@ def test_sizes_and_bus_factors():
 
 
 def test_merge_takes_max_time_and_worst_error():
+    late = FailedCall(iteration=9, input_set=1, checked=False, bad_elements=3, rank=1)
+    early = FailedCall(iteration=2, input_set=0, checked=True, bad_elements=1, rank=2)
     per_rank = [
-        {"variants": {"v": {"median_ms": 1.0, "correct": True, "bad_elements": 0, "rel_l2_error": 1e-3}}},
-        {"variants": {"v": {"median_ms": 1.2, "correct": False, "bad_elements": 3, "rel_l2_error": 0.5}}},
+        RankResult(0, {"v": ProgramRecord(median_ms=1.0, rel_l2_error=1e-3, floor_ms=0.5, calls_verified=30)}),
+        RankResult(1, {"v": ProgramRecord(correct=False, bad_elements=3, rel_l2_error=0.5, median_ms=1.2,
+                                          failed_call=late, floor_ms=0.4, calls_verified=30)}),
+        RankResult(2, {"v": ProgramRecord(correct=False, bad_elements=1, median_ms=1.1, failed_call=early,
+                                          guards_intact=False, floor_ms=0.6, calls_verified=29)}),
     ]
     m = merge_ranks(per_rank)["v"]
-    assert m["ms"] == 1.2 and m["rank_ms"] == [1.0, 1.2]
-    assert m["correct"] is False and m["bad_elements"] == 3 and m["rel_l2_error"] == 0.5
+    assert m.ms == 1.2 and m.rank_ms == [1.0, 1.2, 1.1] and m.timed
+    assert m.correct is False and m.bad_elements == 4 and m.rel_l2_error == 0.5
+    assert m.failed_call == early  # the earliest failing call of any rank
+    assert m.guards_intact is False and m.inputs_intact is True
+    assert m.floor_ms == 0.4 and m.calls_verified == 29  # the most generous floor, the fewest calls
+    assert "iteration 2 on input set 0, rank 2: 1 elements" in early.describe()
+
+
+def test_a_program_only_timed_merges_without_a_verdict():
+    per_rank = [RankResult(r, {"comm_only": ProgramRecord(verified=False, median_ms=0.4 + r)}) for r in range(2)]
+    m = merge_ranks(per_rank)["comm_only"]
+    assert m.ms == 1.4 and not m.verified
+    assert m.verdict() == {"correct": None, "bad_elements": None, "rel_l2_error": None}
+    untimed = merge_ranks([RankResult(0, {"v": ProgramRecord()})])["v"]
+    assert untimed.ms is None and not untimed.timed and untimed.verdict()["correct"] is True
 
 
 def test_best_marking_ignores_wrong_variants():
@@ -113,13 +132,14 @@ def test_collective_case_validates_and_picks_variants():
 def test_a_case_without_torch_peers_rows_say_why():
     from cuco.benchmarks.tp_workloads import TPBench, case_keys
     from cuco.design import GemmProblem
-    per_rank = [{"variants": {
-        "host_nccl": {"median_ms": 1.0 + r / 10, "correct": True,
-                      "notes": {"gemm": "cublaslt.heuristic2", "collective": "nccl_plain",
-                                "peers_skipped": {"torch_fused": "torch is not installed"}}},
-        "host_nccl_default": {"median_ms": 1.3, "correct": True},
-        "compute_only": {"median_ms": 0.7}, "comm_only": {"median_ms": 0.5},
-        "lsa.x": {"median_ms": 0.9, "correct": True}}} for r in range(2)]
+    per_rank = [RankResult(r, {
+        "host_nccl": ProgramRecord(median_ms=1.0 + r / 10,
+                                   notes={"gemm": "cublaslt.heuristic2", "collective": "nccl_plain",
+                                          "peers_skipped": {"torch_fused": "torch is not installed"}}),
+        "host_nccl_default": ProgramRecord(median_ms=1.3),
+        "compute_only": ProgramRecord(verified=False, median_ms=0.7),
+        "comm_only": ProgramRecord(verified=False, median_ms=0.5),
+        "lsa.x": ProgramRecord(median_ms=0.9)}) for r in range(2)]
     merged = merge_ranks(per_rank)
     keys = case_keys(merged)
     assert keys["strong_host_ms"] == 1.1 and keys["host_nccl_default_ms"] == 1.3

@@ -140,7 +140,7 @@ def _reference_copier(base):
 
 @pytest.mark.parametrize("timed", [False, True])
 def test_a_variant_that_copies_its_reference_scores_nothing(world_group, timed):
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.workloads import for_problem
     p = GemmProblem(workload="gemm_allreduce", m=512, n=1024, k=1024, world_size=TEST_WORLD)
@@ -152,5 +152,5 @@ def test_a_variant_that_copies_its_reference_scores_nothing(world_group, timed):
                           timeout=240)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
-    assert merged["host_nccl"]["correct"], merged["host_nccl"]
-    assert not merged["copier"]["correct"], merged["copier"]
+    assert merged["host_nccl"].correct, merged["host_nccl"]
+    assert not merged["copier"].correct, merged["copier"]

@@ -29,7 +29,7 @@ def grid(problem: GemmProblem) -> list[Directives]:
 
 @pytest.mark.parametrize("family,shape", [(f, s) for f, ss in SHAPES.items() for s in ss])
 def test_side_stream_grid_is_correct(gpu_group, family, shape):
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.workloads import for_problem
 
@@ -47,7 +47,7 @@ def test_side_stream_grid_is_correct(gpu_group, family, shape):
         merged = merge_ranks(res.results)
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
         for name, rec in merged.items():
-            assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
+            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
 
 
 RAGGED = [("gemm_allreduce", (3000, 1536, 1536)), ("gemm_reducescatter", (3000, 1536, 1536)),
@@ -65,7 +65,7 @@ def test_side_stream_is_correct_at_a_ragged_m(gpu_group, family, shape, dtype):
     whose plans are ragged and one of a single chunk per block."""
     from cuco.design.tiles import ChunkPlan
     from cuco.kernels.tp import render_side_stream
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.workloads import for_problem
 
@@ -84,4 +84,4 @@ def test_side_stream_is_correct_at_a_ragged_m(gpu_group, family, shape, dtype):
         merged = merge_ranks(res.results)
         assert {s.name for s in specs} <= set(merged)
         for name, rec in merged.items():
-            assert rec["correct"], f"{family} {dtype} {shape} seed {seed} {name}: {rec}"
+            assert rec.correct, f"{family} {dtype} {shape} seed {seed} {name}: {rec}"

@@ -56,7 +56,7 @@ def build(problem, points, edit=None):
 
 @pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES, RAGGED)])
 def test_in_kernel_grid_is_correct(world_group, family, shape):
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case
     from cuco.workloads import for_problem
 
@@ -72,7 +72,7 @@ def test_in_kernel_grid_is_correct(world_group, family, shape):
         merged = merge_ranks(res.results)
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
         for name, rec in merged.items():
-            assert rec["correct"], f"{family} {shape} seed {seed} {name}: {rec}"
+            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -80,7 +80,7 @@ def test_in_kernel_grid_is_correct(world_group, family, shape):
 def test_one_build_runs_every_shape(world_group, family, dtype):
     """The kernel takes its shape per launch: built once (for the first shape), it is
     correct at shapes it was not rendered for, whole-tiled and ragged, in bf16 and fp16."""
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case
     from cuco.workloads import for_problem
 
@@ -94,7 +94,7 @@ def test_one_build_runs_every_shape(world_group, family, dtype):
         res = world_group.run(Case(for_problem(problem), variants=specs, seed=7, time=False), timeout=120)
         assert res.ok, res.error_text()
         for name, rec in merge_ranks(res.results).items():
-            assert rec["correct"], f"{family} {(m, n, k)} {name}: {rec}"
+            assert rec.correct, f"{family} {(m, n, k)} {name}: {rec}"
 
 
 @pytest.mark.gpu(count=2)
@@ -104,7 +104,7 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(world_group, comm_warps,
     """The owner reads its peers' partials without waiting for their flags (in the consumer
     warpgroups or in the comm warps): the stressed correctness run must see NaN poison (or
     a stale partial) and fail it."""
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case
     from cuco.workloads import GemmReduceScatter
 
@@ -118,5 +118,5 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(world_group, comm_warps,
                         timeout=120)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
-    assert merged["host_nccl"]["correct"]
-    assert not merged[specs[0].name]["correct"]
+    assert merged["host_nccl"].correct
+    assert not merged[specs[0].name].correct

@@ -4,6 +4,7 @@ floor, and that an in-kernel kernel's arguments carry nothing check-only."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -12,6 +13,7 @@ from cuco.design import GemmProblem
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.dtypes import Poison
 from cuco.runtime.peaks import below_floor, physical_floor_ms
+from cuco.runtime.records import ProgramResult
 from cuco.runtime.stress import Stress
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
 from cuco.evaluate.jobs import first_epoch
@@ -139,9 +141,11 @@ def test_the_floor_never_flags_an_honest_kernel_and_flags_one_that_skips_work():
     # measured honestly on 2 x H200: the in-kernel GEMM alone 0.733 ms (flagged by the old
     # 0.98 x cuBLAS rule), the best fused AllReduce 0.847 ms
     assert floor < 0.733 < 0.847
-    assert not below_floor({"ms": 0.733, "floor_ms": floor})
+    assert not below_floor(ProgramResult(verified=True, correct=True, ms=0.733, rank_ms=[0.733], floor_ms=floor))
     # half the GEMM skipped
-    assert below_floor({"ms": 0.38, "floor_ms": floor})
+    assert below_floor(ProgramResult(verified=True, correct=True, ms=0.38, rank_ms=[0.38], floor_ms=floor))
+    # no floor known (no work model): never flagged
+    assert not below_floor(ProgramResult(verified=True, correct=True, ms=0.38, rank_ms=[0.38]))
     # an AllGather with nothing to compute is bounded by its link bytes
     ag = AllGatherGemm(m=8192, n=8, k=8192, world_size=2)
     assert ag.work().link_bytes == 8192 * 8192  # M/2 x K bf16 from the peer
@@ -270,3 +274,74 @@ def test_the_seal_is_siphash_under_a_128_bit_key():
     base = keystream_host(idx, key)
     for bit in (0, 63, 64, 127):  # every word of the key changes the stream
         assert (keystream_host(idx, key ^ (1 << bit)) != base).sum() > 48
+
+
+# ---------------------------------------------------------------- the job's steps on plain data
+# The steps of a job's verification that turn what the device counted into verdicts are pure
+# functions of the schedule and the counts: checked here on the counts a GPU would read back.
+
+def _records() -> dict:
+    from cuco.runtime.records import ProgramRecord
+    return {n: ProgramRecord(floor_ms=0.5) for n in VERIFIED}
+
+
+def test_the_device_counts_of_every_call_not_checked_on_the_host_are_tallied():
+    import numpy as np
+    from cuco.evaluate.verification import tally_device_counts
+    schedule = timing(7)
+    rng = np.random.default_rng(0)
+    bad = np.zeros(len(schedule), dtype=np.uint64)
+    sums = np.stack([rng.uniform(0, 1e-6, len(schedule)), np.ones(len(schedule))], axis=1)
+    wrong_at = next(i for i, c in enumerate(schedule) if c.program == "v2" and c.timed)
+    bad[wrong_at] = 5
+    checked_at = next(i for i, c in enumerate(schedule) if c.program == "v1" and c.checked)
+    bad[checked_at], sums[checked_at] = 9, (4.0, 1.0)  # a checked call's slot is never read
+    records, failures = _records(), {}
+    tally_device_counts(records, failures, schedule, bad, sums)
+    for name, rec in records.items():
+        mine = [c for c in schedule if c.program == name]
+        assert rec.calls_verified == sum(not c.checked for c in mine)
+        assert rec.calls_checked == 0  # the host-compared calls are counted where they run
+        assert rec.rel_l2_error == pytest.approx(max(
+            math.sqrt(sums[i][0]) for i, c in enumerate(schedule) if c.program == name and not c.checked))
+    assert list(failures) == ["v2"] and failures["v2"] == [(wrong_at, schedule[wrong_at], 5)]
+    assert "compute_only" not in records  # the bound's halves are only timed
+
+
+def test_a_wrong_program_is_reported_at_its_first_failing_call_in_the_schedules_order():
+    from cuco.evaluate.verification import mark_first_failures
+    schedule = timing(8)
+    v3 = [(i, c) for i, c in enumerate(schedule) if c.program == "v3"]
+    (i1, c1), (i2, c2) = v3[-1], v3[2]
+    records = _records()
+    mark_first_failures(records, {"v3": [(i1, c1, 40), (i2, c2, 3)]}, rank=1)
+    rec = records["v3"]
+    assert not rec.correct and rec.bad_elements == 3
+    f = rec.failed_call
+    assert (f.iteration, f.input_set, f.checked, f.bad_elements, f.rank) == (c2.iteration, c2.input_set, c2.checked, 3, 1)
+    assert all(r.correct for n, r in records.items() if n != "v3")
+
+
+def test_a_program_less_accurate_than_the_host_program_is_wrong_by_its_host_compared_error():
+    from cuco.evaluate.verification import ACCURACY_SLACK, apply_accuracy_rule
+    records = _records()
+    host = records["host_nccl"]
+    host.calls_checked, host.checked_l2 = 4, 1e-3
+    host.rel_l2_error = 1.0  # device sums a candidate found and inflated: not the bar
+    records["v1"].rel_l2_error = ACCURACY_SLACK * 1e-3 * 0.99
+    records["v2"].rel_l2_error = ACCURACY_SLACK * 1e-3 * 1.01
+    apply_accuracy_rule(records, "bf16")
+    assert records["v1"].correct and records["v1"].less_accurate_than_host is None
+    assert not records["v2"].correct and records["v2"].less_accurate_than_host == 1e-3
+    # an exact host program: the bar is a quarter of the dtype's epsilon, never zero
+    records = _records()
+    records["host_nccl"].calls_checked = 4
+    records["v1"].rel_l2_error = 2.0**-8 / 4 * ACCURACY_SLACK * 0.5
+    apply_accuracy_rule(records, "bf16")
+    assert records["v1"].correct
+    # a wrong host program sets no bar (the job is an error, not a verdict on the others)
+    records = _records()
+    records["host_nccl"].correct = False
+    records["v1"].rel_l2_error = 0.9
+    apply_accuracy_rule(records, "bf16")
+    assert records["v1"].correct

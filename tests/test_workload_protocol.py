@@ -150,14 +150,16 @@ def test_a_pipeline_candidate_exports_and_loads(tmp_path):
 def test_the_baseline_is_the_fastest_correct_host_program_of_the_workload():
     """A speedup is measured against the fastest host program that was right, whichever of the
     workload's host programs that is (the per-shape pick can lose to the plain one)."""
+    from cuco.runtime.records import ProgramResult
     from cuco.workloads import GemmAllReduce, get
 
+    def timed(ms: float) -> ProgramResult:
+        return ProgramResult(verified=True, correct=True, ms=ms, rank_ms=[ms])
+
     wl = GemmAllReduce(m=2048, n=4096, k=4096, world_size=2)
-    merged = {"host_nccl": {"ms": 0.136, "correct": True},
-              "host_nccl_default": {"ms": 0.131, "correct": True},
-              "candidate": {"ms": 0.01, "correct": True}}
+    merged = {"host_nccl": timed(0.136), "host_nccl_default": timed(0.131), "candidate": timed(0.01)}
     assert wl.strongest_host(merged) == "host_nccl_default"
-    merged["host_nccl_default"]["correct"] = False  # a wrong program is no baseline
+    merged["host_nccl_default"].correct = False  # a wrong program is no baseline
     assert wl.strongest_host(merged) == "host_nccl"
     del merged["host_nccl_default"]  # a user workload with its own host program has no default
     assert wl.strongest_host(merged) == "host_nccl"

@@ -95,7 +95,7 @@ class GpuMeasure:
     def __call__(self, problem, candidates, db, run_id):  # pragma: no cover - needs GPUs
         from cuco.evaluate.evaluator import Candidate, EvalResult, store_result
         from cuco.kernels import Compiler
-        from cuco.runtime.collective_ops import merge_ranks
+        from cuco.runtime.records import merge_ranks
         from cuco.workloads import for_problem
         from cuco.evaluate.jobs import Case, VariantSpec
         wl = for_problem(problem)
@@ -113,23 +113,22 @@ class GpuMeasure:
         merged = merge_ranks(res.results)
         host_name = wl.strongest_host(merged)
         host = merged[host_name]
-        out = [Measurement(HOST, HOST, host.get("ms"), bool(host.get("correct")))]
+        out = [Measurement(HOST, HOST, host.ms, host.correct)]
         peer = merged.get("torch_fused")
         if peer is None:
-            why = merged["host_nccl"].get("notes", {}).get("peers_skipped", {}).get("torch_fused")
+            why = merged["host_nccl"].notes.get("peers_skipped", {}).get("torch_fused")
             out.append(Measurement(TORCH_FUSED, TORCH_FUSED, None, False, why or "not run"))
         else:
-            out.append(Measurement(TORCH_FUSED, TORCH_FUSED, peer.get("ms"), bool(peer.get("correct"))))
+            out.append(Measurement(TORCH_FUSED, TORCH_FUSED, peer.ms, peer.correct))
         for name, d in names.items():
             rec = merged[name]
-            ok = bool(rec.get("correct"))
-            r = EvalResult("ok" if ok else "wrong", "timing", time_ms=rec.get("ms"),
-                           baseline_ms=host.get("ms"),
-                           speedup=(host["ms"] / rec["ms"]) if ok and rec.get("ms") else None,
+            ok = rec.correct
+            r = EvalResult("ok" if ok else "wrong", "timing", time_ms=rec.ms, baseline_ms=host.ms,
+                           speedup=(host.ms / rec.ms) if ok and rec.ms and host.ms else None,
                            extra={"dispatch_tune": True, "baseline": host_name})
             cand = Candidate(d)
             store_result(db, problem.workload, cand, r, run_id)
-            out.append(_cuco(d, rec.get("ms"), ok, cand.candidate_id))
+            out.append(_cuco(d, rec.ms, ok, cand.candidate_id))
         return out
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
+from cuco.runtime.records import ProgramResult
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import all_sources, lsa_collectives, nvshmem_collectives
 from cuco.kernels.render import render
@@ -69,8 +70,8 @@ class CollectivesBench:
 
     def run(self) -> Path:
         from cuco.runtime import WorkerGroup
-        from cuco.runtime.collective_ops import CollectiveCase, merge_ranks
-        from cuco.runtime.probes import LaunchProbe
+        from cuco.runtime.collective_ops import CollectiveCase
+        from cuco.runtime.records import merge_ranks
 
         comp = Compiler()
         lsa = comp.compile(lsa_collectives("bf16").source, needs=("nccl",), name="lsa_collectives_bf16")
@@ -114,19 +115,19 @@ class CollectivesBench:
         self.console.print(f"wrote {path}")
         return path
 
-    def _rows(self, op: str, label: str, nbytes: int, merged: dict[str, dict[str, Any]]) -> list[dict]:
+    def _rows(self, op: str, label: str, nbytes: int, merged: dict[str, ProgramResult]) -> list[dict]:
         base = merged["host_nccl"]
         out = []
         f = bus_factor(op, self.world_size)
         for name, m in merged.items():
             variant, _, ctas = name.partition("@")
             row = {"case": f"{op}/{label}", "variant": variant, "ctas": int(ctas) if ctas else None,
-                   "ms": round(m["ms"], 5), "rank_ms": [round(x, 5) for x in m["rank_ms"]],
-                   "baseline": "host_nccl", "baseline_ms": round(base["ms"], 5),
-                   "speedup": round(base["ms"] / m["ms"], 4), "bound_ms": None, "overlap_eff": None,
-                   "busbw_GBs": round(f * nbytes / (m["ms"] * 1e-3) / 1e9, 2),
-                   "correct": m["correct"], "bad_elements": m["bad_elements"],
-                   "rel_l2_error": m["rel_l2_error"], "bytes": nbytes}
+                   "ms": round(m.ms, 5), "rank_ms": [round(x, 5) for x in m.rank_ms],
+                   "baseline": "host_nccl", "baseline_ms": round(base.ms, 5),
+                   "speedup": round(base.ms / m.ms, 4), "bound_ms": None, "overlap_eff": None,
+                   "busbw_GBs": round(f * nbytes / (m.ms * 1e-3) / 1e9, 2),
+                   "correct": m.correct, "bad_elements": m.bad_elements,
+                   "rel_l2_error": m.rel_l2_error, "bytes": nbytes}
             out.append(row)
         return out
 

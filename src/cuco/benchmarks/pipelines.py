@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
+from cuco.runtime.records import ProgramResult
 from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.workloads.pipeline import BASELINES, PipelineWorkload
 
@@ -70,25 +71,24 @@ class PipelineBench:
         return path
 
     @staticmethod
-    def rows(wl: PipelineWorkload, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def rows(wl: PipelineWorkload, merged: dict[str, ProgramResult]) -> list[dict[str, Any]]:
         baseline = wl.strongest_host(merged)
-        host = merged[baseline]["ms"]
-        t_comp, t_comm = merged["compute_only"]["ms"], merged["comm_only"]["ms"]
+        host = merged[baseline].ms
+        t_comp, t_comm = merged["compute_only"].ms, merged["comm_only"].ms
         bound = max(t_comp, t_comm)
         out = []
         for name, m in merged.items():
-            row = {"case": wl.label, "variant": name, "ms": round(m["ms"], 5),
-                   "rank_ms": [round(x, 5) for x in m["rank_ms"]],
+            row = {"case": wl.label, "variant": name, "ms": round(m.ms, 5),
+                   "rank_ms": [round(x, 5) for x in m.rank_ms],
                    "baseline": baseline, "baseline_ms": round(host, 5),
-                   "speedup": round(host / m["ms"], 4), "bound_ms": round(bound, 5),
-                   "overlap_eff": round(bound / m["ms"], 4),
+                   "speedup": round(host / m.ms, 4), "bound_ms": round(bound, 5),
+                   "overlap_eff": round(bound / m.ms, 4),
                    "compute_ms": round(t_comp, 5), "comm_ms": round(t_comm, 5),
-                   "correct": m.get("correct"), "bad_elements": m.get("bad_elements"),
-                   "rel_l2_error": m.get("rel_l2_error"), "backend": name.split(".")[0],
-                   "suspect": name not in BASELINES and m["ms"] < 0.98 * bound}
+                   **m.verdict(), "backend": name.split(".")[0],
+                   "suspect": name not in BASELINES and m.ms < 0.98 * bound}
             row["comm_share"] = round(t_comm / host, 4)  # of the host program
             if wl.hides_transfer:
-                row["hidden_fraction"] = round(1 - max(0.0, m["ms"] - t_comp) / t_comm, 4)
+                row["hidden_fraction"] = round(1 - max(0.0, m.ms - t_comp) / t_comm, 4)
             out.append(row)
         return out
 

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
+from cuco.runtime.records import ProgramResult
 from cuco.benchmarks.variants import compile_variants, run_cases
 from cuco.design import Directives, Placement, GemmProblem
 from cuco.design.patterns import TP_NAMES
@@ -39,25 +40,25 @@ NOT_CUCO = ("host_nccl", "host_nccl_default", "torch_fused", "compute_only", "co
             "torch_gemm", "*")
 
 
-def case_keys(merged: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def case_keys(merged: dict[str, ProgramResult]) -> dict[str, Any]:
     """The per-case keys of the rows and the summary, from one job's merged programs: the
     strongest host program (its time and what it is made of), the old one, torch's GEMM
     alone and torch's fused op (``None`` with ``torch_fused_why`` where it did not run)."""
     def ms(name: str) -> float | None:
-        t = merged.get(name, {}).get("ms")
+        t = merged[name].ms if name in merged else None
         return round(t, 5) if t is not None else None
 
-    notes = merged["host_nccl"].get("notes", {})
+    notes = merged["host_nccl"].notes
     fused = merged.get("torch_fused")
     skipped = notes.get("peers_skipped", {})
     return {"strong_host_ms": ms("host_nccl"), "host_gemm": notes.get("gemm"),
             "host_collective": notes.get("collective"), "host_gemm_ms": notes.get("gemm_ms"),
             "host_collective_ms": notes.get("collective_ms"),
             "host_nccl_default_ms": ms("host_nccl_default"), "torch_gemm_ms": ms("torch_gemm"),
-            "torch_fused_ms": ms("torch_fused") if fused is not None and fused.get("correct") else None,
-            "torch_fused_correct": fused.get("correct") if fused is not None else None,
+            "torch_fused_ms": ms("torch_fused") if fused is not None and fused.correct else None,
+            "torch_fused_correct": fused.correct if fused is not None else None,
             "torch_fused_why": skipped.get("torch_fused") if fused is None else
-            (None if fused.get("correct") else f"wrong output: {fused}")}
+            (None if fused.correct else f"wrong output: {fused}")}
 
 
 #: In-kernel points whose GEMM alone is timed beside them (``profile.gemm_only.*`` rows): the
@@ -216,30 +217,29 @@ class TPBench:
         return path
 
     @staticmethod
-    def _rows(p: GemmProblem, merged: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _rows(p: GemmProblem, merged: dict[str, ProgramResult]) -> list[dict[str, Any]]:
         from cuco.workloads import for_problem
         baseline = for_problem(p).strongest_host(merged)
-        host = merged[baseline]["ms"]
-        bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
+        host = merged[baseline].ms
+        t_comp, t_comm = merged["compute_only"].ms, merged["comm_only"].ms
+        bound = max(t_comp, t_comm)
         keys = case_keys(merged)
         fused = keys["torch_fused_ms"]
         out = []
         for name, m in merged.items():
             backend = name.split(".")[0]
-            row = {"case": p.label, "variant": name, "ms": round(m["ms"], 5),
-                   "rank_ms": [round(x, 5) for x in m["rank_ms"]],
+            row = {"case": p.label, "variant": name, "ms": round(m.ms, 5),
+                   "rank_ms": [round(x, 5) for x in m.rank_ms],
                    "baseline": baseline, "baseline_ms": round(host, 5),
-                   "speedup": round(host / m["ms"], 4), "bound_ms": round(bound, 5),
-                   "overlap_eff": round(bound / m["ms"], 4),
-                   "gemm_ms": round(merged["compute_only"]["ms"], 5),
-                   "comm_ms": round(merged["comm_only"]["ms"], 5),
-                   "correct": m.get("correct", None), "bad_elements": m.get("bad_elements"),
-                   "rel_l2_error": m.get("rel_l2_error"), "backend": backend,
+                   "speedup": round(host / m.ms, 4), "bound_ms": round(bound, 5),
+                   "overlap_eff": round(bound / m.ms, 4),
+                   "gemm_ms": round(t_comp, 5), "comm_ms": round(t_comm, 5),
+                   **m.verdict(), "backend": backend,
                    **keys,
                    "peers": {"torch_fused_ms": fused, "torch_gemm_ms": keys["torch_gemm_ms"],
                              "why": keys["torch_fused_why"],
-                             "cuco_over_torch_fused": round(fused / m["ms"], 4) if fused else None},
-                   "floor_ms": m.get("floor_ms"),
+                             "cuco_over_torch_fused": round(fused / m.ms, 4) if fused else None},
+                   "floor_ms": m.floor_ms if m.verified else None,
                    # faster than the physical floor: it did less than the workload asks
                    "suspect": below_floor(m)}
             if name.startswith(PROFILE):  # not the workload's output: a time, not a candidate

@@ -54,7 +54,7 @@ def run_cases(cases: list[tuple[str, Any, Callable[[dict], list[dict]]]], *, wor
     ``checkpoint(rows, device)`` runs after every finished case. Returns ``(rows, device)``."""
     from cuco import results
     from cuco.runtime import WorkerGroup
-    from cuco.runtime.collective_ops import merge_ranks
+    from cuco.runtime.records import merge_ranks
 
     rows: list[dict[str, Any]] = []
     group = WorkerGroup(world_size, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(heap_bytes)})

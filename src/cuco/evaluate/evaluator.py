@@ -49,7 +49,7 @@ from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
 from cuco.kernels import evolve
-from cuco.runtime.collective_ops import merge_ranks
+from cuco.runtime.records import ProgramResult, merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
@@ -252,7 +252,7 @@ class Evaluator:
         self.gpu_s += seconds
         self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
         if res.ok:
-            self.verify_s += max(r.get("verify_s", 0.0) for r in res.results)
+            self.verify_s += max(r.verify_s for r in res.results)
         if res.status in ("hang", "crash"):
             return EvalResult(res.status, stage, res.error_text()[-4000:],
                               extra={"respawn_s": res.respawn_s}), None
@@ -260,30 +260,25 @@ class Evaluator:
             return EvalResult("error", stage, res.error_text()[-4000:]), None
         return None, merge_ranks(res.results)
 
-    def _check(self, merged: dict, name: str, stage: str) -> EvalResult | None:
+    def _check(self, merged: dict[str, ProgramResult], name: str, stage: str) -> EvalResult | None:
         rec = merged[name]
-        if not rec.get("correct"):
-            if rec.get("inputs_intact") is False:
-                why = "wrote to its inputs (their fingerprint changed)"
-            elif rec.get("guards_intact") is False:
-                why = "wrote outside its outputs (a guard page changed)"
-            elif rec.get("less_accurate_than_host") is not None:
-                why = (f"relative L2 error {rec.get('rel_l2_error'):.3g} is more than "
-                       f"{ACCURACY_SLACK:g}x the host program's {rec['less_accurate_than_host']:.3g} on the "
-                       "same inputs: it loses precision the workload does not allow (e.g. it "
-                       "compresses what it sends)")
-            else:
-                why = f"{rec.get('bad_elements')} elements differ from the reference"
-                call = rec.get("failed_call")
-                if call:
-                    kind = "a checked (poisoned, stressed)" if call["checked"] else (
-                        "a timed" if call["iteration"] >= 0 else "a warm-up")
-                    why = (f"{kind} call, iteration {call['iteration']} on input set "
-                           f"{call['input_set']}, rank {call['rank']}: {call['bad_elements']} elements "
-                           "differ from the reference")
-            return EvalResult("wrong", stage, why, max_error=rec.get("rel_l2_error"),
-                              extra={"failed_call": rec.get("failed_call")})
-        return None
+        if rec.correct:
+            return None
+        if not rec.inputs_intact:
+            why = "wrote to its inputs (their fingerprint changed)"
+        elif not rec.guards_intact:
+            why = "wrote outside its outputs (a guard page changed)"
+        elif rec.less_accurate_than_host is not None:
+            why = (f"relative L2 error {rec.rel_l2_error:.3g} is more than "
+                   f"{ACCURACY_SLACK:g}x the host program's {rec.less_accurate_than_host:.3g} on the "
+                   "same inputs: it loses precision the workload does not allow (e.g. it "
+                   "compresses what it sends)")
+        elif rec.failed_call is not None:
+            why = rec.failed_call.describe()
+        else:
+            why = f"{rec.bad_elements} elements differ from the reference"
+        failed = asdict(rec.failed_call) if rec.failed_call is not None else None
+        return EvalResult("wrong", stage, why, max_error=rec.rel_l2_error, extra={"failed_call": failed})
 
     def evaluate(self, cand: Candidate | Directives, source: str | None = None) -> EvalResult:
         """Run the whole cascade for one candidate (and store the verdict if a DB is set)."""
@@ -394,7 +389,7 @@ class Evaluator:
                                  self.timeouts.full, "full")
         if fail or (fail := self._check(merged, "candidate", "full")):
             return fail, None
-        worst = merged["candidate"].get("rel_l2_error") or 0.0
+        worst = merged["candidate"].rel_l2_error
         return None, (spec, worst, built["compile_s"])
 
     def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
@@ -423,36 +418,36 @@ class Evaluator:
             results.append(r)
         return results
 
-    def _score(self, c: _Checked, merged: dict, name: str) -> EvalResult:
+    def _score(self, c: _Checked, merged: dict[str, ProgramResult], name: str) -> EvalResult:
         """The verdict of a candidate whose every call was right in a timing job."""
-        if not merged["host_nccl"].get("correct"):
+        host_program = merged["host_nccl"]
+        if not host_program.correct:
             return EvalResult("error", "timing", "the host-driven program's output was wrong in "
-                              f"the timing job: {merged['host_nccl']}")
+                              f"the timing job: {host_program}")
         rec = merged[name]
-        t = rec["ms"]
+        t = rec.ms
         baseline = self.workload.strongest_host(merged)
-        host = merged[baseline]["ms"]
-        bound = max(merged["compute_only"]["ms"], merged["comm_only"]["ms"])
-        floor = rec.get("floor_ms", 0.0)
+        host = merged[baseline].ms
+        compute, comm = merged["compute_only"].ms, merged["comm_only"].ms
+        bound = max(compute, comm)
+        default = merged.get("host_nccl_default")
         result = EvalResult("ok", "scored", None, max_error=c.worst,
-                            rank_times_ms=rec["rank_ms"], time_ms=t,
+                            rank_times_ms=rec.rank_ms, time_ms=t,
                             baseline_ms=host, bound_ms=bound, speedup=host / t,
                             overlap_eff=bound / t,
-                            extra={"compute_ms": merged["compute_only"]["ms"],
-                                   "comm_ms": merged["comm_only"]["ms"],
+                            extra={"compute_ms": compute, "comm_ms": comm,
                                    # what the strongest host program is made of, and the old one
-                                   "host": {k: merged["host_nccl"].get("notes", {}).get(k)
-                                            for k in ("gemm", "collective")},
-                                   "host_default_ms": merged.get("host_nccl_default", {}).get("ms"),
+                                   "host": {k: host_program.notes.get(k) for k in ("gemm", "collective")},
+                                   "host_default_ms": default.ms if default is not None else None,
                                    "baseline": baseline,
-                                   "floor_ms": floor,
-                                   "calls_verified": rec.get("calls_verified"),
+                                   "floor_ms": rec.floor_ms,
+                                   "calls_verified": rec.calls_verified,
                                    "compile_s": c.compile_s})
         if getattr(self.group, "emulated", False):
             return emulated_verdict(result, c.cand.directives)
         if below_floor(rec):
             result.status, result.stage_reached = "suspect", "timing"
-            result.error = (f"{t:.4f} ms is below the physical floor {floor:.4f} ms (this rank's "
+            result.error = (f"{t:.4f} ms is below the physical floor {rec.floor_ms:.4f} ms (this rank's "
                             "GEMM at the measured peak rate, its bytes through HBM and over the "
                             "links at their measured rates, with headroom): it cannot have done "
                             "the work; not scored")

@@ -46,6 +46,35 @@ def set_seed(seed: int, input_set: int) -> int:
     return seed * N_SETS + input_set
 
 
+class _Draws:
+    """The job's random draws, in one order: each verified call's input set (never the one
+    that last wrote a buffer it shares), poison and stress."""
+
+    def __init__(self, verified: dict[str, tuple[str, ...]], seed: int, world_size: int, sms: int,
+                 dtype: str, n_sets: int) -> None:
+        self.rng, self.verified, self.last = random.Random(seed), verified, {}
+        self.world_size, self.sms, self.dtype, self.n_sets = world_size, sms, dtype, n_sets
+
+    def pick(self, name: str) -> int:
+        keys = (f"program:{name}", *self.verified[name])
+        taken = {self.last[k] for k in keys if k in self.last}
+        s = self.rng.choice([i for i in range(self.n_sets) if i not in taken])
+        for k in keys:
+            self.last[k] = s
+        return s
+
+    def checked(self, name: str, it: int) -> Call:
+        return Call(name, it, self.pick(name), True, False, Poison.draw(self.rng, self.dtype),
+                    Stress.draw(self.rng, self.world_size, self.sms))
+
+    def timed(self, name: str, it: int) -> Call:
+        return Call(name, it, self.pick(name), False, it >= 0, Poison.draw(self.rng, self.dtype))
+
+    def stressed(self, name: str, it: int) -> Call:
+        return Call(name, it, self.pick(name), False, False, Poison.draw(self.rng, self.dtype),
+                    Stress.draw(self.rng, self.world_size, self.sms))
+
+
 def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, seed: int,
                   check_only: bool, warmup: int, iters: int, n_checked: int, world_size: int,
                   sms: int, dtype: str, n_sets: int = N_SETS) -> list[Call]:
@@ -61,52 +90,38 @@ def make_schedule(verified: dict[str, tuple[str, ...]], extras: list[str], *, se
     (fewer where ``iters`` is short: half the rest stays timed) stressed like them but
     verified on the device (left out of the median).
     """
-    rng = random.Random(seed)
-    last: dict[str, int] = {}
-
-    def pick(name: str) -> int:
-        keys = (f"program:{name}", *verified[name])
-        taken = {last[k] for k in keys if k in last}
-        s = rng.choice([i for i in range(n_sets) if i not in taken])
-        for k in keys:
-            last[k] = s
-        return s
-
-    def checked(name: str, it: int) -> Call:
-        return Call(name, it, pick(name), True, False, Poison.draw(rng, dtype),
-                    Stress.draw(rng, world_size, sms))
-
-    def timed(name: str, it: int) -> Call:
-        return Call(name, it, pick(name), False, it >= 0, Poison.draw(rng, dtype))
-
-    def stressed(name: str, it: int) -> Call:
-        return Call(name, it, pick(name), False, False, Poison.draw(rng, dtype),
-                    Stress.draw(rng, world_size, sms))
-
-    calls: list[Call] = []
+    draws = _Draws(verified, seed, world_size, sms, dtype, n_sets)
     if check_only:
-        names = list(verified)
+        names, calls = list(verified), []
         for it in range(n_sets):
-            rng.shuffle(names)
-            calls.extend(checked(n, it) for n in names)
+            draws.rng.shuffle(names)
+            calls.extend(draws.checked(n, it) for n in names)
         return calls
     if iters <= n_checked:
         raise ValueError(f"iters={iters} leaves no timed call beside {n_checked} checked ones")
+    return _timing_calls(draws, extras, warmup, iters, n_checked)
+
+
+def _timing_calls(draws: _Draws, extras: list[str], warmup: int, iters: int, n_checked: int) -> list[Call]:
+    """A timing job's calls: warm-up rounds, then rounds in rotating order with each verified
+    program's checked and stressed iterations drawn at random."""
+    verified = draws.verified
     # as many stressed-but-unchecked calls as checked ones, while half the rest stays timed
     n_stressed = min(n_checked, (iters - n_checked) // 2)
     names = [*verified, *extras]
-    drawn = {n: rng.sample(range(iters), n_checked + n_stressed) for n in verified}
+    drawn = {n: draws.rng.sample(range(iters), n_checked + n_stressed) for n in verified}
     checked_at = {n: set(d[:n_checked]) for n, d in drawn.items()}
     stressed_at = {n: set(d[n_checked:]) for n, d in drawn.items()}
+    calls: list[Call] = []
     for it in range(-warmup, iters):
         r = it % len(names)
         for name in names[r:] + names[:r]:
             if name not in verified:
                 calls.append(Call(name, it, 0, False, it >= 0))
             elif it >= 0 and it in checked_at[name]:
-                calls.append(checked(name, it))
+                calls.append(draws.checked(name, it))
             elif it >= 0 and it in stressed_at[name]:
-                calls.append(stressed(name, it))
+                calls.append(draws.stressed(name, it))
             else:
-                calls.append(timed(name, it))
+                calls.append(draws.timed(name, it))
     return calls

@@ -4,7 +4,10 @@ against the host-launched NCCL collective, checked and timed in one job.
 A :class:`CollectiveCase` is sent to every rank. Each rank draws its own
 random input from ``seed + rank``, poisons every output with NaN, runs the
 host NCCL reference in fp32 and every variant, compares every element, then
-times all variants interleaved. The parent takes the max over ranks.
+times all variants interleaved, and returns a typed
+:class:`~cuco.runtime.records.RankResult`. The parent merges the ranks
+(:func:`cuco.runtime.records.merge_ranks`: the max time over ranks). Its timed calls
+are not verified: it is a benchmark of cuco's own collectives, not a candidate's score.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 
 from cuco.runtime import dtypes
 from cuco.runtime.checking import compare
+from cuco.runtime.records import ProgramRecord, RankResult
 from cuco.runtime.timing import median, time_interleaved
 
 OPS = ("allreduce", "allgather", "reducescatter")
@@ -73,7 +77,7 @@ class CollectiveCase:
         return True
 
     # ------------------------------------------------------------------ worker side
-    def __call__(self, ctx) -> dict[str, Any]:
+    def __call__(self, ctx) -> RankResult:
         import cupy
 
         W, me, dt = ctx.world_size, ctx.rank, self.dtype
@@ -144,26 +148,27 @@ class CollectiveCase:
                 for c in self.ctas:
                     launches[f"{v}@{c}"] = (self._nvshmem(ctx, nv, c), nv["dst_view"])
 
-        result: dict[str, Any] = {"rank": me, "n": n, "nout": nout, "variants": {}}
+        programs: dict[str, ProgramRecord] = {}
         for name, (fn, target) in launches.items():
-            rec: dict[str, Any] = {}
+            rec = programs[name] = ProgramRecord(verified=self.check)
             if self.check:
                 with s:
                     dtypes.poison(target, dt)
                     fn()
                     if name == "host_nccl" and self.op != "allgather" and W > 2:
-                        rec.update(self._ring_check(comm, x32, target, ref, nout, s, W))
+                        got = self._ring_check(comm, x32, target, ref, nout, s, W)
                     else:
-                        rec.update(compare(target, ref, dt, ulp_tolerance(dt), 1e-6))
+                        got = compare(target, ref, dt, ulp_tolerance(dt), 1e-6)
                 s.synchronize()
-            result["variants"][name] = rec
+                rec.correct, rec.bad_elements = got["correct"], got["bad_elements"]
+                rec.rel_l2_error = rec.checked_l2 = got["rel_l2_error"]
+                rec.calls_verified = rec.calls_checked = 1
         if self.time:
             samples = time_interleaved({k: f for k, (f, _) in launches.items()}, s,
                                        warmup=self.warmup, iters=self.iters)
             for name, ms in samples.items():
-                result["variants"][name]["median_ms"] = median(ms)
-                result["variants"][name]["samples"] = len(ms)
-        return result
+                programs[name].median_ms, programs[name].samples = median(ms), len(ms)
+        return RankResult(me, programs)
 
     def _ring_check(self, comm, x32, got, ref, nout: int, s, world: int) -> dict[str, Any]:
         """NCCL's own reduction, checked as what it is: its ring adds in the data type and
@@ -272,36 +277,3 @@ def _view(ptr: int, n: int, dtype: str, owner):
     nbytes = n * dtypes.ITEMSIZE[dtype]
     mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), owner)
     return cupy.ndarray((n,), dtype=dtypes.STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
-
-
-def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Max time over ranks, worst error over ranks, correct only if correct everywhere."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in per_rank[0]["variants"]:
-        recs = [r["variants"][name] for r in per_rank]
-        m: dict[str, Any] = {}
-        if "median_ms" in recs[0]:
-            m["ms"] = max(r["median_ms"] for r in recs)
-            m["rank_ms"] = [r["median_ms"] for r in recs]
-        if any("correct" in r for r in recs):
-            m["correct"] = all(r.get("correct", True) for r in recs)
-            m["bad_elements"] = sum(r.get("bad_elements", 0) for r in recs)
-            m["rel_l2_error"] = max(r.get("rel_l2_error", 0.0) for r in recs)
-            worse = [r["less_accurate_than_host"] for r in recs if r.get("less_accurate_than_host") is not None]
-            if worse:
-                m["less_accurate_than_host"] = max(worse)
-            for flag in ("guards_intact", "inputs_intact"):
-                if any(flag in r for r in recs):
-                    m[flag] = all(r.get(flag, True) for r in recs)
-            failed = [r["failed_call"] for r in recs if r.get("failed_call")]
-            if failed:  # the earliest failing call of any rank
-                m["failed_call"] = min(failed, key=lambda c: (c["iteration"], c["rank"]))
-            if any("floor_ms" in r for r in recs):  # the most generous rank's floor
-                m["floor_ms"] = min(r.get("floor_ms", 0.0) for r in recs)
-            for count in ("calls_verified", "calls_checked"):
-                if any(count in r for r in recs):
-                    m[count] = min(r.get(count, 0) for r in recs)
-        if "notes" in recs[0]:  # what a program is made of (agreed by every rank): rank 0's
-            m["notes"] = recs[0]["notes"]
-        out[name] = m
-    return out

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cuco.runtime.records import ProgramResult
+
 
 @dataclass(frozen=True)
 class Work:
@@ -48,10 +50,10 @@ def physical_floor_ms(work: Work | None, peaks: dict[str, float]) -> float:
     return max(terms)
 
 
-def below_floor(rec: dict[str, Any]) -> bool:
+def below_floor(rec: ProgramResult) -> bool:
     """Whether a merged record (``ms`` max over ranks, ``floor_ms`` least over ranks) ran
     faster than its physical floor: it did less than its workload asks."""
-    return bool(rec.get("floor_ms")) and "ms" in rec and rec["ms"] < rec["floor_ms"]
+    return bool(rec.floor_ms) and rec.ms is not None and rec.ms < rec.floor_ms
 
 
 def _best_ms(fn, stream, reps: int = 5) -> float:

@@ -31,6 +31,7 @@ from cuco.design.problem import check_workload
 from cuco.errors import DirectiveError, InputError, UnknownId
 from cuco.runtime.dtypes import EPS
 from cuco.runtime.peaks import Work
+from cuco.runtime.records import ProgramResult
 
 if TYPE_CHECKING:
     from cuco.kernels.collectives import KernelSource
@@ -85,11 +86,11 @@ class Workload(ABC):
 
     problem: Problem
 
-    def strongest_host(self, merged: dict[str, dict[str, Any]]) -> str:
+    def strongest_host(self, merged: dict[str, ProgramResult]) -> str:
         """The name of the fastest of :attr:`host_programs` whose output was right in this
         job's merged results (``host_nccl`` when none was)."""
-        ok = [n for n in self.host_programs if merged.get(n, {}).get("correct")]
-        return min(ok, key=lambda n: merged[n]["ms"]) if ok else "host_nccl"
+        ok = [n for n in self.host_programs if n in merged and merged[n].correct and merged[n].timed]
+        return min(ok, key=lambda n: merged[n].ms) if ok else "host_nccl"
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)

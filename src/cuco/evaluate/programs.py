@@ -1,0 +1,157 @@
+"""The programs a verification job runs, and the input sets they run on.
+
+Each rank draws :data:`~cuco.evaluate.schedule.N_SETS` input sets from each of the job's
+seeds (different buffers, different values) and their fp32 references, sealed
+(:class:`~cuco.runtime.sealed.SealedReference`) and kept per worker across jobs (a search
+checks many candidates on the same seeds), with fingerprints of both: a candidate that
+writes to its inputs is wrong, and the entry is dropped. A :class:`Program` is one callable
+per input set and where each call's result lands: the host programs and peer libraries'
+ops (right answers: scrubbed as soon as they are verified) and the fused variants (one
+output for every set, so what one set's call left there is wrong for the next call's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuco.evaluate.schedule import N_SETS, set_seed
+from cuco.runtime import dtypes
+from cuco.runtime.arena import CANARY, GUARD_BYTES
+from cuco.runtime.checking import fingerprint
+from cuco.runtime.sealed import SealedReference, scrubbed_allocations
+from cuco.workloads.base import Buffers, Workload
+
+#: Seeds whose inputs and reference a worker keeps (three jobs of N_SETS sets, and more).
+CACHED_SEEDS = 4 * N_SETS
+
+
+def fingerprint_of(buffers) -> tuple:
+    """A hash of every byte and its position of each buffer, in name order: a changed input
+    or reference changes it."""
+    return tuple(fingerprint(v) for _, v in sorted(buffers.items()))
+
+
+def _class_key(cls: type) -> str:
+    """Same class (or the same code of a notebook class) -> same key."""
+    import cloudpickle
+    return hashlib.sha1(cloudpickle.dumps(cls)).hexdigest()
+
+
+def inputs_and_reference(ctx, wl, cls: type, seed: int):
+    """``(inputs, sealed fp32 reference, fingerprints of both)`` of ``seed``, made once per
+    worker. The reference is sealed (:class:`~cuco.runtime.sealed.SealedReference`) and its
+    temporaries scrubbed, so no kernel finds the answer in device memory."""
+    cache = ctx.scratch.setdefault("references", {})
+    key = (_class_key(cls), wl.label, ctx.world_size, seed)
+    hit = cache.pop(key, None)
+    if hit is None:
+        with scrubbed_allocations():
+            inputs = wl.make_inputs(ctx, seed)
+            ref = SealedReference.seal(_fp32(wl.reference(ctx, inputs)))
+        hit = (inputs, ref, fingerprint_of(inputs), fingerprint_of({"ref": ref.bits}))
+        while len(cache) >= CACHED_SEEDS:
+            cache.pop(next(iter(cache)))
+    cache[key] = hit  # most recent last
+    return hit
+
+
+def _fp32(ref):
+    """A workload's reference as one C-contiguous fp32 array (a copy only where it is not)."""
+    import cupy
+    if ref.dtype == cupy.float32 and ref.flags.c_contiguous:
+        return ref
+    return cupy.ascontiguousarray(ref, dtype=cupy.float32)
+
+
+def guarded_output(n: int, dtype: str):
+    """``(out, guards)``: an output of ``n`` elements between two guard pages that hold
+    a canary; a candidate that writes past its output changes a guard."""
+    import cupy
+    g = GUARD_BYTES // dtypes.ITEMSIZE[dtype]
+    padded = dtypes.empty(n + 2 * g, dtype)
+    guard_bytes = padded.view(cupy.uint8)
+    outer = (guard_bytes[:GUARD_BYTES], guard_bytes[-GUARD_BYTES:])
+    for part in outer:
+        part.fill(CANARY)
+    return padded[g:g + n], outer
+
+
+@dataclass
+class InputSet:
+    """One of a job's input sets on this rank: inputs, sealed fp32 reference, fingerprint
+    and the absolute tolerance (``atol_factor * max|ref|``)."""
+
+    inputs: Buffers
+    ref: SealedReference
+    fingerprint: tuple
+    atol: float
+    ref_fingerprint: tuple
+
+
+def input_sets(ctx, wl, cls: type, seed: int, atol_factor: float) -> list[InputSet]:
+    """The job's :data:`~cuco.evaluate.schedule.N_SETS` input sets, each with its own seed
+    and buffers (cached per worker like any seed)."""
+    out = []
+    for j in range(N_SETS):
+        inputs, ref, fp, ref_fp = inputs_and_reference(ctx, wl, cls, set_seed(seed, j))
+        out.append(InputSet(inputs, ref, fp, atol_factor * ref.amax, ref_fp))
+    return out
+
+
+@dataclass
+class Program:
+    """A program a job verifies: one callable per input set and where each lands.
+
+    A fused variant has one output buffer for all sets (``outputs`` repeats it), its
+    runners (one per set, whose ``stress_us`` checked calls raise) and its arena; a
+    program's ``shares`` name the buffers it shares with other programs (the arena).
+    """
+
+    calls: list[Callable[[], None]]
+    outputs: list[Any]
+    guards: tuple = ()
+    runners: list[Any] = field(default_factory=list)
+    arena: Any = None
+    shares: tuple[str, ...] = ()
+    #: per set, run after the call's closing event and before its check (a peer's result
+    #: into its checked output: never timed)
+    settle: list[Callable[[], None]] = field(default_factory=list)
+    #: poison the output again as soon as it is verified: a host program's (or a peer
+    #: library's) output is a right answer, which a candidate reading memory it was not
+    #: given must not find lying there between calls
+    scrub: bool = False
+
+
+def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[InputSet], elems: int,
+                 dtype: str) -> Program:
+    """A host-driven program, one callable per input set, each writing the guarded output
+    it is given, or the buffer its callable names as ``output`` (e.g. a registered NCCL
+    window the result lands in)."""
+    out, outer = guarded_output(elems, dtype)
+    calls = [make(st.inputs, out) for st in sets]
+    outputs = [getattr(c, "output", out) for c in calls]
+    return Program(calls, outputs, outer if all(o is out for o in outputs) else (), scrub=True)
+
+
+def peer_programs(wl: Workload, ctx, sets: list[InputSet], elems: int) -> dict[str, Program]:
+    """Other libraries' fused ops of ``wl`` (:meth:`Workload.peers`), one program each, all
+    writing one guarded output (checked right after each call, so they can share it)."""
+    out, outer = guarded_output(elems, wl.dtype)
+    per_set = [wl.peers(ctx, st.inputs, out) for st in sets]
+    return {name: Program([p[name].call for p in per_set], [out] * len(sets), outer,
+                          settle=[p[name].settle for p in per_set], scrub=True) for name in per_set[0]}
+
+
+def variant_program(make: Callable[[Buffers, Any], Any], arena, sets: list[InputSet], elems: int,
+                    dtype: str) -> Program:
+    """A fused variant: ``make(inputs, out)`` builds its runner for one input set; every
+    runner writes the same output (a guarded buffer of its own, or the arena's), so what
+    one set's call left there is wrong for the next call's set."""
+    out, outer = guarded_output(elems, dtype)
+    runners = [make(st.inputs, out) for st in sets]
+    own = runners[0].output is out
+    return Program(runners, [r.output for r in runners], outer if own else (), runners, arena,
+                   (f"arena:{arena.backend}",))

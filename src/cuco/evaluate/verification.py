@@ -1,0 +1,336 @@
+"""The verification of one job on one rank: every call of every program, in the order of
+one schedule, verified; the timed ones timed.
+
+Every call of every program is verified against the fp32 reference of its input set:
+checked calls (outputs and arena poisoned with a pattern drawn per call, the call stressed
+from outside, guards checked) by a full comparison on the host, all other calls by a count
+of the elements out of tolerance on the device, enqueued after the call's closing event so
+it costs no measured time. The halves of the bound are only timed. A change of any input
+set's fingerprint fails every program. A program's first failing call is reported
+(iteration, input set, checked or timed, elements that differ). The steps, in order:
+:func:`judge` runs :meth:`Verification.run` (each call: :meth:`~Verification.poison`, the
+ranks start together, then :meth:`~Verification.checked_call` or
+:meth:`~Verification.timed_call`), then :meth:`~Verification.tally` (the device counts),
+:meth:`~Verification.first_failures`, :meth:`~Verification.accuracy_rule` and
+:meth:`~Verification.inputs_rule`, and returns a typed
+:class:`~cuco.runtime.records.RankResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cuco.evaluate.programs import InputSet, Program, fingerprint_of
+from cuco.evaluate.schedule import Call, make_schedule
+from cuco.runtime import dtypes
+from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
+from cuco.runtime.checking import compare, rel_l2
+from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
+from cuco.runtime.timing import median, spin
+from cuco.workloads.base import EPS
+
+#: A program whose relative L2 error exceeds this multiple of the host program's (in the
+#: same job, on the same inputs) is wrong: a kernel that compresses what it sends can stay
+#: inside the element-wise tolerance while moving fewer bytes than the workload asks.
+ACCURACY_SLACK = 2.0
+#: The program every other is held to for accuracy (the strongest host program).
+HOST = "host_nccl"
+
+
+def load_check_kernels(ctx, dtype: str, hog_stream) -> None:
+    """Run every kernel the schedule's checks launch (poison of both kinds, the host-side
+    comparison, the device count, the guard reads, the stress) once on a few elements, while
+    nothing else runs. CUDA loads a module when its first kernel is launched, and a module
+    load waits for the device's running kernels: loaded in the middle of a schedule, beside
+    a fused call whose communication kernel waits on work queued behind it, it never
+    returned (the MoE pipeline on 2 x H200 hung in the first device count)."""
+    import random
+
+    import cupy
+    from cuco.runtime.checking import count_bad_async
+    from cuco.runtime.dtypes import Poison
+    from cuco.runtime.stress import Stress
+    s = ctx.stream
+    with s:
+        got = dtypes.empty(256, dtype)
+        ref = cupy.zeros(256, dtype=cupy.float32)
+        rng, kinds = random.Random(0), {}
+        while len(kinds) < 2:  # a NaN pattern and random bytes
+            poison = Poison.draw(rng, dtype)
+            kinds.setdefault(poison.kind, poison)
+        for poison in kinds.values():
+            poison.apply(got)
+        compare(got, ref, dtype, 1e-3, 1e-3)
+        count_bad_async(got, ref, dtype, 1e-3, 1e-3, cupy.zeros(1, dtype=cupy.uint64), s)
+        page = cupy.full(GUARD_BYTES, CANARY, dtype=cupy.uint8)
+        (page == CANARY).all().get()  # the guard reads
+        (page != CANARY).any().get()
+        stress = Stress(skew_rank=ctx.rank, skew_us=1.0, hog_sms=1, hog_us=1.0)
+        stress.before(ctx, s, hog_stream)
+        stress.after(s, hog_stream)
+        spin(s, 0.0)
+    s.synchronize()
+    hog_stream.synchronize()
+
+
+def first_launches_alone(ctx, calls: list[Callable[[], None]]) -> None:
+    """Each call once, the ranks together, the device idle before and after it. A timing
+    schedule does not wait between calls, and a program's first launch of a kernel loads
+    its module, which waits for the running kernels: beside a fused call whose
+    communication kernel waits on work queued behind the load, it never returns (the MoE
+    pipeline's compute half, first launching its SwiGLU kernel, on 2 x H200). A check-only
+    schedule needs none of this: it waits after every call."""
+    import cupy
+    tick = cupy.ones(1, dtype=cupy.float32)
+    p = int(tick.data.ptr)
+    for call in calls:
+        ctx.comm.all_reduce(p, p, 1, "fp32", ctx.stream.ptr)
+        call()
+        ctx.stream.synchronize()
+
+
+def check_streams(ctx, dtype: str):
+    """The stream the stress's hog kernel runs on, with every check kernel of ``dtype``
+    loaded (once per worker)."""
+    import cupy
+    if "hog_stream" not in ctx.scratch:
+        ctx.scratch["hog_stream"] = cupy.cuda.Stream(non_blocking=True)
+    hog_stream = ctx.scratch["hog_stream"]
+    loaded = ctx.scratch.setdefault("check_kernels_loaded", set())
+    if dtype not in loaded:
+        load_check_kernels(ctx, dtype, hog_stream)
+        loaded.add(dtype)
+    return hog_stream
+
+
+def bound_halves(ctx, job, programs: dict[str, Program],
+                 extras: dict[str, Callable[[], Callable[[], None]]]) -> dict[str, Callable[[], None]]:
+    """A timing job's only-timed programs (the halves of the bound), made on the job's
+    stream, and every program's first launch alone (:func:`first_launches_alone`)."""
+    if not job.time:
+        return {}
+    with ctx.stream:  # their buffers are made on the job's stream, ordered with every call
+        fns = {name: make() for name, make in extras.items()}
+        first_launches_alone(ctx, [p.calls[0] for p in programs.values()] + list(fns.values()))
+    return fns
+
+
+class Verification:
+    """One job's schedule run on one rank, and what it found: a typed record per program.
+
+    ``rtol`` and each set's ``atol``: the element-wise tolerance; ``layout``: the arena's
+    (poisoned before each call of a variant that has one, its guards read after each
+    checked call); ``floor_ms``: the physical floor of one call, reported with every program.
+    """
+
+    def __init__(self, ctx, job, programs: dict[str, Program], sets: list[InputSet], rtol: float,
+                 dtype: str, layout, floor_ms: float, hog_stream) -> None:
+        self.ctx, self.job, self.programs, self.sets = ctx, job, programs, sets
+        self.rtol, self.dtype, self.layout, self.hog_stream = rtol, dtype, layout, hog_stream
+        self.records = {n: ProgramRecord(floor_ms=floor_ms) for n in programs}
+        self.marks: dict[str, list[tuple[Any, Any]]] = {}  # program -> (start, end) of timed calls
+        self.verify_marks: list[tuple[Any, Any]] = []  # around each device count
+        self.failures: dict[str, list[tuple[int, Call, int]]] = {}  # program -> (index, call, bad)
+        self.check_s = 0.0
+
+    def run(self, schedule: list[Call], fns: dict[str, Callable[[], None]]) -> None:
+        """Every call in the schedule's order, on the job's stream; the device counts of the
+        calls not checked on the host are read at the end (:meth:`tally`)."""
+        import cupy
+        s = self.ctx.stream
+        with s:  # on the job's stream: zeroed before any count lands
+            self.counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
+            self.sums = cupy.zeros((len(schedule), 2), dtype=cupy.float64)  # each call's L2 sums
+            tick = cupy.zeros(1, dtype=cupy.float32)
+            p = int(tick.data.ptr)
+            for idx, call in enumerate(schedule):
+                prog = self.programs.get(call.program)
+                if prog is not None:
+                    self.poison(call, prog)
+                self.ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr)  # every rank starts the call together
+                if call.checked:
+                    self.checked_call(idx, call, self.programs[call.program])
+                else:
+                    self.timed_call(idx, call, prog, fns)
+            s.synchronize()
+
+    def poison(self, call: Call, prog: Program) -> None:
+        """Nothing a call finds in its buffers is left from another call: its output and its
+        arena's data hold this call's poison."""
+        call.poison.apply(prog.outputs[call.input_set])
+        if prog.arena is not None:
+            poison_arena(prog.arena, self.layout, call.poison, self.dtype, self.ctx.stream)
+
+
+    def checked_call(self, idx: int, call: Call, prog: Program) -> None:
+        """A checked call: stressed from outside, compared in full on the host, guards read."""
+        s, t0 = self.ctx.stream, time.perf_counter()
+        out, st = prog.outputs[call.input_set], self.sets[call.input_set]
+        runner = prog.runners[call.input_set] if prog.runners else None
+        _set_stress(runner, self.job.stress_us)
+        call.stress.before(self.ctx, s, self.hog_stream)
+        prog.calls[call.input_set]()
+        call.stress.after(s, self.hog_stream)
+        if prog.settle:
+            prog.settle[call.input_set]()
+        _set_stress(runner, 0.0)
+        got = compare(out, st.ref, self.dtype, self.rtol, st.atol)
+        intact = all(bool((g == CANARY).all()) for g in prog.guards)
+        if prog.arena is not None:
+            intact = intact and guards_intact(prog.arena, self.layout)
+        rec = self.records[call.program]
+        rec.calls_checked += 1
+        rec.calls_verified += 1
+        rec.rel_l2_error = max(rec.rel_l2_error, got["rel_l2_error"])
+        # compared on the host: no device memory a candidate could write went into it
+        rec.checked_l2 = max(rec.checked_l2, got["rel_l2_error"])
+        rec.guards_intact = rec.guards_intact and intact
+        if not (got["correct"] and intact):
+            self.failures.setdefault(call.program, []).append((idx, call, got["bad_elements"]))
+        if prog.scrub:
+            call.poison.apply(out)
+        s.synchronize()
+        self.check_s += time.perf_counter() - t0
+
+    def timed_call(self, idx: int, call: Call, prog: Program | None,
+                   fns: dict[str, Callable[[], None]]) -> None:
+        """A call between CUDA events (a warm-up, a timed or a stressed one), then, for a
+        verified program, its count of bad elements enqueued after the closing event."""
+        import cupy
+        s = self.ctx.stream
+        fn = prog.calls[call.input_set] if prog is not None else fns[call.program]
+        runner = prog.runners[call.input_set] if prog is not None and prog.runners else None
+        spin(s, self.job.busy_us)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        if call.stress is not None:  # stressed as a checked call is, verified as a timed one
+            _set_stress(runner, self.job.stress_us)
+            call.stress.before(self.ctx, s, self.hog_stream)
+        start.record(s)
+        fn()
+        end.record(s)
+        if call.stress is not None:
+            call.stress.after(s, self.hog_stream)
+            _set_stress(runner, 0.0)
+        if call.timed:
+            self.marks.setdefault(call.program, []).append((start, end))
+        if prog is not None:
+            self.count_bad(idx, call, prog)
+
+    def count_bad(self, idx: int, call: Call, prog: Program) -> None:
+        """The device's count of a call's elements out of tolerance (and its L2 sums), never
+        waited on; a host or peer program's output is scrubbed right after."""
+        import cupy
+        from cuco.runtime.checking import count_bad_async
+        s, st = self.ctx.stream, self.sets[call.input_set]
+        v0, v1 = cupy.cuda.Event(), cupy.cuda.Event()
+        v0.record(s)
+        if prog.settle:
+            prog.settle[call.input_set]()
+        count_bad_async(prog.outputs[call.input_set], st.ref, self.dtype, self.rtol, st.atol,
+                        self.counts[idx:idx + 1], s, stats=self.sums[idx])
+        if prog.scrub:
+            call.poison.apply(prog.outputs[call.input_set])
+        v1.record(s)
+        self.verify_marks.append((v0, v1))
+
+    def tally(self, schedule: list[Call]) -> None:
+        """The device counts of every call not checked on the host, into the records."""
+        tally_device_counts(self.records, self.failures, schedule, self.counts.get(), self.sums.get())
+
+    def first_failures(self) -> None:
+        """Each wrong program's first failing call, in the schedule's order."""
+        mark_first_failures(self.records, self.failures, self.ctx.rank)
+
+    def accuracy_rule(self) -> None:
+        """No program less accurate than the host program (:func:`apply_accuracy_rule`)."""
+        apply_accuracy_rule(self.records, self.dtype)
+
+    def inputs_rule(self) -> None:
+        """Inputs or references written: nobody passes, and the cached sets are dropped."""
+        if any(fingerprint_of(st.inputs) != st.fingerprint
+               or fingerprint_of({"ref": st.ref.bits}) != st.ref_fingerprint for st in self.sets):
+            self.ctx.scratch["references"].clear()
+            for rec in self.records.values():
+                rec.correct, rec.inputs_intact = False, False
+
+    def result(self) -> RankResult:
+        """The records, with each timed program's median (the only-timed ones get a record
+        of their own, ``verified=False``), and the seconds verification took."""
+        import cupy
+        for name, ms in self.marks.items():
+            rec = self.records.setdefault(name, ProgramRecord(verified=False))
+            rec.median_ms = median([cupy.cuda.get_elapsed_time(a, b) for a, b in ms])
+            rec.samples = len(ms)
+        verify_s = self.check_s + sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self.verify_marks) / 1e3
+        return RankResult(self.ctx.rank, self.records, verify_s)
+
+
+def _set_stress(runner, stress_us: float) -> None:
+    """A runner that can stall its own compute stream does so before each chunk while set."""
+    if runner is not None:
+        runner.stress_us = stress_us
+
+
+def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, list[tuple[int, Call, int]]],
+                        schedule: list[Call], bad, sums) -> None:
+    """``bad[i]`` (elements out of tolerance) and ``sums[i]`` (the L2 sums) of each call
+    ``i`` verified on the device, into its program's record and failures."""
+    for idx, call in enumerate(schedule):
+        if call.checked or call.program not in records:
+            continue
+        rec = records[call.program]
+        rec.calls_verified += 1
+        # the accuracy rule holds for every call, not only the checked ones: a kernel lossy
+        # on some calls only (within the element-wise tolerance) meets it anyway
+        rec.rel_l2_error = max(rec.rel_l2_error, rel_l2(*[float(x) for x in sums[idx]]))
+        if bad[idx]:
+            failures.setdefault(call.program, []).append((idx, call, int(bad[idx])))
+
+
+def mark_first_failures(records: dict[str, ProgramRecord],
+                        failures: dict[str, list[tuple[int, Call, int]]], rank: int) -> None:
+    """Each program with failures is wrong at its first failing call in the schedule's order."""
+    for name, failed in failures.items():
+        _, call, n_bad = min(failed, key=lambda f: f[0])
+        records[name].fail(FailedCall(call.iteration, call.input_set, call.checked, int(n_bad), rank))
+
+
+def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str) -> None:
+    """A correct program whose relative L2 error (on any verified call) exceeds
+    :data:`ACCURACY_SLACK` times the host program's is wrong. The host program's error is
+    taken from its host-compared (checked) calls only: the device sums of the other calls
+    sit in memory a candidate's kernel could find and inflate, which would raise the limit
+    its own lossy calls must meet."""
+    host = records.get(HOST)
+    if host is None or not host.correct:
+        return
+    host_l2 = host.checked_l2 if host.calls_checked else host.rel_l2_error
+    limit = ACCURACY_SLACK * max(host_l2, EPS[dtype] / 4)
+    for rec in records.values():
+        if rec.correct and rec.rel_l2_error > limit:
+            rec.correct, rec.less_accurate_than_host = False, host_l2
+
+
+def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[], Callable[[], None]]],
+          sets: list[InputSet], rtol: float, dtype: str, layout, floor_ms: float = 0.0) -> RankResult:
+    """Verify and time every program of a job on this rank, in the order of one schedule
+    (the module's docstring says how). ``extras``: makers of the halves of the bound, only
+    timed. ``floor_ms``: the physical floor of one call
+    (:func:`cuco.runtime.peaks.physical_floor_ms`), reported with every program."""
+    import cupy
+    hog_stream = check_streams(ctx, dtype)
+    fns = bound_halves(ctx, job, programs, extras)
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    schedule = make_schedule({n: p.shares for n, p in programs.items()}, list(fns),
+                             seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
+                             iters=job.iters, n_checked=job.n_checked, world_size=ctx.world_size,
+                             sms=sms, dtype=dtype, n_sets=len(sets))
+    v = Verification(ctx, job, programs, sets, rtol, dtype, layout, floor_ms, hog_stream)
+    v.run(schedule, fns)
+    v.tally(schedule)
+    v.first_failures()
+    v.accuracy_rule()
+    v.inputs_rule()
+    return v.result()
