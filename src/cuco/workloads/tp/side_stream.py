@@ -76,7 +76,6 @@ class SideStreamRunner:
         heuristics) ever happens while the communication kernel spins."""
         wl, plan = self.wl, self.plan
         m, n, k = wl.local_gemm()
-        esz = plan.dtype_bytes
         x, w = int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr)
         dst = self.arena.ptr + self.layout.data["p"] if "p" in self.layout.data else int(self.out.data.ptr)
         for rows in sorted({plan.rows, plan.last_rows}):  # a ragged plan's short chunk too
