@@ -143,7 +143,7 @@ def templates_of(env: jinja2.Environment) -> Iterator[None]:
     """Every ``render(...)`` inside renders from ``env`` (the renderers of tp and the
     workloads go through :func:`cuco.kernels.render.render`)."""
     saved = render_module.environment
-    render_module.environment = lambda: env  # type: ignore[assignment]
+    render_module.environment = lambda template_dirs=(): env  # type: ignore[assignment]
     try:
         yield
     finally:

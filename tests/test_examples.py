@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cuco import Directives
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -65,3 +67,53 @@ def test_public_api_imports_without_torch_or_gpu():
             "assert not missing, missing\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# ---- examples/custom_op.py: a new op from outside the package (issue #38) -------------------
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_custom_op_dry_run_searches_it_by_name_and_stores_model_verdicts(tmp_path):
+    from cuco.db import CandidateDB
+    r = _run(str(ROOT / "examples" / "custom_op.py"), "--dry-run", "--shape", "m=2048,k=1024,n=512",
+             "--budget", "8", "--db", "c.db", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    head = re.search(r"^gemm_allgather/M2048K1024N512/bf16: (\d+) valid points", r.stdout, re.M)
+    assert head and int(head.group(1)) > 0, r.stdout  # its problem by name, its space non-empty
+    with CandidateDB(tmp_path / "c.db") as store:
+        (run,) = store.runs()
+        assert run.workload == "gemm_allgather" and run.problem["m"] == 2048
+        verdicts = store.evaluations()
+        assert len(verdicts) == 8 and {v.evidence for v in verdicts} == {"model"}
+        cand, best = store.best("gemm_allgather", run_id=run.id)
+        assert best.status == "ok" and best.speedup > 0 and cand.directives["placement"] == "side_stream"
+    assert f"best {Directives(**cand.directives).full_name}: ok" in r.stdout
+
+
+def test_custom_op_refuses_a_bad_shape_in_one_line_naming_the_field(tmp_path):
+    r = _run(str(ROOT / "examples" / "custom_op.py"), "--dry-run", "--shape", "1001x1024x512",
+             "--db", "c.db", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == ["error: gemm_allgather: M=1001 rows are split over 2 "
+                                             "ranks; choose M a multiple of 2; use m=1000"]
+    assert not (tmp_path / "c.db").exists()  # refused before anything was opened
+
+
+def test_custom_op_goes_through_the_cli_as_a_plugin(tmp_path):
+    plugin = ("--plugin", str(ROOT / "examples" / "custom_op.py"))
+    r = _run("-m", "cuco.cli", *plugin, "search", "--workload", "gemm_allgather", "--shape",
+             "1024x512x256", "--dry-run", "--budget", "6", "--islands", "1", "--db", "c.db",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gemm_allgather 1024x512x256 w=2" in r.stdout
+    bad = _run("-m", "cuco.cli", *plugin, "search", "--workload", "gemm_allgather", "--shape",
+               "1024x512x250", "--dry-run", "--db", "c.db", cwd=tmp_path)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "N=250 makes rows of 500 bytes" in bad.stdout and "use --shape 1024x512x248" in bad.stdout
+    unknown = _run("-m", "cuco.cli", "search", "--workload", "gemm_allgather", "--dry-run",
+                   "--db", "c.db", cwd=tmp_path)  # without the plugin: not a known name
+    assert unknown.returncode == 2 and "unknown workload 'gemm_allgather'" in unknown.stdout
+    assert "cuco --plugin FILE" in unknown.stdout  # the way to make it known
+

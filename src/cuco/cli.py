@@ -34,7 +34,7 @@ DB_OPTION = typer.Option(os.environ.get("CUCO_DB", "cuco.db"), "--db",
 FLAGS = {"workload": "--workload", "world_size": "--world-size", "budget": "--budget",
          "islands": "--islands", "proposer": "--proposer", "llm": "--llm", "hosts": "--hosts",
          "placements": "--placements", "arch": "--arch", "output": "-o", "max_rounds": "--rounds",
-         "db": "--db"}
+         "db": "--db", "plugin": "--plugin"}
 #: The metavar of an on/off flag: it takes no value, and typer would show ``<bool>``.
 FLAG = ""
 _context: dict = {}  # what the running command parsed (its shape), for spelling fixes
@@ -42,8 +42,16 @@ _context: dict = {}  # what the running command parsed (its shape), for spelling
 
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", envvar="CUCO_DEBUG", metavar=FLAG,
-                                        help="show the Python traceback of an error (env CUCO_DEBUG=1)")) -> None:
+                                        help="show the Python traceback of an error (env CUCO_DEBUG=1)"),
+             plugin: list[Path] = typer.Option(
+                 [], "--plugin", envvar="CUCO_PLUGINS", metavar="PATH", show_default=False,
+                 help="a .py file (or module) of your own ops to load first: its workloads are "
+                 "known by name to every command (repeatable; env CUCO_PLUGINS, paths "
+                 f"separated by '{os.pathsep}')")) -> None:
     _context["debug"] = debug
+    if plugin:
+        from cuco.workloads.base import load_plugins
+        load_plugins(plugin)
 
 
 def _spell(exc) -> str:
@@ -55,8 +63,10 @@ def _spell(exc) -> str:
     if not isinstance(exc, CucoError) or exc.param is None or exc.fix is None:
         return str(exc)
     if "shape" in _context and exc.param in _context["shape"]:
+        cls = _context["problem_class"]
         fixed = {**_context["shape"], exc.param: exc.fix}  # the whole --shape, the field fixed
-        text = (f"{fixed['m']}x{fixed['k']}x{fixed['n']}" if set(fixed) == {"m", "k", "n"}
+        whole = cls.X_SHAPE and set(fixed) == set(cls.SHAPE)  # MxKxN, else in the user's order
+        text = ("x".join(str(fixed[f]) for f in cls.SHAPE) if whole
                 else ",".join(f"{k}={v}" for k, v in fixed.items()))
         return exc.render("--shape").replace(f"--shape {exc.fix}", f"--shape {text}")
     return exc.render(FLAGS.get(exc.param, "--" + exc.param.replace("_", "-")))
@@ -233,7 +243,7 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
             task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0]))
 
 
-WORKLOAD_HELP = " | ".join((*TP_NAMES, *PIPELINE_NAMES))
+WORKLOAD_HELP = " | ".join((*TP_NAMES, *PIPELINE_NAMES)) + " | a --plugin's own"
 SHAPE_HELP = ("GEMM workloads: global MxKxN (default 8192x8192x8192); any workload: "
               "field=value,... e.g. moe: tokens=128,hidden=7168,ffn=2048,experts=256,topk=8 "
               "(default: the workload's defaults)")
@@ -324,12 +334,12 @@ def _shape_fields(workload: Optional[str], shape: Optional[str], resume: int, db
     if shape is None:
         return None
     from cuco.db import CandidateDB
-    from cuco.design import parse_shape
+    from cuco.design import parse_shape, problem_class
 
     with CandidateDB(db) as store:
         stored = store.run(resume).workload
     fields = parse_shape(workload or stored, shape)
-    _context["shape"] = fields
+    _context.update(shape=fields, problem_class=problem_class(workload or stored))
     return fields
 
 
@@ -435,7 +445,7 @@ def _problem(workload: str, shape: Optional[str], world_size: int):
     if shape is None:
         shape = "8192x8192x8192" if problem_class(workload) is GemmProblem else ""
     fields = parse_shape(workload, shape)
-    _context["shape"] = fields
+    _context.update(shape=fields, problem_class=problem_class(workload))
     return resolve_problem(workload, fields, world_size)
 
 

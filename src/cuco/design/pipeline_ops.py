@@ -13,7 +13,9 @@ Everything else asks the :class:`PipelineOp` object (its problem class, the temp
 fused kernels are rendered from, which stream-ordered values it offers and on which
 backends) instead of comparing its name: a name (a string from the CLI, a database row, a
 problem's ``workload``, a rendered source's name) is looked up here once, by
-:func:`find_op` (or :func:`pipeline_op`), where it arrives. The tensor-parallel patterns
+:func:`find_op` (or :func:`pipeline_op`), where it arrives. A user's op (a
+:class:`PipelineOp` of a problem class of its own, e.g. ``examples/custom_op.py``) joins the
+lookup with :func:`register_op`; :data:`PIPELINE_OPS` stays the built-in ones. The tensor-parallel patterns
 are the same thing for GEMM + collective layers (:mod:`cuco.design.patterns`).
 """
 
@@ -84,6 +86,13 @@ PIPELINE_OPS: tuple[PipelineOp, ...] = (MOE, KV_TRANSFER, CP_ATTENTION)
 #: Their names (the workloads' names).
 PIPELINE_NAMES: tuple[str, ...] = tuple(op.name for op in PIPELINE_OPS)
 _REGISTRY = Registry(PipelineOp, PIPELINE_OPS, "{name!r} is not a pipeline op", param="workload")
+
+
+def register_op(op: PipelineOp) -> PipelineOp:
+    """Make a user's op (one defined outside cuco) found by its name, like the built-in ones
+    (its stream-ordered rules included); a :class:`~cuco.workloads.PipelineWorkload`
+    subclass registers its ``op`` when it is defined. A built-in's name is refused."""
+    return _REGISTRY.add(op)
 
 
 def find_op(name: str | PipelineOp | None) -> PipelineOp | None:

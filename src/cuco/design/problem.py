@@ -49,6 +49,10 @@ class Problem(BaseModel):
 
     #: The shape fields, in the order labels and shape strings use them.
     SHAPE: ClassVar[tuple[str, ...]] = ()
+    #: Whether a shape string may also be the fields' values joined by ``x`` in
+    #: :attr:`SHAPE`'s order (``MxKxN`` for :class:`GemmProblem`; any problem of integer
+    #: dimensions may say so), which :attr:`shape_text` then writes.
+    X_SHAPE: ClassVar[bool] = False
 
     workload: str = Field(description="workload name, e.g. 'gemm_allreduce' or 'moe'")
     world_size: int
@@ -77,7 +81,7 @@ class Problem(BaseModel):
     @property
     def shape_text(self) -> str:
         """The shape as the CLI's ``--shape`` takes it."""
-        return ",".join(f"{f}={v}" for f, v in self.shape.items())
+        return format_shape(type(self), self.shape)
 
     @property
     def label(self) -> str:
@@ -96,6 +100,7 @@ class GemmProblem(Problem):
     the rows of X). Shape strings read ``MxKxN``."""
 
     SHAPE: ClassVar[tuple[str, ...]] = ("m", "k", "n")
+    X_SHAPE: ClassVar[bool] = True
     m: int
     k: int
     n: int
@@ -138,13 +143,8 @@ class GemmProblem(Problem):
     @classmethod
     def shape_text_of(cls, *, m: int, n: int, k: int) -> str:
         """``MxKxN``: a GEMM's shape as ``--shape`` and :func:`make_problem` read it, in the
-        order of :attr:`SHAPE` (the one place that writes it)."""
-        dims = {"m": m, "n": n, "k": k}
-        return "x".join(str(dims[f]) for f in cls.SHAPE)
-
-    @property
-    def shape_text(self) -> str:
-        return self.shape_text_of(m=self.m, n=self.n, k=self.k)
+        order of :attr:`SHAPE` (written by :func:`format_shape`, as every problem's is)."""
+        return format_shape(cls, {"m": m, "n": n, "k": k})
 
     @property
     def label(self) -> str:
@@ -349,7 +349,8 @@ def check_workload(name: str) -> str:
     if name in PROBLEMS:
         return name
     close = difflib.get_close_matches(str(name), sorted(PROBLEMS), n=1, cutoff=0.6)
-    known = ", ".join(sorted(PROBLEMS))
+    known = (f"{', '.join(sorted(PROBLEMS))}; an op of your own is known once its module is "
+             "loaded: cuco --plugin FILE")
     if close:
         raise InputError(f"unknown workload {name!r} (known: {known})", param="workload",
                          fix=close[0], guess=True)
@@ -363,17 +364,20 @@ def problem_class(workload: str) -> type[Problem]:
 
 
 def parse_shape(workload: str, text: str) -> dict[str, Any]:
-    """A shape string as its fields: ``MxKxN`` for GEMM workloads, ``key=value,...`` for
-    any (e.g. ``tokens=128,hidden=7168,experts=256,topk=8``); :class:`InputError` saying
-    what the string should look like otherwise."""
+    """A shape string as its fields: ``key=value,...`` for any workload (e.g.
+    ``tokens=128,hidden=7168,experts=256,topk=8``), and the values joined by ``x`` where its
+    problem class says so (:attr:`Problem.X_SHAPE`: ``MxKxN`` for GEMM workloads);
+    :class:`InputError` saying what the string should look like otherwise."""
     cls = problem_class(workload)
     text = text.strip()
-    if "=" not in text and cls is GemmProblem:
+    if "=" not in text and cls.X_SHAPE:
         parts = text.lower().split("x")
-        if len(parts) == 3 and all(p.strip().isdigit() for p in parts):
+        if len(parts) == len(cls.SHAPE) and all(p.strip().isdigit() for p in parts):
             return dict(zip(cls.SHAPE, (int(p) for p in parts)))
-        raise InputError(f"shape {text!r} is not MxKxN (or m=...,k=...,n=...)", param="shape",
-                         fix="8192x8192x8192")
+        example = {f: _example(cls, f) for f in cls.SHAPE}
+        raise InputError(f"shape {text!r} is not {'x'.join(f.upper() for f in cls.SHAPE)} (or "
+                         f"{','.join(f'{f}=...' for f in cls.SHAPE)})", param="shape",
+                         fix=format_shape(cls, example))
     items = [p.strip() for p in text.split(",") if p.strip()]
     out: dict[str, Any] = {}
     wrong: list[str] = []
@@ -392,7 +396,7 @@ def parse_shape(workload: str, text: str) -> dict[str, Any]:
         raise InputError(f"shape {text!r}: {', '.join(repr(w) for w in wrong)} is not one of "
                          f"{workload}'s fields ({', '.join(cls.SHAPE)}) as key=value",
                          param="shape", guess=bool(fixed),
-                         fix=_shape_text(cls, out) if out else
+                         fix=format_shape(cls, out) if out else
                          ",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
     return out
 
@@ -457,7 +461,7 @@ def validated(cls: type[Problem], values: dict[str, Any]) -> Problem:
         kept = {**{k: v for k, v in values.items() if k in cls.SHAPE},
                 **{c[0]: values[u] for u, c in close.items() if c}}
         raise InputError(f"{wl}: {', '.join(unknown)} is not a shape field of {wl} (its fields: "
-                         f"{', '.join(cls.SHAPE)})", param="shape", fix=_shape_text(cls, kept),
+                         f"{', '.join(cls.SHAPE)})", param="shape", fix=format_shape(cls, kept),
                          guess=any(close.values()))
     try:
         return cls(**values)
@@ -473,9 +477,10 @@ def validated(cls: type[Problem], values: dict[str, Any]) -> Problem:
                          guess=found.guess) from None
 
 
-def _shape_text(cls: type[Problem], fields: Mapping[str, Any]) -> str:
-    """Shape fields as ``--shape`` takes them, in the class's order (``MxKxN`` for GEMMs)."""
+def format_shape(cls: type[Problem], fields: Mapping[str, Any]) -> str:
+    """Shape fields as ``--shape`` takes them, in the class's order (joined by ``x`` where
+    the class reads them so and every field is given: ``MxKxN`` for GEMMs)."""
     ordered = {f: fields[f] for f in cls.SHAPE if f in fields}
-    if cls is GemmProblem and set(ordered) == {"m", "k", "n"}:
-        return f"{ordered['m']}x{ordered['k']}x{ordered['n']}"
+    if cls.X_SHAPE and len(ordered) == len(cls.SHAPE):
+        return "x".join(str(v) for v in ordered.values())
     return ",".join(f"{f}={v}" for f, v in ordered.items())

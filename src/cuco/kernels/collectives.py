@@ -18,6 +18,10 @@ __all__ = ["MAX_RANKS", "KernelSource", "all_sources", "lsa_collectives", "nvshm
 
 @dataclass(frozen=True)
 class KernelSource:
+    """A rendered kernel (what every ``render`` returns, a user's op's included): the build's
+    name, the CUDA source, the libraries it needs (``nccl``, ``nvshmem``) and the kernels its
+    runner launches."""
+
     name: str
     source: str
     needs: tuple[str, ...]

@@ -10,7 +10,7 @@ any of them, :class:`~cuco.evaluate.jobs.Case`, lives in :mod:`cuco.evaluate` (a
 layer: a workload never imports it).
 """
 
-from cuco.workloads.base import REGISTRY, Runner, Workload, for_problem, get, register
+from cuco.workloads.base import REGISTRY, Runner, Workload, for_problem, get, in_order, register
 from cuco.workloads.cp import CPAttention
 from cuco.workloads.kv import KVTransfer
 from cuco.workloads.moe import MoE
@@ -19,4 +19,4 @@ from cuco.workloads.tp import AllGatherGemm, GemmAllReduce, GemmReduceScatter, G
 
 __all__ = ["REGISTRY", "AllGatherGemm", "CPAttention", "GemmAllReduce",
            "GemmReduceScatter", "GemmWorkload", "KVTransfer", "MoE", "PipelineWorkload", "Runner",
-           "Workload", "for_problem", "get", "register"]
+           "Workload", "for_problem", "get", "in_order", "register"]

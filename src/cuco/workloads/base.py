@@ -16,14 +16,37 @@ The evaluator, the search, the fast path, export and the one verification job
 (:class:`cuco.evaluate.jobs.Case`) use only this protocol, so a user's subclass goes
 everywhere a built-in does. GPU methods run inside a worker (``ctx`` is a
 :class:`cuco.runtime.WorkerContext`).
+
+A new op from outside the package (``examples/custom_op.py``: GEMM, then an AllGather of its
+output) takes these public hooks, and no change to cuco:
+
+* its problem: a :class:`~cuco.design.Problem` subclass with its own fields and validators
+  (``workload: Literal["name"]``; ``X_SHAPE = True`` where ``--shape`` may read ``AxBxC``);
+  the name becomes known (``make_problem``, ``--shape``, stored runs) when its workload
+  class is defined (:meth:`Workload.__init_subclass__`);
+* its op object: a :class:`~cuco.design.PipelineOp` of that problem, set as the ``op`` of a
+  :class:`~cuco.workloads.PipelineWorkload` subclass, which registers it
+  (:func:`cuco.design.pipeline_ops.register_op`): the design rules find it by name;
+* its templates in a directory of its own: ``cuco.kernels.render.render(name,
+  template_dirs=[dir], ...)`` looks there first, then among cuco's, so the user's template
+  includes cuco's partials (``_headers``, ``_arena``, ``_pipeline``) by name;
+* :func:`register` makes its class the one the evaluator and search build for the name; the
+  analytic model (a dry run) scores it from its :meth:`Workload.work`;
+* :func:`load_plugin` (``cuco --plugin FILE``, ``CUCO_PLUGINS``) imports a user's file so every
+  command knows its ops; its classes travel to the workers by value.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cuco.design import Backend, DesignSpace, Directives, Placement, Problem, register_workload
@@ -70,7 +93,8 @@ class Workload(ABC):
     :attr:`backends`, and implement the abstract methods. ``cuco.workloads.GemmWorkload``
     (the tensor-parallel layers) and ``cuco.workloads.PipelineWorkload`` (MoE, KV transfer,
     context-parallel attention) are the two kinds built in; subclass one of their
-    workloads to add work to it (see ``examples/custom_evaluator.py``).
+    workloads to add work to it (see ``examples/custom_evaluator.py``), or bring an op of a
+    new kind with its own problem, op object and templates (``examples/custom_op.py``).
     """
 
     family: ClassVar[str]
@@ -260,6 +284,20 @@ class Workload(ABC):
 REGISTRY: dict[str, type[Workload]] = {}
 
 
+def in_order(*calls: Callable[[], None], output, keep: tuple = ()) -> Callable[[], None]:
+    """One host program: ``calls`` enqueued one after the other; ``output`` is where its
+    result lands (the job checks that buffer). ``keep``: buffers the calls reach only by
+    address (a bound GEMM takes pointers; a bound collective holds its own buffers); they
+    live as long as the program, since a buffer freed at bind time goes back to the pool and
+    every call would write the next allocation (another program's output, its guard pages)."""
+    def run() -> None:
+        for call in calls:
+            call()
+    run.output = output  # type: ignore[attr-defined]
+    run.keepalive = (calls, keep)  # type: ignore[attr-defined]
+    return run
+
+
 def register(cls: type[Workload]) -> type[Workload]:
     """Make ``cls`` the class the evaluator and search build for ``cls.family``."""
     REGISTRY[cls.family] = cls
@@ -280,3 +318,45 @@ def get(family: str) -> type[Workload]:
 def for_problem(problem: Problem) -> Workload:
     """The registered workload of ``problem.workload`` at ``problem``."""
     return get(problem.workload).from_problem(problem)
+
+
+def load_plugin(spec: str | os.PathLike) -> ModuleType:
+    """Import a user's module of workloads, a ``.py`` file or an importable module name, so
+    that its ops are known by name everywhere (``make_problem``, ``--shape``, the database,
+    ``cuco.search``): its :class:`Workload` subclasses register themselves when defined. What
+    ``cuco --plugin PATH`` and ``CUCO_PLUGINS`` do. A file's classes travel to the worker
+    processes by value (cloudpickle), so the workers need not find the file; a file loaded
+    again is the module already loaded."""
+    import importlib
+    import importlib.util
+
+    import cloudpickle
+
+    text = os.fspath(spec)
+    if not text.endswith(".py"):
+        try:
+            return importlib.import_module(text)
+        except ImportError as exc:
+            raise InputError(f"plugin {text!r} cannot be imported ({exc}); give a .py file or a "
+                             "module on PYTHONPATH", param="plugin", fix="my_ops.py") from None
+    path = Path(text).resolve()
+    if not path.is_file():
+        raise InputError(f"plugin {text}: no such file", param="plugin", fix="my_ops.py")
+    name = f"cuco_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    found = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def load_plugins(specs: Sequence[str | os.PathLike]) -> list[ModuleType]:
+    """:func:`load_plugin` of each spec (``CUCO_PLUGINS`` splits on the path separator)."""
+    return [load_plugin(s) for s in specs if os.fspath(s).strip()]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from cuco.design import DesignSpace, Directives, Placement
-from cuco.design.pipeline_ops import PipelineOp
+from cuco.design.pipeline_ops import PipelineOp, register_op
 from cuco.design.problem import validated
 from cuco.errors import DirectiveError
 from cuco.runtime.checking import compare
@@ -43,7 +43,9 @@ class PipelineWorkload(Workload):
     pieces cross ranks through one persistent communication kernel on another
     (``side_stream``). Subclasses set :attr:`op` (which gives their :attr:`family` and
     :attr:`problem_type` unless they set their own), and implement :meth:`plan` (the
-    template's constants), :meth:`chunk_choices`, the rendering and the GPU methods."""
+    template's constants), :meth:`chunk_choices`, the rendering and the GPU methods. A
+    user's op (a :class:`PipelineOp` of its own, its template in a directory of its own:
+    ``examples/custom_op.py``) is registered when its class is defined."""
 
     #: The pipeline op this workload runs: its problem class, template, and the issuers and
     #: sync scopes its templates render (:mod:`cuco.design.pipeline_ops`).
@@ -58,6 +60,7 @@ class PipelineWorkload(Workload):
     def __init_subclass__(cls, **kw) -> None:
         op = cls.__dict__.get("op")
         if op is not None:  # before its name becomes a known one (Workload registers it)
+            register_op(op)  # a user's op is found by its name like a built-in one
             if "family" not in cls.__dict__:
                 cls.family = op.name
             if "problem_type" not in cls.__dict__:

@@ -30,26 +30,12 @@ from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
 from cuco.workloads.tp import torch_fused
-from cuco.workloads.base import EPS, Buffers, Peer, Runner, Workload, register
+from cuco.workloads.base import EPS, Buffers, Peer, Runner, Workload, in_order, register
 from cuco.design.problem import Dtype
 
 
 def _ptr(a) -> int:
     return int(a.data.ptr)
-
-
-def _in_order(*calls: Callable[[], None], output, keep: tuple = ()) -> Callable[[], None]:
-    """One host program: ``calls`` enqueued one after the other; ``output`` is where its
-    result lands (the job checks that buffer). ``keep``: buffers the calls reach only by
-    address (a bound GEMM takes pointers; a bound collective holds its own buffers); they
-    live as long as the program, since a buffer freed at bind time goes back to the pool and
-    every call would write the next allocation (another program's output, its guard pages)."""
-    def run() -> None:
-        for call in calls:
-            call()
-    run.output = output  # type: ignore[attr-defined]
-    run.keepalive = (calls, keep)  # type: ignore[attr-defined]
-    return run
 
 
 def _random_matrix(shape: tuple[int, int], dtype: str, seed: int, scale: float = 1.0):
@@ -447,7 +433,7 @@ class GemmAllReduce(_RowParallel):
         where the result then lands), then the faster NCCL all-reduce in place."""
         gemm_choice, coll = self.host_parts(ctx)
         dst = coll.buffer(ctx, "recv", out)
-        return _in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(dst)),
+        return in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(dst)),
                          coll.bind(ctx, dst, dst), output=dst)
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
@@ -462,7 +448,7 @@ class GemmAllReduce(_RowParallel):
     def comm_only(self, ctx, inputs: Buffers):
         coll = self.host_parts(ctx)[1]
         buf = coll.buffer(ctx, "recv", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
-        return _in_order(coll.bind(ctx, buf, buf), output=buf)
+        return in_order(coll.bind(ctx, buf, buf), output=buf)
 
 
 @register
@@ -495,7 +481,7 @@ class GemmReduceScatter(_RowParallel):
         m, n, _ = self.local_gemm()
         src = coll.buffer(ctx, "send", dtypes.empty(m * n, self.dtype))
         dst = coll.buffer(ctx, "recv", out)
-        return _in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(src)),
+        return in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(src)),
                          coll.bind(ctx, src, dst), output=dst)
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
@@ -514,7 +500,7 @@ class GemmReduceScatter(_RowParallel):
         coll = self.host_parts(ctx)[1]
         src = coll.buffer(ctx, "send", dtypes.random(self.m * self.n, self.dtype, 7 + ctx.rank))
         dst = coll.buffer(ctx, "recv", dtypes.empty(self.output_elems(), self.dtype))
-        return _in_order(coll.bind(ctx, src, dst), output=dst)
+        return in_order(coll.bind(ctx, src, dst), output=dst)
 
 
 @register
@@ -551,7 +537,7 @@ class AllGatherGemm(GemmWorkload):
         gemm_choice, coll = self.host_parts(ctx)
         m, n, k = self.local_gemm()
         full = coll.buffer(ctx, "recv", dtypes.empty(m * k, self.dtype))
-        return _in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full),
+        return in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full),
                          gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out)
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
@@ -571,9 +557,9 @@ class AllGatherGemm(GemmWorkload):
         full = dtypes.random(m * k, self.dtype, 11 + ctx.rank)
         out = dtypes.empty(m * n, self.dtype)
         f, w, o = _ptr(full), _ptr(inputs["w"]), _ptr(out)
-        return _in_order(lambda: gemm(f, w, o, m, n, k, self.dtype, ctx.stream), output=out, keep=(full,))
+        return in_order(lambda: gemm(f, w, o, m, n, k, self.dtype, ctx.stream), output=out, keep=(full,))
 
     def comm_only(self, ctx, inputs: Buffers):
         coll = self.host_parts(ctx)[1]
         full = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.k, self.dtype))
-        return _in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full), output=full)
+        return in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full), output=full)
