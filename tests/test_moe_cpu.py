@@ -73,10 +73,11 @@ def test_bad_moe_shapes_are_refused_with_the_fix(kw, fix):
 
 def test_benchmark_rows_measure_against_the_faster_correct_host_program():
     from cuco.benchmarks.pipelines import PipelineBench
+    from cuco.runtime.records import ProgramResult
     wl = MoE(2, tokens=128)
 
     def rec(ms, correct=True):
-        return {"ms": ms, "rank_ms": [ms, ms], "correct": correct}
+        return ProgramResult(verified=True, correct=correct, ms=ms, rank_ms=[ms, ms])
     merged = {"host_nccl": rec(4.0), "host_cutlass": rec(3.2), "host_per_expert": rec(5.4),
               "compute_only": rec(2.1), "comm_only": rec(0.1), "lsa.x": rec(2.0)}
     rows = {r["variant"]: r for r in PipelineBench.rows(wl, merged)}
