@@ -116,3 +116,148 @@ def test_isolation_plant_is_buildable(name, world):
                    compiler=Compiler(arch="sm_90a"))
     _passes_cascade_until_gpu(ev, adv.ISO_SIDE, adv.ISOLATION[name](ev))
 
+
+
+# ---- edit-gate bypasses (found reading evolve.py and static.py) -------------------------------
+# Each passed both text rules before they read code as the compiler does; each builds with
+# nvcc (the hidden code is needed to build: `t` is declared where the old rules saw a comment).
+AR_TAIL = ("      const uint4 v = reduce_peers(a, p_off, byte);\n"
+           "      for (int r = 0; r < W; ++r) cuco::store16(a.at(o_off, r) + byte, v);\n"
+           "    });\n")
+GLOBALTIMER_ASM = 'unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));'
+USES_T = "      uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;\n"
+
+GATE_BYPASSES = {
+    # name: (workload, block, text replaced, replacement, what the refusal must name)
+    # `// /*` ... `// */`: a block comment to a reader that strips block comments first, two
+    # line comments to the compiler; everything between is code the rules never saw
+    "comment_order_hides_asm": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                                "// /*\n      " + GLOBALTIMER_ASM + "\n      // */\n" + USES_T,
+                                "'asm'"),
+    # a lone carriage return ends a line comment for the compiler, not for `//[^\n]*`
+    "carriage_return_ends_a_line_comment": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                                            "// note\r      " + GLOBALTIMER_ASM + "\n" + USES_T,
+                                            "control character (U+000D)"),
+    # a backslash at the end of a line comment continues it onto the next line: the rules
+    # saw `{` and `}` the compiler did not, so the body closed the frozen for-loop
+    "continuation_in_a_comment_hides_a_brace": (
+        "GemmAllReduce", "chunk_allreduce", AR_TAIL,
+        AR_TAIL + "    // the frozen loop ends here \\\n    { no_such_function();\n  }\n"
+        "  if (me >= 0) {\n    // and this scope takes the frozen closing brace \\\n"
+        "    } no_such_function();\n", "line continuation"),
+    # a body that ends in `if (...)` makes the frozen statement after it conditional (here the
+    # __syncthreads() before the chunk's flag is raised)
+    "dangling_if_swallows_a_frozen_statement": ("AllGatherGemm", "chunk_allgather", "    });\n",
+                                                "    });\n    if (c < 0)\n",
+                                                "last statement does not end"),
+    # NCCL's device headers (nccl_device.h -> GIN -> DOCA) bring a %globaltimer reader whose
+    # name is no forbidden word
+    "library_globaltimer_reader": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                                   "const unsigned long long t = doca_gpu_dev_verbs_query_globaltimer(); "
+                                   "uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;",
+                                   "doca_gpu_dev_verbs_query_globaltimer"),
+    # device-side new/delete: the malloc the static rule refuses, and a heap that outlives a call
+    "device_heap_new": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                        "unsigned* box = new unsigned[4]; const uint4 v = reduce_peers(a, p_off, byte); "
+                        "box[0] = v.x; delete[] box;", "'new'"),
+}
+
+
+def _gate_bypass(name: str):
+    kind, block, old, new, _ = GATE_BYPASSES[name]
+    ev = _ev(kind, 2)
+    src, body = adv._block(ev, adv.SIDE, block)
+    return ev, src, evolve.splice(src, {block: adv._replace(body, old, new)})
+
+
+@pytest.mark.parametrize("name", list(GATE_BYPASSES))
+def test_edit_gate_refuses_the_bypass(name):
+    """Refused by the edit rules, naming the construct (each passed them before)."""
+    ev, src, source = _gate_bypass(name)
+    problems = evolve.edit_violations(src, source)
+    assert any(GATE_BYPASSES[name][4] in p for p in problems), problems
+    r = ev.evaluate(adv.SIDE, source)
+    assert (r.status, r.stage_reached) == ("invalid", "static"), (r.status, r.error)
+
+
+@pytest.mark.parametrize("name", ["comment_order_hides_asm", "carriage_return_ends_a_line_comment"])
+def test_static_stage_reads_comments_as_the_compiler_does(name):
+    """The static stage sees the %globaltimer the comment tricks hid from it, on its line."""
+    _, _, source = _gate_bypass(name)
+    line = source.replace("\r", "\n").splitlines().index(next(
+        x for x in source.replace("\r", "\n").splitlines() if "globaltimer" in x)) + 1
+    assert [p for p in static_violations(source) if "globaltimer" in p] == [
+        f"static: line {line}: '%globaltimer': reading clocks in a candidate (timing is the harness's job)"]
+
+
+@pytest.mark.parametrize("name", list(GATE_BYPASSES))
+def test_edit_gate_bypass_builds(name):
+    """Each bypass is a kernel nvcc builds (sm_90a): the refusal stops a working attack."""
+    ev, src, source = _gate_bypass(name)
+    _, needs = ev.template(ev.problem, adv.SIDE)
+    assert Compiler(arch="sm_90a").compile(source, needs=needs, name=f"adv-{name}").path.exists()
+
+
+def test_cutlass_smid_is_refused():
+    """CUTLASS's cutlass::arch::SmId() reads %smid under a name the old word list (`smid`,
+    lower case, whole words) missed; in-kernel templates include it."""
+    kind, d, _, _ = adv.ATTACKS["in_kernel_call_index_tell"]
+    ev = _ev(kind, 1)
+    source = _cutlass_smid(ev)
+    src, _ = ev.template(ev.problem, d)
+    assert any("'SmId': the SM a CTA runs on" in p for p in evolve.edit_violations(src, source))
+
+
+def _cutlass_smid(ev) -> str:
+    src, body = adv._block(ev, adv.EPI, "reduce_own")
+    return evolve.splice(src, {"reduce_own": adv._replace(
+        body, adv.RS_PACK, "const int sm = cutlass::arch::SmId(); uint4 v = acc.pack(); if (sm > 200) v.x = 0u;")})
+
+
+@pytest.mark.slow
+def test_cutlass_smid_builds():
+    """The SmId candidate builds (one CUTLASS build, about a minute on two cores)."""
+    kind, d, _, _ = adv.ATTACKS["in_kernel_call_index_tell"]
+    ev = _ev(kind, 1)
+    _, needs = ev.template(ev.problem, d)
+    assert Compiler(arch="sm_90a").compile(_cutlass_smid(ev), needs=needs, name="adv-smid").path.exists()
+
+
+# ---- the LLM reply path: every reply becomes a candidate only through the edit rules ---------
+@pytest.mark.parametrize("name", ["comment_order_hides_asm", "carriage_return_ends_a_line_comment"])
+def test_llm_diff_that_hides_code_in_comments_is_rejected(name):
+    """A SEARCH/REPLACE reply carrying a comment trick is rejected with the construct named
+    (before, both became candidates: apply_diff checks edits with the same rules)."""
+    from cuco.agents.llm_proposer import ProposalRejected, apply_diff
+    _, _, _, new, _ = GATE_BYPASSES[name]
+    src, _ = adv._block(_ev("GemmAllReduce", 2), adv.SIDE, "chunk_allreduce")
+    reply = f"Faster:\n<<<<<<< SEARCH\n      {adv.AR_REDUCE}\n=======\n{new}>>>>>>> REPLACE\n"
+    with pytest.raises(ProposalRejected, match="'asm': inline PTX"):
+        apply_diff(src, src, reply)
+
+
+def test_llm_reply_with_windows_line_ends_applies():
+    """A reply with CRLF line ends (some clients send them) is read as the compiler reads it:
+    its edit applies, with no carriage return left in the candidate."""
+    from cuco.agents.llm_proposer import apply_diff, apply_rewrite
+    src, body = adv._block(_ev("GemmAllReduce", 2), adv.SIDE, "chunk_allreduce")
+    reply = (f"<<<<<<< SEARCH\n      {adv.AR_REDUCE}\n=======\n      {adv.AR_REDUCE} // tuned\n"
+             ">>>>>>> REPLACE\n").replace("\n", "\r\n")
+    child = apply_diff(src, src, reply)
+    assert "// tuned\n" in evolve.blocks(child)["chunk_allreduce"] and "\r" not in child
+    whole = f"// EVOLVE-BLOCK-START chunk_allreduce\n{body}// EVOLVE-BLOCK-END chunk_allreduce\n"
+    assert apply_rewrite(src, src, whole.replace("\n", "\r\n")) == src
+
+
+def test_source_text_keeps_literals_and_line_numbers():
+    """Comments go as the compiler drops them; string, raw-string and character literals and
+    digit separators stay (nothing in them opens a comment) and every line keeps its number."""
+    from cuco.kernels.source_text import strip_comments
+    text = ('asm("// %globaltimer");\nauto s = R"x(/* )x"; char c = \'/\';\n'
+            "int n = 1'000; /* a\nb */ x; // c \\\nd\ny; /\\\n* e */ z;\n")
+    code, left_open = strip_comments(text)
+    assert left_open is None and code.count("\n") == text.count("\n")
+    assert code.splitlines() == ['asm("// %globaltimer");', 'auto s = R"x(/* )x"; char c = \'/\';',
+                                 "int n = 1'000;  ", " x;  ", "", "y;   z;", ""]
+    assert strip_comments("a; /* open")[1] == "a comment"
+    assert strip_comments('a = "open')[1] == "a string or character literal"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from cuco.kernels import source_text
+
 _BLOCK = re.compile(
     r"(?P<start>[ \t]*// EVOLVE-BLOCK-START (?P<name>\w+)[^\n]*\n)(?P<body>.*?)"
     r"(?P<end>[ \t]*// EVOLVE-BLOCK-END (?P=name)[^\n]*)", re.S)
@@ -54,41 +56,61 @@ def edit_violations(template: str, candidate: str) -> list[str]:
 
 
 #: Words an edited block may not contain, and why: each would let a block reach past
-#: its own statements (host code, globals that outlive a call, the preprocessor) or read
-#: what tells a checked call from a timed one (clocks, the SM a CTA runs on).
+#: its own statements (host code, globals that outlive a call, the heap, the preprocessor).
 _FORBIDDEN_WORDS = {
     "extern": "declares what the block was not given", "__attribute__": "host or linker attributes",
-    "asm": "inline PTX (clocks, SM ids, anything)", "static": "state that outlives a call",
+    "asm": "inline PTX (clocks, SM ids, anything)", "__asm__": "inline PTX (clocks, SM ids, anything)",
+    "__asm": "inline PTX (clocks, SM ids, anything)", "static": "state that outlives a call",
     "template": "declarations outside the block's statements", "namespace": "declarations outside the block",
     "__global__": "a new kernel", "__host__": "host code", "__device__": "a device global or function",
     "__constant__": "a device global", "__managed__": "managed memory", "goto": "jumps out of the block",
-    "_Pragma": "the preprocessor", "clock": "reading clocks", "clock64": "reading clocks",
-    "chrono": "reading clocks", "globaltimer": "reading clocks", "sreg": "special registers (clocks, SM ids)",
-    "smid": "the SM a CTA runs on", "ptx": "special registers through cuda::ptx",
+    "_Pragma": "the preprocessor", "ptx": "special registers through cuda::ptx",
+    "new": "heap allocation (device malloc: memory that outlives a call)",
+    "delete": "heap allocation (device malloc: memory that outlives a call)",
 }
+#: Parts of a name (any case) that read what tells a checked call from a timed one: clocks
+#: and the SM a CTA runs on, however a library spells its reader (``cutlass::arch::SmId``,
+#: NCCL's ``doca_gpu_dev_verbs_query_globaltimer``, ``cuda::std::chrono``).
+_FORBIDDEN_PARTS = {"clock": "reading clocks", "globaltimer": "reading clocks",
+                    "chrono": "reading clocks", "smid": "the SM a CTA runs on",
+                    "sreg": "special registers (clocks, SM ids)"}
 _WORD = re.compile(r"[A-Za-z_]\w*")
+_PART = re.compile("|".join(_FORBIDDEN_PARTS), re.I)
 _PAIRS = {"}": "{", ")": "(", "]": "["}
+#: Characters a body may not hold: controls other than tab and newline (the compiler ends a
+#: line at a lone carriage return, which a line comment's reader may not) and Unicode line ends.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]")
 
 
 def body_violations(body: str) -> list[str]:
     """Why an edited block body is not confined to its own statements.
 
     A body is spliced between frozen lines; if it could close the function around it,
-    open a comment or a string that swallows frozen code, define a macro, or declare
-    globals and host code, it would change what the frozen code means (the host code
-    of an in-kernel candidate runs inside the judging process). So: comments must close
-    in the body, no string or character literals, no preprocessor line or line
-    continuation, no digraphs, trigraphs, backslashes (universal character names) or kernel
-    launches, brackets balanced and never closing what the body did
-    not open, and none of :data:`_FORBIDDEN_WORDS`.
+    open a comment or a string that swallows frozen code, leave a statement open that the
+    frozen code after it completes (``if (0)`` before a frozen call), define a macro, or
+    declare globals and host code, it would change what the frozen code means (the host
+    code of an in-kernel candidate runs inside the judging process). So: comments, read
+    as the compiler reads them, must close in the body, no string or character literals,
+    no preprocessor line or line continuation (not even in a comment), no control
+    characters, digraphs, trigraphs, backslashes (universal character names) or kernel
+    launches, brackets balanced and never closing what the body did not open, a last
+    statement that ends (``;`` or ``}``), none of :data:`_FORBIDDEN_WORDS` and no name
+    containing one of :data:`_FORBIDDEN_PARTS`.
     """
     out: list[str] = []
-    code = re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", " ", body, flags=re.S))
-    if "/*" in code or "*/" in code:
+    control = _CONTROL.search(body)
+    if control:
+        out.append(f"a control character (U+{ord(control.group(0)):04X}): tab and newline are the "
+                   "only ones a block needs")
+    if source_text.SPLICE.search(source_text.newlines(body)):
+        out.append("a preprocessor line or a line continuation (a backslash at a line's end, "
+                   "comments included)")
+    code, left_open = source_text.strip_comments(body)
+    if left_open == "a comment" or "*/" in code:
         out.append("a comment that does not close inside the block")
-    if '"' in code or "'" in code:
+    if left_open == "a string or character literal" or '"' in code or "'" in code:
         out.append("string or character literals (nothing a block computes needs one)")
-    if re.search(r"^\s*(#|%:)", code, re.M) or "\\\n" in code:
+    if re.search(r"^\s*(#|%:)", code, re.M):
         out.append("a preprocessor line or a line continuation")
     if re.search(r"<%|%>|<:|:>|%:", code):
         out.append("digraphs (<% %> <: :> %:)")
@@ -108,8 +130,15 @@ def body_violations(body: str) -> list[str]:
     else:
         if depth:
             out.append(f"'{depth[-1]}' opened and not closed inside the block")
-    for word in sorted(set(_WORD.findall(code)) & set(_FORBIDDEN_WORDS)):
+    last = code.rstrip()
+    if last and last[-1] not in ";}":
+        out.append(f"its last statement does not end ({last.splitlines()[-1].strip()[-40:]!r}): "
+                   "the frozen code after the block would complete it; end it with ';' or '}'")
+    words = set(_WORD.findall(code))
+    for word in sorted(words & set(_FORBIDDEN_WORDS)):
         out.append(f"'{word}': {_FORBIDDEN_WORDS[word]}")
+    for word in sorted(w for w in words if _PART.search(w)):
+        out.append(f"'{word}': {_FORBIDDEN_PARTS[_PART.search(word).group(0).lower()]}")
     return out
 
 
