@@ -127,8 +127,10 @@ AR_TAIL = ("      const uint4 v = reduce_peers(a, p_off, byte);\n"
 GLOBALTIMER_ASM = 'unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));'
 USES_T = "      uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;\n"
 
+SIDE_NVSHMEM = adv.SIDE.replace(backend="nvshmem")
+
 GATE_BYPASSES = {
-    # name: (workload, block, text replaced, replacement, what the refusal must name)
+    # name: (workload, block, text replaced, replacement, what the refusal must name[, directives])
     # `// /*` ... `// */`: a block comment to a reader that strips block comments first, two
     # line comments to the compiler; everything between is code the rules never saw
     "comment_order_hides_asm": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
@@ -160,30 +162,35 @@ GATE_BYPASSES = {
     "device_heap_new": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                         "unsigned* box = new unsigned[4]; const uint4 v = reduce_peers(a, p_off, byte); "
                         "box[0] = v.x; delete[] box;", "'new'"),
+    # NVSHMEM's NVSHMEMI_STATIC is `static`: a function-local device variable counts the calls
+    "macro_spelled_static": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                             "NVSHMEMI_STATIC unsigned long long calls; ++calls; "
+                             "uint4 v = reduce_peers(a, p_off, byte); if (calls > 4) v.x = 0u;",
+                             "'NVSHMEMI_STATIC'", SIDE_NVSHMEM),
 }
 
 
 def _gate_bypass(name: str):
-    kind, block, old, new, _ = GATE_BYPASSES[name]
-    ev = _ev(kind, 2)
-    src, body = adv._block(ev, adv.SIDE, block)
-    return ev, src, evolve.splice(src, {block: adv._replace(body, old, new)})
+    kind, block, old, new, _, *d = GATE_BYPASSES[name]
+    ev, d = _ev(kind, 2), (d or [adv.SIDE])[0]
+    src, body = adv._block(ev, d, block)
+    return ev, d, src, evolve.splice(src, {block: adv._replace(body, old, new)})
 
 
 @pytest.mark.parametrize("name", list(GATE_BYPASSES))
 def test_edit_gate_refuses_the_bypass(name):
     """Refused by the edit rules, naming the construct (each passed them before)."""
-    ev, src, source = _gate_bypass(name)
+    ev, d, src, source = _gate_bypass(name)
     problems = evolve.edit_violations(src, source)
     assert any(GATE_BYPASSES[name][4] in p for p in problems), problems
-    r = ev.evaluate(adv.SIDE, source)
+    r = ev.evaluate(d, source)
     assert (r.status, r.stage_reached) == ("invalid", "static"), (r.status, r.error)
 
 
 @pytest.mark.parametrize("name", ["comment_order_hides_asm", "carriage_return_ends_a_line_comment"])
 def test_static_stage_reads_comments_as_the_compiler_does(name):
     """The static stage sees the %globaltimer the comment tricks hid from it, on its line."""
-    _, _, source = _gate_bypass(name)
+    *_, source = _gate_bypass(name)
     line = source.replace("\r", "\n").splitlines().index(next(
         x for x in source.replace("\r", "\n").splitlines() if "globaltimer" in x)) + 1
     assert [p for p in static_violations(source) if "globaltimer" in p] == [
@@ -193,8 +200,8 @@ def test_static_stage_reads_comments_as_the_compiler_does(name):
 @pytest.mark.parametrize("name", list(GATE_BYPASSES))
 def test_edit_gate_bypass_builds(name):
     """Each bypass is a kernel nvcc builds (sm_90a): the refusal stops a working attack."""
-    ev, src, source = _gate_bypass(name)
-    _, needs = ev.template(ev.problem, adv.SIDE)
+    ev, d, src, source = _gate_bypass(name)
+    _, needs = ev.template(ev.problem, d)
     assert Compiler(arch="sm_90a").compile(source, needs=needs, name=f"adv-{name}").path.exists()
 
 
@@ -229,7 +236,7 @@ def test_llm_diff_that_hides_code_in_comments_is_rejected(name):
     """A SEARCH/REPLACE reply carrying a comment trick is rejected with the construct named
     (before, both became candidates: apply_diff checks edits with the same rules)."""
     from cuco.agents.llm_proposer import ProposalRejected, apply_diff
-    _, _, _, new, _ = GATE_BYPASSES[name]
+    new = GATE_BYPASSES[name][3]
     src, _ = adv._block(_ev("GemmAllReduce", 2), adv.SIDE, "chunk_allreduce")
     reply = f"Faster:\n<<<<<<< SEARCH\n      {adv.AR_REDUCE}\n=======\n{new}>>>>>>> REPLACE\n"
     with pytest.raises(ProposalRejected, match="'asm': inline PTX"):
