@@ -268,3 +268,74 @@ def test_source_text_keeps_literals_and_line_numbers():
                                  "int n = 1'000;  ", " x;  ", "", "y;   z;", ""]
     assert strip_comments("a; /* open")[1] == "a comment"
     assert strip_comments('a = "open')[1] == "a string or character literal"
+
+
+# ---- scores and records: a kernel judged wrong once scores nowhere ---------------------------
+def _lucky_db(tmp_path):
+    """A run where a flaky kernel was judged ok once (3x) and wrong once, as a twin candidate
+    with the same source (an LLM proposing the same edit again) and judged again itself; an
+    honest kernel scored 1.2x."""
+    from cuco import CandidateDB
+    db = CandidateDB(tmp_path / "lucky.db")
+    run = db.create_run("r", "gemm_allreduce")
+    lsa = {"backend": "lsa"}
+    honest = db.add_candidate("gemm_allreduce", source="honest kernel", directives=lsa, run_id=run)
+    lucky = db.add_candidate("gemm_allreduce", source="flaky kernel", directives=lsa, run_id=run)
+    twin = db.add_candidate("gemm_allreduce", source="flaky kernel", directives=lsa, run_id=run)
+    again = db.add_candidate("gemm_allreduce", source="racy kernel", directives=lsa, run_id=run)
+    db.add_evaluation(honest, stage_reached="scored", status="ok", speedup=1.2)
+    db.add_evaluation(lucky, stage_reached="scored", status="ok", speedup=3.0)
+    db.add_evaluation(twin, stage_reached="timing", status="wrong", error="a timed call, iteration 7")
+    db.add_evaluation(again, stage_reached="scored", status="ok", speedup=2.5)
+    db.add_evaluation(again, stage_reached="timing", status="crash", error="illegal address")
+    return db, run, honest, lucky, twin, again
+
+
+def test_best_skips_a_kernel_with_a_wrong_verdict(tmp_path):
+    """best() (search results, reports, `cuco runs`) ranked any ok verdict: a kernel right on
+    one run and wrong on another (or crashing) was the run's best at its lucky speedup."""
+    db, run, honest, lucky, twin, again = _lucky_db(tmp_path)
+    cand, ev = db.best("gemm_allreduce", run_id=run)
+    assert (cand.id, ev.speedup) == (honest, 1.2)
+    assert db.disqualified(lucky).candidate_id == twin and db.disqualified(again).status == "crash"
+    assert db.disqualified(honest) is None
+
+
+def test_export_and_tune_refuse_a_kernel_with_a_wrong_verdict(tmp_path):
+    """export() took any ok verdict, and tune()'s pick (best_callable) ranked them alone."""
+    from cuco.errors import CucoError
+    from cuco.export import best_callable, export
+    db, run, honest, lucky, twin, _ = _lucky_db(tmp_path)
+    with pytest.raises(CucoError, match=f"judged wrong \\(evaluation \\d+, of candidate {twin}"):
+        export(db, lucky, tmp_path / "art")
+    assert best_callable(db, run) == honest
+
+
+def test_search_summary_names_the_verdicts_evidence(tmp_path):
+    """The search's last line labelled the best speedup by the command's --dry-run flag and
+    formatted it as a number: an emulated world's best (no speedup) raised a TypeError, and
+    a run's model verdict would have read "(measured)"."""
+    from cuco.cli import best_speedup_text
+    from cuco import CandidateDB
+    db = CandidateDB(tmp_path / "e.db")
+    c = db.add_candidate("gemm_allreduce", source="k")
+    emu = db.add_evaluation(c, stage_reached="checked", status="ok", extra={"emulated": True})
+    model = db.add_evaluation(c, stage_reached="scored", status="ok", speedup=1.5, extra={"model": True})
+    real = db.add_evaluation(c, stage_reached="scored", status="ok", speedup=1.25)
+    text = {e.id: best_speedup_text(e) for e in db.evaluations(c)}
+    assert text == {emu: "speedup - (emulated world: checked, not timed)",
+                    model: "speedup 1.500 (analytic model, not measured)",
+                    real: "speedup 1.250 (measured)"}
+
+
+def test_an_emulated_or_model_verdict_cannot_be_stored_as_measured(tmp_path):
+    """An explicit evidence='measured' overrode the verdict's own emulated/model mark, so an
+    emulated world's timing (ranks sharing one GPU) was stored, and ranked, as a measurement."""
+    from cuco import CandidateDB
+    db = CandidateDB(tmp_path / "m.db")
+    c = db.add_candidate("gemm_allreduce", source="k")
+    for mark in ("emulated", "model"):
+        with pytest.raises(ValueError, match=f"contradicts the verdict's extra.{mark}"):
+            db.add_evaluation(c, stage_reached="scored", status="ok", speedup=9.0,
+                              evidence="measured", extra={mark: True})
+    assert db.evaluations(c) == [] and db.best("gemm_allreduce") is None
