@@ -339,3 +339,49 @@ def test_an_emulated_or_model_verdict_cannot_be_stored_as_measured(tmp_path):
             db.add_evaluation(c, stage_reached="scored", status="ok", speedup=9.0,
                               evidence="measured", extra={mark: True})
     assert db.evaluations(c) == [] and db.best("gemm_allreduce") is None
+
+
+# ---- dispatch tables: an entry is read back only if its own record earns its choice ----------
+def _edited_table(tmp_path, edit):
+    """A measured table (recorded times) saved, edited as a hand or a bug might, read back."""
+    import json
+    from cuco.dispatch import DispatchTable, Layer, LayerTable, Measurement, Provenance, entry_from
+    m = 1024
+    rows = [Measurement("host", "host", 0.21, True), Measurement("torch_fused", "torch_fused", 0.19, True),
+            Measurement("lsa.epilogue.a", "cuco", 0.12, False, "output differs", runtime_shape=True),
+            Measurement("lsa.side_stream.b", "cuco", 0.20, True)]
+    t = DispatchTable(Provenance("measured", "2 x NVIDIA H200", 2, {"nccl": "2.28.9"}))
+    t.add(LayerTable(Layer("gemm_allreduce", 4096, 4096), [entry_from(m, rows, "art")]))
+    doc = t.to_json()
+    edit(doc["layers"][0]["entries"][0])
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    return DispatchTable.load(path)
+
+
+EDITS = {
+    # the fastest program of the bucket ran wrong; the entry names it anyway
+    "a_wrong_kernel": (lambda e: e.update(choice="cuco", artifact="art", variant="lsa.epilogue.a",
+                                          runtime_shape=True), "'lsa.epilogue.a' (recorded wrong)"),
+    # a kernel nobody timed at this bucket
+    "an_unmeasured_kernel": (lambda e: e.update(choice="cuco", artifact="art", variant="lsa.other.c"),
+                             "'lsa.other.c' (not recorded)"),
+    # a slower correct program over the fastest
+    "a_slower_program": (lambda e: e.update(choice="host"), "'host' (0.21 ms)"),
+    # no record at all
+    "no_record": (lambda e: e.update(times_ms={}, correct={}), "records no correct, timed program"),
+}
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_a_table_entry_must_earn_its_choice(tmp_path, name):
+    """DispatchTable.load checked only that a choice was one of host/torch_fused/cuco: an entry
+    naming a kernel its own record says was wrong, untimed or slower was loaded and run."""
+    from cuco.dispatch import TableError
+    edit, why = EDITS[name]
+    with pytest.raises(TableError, match="bucket 1024: it names") as info:
+        _edited_table(tmp_path, edit)
+    assert why in str(info.value)
+    table = _edited_table(tmp_path, lambda e: None)  # as tuned: loads, its choice earned
+    [layer] = table.layers
+    assert table.lookup(layer, 1000).choice == "torch_fused"
