@@ -385,3 +385,36 @@ def test_a_table_entry_must_earn_its_choice(tmp_path, name):
     table = _edited_table(tmp_path, lambda e: None)  # as tuned: loads, its choice earned
     [layer] = table.layers
     assert table.lookup(layer, 1000).choice == "torch_fused"
+
+
+# ---- bench/results provenance ----------------------------------------------------------------
+def test_a_result_file_cannot_call_an_emulated_world_real(tmp_path):
+    """The provenance test compared a device's GPU count with the world size only for names
+    of one word ('2 x NVIDIA H200'): '1 x NVIDIA H100 80GB HBM3' (what the emulated-world
+    runs record) with world_size 2 and emulated false passed, and write() wrote it."""
+    from cuco import results
+    doc = {"commit": "abc1234", "device": "1 x NVIDIA H100 80GB HBM3", "world_size": 2, "emulated": False}
+    assert results.provenance_problems(doc) == [
+        "device: 1 GPU(s) for a world of 2 ranks is no real world (one GPU a rank); a world whose "
+        "ranks share GPUs is emulated: true"]
+    assert results.provenance_problems({**doc, "emulated": True}) == []
+    assert "share none" in results.provenance_problems({**doc, "device": "2 x NVIDIA H200", "emulated": True})[0]
+    with pytest.raises(results.ResultsError, match="no real world"):
+        results.write("x", [], device=doc["device"], world_size=2, emulated=False, commit="abc1234",
+                      out_dir=tmp_path)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_an_emulated_group_is_labelled_by_its_gpus_and_cannot_be_written_as_real(tmp_path):
+    """device_label counted ranks: an emulated 2-rank world on one GPU was '2 x NVIDIA H100',
+    and the bench scripts that pass emulated=False (bench/evaluator.py, search.py, the
+    collectives and TP benchmarks) would have written its timings as a real 2-GPU run."""
+    from cuco import results
+    ranks = [{"rank": r, "device_name": "NVIDIA H100 80GB HBM3", "emulated": True, "device": 0}
+             for r in range(2)]
+    assert results.device_label(ranks) == "1 x NVIDIA H100 80GB HBM3"
+    with pytest.raises(results.ResultsError, match="no real world"):
+        results.write("bench", [], device=results.device_label(ranks), world_size=2, emulated=False,
+                      commit="abc1234", out_dir=tmp_path)
+    real = [{**i, "emulated": False, "device": i["rank"]} for i in ranks]
+    assert results.device_label(real) == "2 x NVIDIA H100 80GB HBM3"
