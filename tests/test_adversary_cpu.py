@@ -162,6 +162,11 @@ GATE_BYPASSES = {
     "device_heap_new": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                         "unsigned* box = new unsigned[4]; const uint4 v = reduce_peers(a, p_off, byte); "
                         "box[0] = v.x; delete[] box;", "'new'"),
+    # a body is spliced into the enclosing scope: a lambda named like a function the frozen code
+    # after the block calls hides it (the system fence before the chunk's flag is raised goes)
+    "shadowing_a_frozen_call": ("AllGatherGemm", "chunk_allgather", "    });\n",
+                                "    });\n    auto __threadfence_system = [] {};\n",
+                                "'__threadfence_system': declares a name the frozen code after the block uses"),
     # NVSHMEM's NVSHMEMI_STATIC is `static`: a function-local device variable counts the calls
     "macro_spelled_static": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                              "NVSHMEMI_STATIC unsigned long long calls; ++calls; "
@@ -418,3 +423,21 @@ def test_an_emulated_group_is_labelled_by_its_gpus_and_cannot_be_written_as_real
                       commit="abc1234", out_dir=tmp_path)
     real = [{**i, "emulated": False, "device": i["rank"]} for i in ranks]
     assert results.device_label(real) == "2 x NVIDIA H100 80GB HBM3"
+
+
+def test_shadowing_removes_the_frozen_fence(tmp_path):
+    """What the shadowing bypass did: the comm kernel's PTX loses a system fence (nvcc -ptx)."""
+    import re
+    import subprocess
+    from cuco.kernels import toolchain
+    ev, d, src, source = _gate_bypass("shadowing_a_frozen_call")
+    _, needs = ev.template(ev.problem, d)
+    fences = {}
+    for name, text in (("template", src), ("shadowed", source)):
+        (tmp_path / f"{name}.cu").write_text(text)
+        subprocess.run([str(toolchain.find_nvcc()), *Compiler(arch="sm_90a").base_flags(needs), "-w",
+                        "-ptx", str(tmp_path / f"{name}.cu"), "-o", str(tmp_path / f"{name}.ptx")], check=True)
+        ptx = (tmp_path / f"{name}.ptx").read_text()
+        kernel = ptx[ptx.index(".entry comm_kernel"):]
+        fences[name] = len(re.findall(r"membar\.sys|fence\.[a-z_.]*sys", kernel[:kernel.index("\n}\n")]))
+    assert fences["shadowed"] == fences["template"] - 1, fences

@@ -52,7 +52,57 @@ def edit_violations(template: str, candidate: str) -> list[str]:
         return [f"evolve: the frozen code outside EVOLVE-BLOCKs was changed (first at line "
                 f"{line + 1}); edit only inside the blocks"]
     return [f"evolve: block {name}: {why}" for name, body in cb.items() if body != tb[name]
-            for why in body_violations(body)]
+            for why in body_violations(body) + shadowing(template, name, body)]
+
+
+def shadowing(template: str, name: str, body: str) -> list[str]:
+    """Why ``body``, in block ``name`` of ``template``, changes what the frozen code after it
+    calls: a body is spliced into the enclosing scope, so a name it declares hides the one
+    the frozen statements after it use (``auto __threadfence_system = [] {};`` makes the
+    frozen fence before a flag a no-op). Names the template's own body declares are its
+    to declare."""
+    end = next(m for m in _BLOCK.finditer(template) if m.group("name") == name).end()
+    after, depth = [], 0
+    for piece in re.split(r"([{}])", source_text.code_of(template[end:])):
+        depth += {"{": 1, "}": -1}.get(piece, 0)
+        if depth < 0:  # the scope the block's declarations live in has closed
+            break
+        after.append(piece)
+    used = set(_WORD.findall("".join(after)))
+    hidden = (declared_names(source_text.code_of(body))
+              - declared_names(source_text.code_of(blocks(template)[name]))) & used
+    return [f"'{w}': declares a name the frozen code after the block uses (it would call or "
+            "read the block's instead); pick another name" for w in sorted(hidden)]
+
+
+#: Words before a name that do not make it a declaration (``return x``, ``case x``).
+_NOT_A_TYPE = {"return", "else", "case", "sizeof", "new", "delete", "throw", "goto", "do",
+               "co_return", "co_yield", "co_await", "alignof", "typename", "operator"}
+_TOKEN = re.compile(r"[A-Za-z_]\w*|::|->|==|&&|\S")
+
+
+def declared_names(code: str) -> set[str]:
+    """The names ``code`` declares, as far as its tokens tell: a name after a type (``T x``,
+    ``auto x``, ``struct x``, ``using x``), after ``T*``/``T&`` before ``=``, or bound by
+    ``auto [x, y]``."""
+    toks = _TOKEN.findall(code)
+    ident = re.compile(r"[A-Za-z_]\w*$").match
+    out: set[str] = set()
+    binding = False
+    for i, tok in enumerate(toks):
+        prev = toks[i - 1] if i else ""
+        nxt = toks[i + 1] if i + 1 < len(toks) else ""
+        if tok == "[" and (prev == "auto" or (prev in ("&", "&&") and i > 1 and toks[i - 2] == "auto")):
+            binding = True
+        elif tok == "]":
+            binding = False
+        if not ident(tok) or ident(nxt) or nxt == "::" or prev in ("::", ".", "->"):
+            continue  # not a name, a type before one (`size_t` of `size_t i`), or qualified
+        if binding or (ident(prev) and prev not in _NOT_A_TYPE) or (
+                prev in ("*", "&", "&&", ">") and nxt == "=" and i > 1
+                and (ident(toks[i - 2]) or toks[i - 2] in (">", "*", "&"))):
+            out.add(tok)
+    return out
 
 
 #: Words an edited block may not contain, and why: each would let a block reach past
