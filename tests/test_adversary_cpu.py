@@ -167,6 +167,10 @@ GATE_BYPASSES = {
     "shadowing_a_frozen_call": ("AllGatherGemm", "chunk_allgather", "    });\n",
                                 "    });\n    auto __threadfence_system = [] {};\n",
                                 "'__threadfence_system': declares a name the frozen code after the block uses"),
+    # an unscoped enumerator hides the world size the frozen flag loop after the block counts to
+    "enumerator_shadows_a_frozen_value": ("AllGatherGemm", "chunk_allgather", "    });\n",
+                                          "    });\n    enum { W = 1 };\n",
+                                          "'W': declares a name the frozen code after the block uses"),
     # NVSHMEM's NVSHMEMI_STATIC is `static`: a function-local device variable counts the calls
     "macro_spelled_static": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                              "NVSHMEMI_STATIC unsigned long long calls; ++calls; "

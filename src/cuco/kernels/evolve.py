@@ -83,12 +83,13 @@ _TOKEN = re.compile(r"[A-Za-z_]\w*|::|->|==|&&|\S")
 
 def declared_names(code: str) -> set[str]:
     """The names ``code`` declares, as far as its tokens tell: a name after a type (``T x``,
-    ``auto x``, ``struct x``, ``using x``), after ``T*``/``T&`` before ``=``, or bound by
-    ``auto [x, y]``."""
-    toks = _TOKEN.findall(code)
+    ``auto x``, ``decltype(e) x``, ``struct x``, ``using x``), after ``T*``/``T&`` before
+    ``=``, bound by ``auto [x, y]``, named by a using-declaration (``using ns::x;``) or an
+    enumerator of an unscoped ``enum { x }``."""
+    toks = _TOKEN.findall(re.sub(r"\b(?:decltype|__typeof__)\s*\((?:[^()]|\([^()]*\))*\)", " T_ ", code))
     ident = re.compile(r"[A-Za-z_]\w*$").match
     out: set[str] = set()
-    binding = False
+    binding = enumerators = using = False
     for i, tok in enumerate(toks):
         prev = toks[i - 1] if i else ""
         nxt = toks[i + 1] if i + 1 < len(toks) else ""
@@ -96,6 +97,20 @@ def declared_names(code: str) -> set[str]:
             binding = True
         elif tok == "]":
             binding = False
+        elif tok == "enum":
+            enumerators = nxt not in ("class", "struct")  # a scoped enum's stay inside it
+        elif tok in ("}", ";"):
+            enumerators = False
+        elif tok == "using":
+            using = True
+        if using and tok == "=":  # an alias (`using x = T;`): x is declared below, as after a type
+            using = False
+        if using and tok == ";":
+            using = False
+            if ident(prev):
+                out.add(prev)
+        if enumerators and ident(tok) and prev in ("{", ","):
+            out.add(tok)
         if not ident(tok) or ident(nxt) or nxt == "::" or prev in ("::", ".", "->"):
             continue  # not a name, a type before one (`size_t` of `size_t i`), or qualified
         if binding or (ident(prev) and prev not in _NOT_A_TYPE) or (
