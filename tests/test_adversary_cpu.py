@@ -445,3 +445,30 @@ def test_shadowing_removes_the_frozen_fence(tmp_path):
         kernel = ptx[ptx.index(".entry comm_kernel"):]
         fences[name] = len(re.findall(r"membar\.sys|fence\.[a-z_.]*sys", kernel[:kernel.index("\n}\n")]))
     assert fences["shadowed"] == fences["template"] - 1, fences
+
+
+SHADOW_SPELLINGS = ["auto __threadfence_system = [] {};", "void (*__threadfence_system)() = nullptr;",
+                    "auto (__threadfence_system) = [] {};", "struct __threadfence_system {};",
+                    "auto& __threadfence_system = other;", "decltype(other) __threadfence_system = other;",
+                    "using other_ns::__threadfence_system;", "enum { W = 1 };"]
+
+
+@pytest.mark.parametrize("spelling", SHADOW_SPELLINGS)
+def test_each_spelling_of_a_shadowing_declaration_is_seen(spelling):
+    src, body = adv._block(_ev("AllGatherGemm", 2), adv.SIDE, "chunk_allgather")
+    found = evolve.shadowing(src, "chunk_allgather", body + "    " + spelling + "\n")
+    assert len(found) == 1 and ("'W'" in found[0] if "W" in spelling else "'__threadfence_system'" in found[0])
+
+
+def test_no_template_block_shadows_and_loop_variables_are_no_shadowing():
+    """Every template's own blocks pass, and so do they with loop variables named like the
+    frozen code's own (`for (int r ...)` after the block declares its r itself)."""
+    from cuco.workloads.catalog import everything
+    loops = "    for (int r = 0; r < 1; ++r) { (void)r; }\n    for (int q = 0; q < 1; ++q) { (void)q; }\n"
+    seen = 0
+    for src in everything():
+        for name, body in evolve.blocks(src.source).items():
+            assert evolve.shadowing(src.source, name, body) == []
+            assert evolve.shadowing(src.source, name, body + loops) == [], (src.name, name)
+            seen += 1
+    assert seen > 20

@@ -68,13 +68,19 @@ def shadowing(template: str, name: str, body: str) -> list[str]:
         if depth < 0:  # the scope the block's declarations live in has closed
             break
         after.append(piece)
-    used = set(_WORD.findall("".join(after)))
+    after_code = "".join(after)  # names it declares itself (its own loop variables) bind there
+    used = set(_WORD.findall(after_code)) - declared_names(after_code)
     hidden = (declared_names(source_text.code_of(body))
               - declared_names(source_text.code_of(blocks(template)[name]))) & used
     return [f"'{w}': declares a name the frozen code after the block uses (it would call or "
             "read the block's instead); pick another name" for w in sorted(hidden)]
 
 
+#: Keywords, never a declared name (``CUTLASS_PRAGMA_UNROLL for`` is no declaration of ``for``).
+_KEYWORDS = {"for", "if", "while", "switch", "do", "else", "return", "break", "continue", "case",
+             "default", "sizeof", "const", "volatile", "auto", "int", "unsigned", "signed", "long",
+             "short", "char", "bool", "float", "double", "void", "struct", "class", "union", "enum",
+             "using", "typedef", "constexpr", "inline", "true", "false", "nullptr", "this"}
 #: Words before a name that do not make it a declaration (``return x``, ``case x``).
 _NOT_A_TYPE = {"return", "else", "case", "sizeof", "new", "delete", "throw", "goto", "do",
                "co_return", "co_yield", "co_await", "alignof", "typename", "operator"}
@@ -84,8 +90,10 @@ _TOKEN = re.compile(r"[A-Za-z_]\w*|::|->|==|&&|\S")
 def declared_names(code: str) -> set[str]:
     """The names ``code`` declares, as far as its tokens tell: a name after a type (``T x``,
     ``auto x``, ``decltype(e) x``, ``struct x``, ``using x``), after ``T*``/``T&`` before
-    ``=``, bound by ``auto [x, y]``, named by a using-declaration (``using ns::x;``) or an
-    enumerator of an unscoped ``enum { x }``."""
+    ``=``, in a parenthesised declarator after a keyword type (``auto (x)``, ``void (*x)()``),
+    bound by ``auto [x, y]``, named by a using-declaration (``using ns::x;``) or an
+    enumerator of an unscoped ``enum { x }``. A heuristic: a declarator it does not know
+    (``T (*x)()`` with a typedef ``T``) is not seen."""
     toks = _TOKEN.findall(re.sub(r"\b(?:decltype|__typeof__)\s*\((?:[^()]|\([^()]*\))*\)", " T_ ", code))
     ident = re.compile(r"[A-Za-z_]\w*$").match
     out: set[str] = set()
@@ -113,11 +121,13 @@ def declared_names(code: str) -> set[str]:
             out.add(tok)
         if not ident(tok) or ident(nxt) or nxt == "::" or prev in ("::", ".", "->"):
             continue  # not a name, a type before one (`size_t` of `size_t i`), or qualified
-        if binding or (ident(prev) and prev not in _NOT_A_TYPE) or (
+        typed_paren = i > 2 and toks[i - 2] == "(" and prev in ("*", "&") and toks[i - 3] in _KEYWORDS \
+            or i > 1 and prev == "(" and toks[i - 2] in _KEYWORDS and nxt == ")"  # void (*x)(), auto (x)
+        if binding or typed_paren or (ident(prev) and prev not in _NOT_A_TYPE) or (
                 prev in ("*", "&", "&&", ">") and nxt == "=" and i > 1
                 and (ident(toks[i - 2]) or toks[i - 2] in (">", "*", "&"))):
             out.add(tok)
-    return out
+    return out - _KEYWORDS
 
 
 #: Words an edited block may not contain, and why: each would let a block reach past
