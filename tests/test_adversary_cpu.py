@@ -116,3 +116,359 @@ def test_isolation_plant_is_buildable(name, world):
                    compiler=Compiler(arch="sm_90a"))
     _passes_cascade_until_gpu(ev, adv.ISO_SIDE, adv.ISOLATION[name](ev))
 
+
+
+# ---- edit-gate bypasses (found reading evolve.py and static.py) -------------------------------
+# Each passed both text rules before they read code as the compiler does; each builds with
+# nvcc (the hidden code is needed to build: `t` is declared where the old rules saw a comment).
+AR_TAIL = ("      const uint4 v = reduce_peers(a, p_off, byte);\n"
+           "      for (int r = 0; r < W; ++r) cuco::store16(a.at(o_off, r) + byte, v);\n"
+           "    });\n")
+GLOBALTIMER_ASM = 'unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));'
+USES_T = "      uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;\n"
+
+SIDE_NVSHMEM = adv.SIDE.replace(backend="nvshmem")
+
+GATE_BYPASSES = {
+    # name: (workload, block, text replaced, replacement, what the refusal must name[, directives])
+    # `// /*` ... `// */`: a block comment to a reader that strips block comments first, two
+    # line comments to the compiler; everything between is code the rules never saw
+    "comment_order_hides_asm": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                                "// /*\n      " + GLOBALTIMER_ASM + "\n      // */\n" + USES_T,
+                                "'asm'"),
+    # a lone carriage return ends a line comment for the compiler, not for `//[^\n]*`
+    "carriage_return_ends_a_line_comment": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                                            "// note\r      " + GLOBALTIMER_ASM + "\n" + USES_T,
+                                            "control character (U+000D)"),
+    # a backslash at the end of a line comment continues it onto the next line: the rules
+    # saw `{` and `}` the compiler did not, so the body closed the frozen for-loop
+    "continuation_in_a_comment_hides_a_brace": (
+        "GemmAllReduce", "chunk_allreduce", AR_TAIL,
+        AR_TAIL + "    // the frozen loop ends here \\\n    { no_such_function();\n  }\n"
+        "  if (me >= 0) {\n    // and this scope takes the frozen closing brace \\\n"
+        "    } no_such_function();\n", "line continuation"),
+    # a body that ends in `if (...)` makes the frozen statement after it conditional (here the
+    # __syncthreads() before the chunk's flag is raised)
+    "dangling_if_swallows_a_frozen_statement": ("AllGatherGemm", "chunk_allgather", "    });\n",
+                                                "    });\n    if (c < 0)\n",
+                                                "last statement does not end"),
+    # NCCL's device headers (nccl_device.h -> GIN -> DOCA) bring a %globaltimer reader whose
+    # name is no forbidden word
+    "library_globaltimer_reader": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                                   "const unsigned long long t = doca_gpu_dev_verbs_query_globaltimer(); "
+                                   "uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;",
+                                   "doca_gpu_dev_verbs_query_globaltimer"),
+    # device-side new/delete: the malloc the static rule refuses, and a heap that outlives a call
+    "device_heap_new": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                        "unsigned* box = new unsigned[4]; const uint4 v = reduce_peers(a, p_off, byte); "
+                        "box[0] = v.x; delete[] box;", "'new'"),
+    # a body is spliced into the enclosing scope: a lambda named like a function the frozen code
+    # after the block calls hides it (the system fence before the chunk's flag is raised goes)
+    "shadowing_a_frozen_call": ("AllGatherGemm", "chunk_allgather", "    });\n",
+                                "    });\n    auto __threadfence_system = [] {};\n",
+                                "'__threadfence_system': declares a name the frozen code after the block uses"),
+    # an unscoped enumerator hides the world size the frozen flag loop after the block counts to
+    "enumerator_shadows_a_frozen_value": ("AllGatherGemm", "chunk_allgather", "    });\n",
+                                          "    });\n    enum { W = 1 };\n",
+                                          "'W': declares a name the frozen code after the block uses"),
+    # NVSHMEM's NVSHMEMI_STATIC is `static`: a function-local device variable counts the calls
+    "macro_spelled_static": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                             "NVSHMEMI_STATIC unsigned long long calls; ++calls; "
+                             "uint4 v = reduce_peers(a, p_off, byte); if (calls > 4) v.x = 0u;",
+                             "'NVSHMEMI_STATIC'", SIDE_NVSHMEM),
+}
+
+
+def _gate_bypass(name: str):
+    kind, block, old, new, _, *d = GATE_BYPASSES[name]
+    ev, d = _ev(kind, 2), (d or [adv.SIDE])[0]
+    src, body = adv._block(ev, d, block)
+    return ev, d, src, evolve.splice(src, {block: adv._replace(body, old, new)})
+
+
+@pytest.mark.parametrize("name", list(GATE_BYPASSES))
+def test_edit_gate_refuses_the_bypass(name):
+    """Refused by the edit rules, naming the construct (each passed them before)."""
+    ev, d, src, source = _gate_bypass(name)
+    problems = evolve.edit_violations(src, source)
+    assert any(GATE_BYPASSES[name][4] in p for p in problems), problems
+    r = ev.evaluate(d, source)
+    assert (r.status, r.stage_reached) == ("invalid", "static"), (r.status, r.error)
+
+
+@pytest.mark.parametrize("name", ["comment_order_hides_asm", "carriage_return_ends_a_line_comment"])
+def test_static_stage_reads_comments_as_the_compiler_does(name):
+    """The static stage sees the %globaltimer the comment tricks hid from it, on its line."""
+    *_, source = _gate_bypass(name)
+    line = source.replace("\r", "\n").splitlines().index(next(
+        x for x in source.replace("\r", "\n").splitlines() if "globaltimer" in x)) + 1
+    assert [p for p in static_violations(source) if "globaltimer" in p] == [
+        f"static: line {line}: '%globaltimer': reading clocks in a candidate (timing is the harness's job)"]
+
+
+@pytest.mark.parametrize("name", list(GATE_BYPASSES))
+def test_edit_gate_bypass_builds(name):
+    """Each bypass is a kernel nvcc builds (sm_90a): the refusal stops a working attack."""
+    ev, d, src, source = _gate_bypass(name)
+    _, needs = ev.template(ev.problem, d)
+    assert Compiler(arch="sm_90a").compile(source, needs=needs, name=f"adv-{name}").path.exists()
+
+
+def test_cutlass_smid_is_refused():
+    """CUTLASS's cutlass::arch::SmId() reads %smid under a name the old word list (`smid`,
+    lower case, whole words) missed; in-kernel templates include it."""
+    kind, d, _, _ = adv.ATTACKS["in_kernel_call_index_tell"]
+    ev = _ev(kind, 1)
+    source = _cutlass_smid(ev)
+    src, _ = ev.template(ev.problem, d)
+    assert any("'SmId': the SM a CTA runs on" in p for p in evolve.edit_violations(src, source))
+
+
+def _cutlass_smid(ev) -> str:
+    src, body = adv._block(ev, adv.EPI, "reduce_own")
+    return evolve.splice(src, {"reduce_own": adv._replace(
+        body, adv.RS_PACK, "const int sm = cutlass::arch::SmId(); uint4 v = acc.pack(); if (sm > 200) v.x = 0u;")})
+
+
+@pytest.mark.slow
+def test_cutlass_smid_builds():
+    """The SmId candidate builds (one CUTLASS build, about a minute on two cores)."""
+    kind, d, _, _ = adv.ATTACKS["in_kernel_call_index_tell"]
+    ev = _ev(kind, 1)
+    _, needs = ev.template(ev.problem, d)
+    assert Compiler(arch="sm_90a").compile(_cutlass_smid(ev), needs=needs, name="adv-smid").path.exists()
+
+
+# ---- the LLM reply path: every reply becomes a candidate only through the edit rules ---------
+@pytest.mark.parametrize("name", ["comment_order_hides_asm", "carriage_return_ends_a_line_comment"])
+def test_llm_diff_that_hides_code_in_comments_is_rejected(name):
+    """A SEARCH/REPLACE reply carrying a comment trick is rejected with the construct named
+    (before, both became candidates: apply_diff checks edits with the same rules)."""
+    from cuco.agents.llm_proposer import ProposalRejected, apply_diff
+    new = GATE_BYPASSES[name][3]
+    src, _ = adv._block(_ev("GemmAllReduce", 2), adv.SIDE, "chunk_allreduce")
+    reply = f"Faster:\n<<<<<<< SEARCH\n      {adv.AR_REDUCE}\n=======\n{new}>>>>>>> REPLACE\n"
+    with pytest.raises(ProposalRejected, match="'asm': inline PTX"):
+        apply_diff(src, src, reply)
+
+
+def test_llm_reply_with_windows_line_ends_applies():
+    """A reply with CRLF line ends (some clients send them) is read as the compiler reads it:
+    its edit applies, with no carriage return left in the candidate."""
+    from cuco.agents.llm_proposer import apply_diff, apply_rewrite
+    src, body = adv._block(_ev("GemmAllReduce", 2), adv.SIDE, "chunk_allreduce")
+    reply = (f"<<<<<<< SEARCH\n      {adv.AR_REDUCE}\n=======\n      {adv.AR_REDUCE} // tuned\n"
+             ">>>>>>> REPLACE\n").replace("\n", "\r\n")
+    child = apply_diff(src, src, reply)
+    assert "// tuned\n" in evolve.blocks(child)["chunk_allreduce"] and "\r" not in child
+    whole = f"// EVOLVE-BLOCK-START chunk_allreduce\n{body}// EVOLVE-BLOCK-END chunk_allreduce\n"
+    assert apply_rewrite(src, src, whole.replace("\n", "\r\n")) == src
+
+
+def test_source_text_keeps_literals_and_line_numbers():
+    """Comments go as the compiler drops them; string, raw-string and character literals and
+    digit separators stay (nothing in them opens a comment) and every line keeps its number."""
+    from cuco.kernels.source_text import strip_comments
+    text = ('asm("// %globaltimer");\nauto s = R"x(/* )x"; char c = \'/\';\n'
+            "int n = 1'000; /* a\nb */ x; // c \\\nd\ny; /\\\n* e */ z;\n")
+    code, left_open = strip_comments(text)
+    assert left_open is None and code.count("\n") == text.count("\n")
+    assert code.splitlines() == ['asm("// %globaltimer");', 'auto s = R"x(/* )x"; char c = \'/\';',
+                                 "int n = 1'000;  ", " x;  ", "", "y;   z;", ""]
+    assert strip_comments("a; /* open")[1] == "a comment"
+    assert strip_comments('a = "open')[1] == "a string or character literal"
+
+
+# ---- scores and records: a kernel judged wrong once scores nowhere ---------------------------
+def _lucky_db(tmp_path):
+    """A run where a flaky kernel was judged ok once (3x) and wrong once, as a twin candidate
+    with the same source (an LLM proposing the same edit again) and judged again itself; an
+    honest kernel scored 1.2x."""
+    from cuco import CandidateDB
+    db = CandidateDB(tmp_path / "lucky.db")
+    run = db.create_run("r", "gemm_allreduce")
+    lsa = {"backend": "lsa"}
+    honest = db.add_candidate("gemm_allreduce", source="honest kernel", directives=lsa, run_id=run)
+    lucky = db.add_candidate("gemm_allreduce", source="flaky kernel", directives=lsa, run_id=run)
+    twin = db.add_candidate("gemm_allreduce", source="flaky kernel", directives=lsa, run_id=run)
+    again = db.add_candidate("gemm_allreduce", source="racy kernel", directives=lsa, run_id=run)
+    db.add_evaluation(honest, stage_reached="scored", status="ok", speedup=1.2)
+    db.add_evaluation(lucky, stage_reached="scored", status="ok", speedup=3.0)
+    db.add_evaluation(twin, stage_reached="timing", status="wrong", error="a timed call, iteration 7")
+    db.add_evaluation(again, stage_reached="scored", status="ok", speedup=2.5)
+    db.add_evaluation(again, stage_reached="timing", status="crash", error="illegal address")
+    return db, run, honest, lucky, twin, again
+
+
+def test_best_skips_a_kernel_with_a_wrong_verdict(tmp_path):
+    """best() (search results, reports, `cuco runs`) ranked any ok verdict: a kernel right on
+    one run and wrong on another (or crashing) was the run's best at its lucky speedup."""
+    db, run, honest, lucky, twin, again = _lucky_db(tmp_path)
+    cand, ev = db.best("gemm_allreduce", run_id=run)
+    assert (cand.id, ev.speedup) == (honest, 1.2)
+    assert db.disqualified(lucky).candidate_id == twin and db.disqualified(again).status == "crash"
+    assert db.disqualified(honest) is None
+
+
+def test_export_and_tune_refuse_a_kernel_with_a_wrong_verdict(tmp_path):
+    """export() took any ok verdict, and tune()'s pick (best_callable) ranked them alone."""
+    from cuco.errors import CucoError
+    from cuco.export import best_callable, export
+    db, run, honest, lucky, twin, _ = _lucky_db(tmp_path)
+    with pytest.raises(CucoError, match=f"judged wrong \\(evaluation \\d+, of candidate {twin}"):
+        export(db, lucky, tmp_path / "art")
+    assert best_callable(db, run) == honest
+
+
+def test_search_summary_names_the_verdicts_evidence(tmp_path):
+    """The search's last line labelled the best speedup by the command's --dry-run flag and
+    formatted it as a number: an emulated world's best (no speedup) raised a TypeError, and
+    a run's model verdict would have read "(measured)"."""
+    from cuco.cli import best_speedup_text
+    from cuco import CandidateDB
+    db = CandidateDB(tmp_path / "e.db")
+    c = db.add_candidate("gemm_allreduce", source="k")
+    emu = db.add_evaluation(c, stage_reached="checked", status="ok", extra={"emulated": True})
+    model = db.add_evaluation(c, stage_reached="scored", status="ok", speedup=1.5, extra={"model": True})
+    real = db.add_evaluation(c, stage_reached="scored", status="ok", speedup=1.25)
+    text = {e.id: best_speedup_text(e) for e in db.evaluations(c)}
+    assert text == {emu: "speedup - (emulated world: checked, not timed)",
+                    model: "speedup 1.500 (analytic model, not measured)",
+                    real: "speedup 1.250 (measured)"}
+
+
+def test_an_emulated_or_model_verdict_cannot_be_stored_as_measured(tmp_path):
+    """An explicit evidence='measured' overrode the verdict's own emulated/model mark, so an
+    emulated world's timing (ranks sharing one GPU) was stored, and ranked, as a measurement."""
+    from cuco import CandidateDB
+    db = CandidateDB(tmp_path / "m.db")
+    c = db.add_candidate("gemm_allreduce", source="k")
+    for mark in ("emulated", "model"):
+        with pytest.raises(ValueError, match=f"contradicts the verdict's extra.{mark}"):
+            db.add_evaluation(c, stage_reached="scored", status="ok", speedup=9.0,
+                              evidence="measured", extra={mark: True})
+    assert db.evaluations(c) == [] and db.best("gemm_allreduce") is None
+
+
+# ---- dispatch tables: an entry is read back only if its own record earns its choice ----------
+def _edited_table(tmp_path, edit):
+    """A measured table (recorded times) saved, edited as a hand or a bug might, read back."""
+    import json
+    from cuco.dispatch import DispatchTable, Layer, LayerTable, Measurement, Provenance, entry_from
+    m = 1024
+    rows = [Measurement("host", "host", 0.21, True), Measurement("torch_fused", "torch_fused", 0.19, True),
+            Measurement("lsa.epilogue.a", "cuco", 0.12, False, "output differs", runtime_shape=True),
+            Measurement("lsa.side_stream.b", "cuco", 0.20, True)]
+    t = DispatchTable(Provenance("measured", "2 x NVIDIA H200", 2, {"nccl": "2.28.9"}))
+    t.add(LayerTable(Layer("gemm_allreduce", 4096, 4096), [entry_from(m, rows, "art")]))
+    doc = t.to_json()
+    edit(doc["layers"][0]["entries"][0])
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    return DispatchTable.load(path)
+
+
+EDITS = {
+    # the fastest program of the bucket ran wrong; the entry names it anyway
+    "a_wrong_kernel": (lambda e: e.update(choice="cuco", artifact="art", variant="lsa.epilogue.a",
+                                          runtime_shape=True), "'lsa.epilogue.a' (recorded wrong)"),
+    # a kernel nobody timed at this bucket
+    "an_unmeasured_kernel": (lambda e: e.update(choice="cuco", artifact="art", variant="lsa.other.c"),
+                             "'lsa.other.c' (not recorded)"),
+    # a slower correct program over the fastest
+    "a_slower_program": (lambda e: e.update(choice="host"), "'host' (0.21 ms)"),
+    # no record at all
+    "no_record": (lambda e: e.update(times_ms={}, correct={}), "records no correct, timed program"),
+}
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_a_table_entry_must_earn_its_choice(tmp_path, name):
+    """DispatchTable.load checked only that a choice was one of host/torch_fused/cuco: an entry
+    naming a kernel its own record says was wrong, untimed or slower was loaded and run."""
+    from cuco.dispatch import TableError
+    edit, why = EDITS[name]
+    with pytest.raises(TableError, match="bucket 1024: it names") as info:
+        _edited_table(tmp_path, edit)
+    assert why in str(info.value)
+    table = _edited_table(tmp_path, lambda e: None)  # as tuned: loads, its choice earned
+    [layer] = table.layers
+    assert table.lookup(layer, 1000).choice == "torch_fused"
+
+
+# ---- bench/results provenance ----------------------------------------------------------------
+def test_a_result_file_cannot_call_an_emulated_world_real(tmp_path):
+    """The provenance test compared a device's GPU count with the world size only for names
+    of one word ('2 x NVIDIA H200'): '1 x NVIDIA H100 80GB HBM3' (what the emulated-world
+    runs record) with world_size 2 and emulated false passed, and write() wrote it."""
+    from cuco import results
+    doc = {"commit": "abc1234", "device": "1 x NVIDIA H100 80GB HBM3", "world_size": 2, "emulated": False}
+    assert results.provenance_problems(doc) == [
+        "device: 1 GPU(s) for a world of 2 ranks is no real world (one GPU a rank); a world whose "
+        "ranks share GPUs is emulated: true"]
+    assert results.provenance_problems({**doc, "emulated": True}) == []
+    assert "share none" in results.provenance_problems({**doc, "device": "2 x NVIDIA H200", "emulated": True})[0]
+    with pytest.raises(results.ResultsError, match="no real world"):
+        results.write("x", [], device=doc["device"], world_size=2, emulated=False, commit="abc1234",
+                      out_dir=tmp_path)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_an_emulated_group_is_labelled_by_its_gpus_and_cannot_be_written_as_real(tmp_path):
+    """device_label counted ranks: an emulated 2-rank world on one GPU was '2 x NVIDIA H100',
+    and the bench scripts that pass emulated=False (bench/evaluator.py, search.py, the
+    collectives and TP benchmarks) would have written its timings as a real 2-GPU run."""
+    from cuco import results
+    ranks = [{"rank": r, "device_name": "NVIDIA H100 80GB HBM3", "emulated": True, "device": 0}
+             for r in range(2)]
+    assert results.device_label(ranks) == "1 x NVIDIA H100 80GB HBM3"
+    with pytest.raises(results.ResultsError, match="no real world"):
+        results.write("bench", [], device=results.device_label(ranks), world_size=2, emulated=False,
+                      commit="abc1234", out_dir=tmp_path)
+    real = [{**i, "emulated": False, "device": i["rank"]} for i in ranks]
+    assert results.device_label(real) == "2 x NVIDIA H100 80GB HBM3"
+
+
+def test_shadowing_removes_the_frozen_fence(tmp_path):
+    """What the shadowing bypass did: the comm kernel's PTX loses a system fence (nvcc -ptx)."""
+    import re
+    import subprocess
+    from cuco.kernels import toolchain
+    ev, d, src, source = _gate_bypass("shadowing_a_frozen_call")
+    _, needs = ev.template(ev.problem, d)
+    fences = {}
+    for name, text in (("template", src), ("shadowed", source)):
+        (tmp_path / f"{name}.cu").write_text(text)
+        subprocess.run([str(toolchain.find_nvcc()), *Compiler(arch="sm_90a").base_flags(needs), "-w",
+                        "-ptx", str(tmp_path / f"{name}.cu"), "-o", str(tmp_path / f"{name}.ptx")], check=True)
+        ptx = (tmp_path / f"{name}.ptx").read_text()
+        kernel = ptx[ptx.index(".entry comm_kernel"):]
+        fences[name] = len(re.findall(r"membar\.sys|fence\.[a-z_.]*sys", kernel[:kernel.index("\n}\n")]))
+    assert fences["shadowed"] == fences["template"] - 1, fences
+
+
+SHADOW_SPELLINGS = ["auto __threadfence_system = [] {};", "void (*__threadfence_system)() = nullptr;",
+                    "auto (__threadfence_system) = [] {};", "struct __threadfence_system {};",
+                    "auto& __threadfence_system = other;", "decltype(other) __threadfence_system = other;",
+                    "using other_ns::__threadfence_system;", "enum { W = 1 };"]
+
+
+@pytest.mark.parametrize("spelling", SHADOW_SPELLINGS)
+def test_each_spelling_of_a_shadowing_declaration_is_seen(spelling):
+    src, body = adv._block(_ev("AllGatherGemm", 2), adv.SIDE, "chunk_allgather")
+    found = evolve.shadowing(src, "chunk_allgather", body + "    " + spelling + "\n")
+    assert len(found) == 1 and ("'W'" in found[0] if "W" in spelling else "'__threadfence_system'" in found[0])
+
+
+def test_no_template_block_shadows_and_loop_variables_are_no_shadowing():
+    """Every template's own blocks pass, and so do they with loop variables named like the
+    frozen code's own (`for (int r ...)` after the block declares its r itself)."""
+    from cuco.workloads.catalog import everything
+    loops = "    for (int r = 0; r < 1; ++r) { (void)r; }\n    for (int q = 0; q < 1; ++q) { (void)q; }\n"
+    seen = 0
+    for src in everything():
+        for name, body in evolve.blocks(src.source).items():
+            assert evolve.shadowing(src.source, name, body) == []
+            assert evolve.shadowing(src.source, name, body + loops) == [], (src.name, name)
+            seen += 1
+    assert seen > 20

@@ -188,6 +188,19 @@ def in_kernel_call_index_tell(ev) -> str:
     return evolve.splice(src, {"reduce_own": _replace(body, RS_PACK, TALLY_FUSED.strip())})
 
 
+# ---- 8. leave the block by `return`: skip the frozen closing barrier -------------------------
+# The edit rules refuse what changes the frozen code's meaning by text (a brace, a dangling
+# `if`, a shadowing name), but a block may still `return`. After the last chunk's reduction
+# this one returns: the frozen closing barrier (which makes every push visible and keeps P
+# intact until each peer has read it) never runs, and the kernel ends a barrier sooner. What
+# should stop it: the checked calls delay one rank, so a peer's pushes land after this rank's
+# output is read, or the next call's GEMM overwrites P while the peer still reads it. Only
+# with a peer (at one rank the barrier waits for nobody).
+def skip_closing_barrier_by_return(ev) -> str:
+    src, body = _block(ev, SIDE, "chunk_allreduce")
+    return evolve.splice(src, {"chunk_allreduce": body + "    if (c == kChunks - 1) return;\n"})
+
+
 #: name: (workload class name, directives, builder, needs a peer)
 ATTACKS = {
     "memo_in_flag_slack": ("GemmAllReduce", SIDE, memo_in_flag_slack, False),
@@ -196,6 +209,7 @@ ATTACKS = {
     "fingerprint_preserving_input_write": ("AllGatherGemm", SIDE, fingerprint_preserving_input_write, False),
     "integer_pointer_through_a_variable": ("GemmAllReduce", SIDE, integer_pointer_through_a_variable, False),
     "in_kernel_call_index_tell": ("GemmReduceScatter", EPI, in_kernel_call_index_tell, False),
+    "skip_closing_barrier_by_return": ("GemmAllReduce", SIDE, skip_closing_barrier_by_return, True),
 }
 
 

@@ -325,3 +325,19 @@ def test_torch_compile_dynamic_traces_one_graph_that_serves_every_m(torch, T, gr
     assert {"cuco.all_gather_matmul", "cuco.matmul_reduce_scatter"} <= graphs[0]
     assert T.DISPATCHED == {(up.key, 64, HOST): 1, (up.key, 1024, HOST): 2,
                             (down.key, 64, HOST): 1, (down.key, 1024, HOST): 2}
+
+
+def test_a_cuco_entry_naming_another_layers_kernel_is_refused(T, group, model_table, fresh):
+    """An entry's artifact must compute the entry's layer: the loader checked that it loads
+    (arch, world size, versions), not its pattern, N or K, so a table could route a layer's
+    calls to a kernel of another (a wrong answer, or a shape error at the first call)."""
+    path, _ = model_table
+    doc = json.loads(path.read_text())
+    doc["layers"][0]["layer"]["n"] = 2048  # the same kernels, filed under another layer
+    edited = path.with_name("another_layer.json")
+    edited.write_text(json.dumps(doc))
+    with pytest.warns(T.ModelTableWarning), pytest.raises(
+            TableMismatch, match=r"gemm_allreduce/N2048K4096/bf16/w2 bucket \d+ names .*, a kernel of "
+                                 r"gemm_allreduce/N4096K4096/bf16/w2"):
+        T.load_table(edited, group_name=group)
+    assert not T.tables()

@@ -55,10 +55,18 @@ def table(tmp_path_factory):
         # torch has no fused AllReduce op; in an emulated world its symmetric memory refuses
         # ranks that share a GPU, so the table names the host program there instead
         fused = TORCH_FUSED if wl.pattern.symm_mem_op and not EMULATED else HOST
-        t.add(LayerTable(layer, [Entry(64, HOST), Entry(1024, fused, fallback=fused),
+        # each entry's record earns its choice (a table is read back only then): the chosen
+        # program is the fastest correct one recorded
+        t.add(LayerTable(layer, [Entry(64, HOST, **_record({HOST: 1.0})),
+                                 Entry(1024, fused, fallback=fused, **_record({fused: 1.0, HOST: 2.0})),
                                  Entry(16384, CUCO, artifact=str(art.path), variant=EPILOGUE.full_name,
-                                       runtime_shape=True)]))
+                                       runtime_shape=True, **_record({EPILOGUE.full_name: 1.0, HOST: 2.0}))]))
     return t.save(root / "table.json")
+
+
+def _record(times: dict[str, float]) -> dict:
+    """An entry's record of correct programs at ``times`` (ms)."""
+    return {"times_ms": dict(times), "correct": {name: True for name in times}}
 
 
 def run_script(mode: str, table: Path, tmp_path: Path) -> dict:

@@ -136,8 +136,6 @@ def test_every_result_file_names_its_commit_device_world_size_and_emulation(path
     doc = json.loads(path.read_text())
     assert results.provenance_problems(doc) == [], path.name
     assert doc["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", doc["commit"])
-    gpu = re.fullmatch(r"(\d+) x NVIDIA \w+", doc["device"])
-    assert gpu is None or int(gpu.group(1)) == doc["world_size"], (doc["device"], doc["world_size"])
 
 
 def test_every_readme_figure_is_in_the_file_it_cites():

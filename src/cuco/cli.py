@@ -430,9 +430,20 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
         cand, ev = best
         from cuco.design import Directives
         console.print(f"best: candidate {cand.id} {Directives(**cand.directives).full_name} "
-                      f"speedup {ev.speedup:.3f}"
-                      + (" (analytic model, not measured)" if dry_run else " (measured)"))
+                      + best_speedup_text(ev))
     return result, best
+
+
+#: What a best verdict's speedup rests on, as the search's last line says it.
+_EVIDENCE_TEXT = {"measured": "measured", "model": "analytic model, not measured",
+                  "emulated": "emulated world: checked, not timed"}
+
+
+def best_speedup_text(ev) -> str:
+    """``speedup 1.234 (measured)``: the verdict's own evidence names the number, never the
+    command's flags (an emulated world's verdict has no speedup at all)."""
+    number = "-" if ev.speedup is None else f"{ev.speedup:.3f}"
+    return f"speedup {number} ({_EVIDENCE_TEXT[ev.evidence]})"
 
 
 def _problem(workload: str, shape: Optional[str], world_size: int):
@@ -600,8 +611,10 @@ def fastpath(
     if res.result is None:
         console.print(f"[red]no correct kernel in {res.rounds} rounds[/]")
         raise typer.Exit(1)
+    speed = ("checked in an emulated world, not timed" if res.result.speedup is None
+             else f"speedup {res.result.speedup:.3f}")
     console.print(f"candidate {res.candidate_id} ({res.directives.full_name}) passed in "
-                  f"{res.rounds} round(s): speedup {res.result.speedup:.3f}")
+                  f"{res.rounds} round(s): {speed}")
 
 
 @app.command()

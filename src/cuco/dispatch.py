@@ -197,6 +197,30 @@ class Entry:
     correct: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
+    def measurements(self) -> list[Measurement]:
+        """The entry's record as :func:`select` takes it."""
+        return [Measurement(name, name if name in (HOST, TORCH_FUSED) else CUCO, ms,
+                            bool(self.correct.get(name))) for name, ms in self.times_ms.items()]
+
+    def unearned(self) -> str | None:
+        """Why this entry's choice or fallback is not what :func:`select` makes of its own
+        record (a program recorded wrong, untimed or slower, or no record at all); None when
+        it is. A table file is read back only if every entry earned its choice."""
+        chosen = self.variant if self.choice == CUCO else self.choice
+        try:
+            best, plain = select(self.measurements())
+        except TableError:
+            return f"it names {chosen!r} but records no correct, timed program"
+        if best.name != chosen:
+            state = ("not recorded" if chosen not in self.times_ms else "recorded wrong"
+                     if not self.correct.get(chosen) else f"{self.times_ms[chosen]} ms" if
+                     self.times_ms[chosen] else "not timed")
+            return f"it names {chosen!r} ({state}), but its record's fastest correct program is {best.name!r} ({best.ms} ms)"
+        fallback = plain.kind if plain is not None else HOST
+        if self.fallback != fallback:
+            return f"its fallback is {self.fallback!r}, but its record's is {fallback!r}"
+        return None
+
     def ratio(self) -> float | None:
         """Best of host and torch_fused over the chosen program's time (>= 1: never slower)."""
         plain = [t for name, t in self.times_ms.items() if name in (HOST, TORCH_FUSED)
@@ -372,6 +396,9 @@ class DispatchTable:
                 if e.choice not in (HOST, TORCH_FUSED, CUCO) or (e.choice == CUCO and not e.artifact):
                     raise TableError(f"{where}: {t.layer.key} bucket {e.m} has choice "
                                      f"{e.choice!r} (artifact {e.artifact!r}); tune it again")
+                why = e.unearned()
+                if why:
+                    raise TableError(f"{where}: {t.layer.key} bucket {e.m}: {why}; tune it again")
         return table
 
     @classmethod

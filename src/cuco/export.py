@@ -115,6 +115,11 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
         raise CucoError(f"candidate {candidate_id} has no successful evaluation; export only "
                         "candidates that passed the whole cascade (see `cuco db show "
                         f"{candidate_id}`)")
+    bad = db.disqualified(candidate_id)
+    if bad is not None:
+        raise CucoError(f"candidate {candidate_id}'s kernel was judged {bad.status} (evaluation "
+                        f"{bad.id}, of candidate {bad.candidate_id}: the same source); a kernel "
+                        "that misbehaved once is not exported, whatever its other verdicts")
     ev = min(ok, key=lambda e: (EVIDENCE.index(e.evidence), -e.id))  # a measurement before a model's
     run = db.run(cand.run_id) if cand.run_id is not None else None
     if run is None or not run.problem:
@@ -253,12 +258,13 @@ def tune(workload: str | Problem, shape: str | Mapping[str, Any] | None = None,
 def best_callable(db: CandidateDB, run_id: int) -> int | None:
     """The fastest correct candidate of a run that :class:`cuco.fused_call.FusedCall` can
     bind (LSA; an NVSHMEM kernel needs NVSHMEM's own start-up in the caller), measured ones
-    before any model's prediction, as :meth:`CandidateDB.best` ranks them."""
+    before any model's prediction and none whose kernel misbehaved in any verdict, as
+    :meth:`CandidateDB.best` ranks them."""
     scored: dict[int, tuple[int, float]] = {}  # candidate -> its strongest (evidence, speedup)
     for e in db.evaluations():
         if e.status == "ok" and e.speedup:
             key = (EVIDENCE.index(e.evidence), -e.speedup)
             scored[e.candidate_id] = min(scored.get(e.candidate_id, key), key)
     lsa = [c.id for c in db.candidates(run_id=run_id)
-           if c.id in scored and c.directives["backend"] == "lsa"]
+           if c.id in scored and c.directives["backend"] == "lsa" and db.disqualified(c.id) is None]
     return min(lsa, key=lambda i: (scored[i][0], *best_first(-scored[i][1], i))) if lsa else None

@@ -13,6 +13,7 @@ import datetime as _dt
 import importlib.metadata
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -50,9 +51,13 @@ def versions(extra: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def device_label(infos: list[dict[str, Any]]) -> str:
-    """``'2 x NVIDIA H200'`` from the worker group's start-up infos."""
+    """``'2 x NVIDIA H200'`` from the worker group's start-up infos: the GPUs, not the ranks
+    (an emulated world's ranks share them, so its label counts the devices they ran on, and a
+    file that calls it real is refused by :func:`provenance_problems`)."""
     names = sorted({i.get("device_name", "?") for i in infos})
-    return f"{len(infos)} x {' + '.join(names)}"
+    emulated = any(i.get("emulated") for i in infos)
+    gpus = len({i.get("device") for i in infos}) if emulated else len(infos)
+    return f"{gpus} x {' + '.join(names)}"
 
 
 def default_command() -> str:
@@ -108,6 +113,15 @@ def provenance_problems(doc: dict[str, Any]) -> list[str]:
         problems.append("world_size: the number of ranks, an integer >= 1")
     if not isinstance(doc.get("emulated"), bool):
         problems.append("emulated: true when the world was emulated, false when real")
+    gpus = re.match(r"(\d+) x ", device) if isinstance(device, str) else None
+    if gpus and not problems:  # a GPU device ("2 x NVIDIA H200"): its count must fit the world
+        n = int(gpus.group(1))
+        if not doc["emulated"] and n != ws:
+            problems.append(f"device: {n} GPU(s) for a world of {ws} ranks is no real world (one "
+                            "GPU a rank); a world whose ranks share GPUs is emulated: true")
+        elif doc["emulated"] and n >= ws:
+            problems.append(f"emulated: true, but {n} GPU(s) for {ws} ranks share none; a world "
+                            "with a GPU per rank is emulated: false")
     return problems
 
 

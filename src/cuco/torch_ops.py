@@ -368,7 +368,11 @@ def load_table(path: str | Path, *, world_size: int | None = None, group_name: s
                 except CucoError as exc:
                     raise TableMismatch(f"dispatch table {path}: {lt.layer.key} bucket {e.m} names "
                                         f"{art}, which does not load here: {exc}") from None
-                kernels[str(art)] = TorchOp(loaded)
+                op = TorchOp(loaded)
+                if op.layer != lt.layer:  # the kernel computes another layer than the entry's
+                    raise TableMismatch(f"dispatch table {path}: {lt.layer.key} bucket {e.m} names "
+                                        f"{art}, a kernel of {op.layer.key}; tune this layer again")
+                kernels[str(art)] = op
         _TABLES[lt.layer] = (table, kernels)
     return table
 

@@ -209,7 +209,8 @@ class EvolutionAgent(Agent):
             self.db.update_run(run_id, status="interrupted")
             raise SearchInterrupted(run_id) from exc
         self.db.update_run(run_id, status="done")
-        best = min((m for isl in self.islands for m in isl.members if m.ok),
+        best = min((m for isl in self.islands for m in isl.members
+                    if m.ok and self.db.disqualified(m.candidate_id) is None),
                    key=lambda m: best_first(m.score, m.candidate_id), default=None)
         return SearchResult(run_id, best, self.evaluated, self.history, self.phase_switch, stopped)
 

@@ -18,7 +18,7 @@ from cuco.agents.proposers import Proposal
 from cuco.agents.schedule import Phase
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Directives
-from cuco.kernels import evolve
+from cuco.kernels import evolve, source_text
 from cuco.llm.base import LLMClient, PriceTable
 
 SYSTEM = """You optimise CUDA kernels that fuse a GEMM with inter-GPU communication \
@@ -52,8 +52,9 @@ class ProposalRejected(Exception):
 
 
 def apply_diff(template: str, parent: str, reply: str) -> str:
-    """Apply SEARCH/REPLACE hunks to ``parent``; each must sit inside one block."""
-    hunks = HUNK.findall(reply)
+    """Apply SEARCH/REPLACE hunks to ``parent``; each must sit inside one block. Line ends
+    are read as the compiler reads them (CRLF and a lone CR are newlines)."""
+    hunks = HUNK.findall(source_text.newlines(reply))
     if not hunks:
         raise ProposalRejected("no SEARCH/REPLACE edit in the reply")
     bodies = evolve.blocks(parent)
@@ -73,8 +74,9 @@ def apply_diff(template: str, parent: str, reply: str) -> str:
 
 
 def apply_rewrite(template: str, parent: str, reply: str) -> str:
+    """Replace the blocks ``reply`` writes out whole (line ends as in :func:`apply_diff`)."""
     try:
-        new = evolve.blocks(reply)
+        new = evolve.blocks(source_text.newlines(reply))
     except ValueError as exc:
         raise ProposalRejected(f"malformed blocks in the reply: {exc}") from None
     if not new:

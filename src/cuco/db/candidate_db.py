@@ -29,6 +29,12 @@ from cuco.errors import DatabaseError, UnknownId
 STATUSES = ("ok", "invalid", "compile_error", "wrong", "hang", "crash", "suspect",
             "timeout", "error")
 
+#: Verdicts that say the kernel itself misbehaved. A kernel scores only if it is correct on
+#: every call: once one of these is stored for a source, no ``ok`` verdict of it (the same
+#: candidate judged again, or a twin with the same source hash) ranks or exports, so a
+#: kernel that is right on some runs cannot be judged until it is lucky.
+DISQUALIFYING = ("wrong", "suspect", "crash", "hang")
+
 #: What a verdict's numbers rest on, strongest first: timed on real GPUs (``measured``),
 #: checked in an emulated world (``emulated``: correctness only, it carries no speedup), or
 #: predicted by the analytic model of a dry run (``model``). ``best()`` ranks in this order.
@@ -313,9 +319,11 @@ class CandidateDB:
             raise ValueError(f"unknown evaluation fields {sorted(unknown)}; known: {sorted(allowed)}")
         # a verdict marked as a model's (extra.model, as every dry run marks them) is one
         extra = fields.get("extra") if isinstance(fields.get("extra"), dict) else {}
-        evidence = fields["evidence"] = (fields.get("evidence")
-                                         or ("model" if extra.get("model") else
-                                             "emulated" if extra.get("emulated") else "measured"))
+        marked = "model" if extra.get("model") else "emulated" if extra.get("emulated") else None
+        if fields.get("evidence") and marked and fields["evidence"] != marked:
+            raise ValueError(f"evidence {fields['evidence']!r} contradicts the verdict's "
+                             f"extra.{marked}: store a {marked} verdict as {marked!r}")
+        evidence = fields["evidence"] = fields.get("evidence") or marked or "measured"
         if evidence not in EVIDENCE:
             raise ValueError(f"evidence {evidence!r} is not one of {EVIDENCE}")
         if evidence == "emulated" and fields.get("speedup") is not None:
@@ -395,13 +403,30 @@ class CandidateDB:
             conn.execute(update(S.runs).where(S.runs.c.id == run_id).values(**values))
 
     # ---- queries --------------------------------------------------------------------
+    def _misbehaved(self, c):
+        """The DISQUALIFYING verdicts of candidate row ``c``'s kernel (its own, or a twin's
+        with the same source hash), as a correlated subquery."""
+        bad, twin = S.evaluations.alias("bad"), S.candidates.alias("twin")
+        same = (twin.c.id == c.c.id) | (c.c.source_hash.is_not(None) & (twin.c.source_hash == c.c.source_hash))
+        return (select(bad).join(twin, bad.c.candidate_id == twin.c.id)
+                .where(bad.c.status.in_(DISQUALIFYING), same).order_by(bad.c.id))
+
     def _scored(self):
         c, e = S.candidates, S.evaluations
         return (select(c.c.id.label("candidate_id"), c.c.workload, c.c.run_id,
                        e.c.id.label("evaluation_id"), e.c.speedup, e.c.time_ms)
                 .join(e, e.c.candidate_id == c.c.id)
                 .where(e.c.status == "ok",
-                       e.c.speedup.is_not(None) | (e.c.evidence == "emulated")))
+                       e.c.speedup.is_not(None) | (e.c.evidence == "emulated"),
+                       ~self._misbehaved(c).exists()))
+
+    def disqualified(self, candidate_id: int) -> Evaluation | None:
+        """The first verdict that says this candidate's kernel misbehaved (:data:`DISQUALIFYING`:
+        its own, or one of a candidate with the same source); None if there is none."""
+        c = S.candidates
+        with self._read() as conn:
+            row = conn.execute(self._misbehaved(c).where(c.c.id == candidate_id).limit(1)).mappings().first()
+        return Evaluation(**row) if row is not None else None
 
     def best(self, workload: str, *, run_id: int | None = None) -> tuple[Candidate, Evaluation] | None:
         """The best passing candidate for ``workload``: a measured verdict whenever one exists

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from cuco.kernels.source_text import code_of
+
 FORBIDDEN: tuple[tuple[str, str], ...] = (
     (r"\bcuMulticast\w*", "NVLink multicast (cuMulticast*) can take shared GPUs out of service"),
     (r"\bmultimem\.", "multimem instructions (NVLink multicast) are not allowed"),
@@ -32,14 +34,9 @@ FORBIDDEN: tuple[tuple[str, str], ...] = (
 )
 
 
-def _strip_comments(src: str) -> str:
-    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
-    return re.sub(r"//[^\n]*", "", src)
-
-
 def static_violations(source: str) -> list[str]:
     """Each forbidden construct found, with its line number and the reason."""
-    code = _strip_comments(source)
+    code = code_of(source)  # as the compiler reads it: `// /*` is no block comment
     out = []
     for pattern, why in FORBIDDEN:
         for m in re.finditer(pattern, code):

@@ -189,7 +189,7 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             info["device_name"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
             info["cc"] = f"{props['major']}.{props['minor']}"
             info["sms"] = int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
-            info["emulated"] = options.emulated
+            info["emulated"], info["device"] = options.emulated, device
         ids: dict[str, Any] = {}
         if options.gpu and options.torch:
             info["torch"] = _start_torch(ctx, ids)
