@@ -19,7 +19,8 @@ in-kernel family x placement x schedule x issuer x backend, comm_warps 0 and > 0
 (:mod:`cuco.workloads.catalog`) of every other template: ``side_stream`` (every pattern x
 backend, GIN included, x issuer), ``pipelines`` (KV transfer, MoE, CP attention: every
 backend x issuer, the MoE grouped GEMM, the KV layer chain, the CP attention core),
-``collectives`` (LSA and NVSHMEM, every dtype) and ``probes``. A CUTLASS build takes 90-125 s
+``collectives`` (LSA and NVSHMEM, every dtype) and ``probes``; ``kv_modes`` adds KV transfer's
+kernel-per-chunk and copy-engine renders, which the catalog leaves out. A CUTLASS build takes 90-125 s
 on two shared cores (cubins 5-35 s): keep ``--cache-dir`` between runs (each side's key holds
 a digest of its own headers). Exit status 1 when any pair differs.
 """
@@ -67,6 +68,18 @@ def _catalog(group: str) -> Render:
     return render
 
 
+def _kv(backend: str, issuer: str, comm_ctas: int = 4) -> Render:
+    """KV transfer's other modes (the catalog renders its persistent one): a kernel per
+    chunk (sync_scope=stream), or the copy engine (issuer copy_engine)."""
+    def render() -> list[KernelSource]:
+        from cuco.design import Directives
+        from cuco.workloads.kv_transfer import KVTransfer
+        d = Directives(backend=backend, placement="side_stream", sync_scope="stream", issuer=issuer,
+                       chunk_bytes=64 << 10, comm_ctas=comm_ctas)
+        return [KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256).render(d)]
+    return render
+
+
 AR, RS, AG = "gemm_allreduce", "gemm_reducescatter", "allgather_gemm"
 CASES: dict[str, dict[str, Render]] = {
     "tp_fused": {
@@ -94,6 +107,9 @@ CASES: dict[str, dict[str, Render]] = {
                                                        gemm_only=True),
     },
     **{group: {"": _catalog(group)} for group in ("side_stream", "pipelines", "collectives", "probes")},
+    "kv_modes": {**{f"kv.launch.nvshmem.{i}": _kv("nvshmem", i) for i in ("thread", "warp", "cta")},
+                 "kv.launch.lsa.warp": _kv("lsa", "warp"),
+                 "kv.copy_engine.lsa": _kv("lsa", "copy_engine", comm_ctas=1)},
 }
 
 
