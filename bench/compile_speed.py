@@ -4,7 +4,7 @@ build (issue #23) -> bench/results/compile_speed.json (top-level ``compile_s_per
     python bench/compile_speed.py                      # 3 in-kernel + 1 side-stream candidate, 2 repeats
     python bench/compile_speed.py --repeats 3 --before-rev be3c7f6
 
-before: ``tp_fused.cu.j2`` (and its partials) as of ``--before-rev``, built the way launchers
+before: ``tp_fused.cu.j2`` (and its partials, with the headers) as of ``--before-rev``, built the way launchers
 were built then: one ``nvcc -shared`` over host and device code. after: today's template
 through :class:`cuco.kernels.Compiler` (the candidate's device code alone to a cubin, linked
 with its configuration's host part), timed twice: with the host part already cached (every
@@ -29,13 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import jinja2
-
 from cuco import results
+from cuco.benchmarks.kernels_at import KernelTree, kernels_at
 from cuco.design import Directives, GemmProblem
 from cuco.kernels import Compiler
 from cuco.kernels.compiler import device_code, source_file_name
-from cuco.kernels.render import environment
 from cuco.kernels.toolchain import find_nvcc
 from cuco.kernels.tp import fused_context, in_kernel, render_tp
 from cuco.errors import run_script
@@ -54,22 +52,12 @@ SIDE_STREAM = (GemmProblem(workload="gemm_allreduce", **BIG),
                           chunk_bytes=4 << 20, comm_ctas=64))
 
 
-def old_environment(rev: str) -> jinja2.Environment:
-    """The templates as they were at ``rev`` (read with git), rendered as cuco renders."""
-    def load(name: str) -> str:
-        return subprocess.run(["git", "show", f"{rev}:src/cuco/kernels/templates/{name}"], check=True,
-                              capture_output=True, text=True).stdout
-    now = environment()
-    return jinja2.Environment(loader=jinja2.FunctionLoader(load), undefined=jinja2.StrictUndefined,
-                              trim_blocks=now.trim_blocks, lstrip_blocks=now.lstrip_blocks,
-                              keep_trailing_newline=now.keep_trailing_newline)
-
-
-def build_before(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, bytes]:
-    """The old launcher build: one nvcc over host and device code, to a shared object."""
+def build_before(source: str, needs: tuple[str, ...], tree: KernelTree, tmp: Path) -> tuple[float, bytes]:
+    """The old launcher build: one nvcc over host and device code (against the old tree's
+    headers), to a shared object."""
     src, so = tmp / source_file_name("kernel"), tmp / "before.so"
     src.write_text(source)
-    flags = Compiler(arch="sm_90a", cache_dir=tmp / "unused").base_flags(needs)
+    flags = tree.compiler(arch="sm_90a", cache_dir=tmp / "unused").base_flags(needs)
     t0 = time.perf_counter()
     subprocess.run([str(find_nvcc()), *flags, "-shared", "-Xcompiler", "-fPIC", str(src), "-o", str(so)],
                    check=True, capture_output=True)
@@ -89,18 +77,18 @@ def build_after(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, 
     return cold, time.perf_counter() - t0, warm.path.read_bytes()
 
 
-def measure(name: str, old_env: jinja2.Environment, repeats: int) -> dict:
+def measure(name: str, tree: KernelTree, repeats: int) -> dict:
     problem, d = CANDIDATES[name]
     new = render_tp(problem, d)[0]
     needs = tuple(sorted(new.needs))
-    old_source = old_env.get_template("tp_fused.cu.j2").render(**fused_context(problem, d))
+    old_source = tree.environment().get_template("tp_fused.cu.j2").render(**fused_context(problem, d))
     before, after, first, same = [], [], [], []
     for r in range(repeats):
         with tempfile.TemporaryDirectory(prefix="cuco-speed-") as tmp:
             steps = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for step in steps:
                 if step == "before":
-                    s, old_lib = build_before(old_source, needs, Path(tmp))
+                    s, old_lib = build_before(old_source, needs, tree, Path(tmp))
                     before.append(round(s, 2))
                 else:
                     cold, warm, new_lib = build_after(new.source, needs, Path(tmp))
@@ -146,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="bench/results")
     a = ap.parse_args(argv)
     load = [os.getloadavg()[0]]
-    old_env = old_environment(a.before_rev)
-    rows = [measure(name, old_env, a.repeats) for name in a.candidates.split(",")]
+    with kernels_at(a.before_rev) as tree:
+        rows = [measure(name, tree, a.repeats) for name in a.candidates.split(",")]
     rows.append(measure_side_stream(a.repeats))
     load.append(os.getloadavg()[0])
     launchers = [r for r in rows if "before_s" in r]

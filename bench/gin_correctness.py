@@ -6,7 +6,7 @@
 
 NCCL's own GIN cannot run on the machines lent here (it needs GDRCopy and an RDMA network:
 docs/gin-on-one-host.md). So the GIN templates run on cuco's emulated GIN
-(``cuco_gin.cuh``), whose proxy completes puts late and out of order, as GIN allows. Every
+(``cuco/gin.cuh``), whose proxy completes puts late and out of order, as GIN allows. Every
 TP family's side-stream GIN kernel, for each issuer, goes through the real evaluator (static
 checks, compile, small and full checks on fresh seeds, the timing job whose every call is
 verified); two planted kernels that break GIN's rules (a source reused before ``flush``,
@@ -93,7 +93,7 @@ def main() -> None:
                                 "plants": len(planted),
                                 "all_as_expected": good == len(rows),
                                 "seconds": round(time.perf_counter() - t0, 1),
-                                "note": "the emulated GIN (cuco_gin.cuh), not NCCL's GIN transport; "
+                                "note": "the emulated GIN (cuco/gin.cuh), not NCCL's GIN transport; "
                                         "correctness only: no row has a speedup"})
     print(f"{sum(r['all_correct'] for r in kernels)}/{len(kernels)} GIN kernels correct, "
           f"{sum(not r['all_correct'] for r in planted)}/{len(planted)} plants caught -> {path}")

@@ -1,94 +1,87 @@
-"""The machine code of kernels rendered from today's templates against those of an earlier
+"""The machine code of kernels rendered from today's kernel layer against those of an earlier
 commit, without a GPU -> bench/results/kernel_identity.json.
 
-    python bench/kernel_identity.py --before-rev 9f0bf34
-    python bench/kernel_identity.py --before-rev 9f0bf34 --cases tp_fused --cache-dir ~/.cache/cuco-identity
-    python bench/kernel_identity.py --before-rev 9f0bf34 --cases tp_fused --only ag.epilogue.pingpong --out-dir /tmp
+    python bench/kernel_identity.py --before-rev 3f9bdae
+    python bench/kernel_identity.py --before-rev 3f9bdae --cases tp_fused --cache-dir ~/.cache/cuco-identity
+    python bench/kernel_identity.py --before-rev 3f9bdae --cases tp_fused --only ag.epilogue.pingpong --out-dir /tmp
 
-A refactor of the templates or of the device headers must not change a kernel (issue #19
-asks for ``tp_fused.cu.j2``'s arena, epoch flags and per-pattern epilogues as header
-primitives: this is how such a change is shown to keep the machine code). Each case is
-rendered twice with the same arguments, once from the templates as of ``--before-rev``
-(read with git, rendered as cuco renders) and once from the working tree; both are built in
-one ``Compiler.compile_many`` call (``sm_90a``; launchers in two pieces: host part and the
-candidate's own cubin; a source that did not change is built once) and compared with
+A refactor of the templates or of the device headers must not change a kernel: this is how
+such a change is shown to keep the machine code. Each case is rendered twice with the same
+arguments by today's Python: once from the kernel layer of ``--before-rev`` (its templates,
+built against its own device headers: ``git archive`` of ``src/cuco/kernels``, see
+:mod:`cuco.benchmarks.kernels_at`) and once from the working tree's. Each side is built by a
+compiler over its own headers (``sm_90a``; launchers in two pieces: host part and the
+candidate's own cubin), and the two builds are compared with
 :func:`cuco.kernels.compiler.device_code`: every section of the CUDA images that hold
-kernels (SASS ``.text.*``, resources, launch attributes, symbols). The ``tp_fused`` cases
-cover every in-kernel family x placement x schedule x issuer x backend, comm_warps 0 and
-> 0, a world of 4 and the ``gemm_only`` profile build; ``side_stream`` and ``pipelines``
-cover the templates that share ``_arena.cu.j2``. Only the templates come from
-``--before-rev``: both builds read the working tree's headers, so an edit inside a header
-that the old templates include is not compared (new headers are). A CUTLASS build takes
-90-125 s on two shared cores (side-stream cubins 5-35 s): keep ``--cache-dir`` between
-runs; the cache key holds a digest of the headers, so a header edit rebuilds both sides.
-Exit status 1 when any pair differs.
+kernels (SASS ``.text.*``, resources, launch attributes, symbols). ``tp_fused`` covers every
+in-kernel family x placement x schedule x issuer x backend, comm_warps 0 and > 0, a world of
+4 and the ``gemm_only`` profile build; the other groups are the shipped catalog's kernels
+(:mod:`cuco.workloads.catalog`) of every other template: ``side_stream`` (every pattern x
+backend, GIN included, x issuer), ``pipelines`` (KV transfer, MoE, CP attention: every
+backend x issuer, the MoE grouped GEMM, the KV layer chain, the CP attention core),
+``collectives`` (LSA and NVSHMEM, every dtype) and ``probes``; ``kv_modes`` adds KV transfer's
+kernel-per-chunk and copy-engine renders, which the catalog leaves out. A CUTLASS build takes 90-125 s
+on two shared cores (cubins 5-35 s): keep ``--cache-dir`` between runs (each side's key holds
+a digest of its own headers). Exit status 1 when any pair differs.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import os
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import jinja2
-
 from cuco import results
-from cuco.design import Directives, GemmProblem
+from cuco.benchmarks.kernels_at import kernels_at, rendering_from
+from cuco.design import GemmProblem
 from cuco.errors import run_script
 from cuco.kernels import Compiler
+from cuco.kernels.collectives import KernelSource
 from cuco.kernels.compiler import device_code
 from cuco.kernels.tp import in_kernel, render_tp
 
 SMALL = dict(m=1024, n=1024, k=1024, world_size=2)
-render_module = importlib.import_module("cuco.kernels.render")  # the module (cuco.kernels.render is its function)
 PP = dict(tile_n=128, stages=6, schedule="pingpong")  # the pingpong mainloop's tile
+#: A case renders its kernels (one, or a catalog group's); the case's name is a kernel's own
+#: name unless the group names its cases.
+Render = Callable[[], list[KernelSource]]
 
 
 def _tp(family: str, placement: str, backend: str, issuer: str, *, gemm_only: bool = False,
-        world_size: int = 2, **kw) -> Callable[[], tuple[str, str, tuple[str, ...]]]:
+        world_size: int = 2, **kw) -> Render:
     problem = GemmProblem(workload=family, **{**SMALL, "world_size": world_size})
     d = in_kernel(placement, backend, issuer, **kw)
+    return lambda: [render_tp(problem, d, gemm_only=gemm_only)[0]]
 
-    def render() -> tuple[str, str, tuple[str, ...]]:
-        src = render_tp(problem, d, gemm_only=gemm_only)[0]
-        return src.name, src.source, tuple(sorted(src.needs))
+
+def _catalog(group: str) -> Render:
+    """One group of the shipped catalog (what ``cuco kernels check`` compiles), less the
+    in-kernel placements (the ``tp_fused`` group's, with more variants)."""
+    def render() -> list[KernelSource]:
+        from cuco.kernels import catalog
+        from cuco.kernels.collectives import all_sources
+        from cuco.workloads.catalog import pipeline_sources
+        return {"side_stream": catalog.tp_sources, "pipelines": pipeline_sources,
+                "collectives": all_sources, "probes": lambda: [catalog.probe_source()]}[group]()
     return render
 
 
-def _side(family: str, backend: str, issuer: str) -> Callable[[], tuple[str, str, tuple[str, ...]]]:
-    problem = GemmProblem(workload=family, **SMALL)
-    d = Directives(backend=backend, placement="side_stream", sync_scope="chunk", issuer=issuer,
-                   chunk_bytes=256 << 10, comm_ctas=8)
-
-    def render() -> tuple[str, str, tuple[str, ...]]:
-        src = render_tp(problem, d)[0]
-        return src.name, src.source, tuple(sorted(src.needs))
-    return render
-
-
-def _pipeline(kind: str, backend: str, issuer: str) -> Callable[[], tuple[str, str, tuple[str, ...]]]:
-    def render() -> tuple[str, str, tuple[str, ...]]:
-        from cuco.workloads.cp import CPAttention
+def _kv(backend: str, issuer: str, comm_ctas: int = 4) -> Render:
+    """KV transfer's other modes (the catalog renders its persistent one): a kernel per
+    chunk (sync_scope=stream), or the copy engine (issuer copy_engine)."""
+    def render() -> list[KernelSource]:
+        from cuco.design import Directives
         from cuco.workloads.kv import KVTransfer
-        from cuco.workloads.moe import MoE
-        workload = {"kv_transfer": lambda: KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
-                    "moe": lambda: MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2),
-                    "cp_attention": lambda: CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True),
-                    }[kind]()
-        d = Directives(backend=backend, placement="side_stream", sync_scope="chunk", issuer=issuer,
-                       chunk_bytes=64 << 10, comm_ctas=4)
-        src = workload.render(d)
-        return src.name, src.source, tuple(sorted(src.needs))
+        d = Directives(backend=backend, placement="side_stream", sync_scope="stream", issuer=issuer,
+                       chunk_bytes=64 << 10, comm_ctas=comm_ctas)
+        return [KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256).render(d)]
     return render
 
 
 AR, RS, AG = "gemm_allreduce", "gemm_reducescatter", "allgather_gemm"
-CASES: dict[str, dict[str, Callable[[], tuple[str, str, tuple[str, ...]]]]] = {
+CASES: dict[str, dict[str, Render]] = {
     "tp_fused": {
         "ar.epilogue.coop.cta.lsa.cw0": _tp(AR, "epilogue", "lsa", "cta"),
         "ar.epilogue.coop.warp.nvshmem.cw3.g8": _tp(AR, "epilogue", "nvshmem", "warp", comm_warps=3, raster_group=8),
@@ -113,41 +106,20 @@ CASES: dict[str, dict[str, Callable[[], tuple[str, str, tuple[str, ...]]]]] = {
         "ag.epilogue.coop.warp.lsa.cw3.gemm_only": _tp(AG, "epilogue", "lsa", "warp", comm_warps=3,
                                                        gemm_only=True),
     },
-    "side_stream": {
-        "ar.side.lsa.cta": _side(AR, "lsa", "cta"),
-        "rs.side.nvshmem.warp": _side(RS, "nvshmem", "warp"),
-        "ag.side.nvshmem.cta": _side(AG, "nvshmem", "cta"),
-    },
-    "pipelines": {
-        "moe.lsa.warp": _pipeline("moe", "lsa", "warp"),
-        "moe.nvshmem.cta": _pipeline("moe", "nvshmem", "cta"),
-        "kv.nvshmem.warp": _pipeline("kv_transfer", "nvshmem", "warp"),
-        "cp.lsa.cta": _pipeline("cp_attention", "lsa", "cta"),
-    },
+    **{group: {"": _catalog(group)} for group in ("side_stream", "pipelines", "collectives", "probes")},
+    "kv_modes": {**{f"kv.launch.nvshmem.{i}": _kv("nvshmem", i) for i in ("thread", "warp", "cta")},
+                 "kv.launch.lsa.warp": _kv("lsa", "warp"),
+                 "kv.copy_engine.lsa": _kv("lsa", "copy_engine", comm_ctas=1)},
 }
 
 
-def old_environment(rev: str) -> jinja2.Environment:
-    """The templates as they were at ``rev`` (read with git), rendered as cuco renders."""
-    def load(name: str) -> str:
-        return subprocess.run(["git", "show", f"{rev}:src/cuco/kernels/templates/{name}"], check=True,
-                              capture_output=True, text=True).stdout
-    now = render_module.environment()
-    return jinja2.Environment(loader=jinja2.FunctionLoader(load), undefined=jinja2.StrictUndefined,
-                              trim_blocks=now.trim_blocks, lstrip_blocks=now.lstrip_blocks,
-                              keep_trailing_newline=now.keep_trailing_newline)
-
-
-@contextlib.contextmanager
-def templates_of(env: jinja2.Environment) -> Iterator[None]:
-    """Every ``render(...)`` inside renders from ``env`` (the renderers of tp and the
-    workloads go through :func:`cuco.kernels.render.render`)."""
-    saved = render_module.environment
-    render_module.environment = lambda template_dirs=(): env  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        render_module.environment = saved
+def rendered(cases: dict[str, Render]) -> dict[str, KernelSource]:
+    """Every case's kernels by case name (a catalog group's under their own names)."""
+    out: dict[str, KernelSource] = {}
+    for case, render in cases.items():
+        for src in render():
+            out[case or src.name] = src
+    return out
 
 
 def progress(name: str, result) -> None:
@@ -157,9 +129,34 @@ def progress(name: str, result) -> None:
         print(f"  built {name} ({'cached' if result.cached else f'{result.seconds:.0f} s'})", flush=True)
 
 
+def build(comp: Compiler, sources: list[KernelSource]) -> list:
+    """``sources`` built by ``comp`` on all cores (a CompileError in place of a failed one); a
+    source that two cases share is built once."""
+    items = [(s.name, s.source, tuple(sorted(s.needs))) for s in sources]
+    unique = list(dict.fromkeys(items))
+    done = dict(zip(unique, comp.compile_many(unique, on_done=progress)))
+    return [done[item] for item in items]
+
+
+def compare(case: str, group: str, old: KernelSource, new: KernelSource, built_old, built_new) -> dict:
+    """One row: whether the two builds' device code (every kernel section) is the same."""
+    row = {"case": case, "group": group, "kernel": new.name}
+    if not (hasattr(built_old, "path") and hasattr(built_new, "path")):
+        return {**row, "identical": False,
+                "error": str(built_old if not hasattr(built_old, "path") else built_new)[:2000]}
+    a_code, b_code = device_code(built_old.path.read_bytes()), device_code(built_new.path.read_bytes())
+    differ = sorted(k for k in a_code.keys() | b_code.keys() if a_code.get(k) != b_code.get(k))
+    print(f"{case}: {'identical' if not differ else 'DIFFERS in ' + ', '.join(differ)} "
+          f"({len(a_code)} sections{', same source' if old.source == new.source else ''})", flush=True)
+    return {**row, "identical": not differ, "same_source": old.source == new.source,
+            "sections": len(a_code), "text_sections": sum(".text." in k for k in a_code),
+            "differing_sections": differ}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before-rev", required=True, help="commit whose templates are 'before'")
+    ap.add_argument("--before-rev", required=True, help="commit whose kernel layer (templates and "
+                    "headers) is 'before'")
     ap.add_argument("--cases", default=",".join(CASES), help=f"groups of cases: {', '.join(CASES)}")
     ap.add_argument("--only", default="", help="comma-separated parts of case names: only the cases "
                     "whose name holds one (one case at a time while a refactor is under way)")
@@ -167,49 +164,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="kernel_identity")
     ap.add_argument("--out-dir", default="bench/results")
     a = ap.parse_args(argv)
+    groups = [g for g in a.cases.split(",") if g]
+    if any(g not in CASES for g in groups):
+        raise SystemExit(f"--cases: choose among {', '.join(CASES)}")
     only = [part for part in a.only.split(",") if part]
-    cases = {name: f for group in a.cases.split(",") for name, f in CASES[group].items()
-             if not only or any(part in name for part in only)}
-    if not cases:
-        raise SystemExit(f"no case of {a.cases} holds any of {only}")
-    old_env = old_environment(a.before_rev)
-    items, meta = [], []
-    for case, render in cases.items():
-        with templates_of(old_env):
-            name, before, needs = render()
-        name2, after, needs2 = render()
-        assert (name, needs) == (name2, needs2), (case, name, name2)
-        # the same name: nvcc names internal symbols after the source file
-        items += [(name, before, needs), (name, after, needs)]
-        meta.append((case, name, before == after))
-    comp = Compiler(arch="sm_90a", cache_dir=a.cache_dir)
     t0 = time.perf_counter()
-    unique = list(dict.fromkeys(items))  # a source that did not change is built once
-    done = dict(zip(unique, comp.compile_many(unique, on_done=progress)))
-    built = [done[item] for item in items]
+    with kernels_at(a.before_rev) as tree:
+        with rendering_from(tree.environment()):
+            before = {(g, n): s for g in groups for n, s in rendered(CASES[g]).items()}
+        after = {(g, n): s for g in groups for n, s in rendered(CASES[g]).items()}
+        if before.keys() != after.keys():
+            raise SystemExit(f"the two sides render different cases: {sorted(before.keys() ^ after.keys())}")
+        keys = [key for key in after if not only or any(part in key[1] for part in only)]
+        if not keys:
+            raise SystemExit(f"no case of {a.cases} holds any of {only}")
+        for key in keys:  # the same name: nvcc names internal symbols after the source file
+            assert (before[key].name, sorted(before[key].needs)) == (after[key].name, sorted(after[key].needs)), key
+        # one side after the other: a side shares no build with the other (its headers differ)
+        built_old = build(tree.compiler(arch="sm_90a", cache_dir=a.cache_dir), [before[k] for k in keys])
+        built_new = build(Compiler(arch="sm_90a", cache_dir=a.cache_dir), [after[k] for k in keys])
+        rows = [compare(key[1], key[0], before[key], after[key], o, n)
+                for key, o, n in zip(keys, built_old, built_new)]
     seconds = time.perf_counter() - t0
-    rows, same_all = [], True
-    for (case, name, same_source), old, new in zip(meta, built[0::2], built[1::2]):
-        if not (hasattr(old, "path") and hasattr(new, "path")):
-            rows.append({"case": case, "kernel": name, "identical": False, "error": str(old if not
-                         hasattr(old, "path") else new)[:2000]})
-            same_all = False
-            continue
-        a_code, b_code = device_code(old.path.read_bytes()), device_code(new.path.read_bytes())
-        differ = sorted(k for k in a_code.keys() | b_code.keys() if a_code.get(k) != b_code.get(k))
-        rows.append({"case": case, "kernel": name, "identical": not differ, "same_source": same_source,
-                     "sections": len(a_code), "text_sections": sum(".text." in k for k in a_code),
-                     "differing_sections": differ})
-        same_all &= not differ
-        print(f"{case}: {'identical' if not differ else 'DIFFERS in ' + ', '.join(differ)} "
-              f"({len(a_code)} sections{', same source' if same_source else ''})", flush=True)
     n_same = sum(r["identical"] for r in rows)
     extra = {"before_rev": a.before_rev, "kernels_compared": len(rows), "kernels_identical": n_same,
-             "all_identical": same_all, "build_s": round(seconds, 1), "cores": os.cpu_count()}
+             "all_identical": n_same == len(rows), "build_s": round(seconds, 1), "cores": os.cpu_count()}
     path = results.write(a.name, rows, device="CPU only (nvcc, sm_90a; no GPU)", world_size=2, emulated=False,
                          out_dir=a.out_dir, extra=extra)
     print(f"wrote {path}: {n_same}/{len(rows)} kernels identical to {a.before_rev}")
-    return 0 if same_all else 1
+    return 0 if n_same == len(rows) else 1
 
 
 if __name__ == "__main__":

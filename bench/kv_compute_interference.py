@@ -19,7 +19,7 @@ on a second stream, as the fused variants hand their chunks over (:class:`KVRunn
 * ``copy_engine``: one ``cudaMemcpyAsync`` (device to device) per chunk behind the layer's
   event (mode ``copy_engine``; the issuer value ``Issuer.COPY_ENGINE``).
 
-The copy kernels use cuco's issuer loop (``cuco::IssuerCta::for_units``, cuco_issuer.cuh) and
+The copy kernels use cuco's issuer loop (``cuco::IssuerCta::for_units``, cuco/issuer.cuh) and
 are built by cuco's compiler. The compute time is the compute stream's own (events on it:
 warm-up, then the median of ``--rounds`` samples, conditions interleaved round by round, a
 spin kernel ahead of each sample so the host's enqueueing is not timed); ``slowdown_pct`` is
@@ -65,7 +65,7 @@ NOTE_CE = ("copy_engine: cudaMemcpyAsync(cudaMemcpyDeviceToDevice) between two a
 COPY_SOURCE = r"""
 // Local stand-ins of the KV transfer's SM-driven modes: the same issuer loop (a CTA per
 // contiguous slice, 16-byte units) from one buffer of this GPU into another.
-#include "cuco_issuer.cuh"
+#include <cuco/issuer.cuh>
 using Issuer = cuco::IssuerCta;
 
 __device__ __forceinline__ void copy_units(const char* src, char* dst, unsigned long long units) {

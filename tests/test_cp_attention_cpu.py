@@ -10,7 +10,7 @@ them in random interleavings that respect each stream's order:
   of every half the peer needs, each CTA's share followed by its add to the peer's counter
   [me * kChunks + c];
 * set_peer_flag as _pipeline.cu.j2 writes it (slot idx of rank r := v);
-* cp_attend as cuco_cp_attention.cuh runs a fused call: every q tile's local tiles, then its
+* cp_attend as cuco/ops/cp_attention.cuh runs a fused call: every q tile's local tiles, then its
   remote tiles (kv_tiles, which test_cp_zigzag holds to a brute-force mask), waiting before
   the first tile of each transfer chunk until counter [slot * n_chunks + token / chunk_rows]
   reaches `need` (wait_ready), reading K and V through the slot table the runner passed.
@@ -217,7 +217,7 @@ def _comm_kernel(dev: _Dev, me: int, info: dict, grid: int, k: _Buf, v: _Buf, kv
 
 def _attend(dev: _Dev, me: int, info: dict, q, out, slots, flags, need, chunk_rows, n_chunks,
             scratch, rank, world, chunk, two_phase):
-    """cp_attend's reads and waits (cuco_cp_attention.cuh: run, walk_tiles, wait_ready)."""
+    """cp_attend's reads and waits (cuco/ops/cp_attention.cuh: run, walk_tiles, wait_ready)."""
     assert rank == me and world == dev.w
     table = next(b.table for b in dev.bufs if b.ptr == slots)
     assert len(table) == 2 * world

@@ -73,7 +73,7 @@ def test_a_running_daemon_is_used_as_it_is(tmp_path, monkeypatch):
 HOST_PROBE = r'''
 #include <cstdio>
 #include <cstddef>
-#include "cuco_arena_lsa.cuh"
+#include <cuco/arena/lsa.cuh>
 int main() {
   std::printf("%zu %zu %zu %zu %zu %zu %d\n", sizeof(cuco::EmuComm), offsetof(cuco::EmuComm, rank),
               offsetof(cuco::EmuComm, barriers), offsetof(cuco::EmuComm, epochs),
@@ -105,7 +105,7 @@ def test_device_structs_match_what_the_runtime_packs(tmp_path):
 GIN_PROBE = r"""
 #include <cstddef>
 #include <cstdio>
-#include "cuco_gin.cuh"
+#include <cuco/gin.cuh>
 int main() {
   using cuco::EmuGin; using cuco::EmuGinDesc;
   std::printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(EmuGin), offsetof(EmuGin, signals),

@@ -22,7 +22,7 @@ def test_gin_outside_an_emulated_world_says_where_it_can_run():
 @pytest.mark.parametrize("family", gin.FAMILIES)
 def test_every_gin_template_runs_through_cuco_gin_with_its_proxy(family):
     src = render_tp(gin.problem(family, 4), gin.directives("warp"))[0].source
-    assert '#include "cuco_gin.cuh"' in src and "gin_proxy(ARENA_PARAMS" in src
+    assert '#include <cuco/gin.cuh>' in src and "gin_proxy(ARENA_PARAMS" in src
     assert "ncclGin{" not in src and "ncclBarrierSession" not in src  # only through cuco::Gin
     assert "* epoch" not in src and "waitSignal(" not in src  # targets follow the shadows, not epochs
 

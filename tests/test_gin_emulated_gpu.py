@@ -2,7 +2,7 @@
 rely on more ordering than GIN promises are wrong.
 
 NCCL's own GIN cannot run on the machines cuco is lent (docs/gin-on-one-host.md), so these
-run only in an emulated world (``CUCO_EMULATE=W`` on one GPU), on ``cuco_gin.cuh``'s
+run only in an emulated world (``CUCO_EMULATE=W`` on one GPU), on ``cuco/gin.cuh``'s
 emulated GIN: puts complete late and out of order through a proxy CTA.
 """
 

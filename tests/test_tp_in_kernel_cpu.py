@@ -86,7 +86,7 @@ def test_comm_warps_take_the_epilogue_off_the_consumers(family):
 @pytest.mark.parametrize("placement,comm_ctas,comm_warps", [("epilogue", 0, 0), ("epilogue", 0, 3),
                                                            ("dedicated_ctas", 4, 2)])
 def test_the_issuer_is_a_type_picked_on_one_line(family, placement, comm_ctas, comm_warps):
-    """Who polls the peers' flags is a type from cuco_issuer.cuh (Issuer::wait_in), not a
+    """Who polls the peers' flags is a type from cuco/issuer.cuh (Issuer::wait_in), not a
     branch of the template: the three issuers render the same kernel but for the line that
     picks the type (and the header comment naming the variant)."""
     p = GemmProblem(workload=family, m=1024, n=1024, k=1024, world_size=2)

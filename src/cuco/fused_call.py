@@ -184,7 +184,7 @@ class FusedCall:
 
     def _refuse_capture_from_host_state(self, stream) -> None:
         """A CUDA graph replays its launches' arguments: only kernels whose per-call state
-        lives on the device (the in-kernel placements, ``cuco_calls.cuh``) may be captured."""
+        lives on the device (the in-kernel placements, ``cuco/calls.cuh``) may be captured."""
         import cupy
         d = self.artifact.directives
         if d.placement.in_kernel or not cupy.cuda.runtime.streamIsCapturing(stream.ptr):

@@ -45,7 +45,7 @@ The first call of a registered kernel on a group binds it (:func:`cuco.fused_cal
 its own NCCL communicator and arena, made collectively by every rank of the group), so
 make one eager call on every rank before capturing a CUDA graph. A kernel of an in-kernel
 placement (``epilogue``, ``dedicated_ctas``) keeps its per-call state on the device
-(``cuco_calls.cuh``), so a captured graph replays correct calls; a ``side_stream`` kernel's
+(``cuco/calls.cuh``), so a captured graph replays correct calls; a ``side_stream`` kernel's
 launches carry that state from the host, and capturing one is refused
 (:class:`cuco.fused_call.CallError`, naming the fix).
 """

@@ -24,6 +24,7 @@ from rich.table import Table
 from cuco import results
 from cuco.design import Directives, GemmProblem
 from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
+from cuco.kernels import fused_launch
 from cuco.kernels.tp import MAINLOOPS, in_kernel, render_tp
 from cuco.runtime import dtypes
 
@@ -251,9 +252,11 @@ def _launcher(path: str, raster: int, a16, b16, c, gathered, sms: int) -> Callab
     calls_off = (gathered.size - CALL_STATE_ELEMS) * gathered.itemsize
 
     def call() -> None:
-        rc = lib.cuco_fused_launch(dev, cupy.cuda.get_current_stream().ptr, sms, *c.shape, a16.shape[1],
-                                   raster, a16.data.ptr, b16.data.ptr, c.data.ptr, None, None, peers, 0,
-                                   0, 0, 0, 0, calls_off)
+        (m, n), k = c.shape, a16.shape[1]
+        rc = lib.cuco_fused_launch(*fused_launch.pack(
+            device=dev, stream=cupy.cuda.get_current_stream().ptr, grid=sms, m=m, n=n, k=k, raster_group=raster,
+            x=a16.data.ptr, w=b16.data.ptr, out=c.data.ptr, a0=None, a1=None, peers=peers, me=0,
+            data_off=0, stage_off=0, out_off=0, flag_off=0, calls_off=calls_off))
         if rc:
             raise RuntimeError(f"{path}: launch failed (CUDA error {rc})")
     return call

@@ -1,7 +1,7 @@
 """The emulated GIN's evidence: its points and two planted kernels that break GIN's rules.
 
 GIN promises little about when a put lands: only that its signal follows it, and that a
-source may be reused after ``flush``. The emulated GIN (``cuco_gin.cuh``: a proxy that
+source may be reused after ``flush``. The emulated GIN (``cuco/gin.cuh``: a proxy that
 completes puts late and out of order) holds kernels to exactly that, so a kernel relying on
 more must be judged wrong there. Used by ``bench/gin_correctness.py`` and
 ``tests/test_gin_emulated_gpu.py``.

@@ -286,7 +286,7 @@ class KVProblem(Problem):
 
 
 #: Query rows per work item of the context-parallel attention kernel (a zig-zag chunk holds
-#: whole ones; cuco_cp_attention.cuh: kBr).
+#: whole ones; cuco/ops/cp_attention.cuh: kBr).
 CP_Q_TILE = 128
 
 

@@ -29,7 +29,7 @@ FORBIDDEN: tuple[tuple[str, str], ...] = (
     (r"\bnccl(CommInit|CommDestroy|AllReduce|AllGather|ReduceScatter|Send|Recv|MemAlloc)\w*\s*\(",
      "host NCCL calls belong to the runtime, not to a candidate"),
     (r"%globaltimer|clock64\s*\(|%clock", "reading clocks in a candidate (timing is the harness's job)"),
-    (r"#\s*include\s*[<\"](?!nccl|nvshmem|cuda|cub/|cuco_|cooperative_groups|stdint|cstdint|cute/|cutlass/)",
+    (r"#\s*include\s*[<\"](?!nccl|nvshmem|cuda|cub/|cuco/|cooperative_groups|stdint|cstdint|cute/|cutlass/)",
      "includes beyond CUDA (CUB included), NCCL, NVSHMEM, CUTLASS/CuTe and cuco's own headers"),
 )
 

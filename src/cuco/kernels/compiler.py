@@ -37,6 +37,8 @@ from filelock import FileLock
 from cuco.errors import ArchError, CompileError, LibraryNotFound
 from cuco.kernels import toolchain
 
+#: cuco's device headers: ``-I`` of every build, so sources include ``<cuco/device.cuh>``,
+#: ``<cuco/arena/lsa.cuh>``, ``<cuco/ops/moe_routing.cuh>``, ...
 INCLUDE_DIR = Path(__file__).parent / "include"
 SHIM_DIR = Path(__file__).parent / "shims"
 
@@ -209,17 +211,21 @@ class Compiler:
     cache_dir: Path = field(default_factory=default_cache_dir)
     extra_flags: tuple[str, ...] = ()
     timeout_s: float = 600.0
+    #: Where ``<cuco/...>`` headers come from: the package's, or (to compare builds with an
+    #: earlier commit's, ``bench/kernel_identity.py``) another tree's; hashed into every key.
+    include_dir: Path = INCLUDE_DIR
 
     def __post_init__(self) -> None:
         if self.arch is None:
             self.arch = toolchain.default_arch()
         gencode(self.arch)  # validate early
         self.cache_dir = Path(self.cache_dir)
+        self.include_dir = Path(self.include_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- flags ----------------------------------------------------------------------
     def include_flags(self, needs: Sequence[str]) -> list[str]:
-        flags = [f"-I{INCLUDE_DIR}"]
+        flags = [f"-I{self.include_dir}"]
         for need in needs:
             if need not in NEEDS:
                 raise ValueError(f"unknown dependency {need!r}; choose from {NEEDS}")
@@ -246,7 +252,7 @@ class Compiler:
             "source": source, "needs": sorted(needs), "kind": kind, "arch": self.arch,
             "flags": flags, "nvcc": versions.get("nvcc"), "host_compiler": host_compiler(),
             "versions": {n: versions.get(n) for n in sorted(needs)},
-            "headers": _header_digest(),
+            "headers": header_digest(self.include_dir),
         }
         if extra:  # shared objects carry machine-specific library paths
             fields["link"] = list(extra)
@@ -433,16 +439,13 @@ def host_compiler() -> str:
     return out.strip().split("\n")[0]
 
 
-_HEADER_DIGEST: str | None = None
-
-
-def _header_digest() -> str:
-    """Our own device headers are part of every kernel: hash them into the cache key."""
-    global _HEADER_DIGEST
-    if _HEADER_DIGEST is None:
-        h = hashlib.sha256()
-        for p in sorted(INCLUDE_DIR.glob("*")):
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-        _HEADER_DIGEST = h.hexdigest()[:16]
-    return _HEADER_DIGEST
+@lru_cache(maxsize=None)
+def header_digest(root: Path) -> str:
+    """Our own device headers are part of every kernel: a hash of every file under ``root``
+    (``cuco/``, ``cuco/arena/``, ``cuco/ops/``, ...: the whole tree, each by its path relative
+    to ``root`` and its bytes), for the cache key."""
+    h = hashlib.sha256()
+    for p in sorted(q for q in Path(root).rglob("*") if q.is_file()):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]

@@ -24,6 +24,7 @@ from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
+from cuco.kernels import fused_launch
 from cuco.kernels.compiler import LAUNCHER_PARTS
 from cuco.kernels.render import CTYPES, render
 
@@ -122,7 +123,9 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
                 schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
-                flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, **LAUNCHER_PARTS)
+                flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, launch_entry=fused_launch.ENTRY,
+                launch_params=fused_launch.c_params(indent=len(f'extern "C" int {fused_launch.ENTRY}(')),
+                **LAUNCHER_PARTS)
 
 
 def side_stream_plan(problem: GemmProblem, d: Directives) -> ChunkPlan:
@@ -162,7 +165,7 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
         if gemm_only:
             name = PROFILE + name
         needs = ("cutlass", "nccl") if d.backend.value == "lsa" else ("cutlass", "nvshmem")
-        return KernelSource(name, src, needs, ("cuco_fused_launch",)), None
+        return KernelSource(name, src, needs, (fused_launch.ENTRY,)), None
     if gemm_only:
         raise ValueError("gemm_only renders in-kernel placements only")
     return render_side_stream(problem, d)

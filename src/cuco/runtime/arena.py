@@ -3,7 +3,7 @@
 An NCCL window (LSA: the kernels map peers through the device communicator) or NVSHMEM
 symmetric memory. Its layout puts a guard page filled with :data:`CANARY` after every data
 region, then the flags, then the barrier slots, then the per-call state that kernels keep
-on the device (``cuco_calls.cuh``: the last call's epoch); :func:`prepare_arenas` zeroes
+on the device (``cuco/calls.cuh``: the last call's epoch); :func:`prepare_arenas` zeroes
 the flags, seeds that state and fills the guards before a job, :func:`poison_arena` poisons the data before a checked call
 and :func:`guards_intact` says whether a candidate wrote past its regions. The workloads
 decide what the regions are (:meth:`ArenaLayout.build`; the tensor-parallel layers'
@@ -39,7 +39,7 @@ class ArenaLayout:
     flags: int
     bar: int
     #: Per-call state kernels keep on the device (rank-local): slot 0 the last call's epoch,
-    #: slot 1 the CTAs of the call in progress that have read it (``cuco_calls.cuh``).
+    #: slot 1 the CTAs of the call in progress that have read it (``cuco/calls.cuh``).
     calls: int
     size: int
     guards: tuple[int, ...] = ()
@@ -151,7 +151,7 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
 
 
 def seed_calls(arena: Arena, layout: ArenaLayout, first_epoch: int, stream) -> None:
-    """The device-side call state (``cuco_calls.cuh``): the last call's epoch is
+    """The device-side call state (``cuco/calls.cuh``): the last call's epoch is
     ``first_epoch - 1``, so a kernel that keeps its epoch on the device starts where the
     host-driven runners do; no CTA has arrived."""
     import cupy

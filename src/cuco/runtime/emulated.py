@@ -14,7 +14,7 @@ and is *checked* anywhere. What it takes:
 - **LSA through the peers table**: NCCL gives no LSA peers across "hosts", so a window is
   a ``cudaMalloc`` buffer every rank maps through CUDA IPC, and the device communicator
   is an :class:`EmuDevComm` whose barriers are flag exchanges in IPC memory. The kernels
-  are the same builds (``cuco_arena_lsa.cuh`` reads the tag bit of the window handle).
+  are the same builds (``cuco/arena/lsa.cuh`` reads the tag bit of the window handle).
 
 Timings from such a world mean nothing (the ranks share SMs and HBM): verdicts carry
 ``emulated: true`` and no speedup.
@@ -39,7 +39,7 @@ MAX_RANKS = 8
 ENV_VAR = "CUCO_EMULATE"
 #: Where a default MPS daemon listens when nobody set ``CUDA_MPS_PIPE_DIRECTORY``.
 DEFAULT_PIPE = "/tmp/nvidia-mps"
-#: The tag bit of an emulated window handle (``cuco_arena_lsa.cuh``).
+#: The tag bit of an emulated window handle (``cuco/arena/lsa.cuh``).
 WINDOW_TAG = 1
 
 
@@ -315,7 +315,7 @@ GIN_MAX_DELAY_NS = 4000
 #: Signals per rank (cuco's GIN templates use fewer than 2 x chunks + W x chunks).
 GIN_SIGNALS = 4096
 GIN_DESC_BYTES = 56
-#: The proxy's stop word in ``ctl`` (``kGinStop`` in ``cuco_gin.cuh``).
+#: The proxy's stop word in ``ctl`` (``kGinStop`` in ``cuco/gin.cuh``).
 GIN_CTL_STOP = 2
 GIN_CTAS = 1024
 
@@ -329,7 +329,7 @@ def pack_gin(emu_comm: bytes, signals: list[int], arrays: list[int]) -> bytes:
 
 
 class EmuGin:
-    """The GIN of an emulated world (``cuco::EmuGin`` in ``cuco_gin.cuh``): every rank's
+    """The GIN of an emulated world (``cuco::EmuGin`` in ``cuco/gin.cuh``): every rank's
     signal array mapped through CUDA IPC, this rank's signal shadows, its descriptor queue
     and per-CTA issue/completion counts, and a world barrier. A put only queues a
     descriptor; ``gin_proxy``, a CTA the runner launches beside each communication kernel,

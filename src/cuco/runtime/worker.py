@@ -109,18 +109,16 @@ class WorkerContext:
 
 def load_launcher(path: str | Path, device: int):
     """A fused kernel's shared object (:func:`cuco.kernels.compiler.is_launcher`) as a ctypes
-    library with ``cuco_fused_launch``'s signature declared, its module loaded on ``device``:
-    ``(device, stream, grid, m, n, k, raster_group, x, w, out, a0, a1, peers, rank, data_off,
-    stage_off, out_off, flag_off, calls_off)``, this rank's GEMM being ``m x n x k`` and its
-    tiles walked in groups of ``raster_group`` m-tiles (launch arguments: one build serves
-    every shape and tile order)."""
+    library with ``cuco_fused_launch``'s signature declared (the table
+    :data:`cuco.kernels.fused_launch.ARGS`: call it with ``fused_launch.pack(...)``), its
+    module loaded on ``device``."""
     import ctypes as c
+
+    from cuco.kernels import fused_launch
     lib = c.CDLL(str(path))
-    lib.cuco_fused_launch.argtypes = [c.c_int, c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int,
-                                      c.c_void_p, c.c_void_p, c.c_void_p,
-                                      c.c_void_p, c.c_void_p, c.POINTER(c.c_void_p), c.c_int,
-                                      *([c.c_ulonglong] * 5)]
-    lib.cuco_fused_launch.restype = c.c_int
+    entry = getattr(lib, fused_launch.ENTRY)
+    entry.argtypes = fused_launch.argtypes()
+    entry.restype = c.c_int
     rc = lib.cuco_fused_setup(device)
     if rc != 0:
         raise RuntimeError(f"{Path(path).name}: loading the fused kernel failed (CUDA "

@@ -16,7 +16,7 @@ every key they may see (all of them; causal: every key at or before the query's 
   keeping the online softmax in registers and writing the output once.
 
 The tile walk (which K/V tiles a q tile needs, which are skipped) is defined here and in
-``cuco_cp_attention.cuh`` alike; the CPU tests hold the two to a brute-force mask.
+``cuco/ops/cp_attention.cuh`` alike; the CPU tests hold the two to a brute-force mask.
 The reference is computed per head with bf16 products exact in fp32 (cuBLAS, fp32
 accumulation), softmax in fp32 and the probabilities split into two bf16 terms for the
 product with V (about 16 significant bits).
@@ -49,14 +49,14 @@ from cuco.workloads.pipeline import (
 )
 
 #: Query rows per work item and keys per K/V tile of the attention kernel
-#: (``cuco_cp_attention.cuh``: kBr, kBc).
+#: (``cuco/ops/cp_attention.cuh``: kBr, kBc).
 Q_TILE, KV_TILE = CP_Q_TILE, 64
 #: Threads per CTA of the attention kernel (kWarps x 32).
 ATTN_THREADS = 256
 SKIP, FULL, DIAGONAL = "skip", "full", "diagonal"
 
 
-# ---- the zig-zag split (CPU; mirrored by cuco_cp_attention.cuh) ------------------------------
+# ---- the zig-zag split (CPU; mirrored by cuco/ops/cp_attention.cuh) ------------------------------
 def zigzag_chunk(rank: int, half: int, w: int) -> int:
     """The global chunk (of ``2w``) that half ``half`` of rank ``rank``'s shard holds."""
     return rank if half == 0 else 2 * w - 1 - rank
@@ -111,8 +111,8 @@ def kv_tiles(me: int, w: int, chunk: int, row0: int, causal: bool, phase: str = 
 
 
 def kernel_constants() -> dict[str, int]:
-    """The tile constants ``cuco_cp_attention.cuh`` is written for (kBr, kBc, kWarps)."""
-    text = (Path(__file__).parents[2] / "kernels" / "include" / "cuco_cp_attention.cuh").read_text()
+    """The tile constants ``cuco/ops/cp_attention.cuh`` is written for (kBr, kBc, kWarps)."""
+    text = (Path(__file__).parents[2] / "kernels" / "include" / "cuco" / "ops" / "cp_attention.cuh").read_text()
     m = re.search(r"kBr = (\d+), kBc = (\d+), kWarps = (\d+)", text)
     return {"kBr": int(m[1]), "kBc": int(m[2]), "kWarps": int(m[3])}
 

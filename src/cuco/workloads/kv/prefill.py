@@ -11,7 +11,7 @@ Layer ``l`` of ``h`` (``[T, hidden]``, the residual stream; layer 0's is the pro
     h += swiglu(b @ Wgu[l]) @ Wd[l]     Wgu: gate and up side by side, [hidden, 2 ffn]
 
 GEMMs are cuBLAS (fp32 accumulation, one rounding of each output to the dtype); RMSNorm,
-the causal softmax and SwiGLU are cuco's (``cuco_kv_layer.cuh``) and work in fp32. The same
+the causal softmax and SwiGLU are cuco's (``cuco/ops/kv_layer.cuh``) and work in fp32. The same
 code in fp32 (weights widened exactly) is the reference chain. Attention materialises one
 head's ``T x T`` fp32 scores at a time: simple and plainly right, not flash attention.
 """

@@ -2,7 +2,7 @@
 
 One call is one launch of one persistent kernel (CUTLASS mainloop, communication
 in the same kernel) on ``ctx.stream``, with the same arguments every call (the call's
-epoch is kept on the device: ``cuco_calls.cuh``), so a CUDA graph can capture it. The
+epoch is kept on the device: ``cuco/calls.cuh``), so a CUDA graph can capture it. The
 kernel is a shared object whose host function builds the TMA descriptors
 (:mod:`cuco.kernels.tp`). Buffers that peers write live in the symmetric arena, like
 the side-stream variants'.
@@ -14,6 +14,7 @@ import ctypes
 from typing import TYPE_CHECKING
 
 from cuco.design import Directives, placement_rules
+from cuco.kernels import fused_launch
 from cuco.runtime.arena import Arena, arena_view
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
@@ -71,14 +72,16 @@ class InKernelRunner:
         data = lay.data["xf"] if self.pattern.gathers_input else lay.data["r"]
         # the last: the call state the kernel advances itself, so no argument changes between
         # calls (a CUDA graph may capture one and replay it)
-        self.offsets = (data, lay.data.get("p", 0), lay.data.get("o", 0), lay.in_kernel_flags, lay.calls)
+        self.offsets = dict(data_off=data, stage_off=lay.data.get("p", 0), out_off=lay.data.get("o", 0),
+                            flag_off=lay.in_kernel_flags, calls_off=lay.calls)
 
     def __call__(self) -> None:
         ctx = self.ctx
         # AllReduce writes its result into the arena: no `out` needed
-        rc = self.lib.cuco_fused_launch(
-            ctx.device, ctx.stream.ptr, self.grid, *self.gemm, self.d.raster_group,
-            int(self.inputs["x"].data.ptr), int(self.inputs["w"].data.ptr),
-            0 if self.out is None else int(self.out.data.ptr), self.a0, self.a1, self.bases, ctx.rank, *self.offsets)
+        rc = self.lib.cuco_fused_launch(*fused_launch.pack(
+            device=ctx.device, stream=ctx.stream.ptr, grid=self.grid, **self.gemm._asdict(),
+            raster_group=self.d.raster_group, x=int(self.inputs["x"].data.ptr), w=int(self.inputs["w"].data.ptr),
+            out=0 if self.out is None else int(self.out.data.ptr), a0=self.a0, a1=self.a1, peers=self.bases,
+            me=ctx.rank, **self.offsets))
         if rc != 0:
             raise RuntimeError(f"fused kernel launch failed with CUDA error {rc}")

@@ -2,7 +2,7 @@
 // hands its kernels in place of NCCL's device objects: a communicator of IPC-mapped flag
 // arrays and a window that is a table of every rank's base. A handle is emulated when its
 // low bit is set (real NCCL windows are aligned), so one build serves both worlds: the LSA
-// arena (cuco_arena_lsa.cuh) and the GIN type (cuco_gin.cuh) branch on that bit uniformly.
+// arena (cuco/arena/lsa.cuh) and the GIN type (cuco/gin.cuh) branch on that bit uniformly.
 #pragma once
 
 #include <cstddef>

@@ -7,7 +7,7 @@
 // Each call is made by every thread of the CTA (they synchronise inside).
 #pragma once
 #include <cub/block/block_scan.cuh>
-#include "cuco_device.cuh"
+#include <cuco/device.cuh>
 
 namespace cuco {
 namespace moe {

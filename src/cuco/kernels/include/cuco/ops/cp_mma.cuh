@@ -1,6 +1,6 @@
 // Tensor-core building blocks of the context-parallel attention kernel (sm_80+ mma.sync):
 // 16-byte async copies into swizzled shared tiles, ldmatrix fragment loads and the
-// m16n8k16 product with fp32 accumulation. One idea each; cuco_cp_attention.cuh composes them.
+// m16n8k16 product with fp32 accumulation. One idea each; cuco/ops/cp_attention.cuh composes them.
 //
 // Fragment layouts (g = lane / 4, t = lane % 4), as PTX documents for m16n8k16:
 //   A (16x16, row): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)

@@ -3,7 +3,7 @@
 // (bf16, fp16 or float: the fp32 twin of the layer is the reference) and works in fp32.
 #pragma once
 
-#include "cuco_device.cuh"
+#include <cuco/device.cuh>
 
 namespace cuco {
 namespace kv {

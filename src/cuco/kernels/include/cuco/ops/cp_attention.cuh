@@ -1,4 +1,4 @@
-// Context-parallel flash attention over a zig-zag split (cuco_cp_mma.cuh for the tensor cores).
+// Context-parallel flash attention over a zig-zag split (cuco/ops/cp_mma.cuh for the tensor cores).
 //
 // The sequence is cut into 2W chunks of C tokens; rank r holds chunks r and 2W-1-r (its "halves"
 // 0 and 1), so under a causal mask every rank does the same work. K/V of every rank sit in W
@@ -18,7 +18,7 @@
 #include <cuda/atomic>
 #include <stdint.h>
 
-#include "cuco_cp_mma.cuh"
+#include <cuco/ops/cp_mma.cuh>
 
 namespace cuco {
 namespace cp {

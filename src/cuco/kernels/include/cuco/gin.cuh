@@ -23,7 +23,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
-#include "cuco_emulated.cuh"
+#include <cuco/arena/emulated.cuh>
 
 namespace cuco {
 

@@ -1,6 +1,6 @@
 // Who issues a transfer, as a type: the issuer dimension of the design space in the style
 // of the NCCL device API's ncclCoopThread / ncclCoopWarp / ncclCoopCta. A template picks one
-// (`using Issuer = cuco::IssuerWarp;`) and writes its loops and waits once:
+// (`using Issuer = cuco::IssuerWarp;`) and writes its loops, waits and calls once:
 //   Issuer::for_units(n, f)  the units of [0, n) this thread moves
 //   Issuer::part(), parts()  this issuer's index and how many there are in the grid
 //   Issuer::wait(poll)       the issuer's poller runs `poll`, then the issuer goes on together
@@ -8,11 +8,24 @@
 //   Issuer::wait_in<N>(poll, sync)  the same wait inside a group of N threads of a CTA (a
 //                            multiple of 32; thread i of the group is threadIdx.x % N), whose
 //                            own barrier `sync` ends it: warp specialised kernels (tp_fused)
+//   Issuer::first_in_cta()   whether this thread belongs to its CTA's first issuer (a CTA
+//                            whose transfers one issuer makes: GIN puts)
+//   Issuer::coop             NCCL's cooperative group of one issuer, what NCCL's device calls
+//                            take (ncclGin::put, ...); complete where <nccl_device.h> is included
+// Calls that other libraries scope by issuer take the issuer itself (cuco/arena/nvshmem.cuh:
+// put_signal_nbi(Issuer{}, ...) is NVSHMEM's per-thread, _warp or _block call).
 #pragma once
 
 #include <cstddef>
 
-#include "cuco_device.cuh"
+#include <cuco/device.cuh>
+
+// NCCL's cooperative groups (nccl_device/coop.h: ncclCoopThread is ncclCoopTile<1>,
+// ncclCoopWarp ncclCoopTile<32>), declared so that an issuer can name its own without
+// including NCCL: kernels built without NCCL (NVSHMEM's) include this header too.
+template <int nThreadsPow2>
+struct ncclCoopTile;
+struct ncclCoopCta;
 
 namespace cuco {
 
@@ -32,6 +45,8 @@ struct IssuerThread {
     poll();
     sync();
   }
+  static __device__ __forceinline__ bool first_in_cta() { return threadIdx.x == 0; }
+  using coop = ncclCoopTile<1>;  // ncclCoopThread
 };
 
 // A warp is an issuer: 32 consecutive units per step, lane 0 polls for the warp.
@@ -57,6 +72,8 @@ struct IssuerWarp {
     if (tid % 32 == 0) poll();
     sync();
   }
+  static __device__ __forceinline__ bool first_in_cta() { return threadIdx.x < 32; }
+  using coop = ncclCoopTile<32>;  // ncclCoopWarp
 };
 
 // A CTA is an issuer: one contiguous slice per CTA, thread 0 polls for the CTA.
@@ -81,6 +98,8 @@ struct IssuerCta {
     if (tid == 0) poll();
     sync();
   }
+  static __device__ __forceinline__ bool first_in_cta() { return true; }
+  using coop = ncclCoopCta;
 };
 
 }  // namespace cuco

@@ -15,7 +15,7 @@
 #include <cuda/atomic>
 #include <nccl_device.h>
 
-#include "cuco_emulated.cuh"
+#include <cuco/arena/emulated.cuh>
 
 namespace cuco {
 
