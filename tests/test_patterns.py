@@ -17,7 +17,8 @@ from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCA
                                   TP_PATTERNS, Collective, LocalGemm, find, tp_pattern)
 from cuco.design.pipeline_ops import (CP_ATTENTION, KV_TRANSFER, MOE, PIPELINE_NAMES,
                                       PIPELINE_OPS, find_op, pipeline_op)
-from cuco.design.problem import CPProblem, KVProblem, MoEProblem
+from cuco.design import Directives
+from cuco.design.problem import CPProblem, GemmProblem, KVProblem, MoEProblem
 from cuco.errors import InputError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -294,3 +295,16 @@ def test_names_and_shape_strings_come_from_the_problem():
         assert name == p.kernel_name(d.full_name)
         assert name.startswith("gemm_reducescatter.M1536K3072N2048.bf16.") and name.endswith(".w4")
     assert render_tp(p, fused, gemm_only=True)[0].name == PROFILE + p.kernel_name(fused.full_name)
+
+
+def test_the_floor_and_the_model_count_the_same_link_bytes():
+    """What a rank receives in one call is the pattern's, for the physical floor and the
+    analytic model alike: AllGather+GEMM receives its peers' rows of X, not its output."""
+    from cuco.evaluate.analytic import AnalyticEvaluator
+    from cuco.workloads import for_problem
+    p = GemmProblem(workload="allgather_gemm", m=4096, n=1024, k=8192, world_size=4)
+    got = for_problem(p).work().link_bytes
+    assert got == 3 * 4096 * 8192 * 2 // 4  # (w-1)/w of M x K, bf16; the output is only M x N/w
+    ev = AnalyticEvaluator(p)
+    _, _, _, t_comm = ev.times(Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8))
+    assert t_comm == pytest.approx(got / (ev.machine.link_gbs * 1e9) * 1e3)

@@ -92,10 +92,16 @@ class TPPattern:
         rank's all-reduced copy) rather than in the caller's output."""
         return self.collective is Collective.ALL_REDUCE
 
-    def link_factor(self, world_size: int) -> float:
-        """Bytes each rank receives in one call, as a share of its GEMM's output bytes."""
+    def link_bytes(self, *, m: int, n: int, k: int, world_size: int, dtype_bytes: int) -> int:
+        """Bytes each rank receives from its peers in one call of the global ``M x K`` times
+        ``K x N``: AllReduce a reduce-scatter then an all-gather of the M x N result
+        (2 (w-1)/w of it), ReduceScatter (w-1)/w of the M x N partial sums, AllGather every
+        peer's M/w x K rows of X. The physical floor and the analytic model both use it."""
         w = world_size
-        return (2 if self.collective is Collective.ALL_REDUCE else 1) * (w - 1) / w
+        if self.collective is Collective.ALL_GATHER:
+            return (w - 1) * m * k * dtype_bytes // w
+        times = 2 if self.collective is Collective.ALL_REDUCE else 1
+        return times * (w - 1) * m * n * dtype_bytes // w
 
     # ---- shapes ----------------------------------------------------------------------------
     def local_gemm(self, *, m: int, n: int, k: int, world_size: int) -> LocalGemm:

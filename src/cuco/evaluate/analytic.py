@@ -49,10 +49,10 @@ class AnalyticEvaluator:
         w = p.world_size
         flops = 2 * p.m * p.n * p.k / w
         t_gemm = flops / (mc.tflops * 1e12) * 1e3
-        out = p.output_bytes_per_rank()
         tp = find(p.workload)
-        factor = tp.link_factor(w) if tp is not None else 1.0
-        t_comm = factor * out / (mc.link_gbs * 1e9) * 1e3
+        received = tp.link_bytes(m=p.m, n=p.n, k=p.k, world_size=w, dtype_bytes=p.dtype_bytes) \
+            if tp is not None else p.output_bytes_per_rank()
+        t_comm = received / (mc.link_gbs * 1e9) * 1e3
         host = t_gemm + t_comm + 2 * mc.launch_us * 1e-3
         if d.placement.in_kernel:  # one kernel, a flag per tile
             rows, cols = p.output_shape_per_rank()

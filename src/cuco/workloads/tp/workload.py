@@ -149,8 +149,9 @@ class GemmWorkload(Workload):
         return 2 * m * n * k
 
     def link_bytes_per_rank(self) -> int:
-        """Bytes each rank must receive from its peers in one call (0: unknown)."""
-        return 0
+        """Bytes each rank must receive from its peers in one call (the pattern's)."""
+        return self.tp.link_bytes(m=self.m, n=self.n, k=self.k, world_size=self.world_size,
+                                  dtype_bytes=self.problem.dtype_bytes)
 
     def work(self) -> Work:
         """Its GEMM, each operand and result through HBM once, and what it receives."""
@@ -411,11 +412,6 @@ class GemmAllReduce(_RowParallel):
     family = GEMM_ALLREDUCE.name
     pattern = GEMM_ALLREDUCE
 
-    def link_bytes_per_rank(self) -> int:
-        """Reduce-scatter then all-gather of the M x N result: 2 (w-1)/w of it."""
-        w = self.world_size
-        return 2 * (w - 1) * self.m * self.n * self.problem.dtype_bytes // w
-
     def reference(self, ctx, inputs: Buffers):
         import cupy
         part = self._partial_fp32(inputs)
@@ -455,11 +451,6 @@ class GemmAllReduce(_RowParallel):
 class GemmReduceScatter(_RowParallel):
     family = GEMM_REDUCESCATTER.name
     pattern = GEMM_REDUCESCATTER
-
-    def link_bytes_per_rank(self) -> int:
-        """(w-1)/w of the M x N partial sums."""
-        w = self.world_size
-        return (w - 1) * self.m * self.n * self.problem.dtype_bytes // w
 
     def reference(self, ctx, inputs: Buffers):
         import cupy
@@ -507,11 +498,6 @@ class GemmReduceScatter(_RowParallel):
 class AllGatherGemm(GemmWorkload):
     family = ALLGATHER_GEMM.name
     pattern = ALLGATHER_GEMM
-
-    def link_bytes_per_rank(self) -> int:
-        """Every peer's M/w x K rows of X."""
-        w = self.world_size
-        return (w - 1) * self.m * self.k * self.problem.dtype_bytes // w
 
     def tolerance(self) -> tuple[float, float]:
         """No reduction across ranks: one rounding of the output (twice for slack)."""
