@@ -192,3 +192,17 @@ def test_moe_rows_summary_and_result_file(moe, tmp_path, monkeypatch):
 def test_moe_refuses_a_result_path_that_is_not_json(moe, tmp_path):
     with pytest.raises(SystemExit, match="json"):
         moe.write_results([], tmp_path / "moe.txt", device="1 x H100", argv=[])
+
+
+def test_compile_stages_splits_a_real_build_by_nvccs_own_timer(tmp_path):
+    """bench/compile_stages.py (issue #39): one cold build of a side-stream candidate through
+    the Compiler, its seconds split by nvcc's --time into preprocessing, cicc and ptxas, the
+    rest of the wall time as link; a bad kind is refused with the choices."""
+    cs = load("compile_stages")
+    stages = cs.build_once("side_stream", cs.KINDS["side_stream"], tmp_path)
+    assert {"render", "preprocess", "cicc", "ptxas", "link"} <= set(stages)
+    assert all(v >= 0 for v in stages.values())
+    assert stages["cicc"] > 0 and stages["ptxas"] > 0 and stages["preprocess"] > 0
+    assert "host_part" not in stages  # a cubin has no launcher host part
+    with pytest.raises(SystemExit, match="unknown kinds \\['nope'\\]"):
+        cs.main(["--kinds", "nope"])
