@@ -1,10 +1,19 @@
 """``EVOLVE-BLOCK`` regions: the parts of a kernel a proposer may edit.
 
-A block is ``// EVOLVE-BLOCK-START name`` ... ``// EVOLVE-BLOCK-END name``.
-Everything outside the blocks is frozen: a candidate whose frozen text differs
-from its template's is refused, and a candidate's block bodies can be spliced
-into the same template rendered for another shape (the evaluator's small-shape
-check runs the very edits it will time).
+A block is a scope of its own, its braces on its marker lines::
+
+    { // EVOLVE-BLOCK-START name
+    ...
+    } // EVOLVE-BLOCK-END name
+
+Everything outside the blocks, the braces included, is frozen: a candidate whose frozen
+text differs from its template's is refused, and a candidate's block bodies can be spliced
+into the same template rendered for another shape (the evaluator's small-shape check runs
+the very edits it will time). Because a body is compiled inside its own ``{ }``, nothing it
+declares is seen by the frozen code after it (a lambda named ``__threadfence_system``, an
+enumerator ``W``) and a statement it leaves open (``if (c < 0)``) does not compile, rather
+than taking the frozen statement after the block; :func:`body_violations` keeps the body
+from closing that scope itself.
 """
 
 from __future__ import annotations
@@ -13,22 +22,32 @@ import re
 
 from cuco.kernels import source_text
 
+START, END = "{ // EVOLVE-BLOCK-START", "} // EVOLVE-BLOCK-END"
 _BLOCK = re.compile(
-    r"(?P<start>[ \t]*// EVOLVE-BLOCK-START (?P<name>\w+)[^\n]*\n)(?P<body>.*?)"
-    r"(?P<end>[ \t]*// EVOLVE-BLOCK-END (?P=name)[^\n]*)", re.S)
+    r"(?P<start>^[ \t]*\{ // EVOLVE-BLOCK-START (?P<name>\w+)[^\n\\]*\n)(?P<body>.*?)"
+    r"(?P<end>^[ \t]*\} // EVOLVE-BLOCK-END (?P=name)\b[^\n\\]*$)", re.S | re.M)
+_MARKER = re.compile(r"EVOLVE-BLOCK-(?:START|END)(?: (\w+))?")
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The two lines that make block ``name``: they open and close its scope."""
+    return f"{START} {name}", f"{END} {name}"
 
 
 def blocks(source: str) -> dict[str, str]:
-    """``{name: body}`` of every block, in order."""
+    """``{name: body}`` of every block, in order. A marker that is not part of a block whose
+    markers open and close a scope of their own is refused with how to write it."""
     out: dict[str, str] = {}
     for m in _BLOCK.finditer(source):
         if m.group("name") in out:
             raise ValueError(f"EVOLVE-BLOCK {m.group('name')!r} appears twice")
         out[m.group("name")] = m.group("body")
-    starts = len(re.findall(r"EVOLVE-BLOCK-START", source))
-    if starts != len(out):
-        raise ValueError(f"{starts} EVOLVE-BLOCK-START markers but {len(out)} well-formed blocks: "
-                         "every START needs an END with the same name")
+    names = [m.group(1) for m in _MARKER.finditer(source)]
+    if len(names) != 2 * len(out):
+        stray = next((n for n in names if n not in out), None) or "name"
+        start, end = markers(stray)
+        raise ValueError(f"EVOLVE-BLOCK {stray!r} is not a scope of its own: write '{start}' and "
+                         f"'{end}', each on a line of its own, the braces part of the markers")
     return out
 
 
