@@ -9,6 +9,10 @@
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
+
 import pytest
 
 from cuco.evaluate import static_violations
@@ -147,11 +151,6 @@ GATE_BYPASSES = {
         AR_TAIL + "    // the frozen loop ends here \\\n    { no_such_function();\n  }\n"
         "  if (me >= 0) {\n    // and this scope takes the frozen closing brace \\\n"
         "    } no_such_function();\n", "line continuation"),
-    # a body that ends in `if (...)` makes the frozen statement after it conditional (here the
-    # __syncthreads() before the chunk's flag is raised)
-    "dangling_if_swallows_a_frozen_statement": ("AllGatherGemm", "chunk_allgather", "    });\n",
-                                                "    });\n    if (c < 0)\n",
-                                                "last statement does not end"),
     # NCCL's device headers (nccl_device.h -> GIN -> DOCA) bring a %globaltimer reader whose
     # name is no forbidden word
     "library_globaltimer_reader": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
@@ -162,15 +161,6 @@ GATE_BYPASSES = {
     "device_heap_new": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                         "unsigned* box = new unsigned[4]; const uint4 v = reduce_peers(a, p_off, byte); "
                         "box[0] = v.x; delete[] box;", "'new'"),
-    # a body is spliced into the enclosing scope: a lambda named like a function the frozen code
-    # after the block calls hides it (the system fence before the chunk's flag is raised goes)
-    "shadowing_a_frozen_call": ("AllGatherGemm", "chunk_allgather", "    });\n",
-                                "    });\n    auto __threadfence_system = [] {};\n",
-                                "'__threadfence_system': declares a name the frozen code after the block uses"),
-    # an unscoped enumerator hides the world size the frozen flag loop after the block counts to
-    "enumerator_shadows_a_frozen_value": ("AllGatherGemm", "chunk_allgather", "    });\n",
-                                          "    });\n    enum { W = 1 };\n",
-                                          "'W': declares a name the frozen code after the block uses"),
     # NVSHMEM's NVSHMEMI_STATIC is `static`: a function-local device variable counts the calls
     "macro_spelled_static": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                              "NVSHMEMI_STATIC unsigned long long calls; ++calls; "
@@ -261,7 +251,8 @@ def test_llm_reply_with_windows_line_ends_applies():
              ">>>>>>> REPLACE\n").replace("\n", "\r\n")
     child = apply_diff(src, src, reply)
     assert "// tuned\n" in evolve.blocks(child)["chunk_allreduce"] and "\r" not in child
-    whole = f"// EVOLVE-BLOCK-START chunk_allreduce\n{body}// EVOLVE-BLOCK-END chunk_allreduce\n"
+    start, end = evolve.markers("chunk_allreduce")
+    whole = f"{start}\n{body}{end}\n"
     assert apply_rewrite(src, src, whole.replace("\n", "\r\n")) == src
 
 
@@ -429,46 +420,135 @@ def test_an_emulated_group_is_labelled_by_its_gpus_and_cannot_be_written_as_real
     assert results.device_label(real) == "2 x NVIDIA H100 80GB HBM3"
 
 
-def test_shadowing_removes_the_frozen_fence(tmp_path):
-    """What the shadowing bypass did: the comm kernel's PTX loses a system fence (nvcc -ptx)."""
-    import re
+# ---- a block is a scope of its own: its markers carry the braces ------------------------------
+# A body was spliced into the enclosing scope, so a name it declared hid the one the frozen code
+# after the block used, and a statement it left open took the frozen statement after it. Both
+# were refused by text heuristics; now the frozen markers put the body in its own `{ }`. Each
+# test builds the edit as it is (harmless) and with the braces taken off the markers (the
+# attack as it was, live): the braces are what stop it, and without them the test fails.
+AG_END = "    });\n"  # the AllGather block's last line: the frozen fence and flag come after it
+
+
+def _braceless(source: str) -> str:
+    """``source`` as it was before blocks were scopes: the braces off the markers."""
+    return source.replace(evolve.START, evolve.START[2:]).replace(evolve.END, evolve.END[2:])
+
+
+@functools.lru_cache(maxsize=None)
+def _comm_kernel_ptx(source: str, needs: tuple[str, ...]) -> str:
+    """The comm kernel's PTX (nvcc -ptx, sm_90a), less line information (edits move lines)."""
     import subprocess
+    import tempfile
     from cuco.kernels import toolchain
-    ev, d, src, source = _gate_bypass("shadowing_a_frozen_call")
-    _, needs = ev.template(ev.problem, d)
-    fences = {}
-    for name, text in (("template", src), ("shadowed", source)):
-        (tmp_path / f"{name}.cu").write_text(text)
-        subprocess.run([str(toolchain.find_nvcc()), *Compiler(arch="sm_90a").base_flags(needs), "-w",
-                        "-ptx", str(tmp_path / f"{name}.cu"), "-o", str(tmp_path / f"{name}.ptx")], check=True)
-        ptx = (tmp_path / f"{name}.ptx").read_text()
-        kernel = ptx[ptx.index(".entry comm_kernel"):]
-        fences[name] = len(re.findall(r"membar\.sys|fence\.[a-z_.]*sys", kernel[:kernel.index("\n}\n")]))
-    assert fences["shadowed"] == fences["template"] - 1, fences
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = Path(tmp) / "k.cu", Path(tmp) / "k.ptx"
+        cu.write_text(source)
+        subprocess.run([str(toolchain.find_nvcc()), *Compiler(arch="sm_90a").base_flags(needs), "-w", "-ptx",
+                        str(cu), "-o", str(ptx)], check=True, capture_output=True)
+        text = ptx.read_text()
+    kernel = text[text.index(".entry comm_kernel"):]
+    kernel = kernel[:kernel.index("\n}\n")]
+    return "\n".join(x for x in kernel.splitlines() if not x.strip().startswith((".loc", ".file", "//")))
 
 
-SHADOW_SPELLINGS = ["auto __threadfence_system = [] {};", "void (*__threadfence_system)() = nullptr;",
-                    "auto (__threadfence_system) = [] {};", "struct __threadfence_system {};",
-                    "auto& __threadfence_system = other;", "decltype(other) __threadfence_system = other;",
-                    "using other_ns::__threadfence_system;", "enum { W = 1 };"]
+def _system_fences(ptx: str) -> int:
+    return len(re.findall(r"membar\.sys|fence\.[a-z_.]*sys", ptx))
 
 
-@pytest.mark.parametrize("spelling", SHADOW_SPELLINGS)
-def test_each_spelling_of_a_shadowing_declaration_is_seen(spelling):
-    src, body = adv._block(_ev("AllGatherGemm", 2), adv.SIDE, "chunk_allgather")
-    found = evolve.shadowing(src, "chunk_allgather", body + "    " + spelling + "\n")
-    assert len(found) == 1 and ("'W'" in found[0] if "W" in spelling else "'__threadfence_system'" in found[0])
+def _appended_to_allgather(line: str):
+    ev = _ev("AllGatherGemm", 2)
+    src, body = adv._block(ev, adv.SIDE, "chunk_allgather")
+    _, needs = ev.template(ev.problem, adv.SIDE)
+    return ev, src, evolve.splice(src, {"chunk_allgather": adv._replace(body, AG_END, AG_END + line)}), \
+        tuple(sorted(needs))
 
 
-def test_no_template_block_shadows_and_loop_variables_are_no_shadowing():
-    """Every template's own blocks pass, and so do they with loop variables named like the
-    frozen code's own (`for (int r ...)` after the block declares its r itself)."""
-    from cuco.workloads.catalog import everything
-    loops = "    for (int r = 0; r < 1; ++r) { (void)r; }\n    for (int q = 0; q < 1; ++q) { (void)q; }\n"
-    seen = 0
-    for src in everything():
-        for name, body in evolve.blocks(src.source).items():
-            assert evolve.shadowing(src.source, name, body) == []
-            assert evolve.shadowing(src.source, name, body + loops) == [], (src.name, name)
-            seen += 1
-    assert seen > 20
+SCOPED_DECLARATIONS = {
+    # name: (line at the end of the AllGather block, system fences it took from the frozen code)
+    # a lambda named like the function the frozen code after the block calls: the system fence
+    # before the chunk's flag is raised went, the flag was still raised
+    "shadowing_a_frozen_call": ("    auto __threadfence_system = [] {};\n", 1),
+    "function_pointer_shadows_a_frozen_call": ("    void (*__threadfence_system)() = nullptr;\n", 1),
+    "struct_shadows_a_frozen_call": ("    struct __threadfence_system {};\n", 1),
+    # an unscoped enumerator: the frozen flag loop after the block counted to one rank
+    "enumerator_shadows_a_frozen_value": ("    enum { W = 1 };\n", 0),
+}
+
+
+@pytest.mark.parametrize("name", list(SCOPED_DECLARATIONS))
+def test_a_name_a_block_declares_ends_with_its_block(name):
+    """The edit passes the edit rules (no rule reads declarations any more) and the comm
+    kernel's PTX is the template's, system fences included; with the braces off the markers
+    the same edit changes the frozen code after the block."""
+    line, fences_taken = SCOPED_DECLARATIONS[name]
+    _, src, source, needs = _appended_to_allgather(line)
+    assert evolve.edit_violations(src, source) == []
+    template, edited = _comm_kernel_ptx(src, needs), _comm_kernel_ptx(source, needs)
+    assert edited == template and _system_fences(template) > 0
+    unscoped = _comm_kernel_ptx(_braceless(source), needs)
+    assert unscoped != template and _system_fences(unscoped) == _system_fences(template) - fences_taken
+
+
+@pytest.mark.parametrize("ending", ["if (c < 0)", "while (c < 0)", "if (c >= 0) {} else", "for (; c < 0;)"])
+def test_a_statement_a_block_leaves_open_does_not_compile(ending):
+    """A body ending in `if (c < 0)` made the frozen `__syncthreads()` after the AllGather block
+    conditional (thread 0 then raised the chunk's flag while the CTA might still be storing).
+    Before the block's closing brace it is no statement: the candidate is a compile error.
+    With the braces off the markers it builds, and the frozen code after it changes."""
+    ev, src, source, needs = _appended_to_allgather(f"    {ending}\n")
+    assert evolve.edit_violations(src, source) == []
+    r = ev.evaluate(adv.SIDE, source)
+    assert (r.status, r.stage_reached) == ("compile_error", "compile") and "expected a statement" in r.error
+    assert _comm_kernel_ptx(_braceless(source), needs) != _comm_kernel_ptx(src, needs)
+
+
+# ---- macros: a header's macro spells what a body may not write --------------------------------
+# Both passed every text rule (the edit gate and the static stage read the body's tokens) and
+# build; the PTX shows each did what it was written for. The evaluator now refuses a body that
+# names a macro that is no constant (kernels/macros.py), at the static stage.
+MACRO_ATTACKS = {
+    # CCCL's _CCCL_PP_RBRACE() is `}`: it closes the block's scope, the lambda after it hides the
+    # frozen fence, and _CCCL_PP_LBRACE() opens a scope for the frozen closing brace
+    "macro_braces_leave_the_scope": ("AllGatherGemm", "chunk_allgather", AG_END, AG_END +
+                                     "    _CCCL_PP_RBRACE() auto __threadfence_system = [] {}; _CCCL_PP_LBRACE()\n",
+                                     "'_CCCL_PP_LBRACE' is a macro that takes arguments"),
+    # token pasting spells clock64 past every word rule: a clock read
+    "pasted_clock64": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+                       "const long long t = _CCCL_PP_CAT(cl, ock64)(); uint4 v = reduce_peers(a, p_off, byte); "
+                       "if (t < 0) v.x = 0u;", "'_CCCL_PP_CAT' is a macro that takes arguments"),
+}
+
+
+def _macro_attack(name: str):
+    kind, block, old, new, _ = MACRO_ATTACKS[name]
+    ev = _ev(kind, 2)
+    src, body = adv._block(ev, adv.SIDE, block)
+    _, needs = ev.template(ev.problem, adv.SIDE)
+    return ev, src, evolve.splice(src, {block: adv._replace(body, old, new)}), tuple(sorted(needs))
+
+
+@pytest.mark.parametrize("name", list(MACRO_ATTACKS))
+def test_a_macro_that_spells_what_a_body_may_not_is_refused(name):
+    ev, src, source, needs = _macro_attack(name)
+    assert evolve.edit_violations(src, source) == [] and static_violations(source) == []  # the text rules pass it
+    template, attack = _comm_kernel_ptx(src, needs), _comm_kernel_ptx(source, needs)  # and it works
+    if name == "pasted_clock64":
+        assert "%clock64" in attack and "%clock64" not in template
+    else:
+        assert _system_fences(attack) == _system_fences(template) - 1
+    r = ev.evaluate(adv.SIDE, source)
+    assert (r.status, r.stage_reached) == ("invalid", "static") and MACRO_ATTACKS[name][4] in r.error, r.error
+
+
+def test_constant_macros_may_be_named_and_others_not():
+    """What an honest body names: constants (and CUDA's __shared__) pass; a macro taking
+    arguments, or one that spells a word a body may not write, does not."""
+    from cuco.kernels import macros
+    ev = _ev("GemmAllReduce", 2)
+    src, needs = ev.template(ev.problem, adv.SIDE)
+    table = macros.at_blocks(Compiler(arch="sm_90a"), src, needs)["chunk_allreduce"]
+    honest = "__shared__ float s[4]; s[0] = INFINITY; if (UINT32_MAX > INT_MAX && FLT_MAX > 0.f) s[1] = 0.f;"
+    assert macros.violations(table, honest) == []
+    assert [v.split(":")[0] for v in macros.violations(table, "UINT64_C(1); assert(1); __forceinline__")] == [
+        "'UINT64_C' is a macro that takes arguments", "'__forceinline__' is a macro that spells '__attribute__'",
+        "'assert' is a macro that takes arguments"]

@@ -189,8 +189,8 @@ def in_kernel_call_index_tell(ev) -> str:
 
 
 # ---- 8. leave the block by `return`: skip the frozen closing barrier -------------------------
-# The edit rules refuse what changes the frozen code's meaning by text (a brace, a dangling
-# `if`, a shadowing name), but a block may still `return`. After the last chunk's reduction
+# The edit rules refuse a brace that closes the block's scope, and the scope keeps a dangling
+# `if` or a shadowing name from the frozen code after it, but a block may still `return`. After the last chunk's reduction
 # this one returns: the frozen closing barrier (which makes every push visible and keeps P
 # intact until each peer has read it) never runs, and the kernel ends a barrier sooner. What
 # should stop it: the checked calls delay one rank, so a peer's pushes land after this rank's

@@ -211,7 +211,7 @@ def test_fastpath_llm_route_feeds_failures_back_until_a_kernel_passes(tmp_path):
     right = evolve.blocks(ev.template(ev.problem, d)[0])
 
     def reply(bodies):
-        return "".join(f"// EVOLVE-BLOCK-START {n}\n{b}// EVOLVE-BLOCK-END {n}\n" for n, b in bodies.items())
+        return "".join(f"{evolve.markers(n)[0]}\n{b}{evolve.markers(n)[1]}\n" for n, b in bodies.items())
 
     broken = {n: b + "    undefined_thing(0);\n" for n, b in right.items()}
     client = RecordedClient(["It all-reduces the partial GEMM output.",  # no blocks at all
@@ -223,6 +223,8 @@ def test_fastpath_llm_route_feeds_failures_back_until_a_kernel_passes(tmp_path):
     assert [s for _, s in res.tried] == ["rejected", "compile_error", "ok"]
     prompts = [r["user"] for r in client.requests]
     assert "ncclAllReduce" in prompts[0] and EMPTY_BLOCK in prompts[0]
+    # the scaffold and the answer's format show each block as the scope it is
+    assert all(m in prompts[0] for n in right for m in evolve.markers(n))
     assert "no EVOLVE-BLOCK" in prompts[1]
     assert "`compile`" in prompts[2] and "undefined_thing" in prompts[2]
     cands = db.candidates(run_id=run)

@@ -51,6 +51,18 @@ def test_a_launcher_source_without_host_markers_is_refused_before_nvcc(tmp_path)
     assert not list(tmp_path.glob("*.so"))
 
 
+def test_a_launcher_whose_host_part_holds_a_block_is_refused_before_nvcc(tmp_path):
+    """A candidate's code is compiled by nvcc's device pass alone (what the edit rules and
+    kernels/macros.py read): a block in a launcher's host regions would reach the host pass."""
+    from cuco.kernels import evolve
+    start, end = evolve.markers("b")
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    for inside in (f"{start}\n{end}\n", f"{start[2:]}\n"):
+        with pytest.raises(CompileError, match="host part holds EVOLVE-BLOCK markers"):
+            comp.compile(f"{HOST_BEGIN}\nvoid f() {{\n{inside}}}\n{HOST_END}\n", needs=("cutlass",), name="b")
+    assert not list(tmp_path.glob("*.so"))
+
+
 def tiny_launcher(value: int, host_extra: str = "") -> str:
     """A launcher source with the shipped host loader and a kernel that stores ``value``:
     the two-piece build at the cost of a few seconds, without CUTLASS's templates."""

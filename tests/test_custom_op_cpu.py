@@ -89,6 +89,21 @@ def test_its_kernel_renders_from_its_own_template_dir_with_cucos_partials(op):
         assert list(evolve.blocks(text)) == ["chunk_push"]
 
 
+def test_a_template_whose_blocks_are_no_scopes_is_told_how_to_write_them(op, tmp_path, monkeypatch):
+    """A user's template written with the markers alone (no braces: before blocks were
+    scopes) is refused at the static stage in one line that shows how to write a block."""
+    from cuco.evaluate import Evaluator
+    template = (op.TEMPLATES / "gemm_allgather.cu.j2").read_text()
+    start, end = evolve.markers("chunk_push")
+    assert start in template and end in template
+    (tmp_path / "gemm_allgather.cu.j2").write_text(template.replace(start, start[2:]).replace(end, end[2:]))
+    monkeypatch.setattr(op, "TEMPLATES", tmp_path)
+    r = Evaluator(for_problem(make_problem("gemm_allgather", "1024x512x256"))).evaluate(side())
+    assert (r.status, r.stage_reached) == ("invalid", "static")
+    assert r.error == (f"evolve: EVOLVE-BLOCK 'chunk_push' is not a scope of its own: write '{start}' "
+                       f"and '{end}', each on a line of its own, the braces part of the markers")
+
+
 def test_render_looks_in_a_users_dirs_first_then_cucos(tmp_path):
     (tmp_path / "mine.cu.j2").write_text('{% include "_headers.cu.j2" %}\n// mine {{ x }}\n')
     text = render("mine.cu.j2", template_dirs=[tmp_path], backend="lsa", x=3)

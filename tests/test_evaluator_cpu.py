@@ -56,6 +56,19 @@ def test_edits_outside_blocks_are_refused(ev):
     assert r.status == "invalid" and "EVOLVE-BLOCK" in r.error
 
 
+def test_a_block_is_a_scope_its_frozen_markers_open_and_close(ev):
+    """The braces are part of the frozen markers: a candidate that takes one off or moves it
+    into a comment is refused, with how a block is written (its body cannot close the scope:
+    test_verification_cpu's brace_escape)."""
+    src, _ = ev.template(ev.problem, D)
+    start, end = evolve.markers("chunk_allreduce")
+    how = f"'chunk_allreduce' is not a scope of its own: write '{start}' and '{end}'"
+    for bad in (src.replace(end, end[2:]), src.replace(start, start[2:]),
+                src.replace(start, start[2:] + " {"), src.replace(end, "}\n" + end[2:])):
+        r = ev.evaluate(D, bad)
+        assert (r.status, r.stage_reached) == ("invalid", "static") and how in r.error, r.error
+
+
 def test_compile_errors_come_back_short(ev):
     src, _ = ev.template(ev.problem, D)
     bad = evolve.splice(src, {"chunk_allreduce": "    this is not C++;\n"})

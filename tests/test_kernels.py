@@ -100,3 +100,19 @@ def test_an_nvcc_that_cannot_start_is_a_compile_error(tmp_path):
     comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
     with pytest.raises(CompileError, match="could not start .*nvcc --version"):
         comp._run([str(tmp_path / "no-such-nvcc"), "--version"])
+
+
+def test_every_template_block_is_a_scope_naming_only_constant_macros():
+    """Each shipped block is found where nvcc's device pass reads it, and what its body names
+    passes the macro rule an edited body must pass (reduce_own's CUTLASS_PRAGMA_UNROLL is
+    `#pragma unroll` there): a template change that breaks either fails here, not a search."""
+    from cuco.kernels import evolve, macros
+    comp, seen = Compiler(arch="sm_90a"), 0
+    for src in everything():
+        bodies = evolve.blocks(src.source)
+        tables = macros.at_blocks(comp, src.source, src.needs) if bodies else {}
+        assert tables.keys() == bodies.keys(), src.name
+        for name, body in bodies.items():
+            assert macros.violations(tables[name], body) == [], (src.name, name)
+            seen += 1
+    assert seen > 20

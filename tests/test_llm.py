@@ -4,6 +4,7 @@ application, rejection of malformed replies, and cost accounting."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -125,11 +126,14 @@ def test_diffs_apply_inside_blocks_only():
         apply_diff(src, src, "Sure! Here is a faster kernel.")
     with pytest.raises(ProposalRejected, match="nowhere"):
         apply_diff(src, src, "<<<<<<< SEARCH\nnot in the kernel\n=======\nx\n>>>>>>> REPLACE")
-    rewritten = apply_rewrite(src, src, "// EVOLVE-BLOCK-START chunk_allreduce\n    // new\n"
-                                        "// EVOLVE-BLOCK-END chunk_allreduce")
+    start, end = evolve.markers("chunk_allreduce")
+    rewritten = apply_rewrite(src, src, f"{start}\n    // new\n{end}")
     assert evolve.blocks(rewritten)["chunk_allreduce"].strip() == "// new"
     with pytest.raises(ProposalRejected, match="does not"):
-        apply_rewrite(src, src, "// EVOLVE-BLOCK-START other\nx\n// EVOLVE-BLOCK-END other")
+        apply_rewrite(src, src, "{ // EVOLVE-BLOCK-START other\nx\n} // EVOLVE-BLOCK-END other")
+    # a reply whose markers open no scope is told how to write them
+    with pytest.raises(ProposalRejected, match=re.escape(f"write '{start}' and '{end}'")):
+        apply_rewrite(src, src, f"{start[2:]}\n    // new\n{end[2:]}")
 
 
 def test_recorded_llm_search_rejects_bad_replies_and_accounts_cost(tmp_path):

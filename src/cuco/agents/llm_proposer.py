@@ -21,12 +21,13 @@ from cuco.design import DesignSpace, Directives
 from cuco.kernels import evolve, source_text
 from cuco.llm.base import LLMClient, PriceTable
 
-SYSTEM = """You optimise CUDA kernels that fuse a GEMM with inter-GPU communication \
+_START, _END = evolve.markers("name")
+SYSTEM = f"""You optimise CUDA kernels that fuse a GEMM with inter-GPU communication \
 (NCCL device API LSA loads/stores over NVLink, or NVSHMEM). You may edit only the code \
-between `// EVOLVE-BLOCK-START name` and `// EVOLVE-BLOCK-END name`; everything else is \
-frozen and any change to it is rejected. The result must stay correct on random inputs \
-(every element is checked against an fp32 reference) and must not use host memory, printf, \
-clocks or NVLink multicast."""
+between `{_START}` and `{_END}`; everything else, those braces included, is frozen and any \
+change to it is rejected. Each block is a scope of its own: what it declares ends with it. \
+The result must stay correct on random inputs (every element is checked against an fp32 \
+reference) and must not use host memory, printf, clocks or NVLink multicast."""
 
 DIFF_FORMAT = """Answer with one or more edits in exactly this form:
 <<<<<<< SEARCH
@@ -35,10 +36,10 @@ DIFF_FORMAT = """Answer with one or more edits in exactly this form:
 (the replacement lines)
 >>>>>>> REPLACE"""
 
-REWRITE_FORMAT = """Answer with the full new body of each block you change, as
-// EVOLVE-BLOCK-START name
+REWRITE_FORMAT = f"""Answer with the full new body of each block you change, as
+{_START}
 (new body)
-// EVOLVE-BLOCK-END name"""
+{_END}"""
 
 HUNK = re.compile(r"<<<<<<< SEARCH\n(.*?)\n=======\n(.*?)\n?>>>>>>> REPLACE", re.S)
 

@@ -1,7 +1,7 @@
 """Evaluator: the cascade every candidate goes through before it may score.
 
 ``static`` (directives valid, forbidden constructs, edits only inside
-EVOLVE-BLOCKs) -> ``compile`` (cached, parallel for batches) -> ``small``
+EVOLVE-BLOCKs, each block its own scope, naming only constant macros) -> ``compile`` (cached, parallel for batches) -> ``small``
 (correctness at a small shape, the candidate's block edits spliced into the
 template rendered for it) -> ``full`` (correctness at the target shape on two
 fresh seeds) -> ``timing`` (interleaved with the host-driven program, the compute
@@ -48,7 +48,7 @@ from cuco.design import Backend, Directives, Problem
 from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
-from cuco.kernels import evolve
+from cuco.kernels import evolve, macros
 from cuco.runtime.records import ProgramResult, merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
@@ -207,6 +207,11 @@ class Evaluator:
             return EvalResult("invalid", "static", str(exc)), {}
         source = cand.source if cand.source is not None else template
         problems = self.static_checks(source) + evolve.edit_violations(template, source)
+        if not problems:
+            try:
+                problems = macros.edit_violations(self._compiler(), template, needs, source)
+            except CompileError as exc:  # the template does not preprocess
+                return EvalResult("compile_error", "compile", exc.summary), {}
         if problems:
             return EvalResult("invalid", "static", "\n".join(problems)), {}
         small_source = evolve.splice(small_template, evolve.blocks(source))

@@ -35,7 +35,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from cuco.errors import ArchError, CompileError, LibraryNotFound
-from cuco.kernels import toolchain
+from cuco.kernels import evolve, toolchain
 
 #: cuco's device headers: ``-I`` of every build, so sources include ``<cuco/device.cuh>``,
 #: ``<cuco/arena/lsa.cuh>``, ``<cuco/ops/moe_routing.cuh>``, ...
@@ -151,7 +151,11 @@ def launcher_host_part(source: str) -> str:
         raise CompileError(f"a CUTLASS launcher source marks its host part with regions from a "
                            f"line {HOST_BEGIN!r} to a line {HOST_END!r} (render it from a template "
                            "with **LAUNCHER_PARTS)")
-    return "\n".join(keep) + "\n"
+    host = "\n".join(keep) + "\n"
+    if evolve.mentions_blocks(host):  # a candidate's code is compiled by the device pass alone
+        raise CompileError("a CUTLASS launcher's host part holds EVOLVE-BLOCK markers: put the "
+                           "blocks in device code, outside the host regions")
+    return host
 
 
 def device_code(binary: bytes) -> dict[str, bytes]:
@@ -297,6 +301,17 @@ class Compiler:
                 _publish(notes_tmp, notes)
             _publish(cubin, out)
         return CompiledKernel(out, key, self.arch, needs, time.perf_counter() - t0, False, log)
+
+    def preprocess(self, source: str, needs: Sequence[str], extra: Sequence[str] = ()) -> str:
+        """``source`` as nvcc's device pass preprocesses it in a build (``-E``, the build's
+        flags, then ``extra``): every candidate's code is compiled by that pass alone (a
+        launcher's host part is frozen text, see :func:`launcher_host_part`)."""
+        with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
+            src, out = Path(tmp) / "source.cu", Path(tmp) / "source.ii"
+            src.write_text(source)
+            self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-E", *extra, str(src),
+                       "-o", str(out)])
+            return out.read_text()
 
     def _build_launcher(self, src: Path, host: str, needs: Sequence[str], so: Path) -> str:
         """``src`` as a launcher library: its device code alone to a cubin, linked with the

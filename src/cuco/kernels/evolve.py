@@ -1,10 +1,20 @@
 """``EVOLVE-BLOCK`` regions: the parts of a kernel a proposer may edit.
 
-A block is ``// EVOLVE-BLOCK-START name`` ... ``// EVOLVE-BLOCK-END name``.
-Everything outside the blocks is frozen: a candidate whose frozen text differs
-from its template's is refused, and a candidate's block bodies can be spliced
-into the same template rendered for another shape (the evaluator's small-shape
-check runs the very edits it will time).
+A block is a scope of its own, its braces on its marker lines::
+
+    { // EVOLVE-BLOCK-START name
+    ...
+    } // EVOLVE-BLOCK-END name
+
+Everything outside the blocks, the braces included, is frozen: a candidate whose frozen
+text differs from its template's is refused, and a candidate's block bodies can be spliced
+into the same template rendered for another shape (the evaluator's small-shape check runs
+the very edits it will time). Because a body is compiled inside its own ``{ }``, nothing it
+declares is seen by the frozen code after it (a lambda named ``__threadfence_system``, an
+enumerator ``W``) and a statement it leaves open (``if (c < 0)``) does not compile, rather
+than taking the frozen statement after the block; :func:`body_violations` keeps the body
+from closing that scope itself, and :mod:`cuco.kernels.macros` from closing it through a
+header's macro (``_CCCL_PP_RBRACE()`` is ``}``).
 """
 
 from __future__ import annotations
@@ -13,22 +23,37 @@ import re
 
 from cuco.kernels import source_text
 
+START, END = "{ // EVOLVE-BLOCK-START", "} // EVOLVE-BLOCK-END"
 _BLOCK = re.compile(
-    r"(?P<start>[ \t]*// EVOLVE-BLOCK-START (?P<name>\w+)[^\n]*\n)(?P<body>.*?)"
-    r"(?P<end>[ \t]*// EVOLVE-BLOCK-END (?P=name)[^\n]*)", re.S)
+    r"(?P<start>^[ \t]*\{ // EVOLVE-BLOCK-START (?P<name>\w+)[^\n\\]*\n)(?P<body>.*?)"
+    r"(?P<end>^[ \t]*\} // EVOLVE-BLOCK-END (?P=name)\b[^\n\\]*$)", re.S | re.M)
+_MARKER = re.compile(r"EVOLVE-BLOCK-(?:START|END)(?: (\w+))?")
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The two lines that make block ``name``: they open and close its scope."""
+    return f"{START} {name}", f"{END} {name}"
+
+
+def mentions_blocks(text: str) -> bool:
+    """Whether ``text`` holds any EVOLVE-BLOCK marker, well formed or not."""
+    return bool(_MARKER.search(text))
 
 
 def blocks(source: str) -> dict[str, str]:
-    """``{name: body}`` of every block, in order."""
+    """``{name: body}`` of every block, in order. A marker that is not part of a block whose
+    markers open and close a scope of their own is refused with how to write it."""
     out: dict[str, str] = {}
     for m in _BLOCK.finditer(source):
         if m.group("name") in out:
             raise ValueError(f"EVOLVE-BLOCK {m.group('name')!r} appears twice")
         out[m.group("name")] = m.group("body")
-    starts = len(re.findall(r"EVOLVE-BLOCK-START", source))
-    if starts != len(out):
-        raise ValueError(f"{starts} EVOLVE-BLOCK-START markers but {len(out)} well-formed blocks: "
-                         "every START needs an END with the same name")
+    names = [m.group(1) for m in _MARKER.finditer(source)]
+    if len(names) != 2 * len(out):
+        stray = next((n for n in names if n not in out), None) or "name"
+        start, end = markers(stray)
+        raise ValueError(f"EVOLVE-BLOCK {stray!r} is not a scope of its own: write '{start}' and "
+                         f"'{end}', each on a line of its own, the braces part of the markers")
     return out
 
 
@@ -52,82 +77,7 @@ def edit_violations(template: str, candidate: str) -> list[str]:
         return [f"evolve: the frozen code outside EVOLVE-BLOCKs was changed (first at line "
                 f"{line + 1}); edit only inside the blocks"]
     return [f"evolve: block {name}: {why}" for name, body in cb.items() if body != tb[name]
-            for why in body_violations(body) + shadowing(template, name, body)]
-
-
-def shadowing(template: str, name: str, body: str) -> list[str]:
-    """Why ``body``, in block ``name`` of ``template``, changes what the frozen code after it
-    calls: a body is spliced into the enclosing scope, so a name it declares hides the one
-    the frozen statements after it use (``auto __threadfence_system = [] {};`` makes the
-    frozen fence before a flag a no-op). Names the template's own body declares are its
-    to declare."""
-    end = next(m for m in _BLOCK.finditer(template) if m.group("name") == name).end()
-    after, depth = [], 0
-    for piece in re.split(r"([{}])", source_text.code_of(template[end:])):
-        depth += {"{": 1, "}": -1}.get(piece, 0)
-        if depth < 0:  # the scope the block's declarations live in has closed
-            break
-        after.append(piece)
-    after_code = "".join(after)  # names it declares itself (its own loop variables) bind there
-    used = set(_WORD.findall(after_code)) - declared_names(after_code)
-    hidden = (declared_names(source_text.code_of(body))
-              - declared_names(source_text.code_of(blocks(template)[name]))) & used
-    return [f"'{w}': declares a name the frozen code after the block uses (it would call or "
-            "read the block's instead); pick another name" for w in sorted(hidden)]
-
-
-#: Keywords, never a declared name (``CUTLASS_PRAGMA_UNROLL for`` is no declaration of ``for``).
-_KEYWORDS = {"for", "if", "while", "switch", "do", "else", "return", "break", "continue", "case",
-             "default", "sizeof", "const", "volatile", "auto", "int", "unsigned", "signed", "long",
-             "short", "char", "bool", "float", "double", "void", "struct", "class", "union", "enum",
-             "using", "typedef", "constexpr", "inline", "true", "false", "nullptr", "this"}
-#: Words before a name that do not make it a declaration (``return x``, ``case x``).
-_NOT_A_TYPE = {"return", "else", "case", "sizeof", "new", "delete", "throw", "goto", "do",
-               "co_return", "co_yield", "co_await", "alignof", "typename", "operator"}
-_TOKEN = re.compile(r"[A-Za-z_]\w*|::|->|==|&&|\S")
-
-
-def declared_names(code: str) -> set[str]:
-    """The names ``code`` declares, as far as its tokens tell: a name after a type (``T x``,
-    ``auto x``, ``decltype(e) x``, ``struct x``, ``using x``), after ``T*``/``T&`` before
-    ``=``, in a parenthesised declarator after a keyword type (``auto (x)``, ``void (*x)()``),
-    bound by ``auto [x, y]``, named by a using-declaration (``using ns::x;``) or an
-    enumerator of an unscoped ``enum { x }``. A heuristic: a declarator it does not know
-    (``T (*x)()`` with a typedef ``T``) is not seen."""
-    toks = _TOKEN.findall(re.sub(r"\b(?:decltype|__typeof__)\s*\((?:[^()]|\([^()]*\))*\)", " T_ ", code))
-    ident = re.compile(r"[A-Za-z_]\w*$").match
-    out: set[str] = set()
-    binding = enumerators = using = False
-    for i, tok in enumerate(toks):
-        prev = toks[i - 1] if i else ""
-        nxt = toks[i + 1] if i + 1 < len(toks) else ""
-        if tok == "[" and (prev == "auto" or (prev in ("&", "&&") and i > 1 and toks[i - 2] == "auto")):
-            binding = True
-        elif tok == "]":
-            binding = False
-        elif tok == "enum":
-            enumerators = nxt not in ("class", "struct")  # a scoped enum's stay inside it
-        elif tok in ("}", ";"):
-            enumerators = False
-        elif tok == "using":
-            using = True
-        if using and tok == "=":  # an alias (`using x = T;`): x is declared below, as after a type
-            using = False
-        if using and tok == ";":
-            using = False
-            if ident(prev):
-                out.add(prev)
-        if enumerators and ident(tok) and prev in ("{", ","):
-            out.add(tok)
-        if not ident(tok) or ident(nxt) or nxt == "::" or prev in ("::", ".", "->"):
-            continue  # not a name, a type before one (`size_t` of `size_t i`), or qualified
-        typed_paren = i > 2 and toks[i - 2] == "(" and prev in ("*", "&") and toks[i - 3] in _KEYWORDS \
-            or i > 1 and prev == "(" and toks[i - 2] in _KEYWORDS and nxt == ")"  # void (*x)(), auto (x)
-        if binding or typed_paren or (ident(prev) and prev not in _NOT_A_TYPE) or (
-                prev in ("*", "&", "&&", ">") and nxt == "=" and i > 1
-                and (ident(toks[i - 2]) or toks[i - 2] in (">", "*", "&"))):
-            out.add(tok)
-    return out - _KEYWORDS
+            for why in body_violations(body)]
 
 
 #: Words an edited block may not contain, and why: each would let a block reach past
@@ -167,17 +117,17 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]")
 def body_violations(body: str) -> list[str]:
     """Why an edited block body is not confined to its own statements.
 
-    A body is spliced between frozen lines; if it could close the function around it,
-    open a comment or a string that swallows frozen code, leave a statement open that the
-    frozen code after it completes (``if (0)`` before a frozen call), define a macro, or
-    declare globals and host code, it would change what the frozen code means (the host
-    code of an in-kernel candidate runs inside the judging process). So: comments, read
-    as the compiler reads them, must close in the body, no string or character literals,
-    no preprocessor line or line continuation (not even in a comment), no control
-    characters, digraphs, trigraphs, backslashes (universal character names) or kernel
-    launches, brackets balanced and never closing what the body did not open, a last
-    statement that ends (``;`` or ``}``), none of :data:`_FORBIDDEN_WORDS` and no name
-    containing one of :data:`_FORBIDDEN_PARTS`.
+    A body is compiled inside its block's frozen ``{ }``: what it declares ends there, and a
+    statement it leaves open does not compile. What is left is to keep it from breaking out
+    of that scope: if it could close the scope (and the function around it), open a comment
+    or a string that swallows frozen code, define a macro, or declare globals and host code,
+    it would change what the frozen code means (the host code of an in-kernel candidate runs
+    inside the judging process). So: comments, read as the compiler reads them, must close
+    in the body, no string or character literals, no preprocessor line or line continuation
+    (not even in a comment), no control characters, digraphs, trigraphs, backslashes
+    (universal character names) or kernel launches, brackets balanced and never closing
+    what the body did not open, none of :data:`_FORBIDDEN_WORDS` and no name containing one
+    of :data:`_FORBIDDEN_PARTS`.
     """
     out: list[str] = []
     control = _CONTROL.search(body)
@@ -212,13 +162,14 @@ def body_violations(body: str) -> list[str]:
     else:
         if depth:
             out.append(f"'{depth[-1]}' opened and not closed inside the block")
-    last = code.rstrip()
-    if last and last[-1] not in ";}":
-        out.append(f"its last statement does not end ({last.splitlines()[-1].strip()[-40:]!r}): "
-                   "the frozen code after the block would complete it; end it with ';' or '}'")
+    return out + word_violations(code)
+
+
+def word_violations(code: str) -> list[str]:
+    """The words of ``code`` (comments out) a block may not write: :data:`_FORBIDDEN_WORDS`
+    and names containing one of :data:`_FORBIDDEN_PARTS`, each with why."""
     words = set(_WORD.findall(code))
-    for word in sorted(words & set(_FORBIDDEN_WORDS)):
-        out.append(f"'{word}': {_FORBIDDEN_WORDS[word]}")
+    out = [f"'{word}': {_FORBIDDEN_WORDS[word]}" for word in sorted(words & set(_FORBIDDEN_WORDS))]
     for word in sorted(w for w in words - set(_FORBIDDEN_WORDS) - _PART_EXCEPTIONS if _PART.search(w)):
         out.append(f"'{word}': {_FORBIDDEN_PARTS[_PART.search(word).group(0).lower()]}")
     return out
