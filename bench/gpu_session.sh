@@ -73,6 +73,8 @@ step_command() {
     moe_compute)     echo "python3 bench/moe_compute.py $R" ;;
     tests_isolation) echo "python3 -m pytest -v -rA -p no:xdist --tb=short -k isolation tests/test_adversary_gpu.py" ;;
     tests_dispatch)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_dispatch_gpu.py" ;;
+    tests_custom_op) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_custom_op_gpu.py" ;;
+    tests_jobs)      echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_jobs_gpu.py tests/test_sealed_reference_gpu.py tests/test_host_baseline_gpu.py" ;;
     tests_ev_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_in_kernel_gpu.py" ;;
     tests_block)     echo "python3 -m pytest -v tests/test_tp_block_gpu.py" ;;
     pipelines)       echo "python3 bench/pipelines.py $R" ;;
