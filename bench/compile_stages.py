@@ -4,6 +4,11 @@ stage to cut).
 
     python bench/compile_stages.py                  # every kind, 2 repeats, cold cache each
     python bench/compile_stages.py --kinds in_kernel,side_stream --repeats 3
+    python bench/compile_stages.py --repeats 3 --before /tmp/before/compile_stages.json
+
+``--before`` names this script's file from an earlier commit (run from a checkout of it with
+``--out-dir``): its commit and each kind's per-stage medians are kept under ``before``,
+so one file shows the split before and after a change.
 
 Each candidate is built through :class:`cuco.kernels.Compiler` exactly as the evaluator
 builds it, from an empty cache, with nvcc's own per-phase timer (``--time``, passed as an
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import tempfile
@@ -70,7 +76,8 @@ KINDS: dict[str, Callable[[], KernelSource]] = {
 
 
 def phase_seconds(csv_path: Path, source_name: str) -> dict[str, float]:
-    """Seconds per stage of the nvcc runs over ``source_name`` that ``csv_path`` recorded."""
+    """Seconds per stage of the nvcc runs over ``source_name`` that ``csv_path`` recorded
+    (and over the PTX made from it: a launcher's device pass stops at PTX, then ptxas)."""
     out: dict[str, float] = defaultdict(float)
     if not csv_path.exists():
         return {}
@@ -80,7 +87,7 @@ def phase_seconds(csv_path: Path, source_name: str) -> dict[str, float]:
             if len(row) < 8 or row[0] == "source file name" or row[7] != "ms":
                 continue
             stage = PHASES.get(row[1])
-            if stage is not None and Path(row[0]).name == source_name:
+            if stage is not None and Path(row[0]).name in (source_name, Path(source_name).with_suffix(".ptx").name):
                 out[stage] += float(row[6]) / 1e3
     return dict(out)
 
@@ -119,6 +126,19 @@ def measure(name: str, repeats: int) -> dict:
             "runs": [{k: round(v, 3) for k, v in run.items()} for run in runs]}
 
 
+def earlier(path: Path) -> dict:
+    """The commit, repeats and each kind's per-stage medians of an earlier run's file."""
+    try:
+        doc = json.loads(path.read_text())
+        rows = {r["variant"]: {"stages_s": r["stages_s"], "candidate_s": r["candidate_s"],
+                               "first_of_config_s": r["first_of_config_s"]} for r in doc["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--before {path}: not a compile_stages file ({exc}); run this script at the "
+                         "earlier commit with --out-dir and pass the file it wrote") from None
+    return {"commit": doc.get("commit"), "created": doc.get("created"),
+            "repeats": doc.get("repeats"), "rows": rows}
+
+
 def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -132,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--name", default="compile_stages")
     ap.add_argument("--out-dir", default="bench/results")
+    ap.add_argument("--before", default="", help="this script's file from an earlier commit: "
+                    "its per-stage medians are kept under before")
     a = ap.parse_args(argv)
+    before = earlier(Path(a.before)) if a.before else None
     unknown = [k for k in a.kinds.split(",") if k not in KINDS]
     if unknown:
         raise SystemExit(f"unknown kinds {unknown}; choose from {list(KINDS)}")
@@ -145,11 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                          world_size=2, emulated=False, out_dir=a.out_dir,
                          extra={"machine": machine, "repeats": a.repeats,
                                 "note": "seconds of one build's stages on this machine (one nvcc "
-                                        "process at a time); 'load' needs a GPU and is not measured"})
+                                        "process at a time); 'load' needs a GPU and is not measured",
+                                **({"before": before} if before else {})})
     print(f"{'kind':22s} {'candidate s':>11s}  stages")
     for r in rows:
         top = sorted(r["stages_s"].items(), key=lambda kv: -kv[1])[:3]
-        print(f"{r['variant']:22s} {r['candidate_s']:11.2f}  " + ", ".join(f"{k} {v:.1f}" for k, v in top))
+        then = (before or {}).get("rows", {}).get(r["variant"])
+        print(f"{r['variant']:22s} {r['candidate_s']:11.2f}  " + ", ".join(f"{k} {v:.1f}" for k, v in top)
+              + (f"  (before: {then['candidate_s']:.2f} at {before['commit']})" if then else ""))
     print(f"wrote {path}")
     return 0
 

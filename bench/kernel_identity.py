@@ -9,10 +9,10 @@ A refactor of the templates or of the device headers must not change a kernel: t
 such a change is shown to keep the machine code. Each case is rendered twice with the same
 arguments by today's Python: once from the kernel layer of ``--before-rev`` (its templates,
 built against its own device headers: ``git archive`` of ``src/cuco/kernels``, see
-:mod:`cuco.benchmarks.kernels_at`) and once from the working tree's. Each side is built by a
-compiler over its own headers (``sm_90a``; launchers in two pieces: host part and the
-candidate's own cubin), and the two builds are compared with
-:func:`cuco.kernels.compiler.device_code`: every section of the CUDA images that hold
+:mod:`cuco.benchmarks.kernels_at`) and once from the working tree's. Each side is built by its
+own commit's ``compiler.py`` over its own headers (``sm_90a``; its flags and build steps, so
+a change of how kernels are built is shown not to change them too), and the two builds are
+compared with :func:`cuco.kernels.compiler.device_code`: every section of the CUDA images that hold
 kernels (SASS ``.text.*``, resources, launch attributes, symbols). ``tp_fused`` covers every
 in-kernel family x placement x schedule x issuer x backend, comm_warps 0 and > 0, a world of
 4 and the ``gemm_only`` profile build; the other groups are the shipped catalog's kernels

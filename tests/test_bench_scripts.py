@@ -206,3 +206,23 @@ def test_compile_stages_splits_a_real_build_by_nvccs_own_timer(tmp_path):
     assert "host_part" not in stages  # a cubin has no launcher host part
     with pytest.raises(SystemExit, match="unknown kinds \\['nope'\\]"):
         cs.main(["--kinds", "nope"])
+
+
+def test_compile_stages_keeps_an_earlier_runs_split_beside_its_own(tmp_path):
+    """--before: the file of an earlier run (another commit's, in practice) is kept in this
+    run's extra, commit and per-stage medians, so one file shows before and after; a file
+    that is not one is refused with how to make one."""
+    import json
+    cs = load("compile_stages")
+    run = ["--kinds", "side_stream", "--repeats", "1"]
+    assert cs.main([*run, "--out-dir", str(tmp_path / "then")]) == 0
+    then = json.loads((tmp_path / "then" / "compile_stages.json").read_text())
+    assert cs.main([*run, "--out-dir", str(tmp_path / "now"), "--before",
+                    str(tmp_path / "then" / "compile_stages.json")]) == 0
+    now = json.loads((tmp_path / "now" / "compile_stages.json").read_text())
+    kept = now["before"]
+    assert kept["commit"] == then["commit"] and kept["repeats"] == 1
+    assert kept["rows"]["side_stream"]["stages_s"] == then["rows"][0]["stages_s"]
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="run this script at the earlier commit"):
+        cs.main([*run, "--out-dir", str(tmp_path / "x"), "--before", str(tmp_path / "bad.json")])

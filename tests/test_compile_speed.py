@@ -16,8 +16,9 @@ import pytest
 from cuco.design import GemmProblem
 from cuco.errors import CompileError
 from cuco.kernels import Compiler, render
-from cuco.kernels.compiler import (HOST_BEGIN, HOST_END, LAUNCHER_PARTS, device_code, is_launcher,
-                                   launcher_host_part, source_file_name)
+from cuco.kernels.compiler import (HOST_BEGIN, HOST_END, HOST_ONLY_BEGIN, HOST_ONLY_END, LAUNCHER_PARTS,
+                                   device_code, is_launcher, launcher_device_part, launcher_host_part,
+                                   source_file_name)
 from cuco.kernels.toolchain import find_nvcc
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.workloads.catalog import representative
@@ -45,7 +46,8 @@ def test_candidates_of_one_configuration_share_one_host_part():
 def test_a_launcher_source_without_host_markers_is_refused_before_nvcc(tmp_path):
     comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
     for source in ("__global__ void k() {}\n", f"{HOST_BEGIN}\n{HOST_BEGIN}\n{HOST_END}\n",
-                   f"{HOST_END}\n{HOST_BEGIN}\n"):
+                   f"{HOST_END}\n{HOST_BEGIN}\n", f"{HOST_BEGIN}\n{HOST_ONLY_BEGIN}\n{HOST_ONLY_END}\n{HOST_END}\n",
+                   f"{HOST_ONLY_BEGIN}\n{HOST_END}\n", f"{HOST_ONLY_END}\n", f"{HOST_ONLY_BEGIN}\n"):
         with pytest.raises(CompileError, match="launcher-host-begin"):
             comp.compile(source, needs=("cutlass",), name="unmarked")
     assert not list(tmp_path.glob("*.so"))
@@ -63,16 +65,40 @@ def test_a_launcher_whose_host_part_holds_a_block_is_refused_before_nvcc(tmp_pat
     assert not list(tmp_path.glob("*.so"))
 
 
-def tiny_launcher(value: int, host_extra: str = "") -> str:
-    """A launcher source with the shipped host loader and a kernel that stores ``value``:
-    the two-piece build at the cost of a few seconds, without CUTLASS's templates."""
+def tiny_launcher(value: int, host_extra: str = "", kernel_extra: str = "") -> str:
+    """A launcher source shaped as the shipped ones, with their host loader and a kernel
+    that stores ``value``: what host and device share (a parameter type), the kernel, then
+    what only the host needs. The two-piece build at the cost of a few seconds, without
+    CUTLASS's templates."""
     loader = render("_launch_cubin.cu.j2", kernel="fused_kernel", **LAUNCHER_PARTS)
-    return (f"// stores {value}\n{HOST_BEGIN}\n{loader}\n"
+    return (f"// stores {value}\n{HOST_BEGIN}\nstruct Stored {{ int* out; }};\n{HOST_END}\n"
+            f"extern \"C\" __global__ void fused_kernel(Stored s) {{ *s.out = {value}; {kernel_extra}}}\n"
+            f"{HOST_ONLY_BEGIN}\n{loader}\n"
             "extern \"C\" int cuco_fused_smem_bytes() { return 0; }\n"
             "extern \"C\" int cuco_fused_setup(int device) {\n"
             "  CUfunction f;\n  return cuco_cubin::function(device, 0, &f);\n}\n"
-            f"{host_extra}{HOST_END}\n"
-            f"extern \"C\" __global__ void fused_kernel(int* out) {{ *out = {value}; }}\n")
+            f"{host_extra}{HOST_ONLY_END}\n")
+
+
+def test_the_device_pass_compiles_the_source_less_its_host_only_code(tmp_path):
+    """A launcher's device compile is given its device part: the shared regions and the
+    kernel, each on its own line of the rendered source, and no host-only code; the host
+    part holds both kinds of region."""
+    source = tiny_launcher(1)
+    device, host = launcher_device_part(source), launcher_host_part(source)
+    assert device.split("\n")[:5] == source.split("\n")[:5] and len(device.split("\n")) == len(source.split("\n"))
+    assert "struct Stored" in host and "cuco_fused_setup" in host and "fused_kernel(Stored" not in host
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    seen = comp.preprocess(source, ("cutlass",))  # what nvcc's device pass reads in the build
+    assert "fused_kernel(Stored" in seen and "struct Stored" in seen
+    assert "cuco_fused_setup" not in seen and "cuco_cubin" not in seen
+    # a compile error past host-only code is reported at its line of the rendered source
+    broken = tiny_launcher(1, kernel_extra="undeclared_name = 2; ")
+    with pytest.raises(CompileError) as err:
+        comp.compile(broken.replace(HOST_BEGIN, f"{HOST_ONLY_BEGIN}\nstatic int host_only = 1;\n"
+                                                f"static int more = 2;\n{HOST_ONLY_END}\n{HOST_BEGIN}"),
+                     needs=("cutlass",), name="broken")
+    assert "(9): error" in str(err.value) and "undeclared_name" in str(err.value)
 
 
 class RecordingCompiler(Compiler):

@@ -137,13 +137,18 @@ def test_each_header_compiles_on_its_own(header, tmp_path):
 
 def test_an_earlier_commits_kernel_layer_is_built_with_its_own_headers():
     """bench/kernel_identity.py's 'before' side: the templates and headers of one commit
-    (here HEAD's), the templates rendered by today's Python, the compiler over its headers."""
+    (here HEAD's), the templates rendered by today's Python, the compiler over its headers,
+    built from its own compiler.py (so a change of flags or build steps is compared too)."""
     from cuco.benchmarks.kernels_at import kernels_at, rendering_from
     from cuco.kernels import render
     with kernels_at("HEAD") as tree:
         assert (tree.include_dir / "cuco" / "device.cuh").exists() or any(tree.include_dir.glob("cuco_*.cuh"))
-        assert tree.compiler(arch="sm_90a", cache_dir=tree.root / "cache").include_flags(())[0] == \
-            f"-I{tree.include_dir}"
+        then = tree.root / "compiler.py"
+        then.write_text(then.read_text().replace('"-std=c++17",', '"-std=c++17", "-DCUCO_THEN=1",', 1))
+        comp = tree.compiler(arch="sm_90a", cache_dir=tree.root / "cache")
+        assert comp.include_flags(())[0] == f"-I{tree.include_dir}"
+        assert "-DCUCO_THEN=1" in comp.base_flags(()) and "-DCUCO_THEN=1" not in Compiler(
+            arch="sm_90a", cache_dir=tree.root / "cache").base_flags(())
         (tree.root / "templates" / "probes.cu.j2").write_text("// then\n")
         with rendering_from(tree.environment()):
             assert render("probes.cu.j2") == "// then\n"

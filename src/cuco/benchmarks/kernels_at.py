@@ -2,15 +2,20 @@
 today can be built beside the same kernel as that commit built it (``bench/kernel_identity.py``,
 ``bench/compile_speed.py``). Both halves come from one tree each (templates with the headers
 they include), so a change that moves headers or changes them is compared too; the Python
-that renders them is today's, which passes every variable the templates of then read.
+that renders them is today's, which passes every variable the templates of then read. The
+tree's sources are built by its own ``compiler.py`` (its flags and steps, e.g. how a
+launcher's device code was compiled), so a change of how kernels are built is compared too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import io
+import re
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -50,8 +55,19 @@ class KernelTree:
 
     def compiler(self, **kw: Any) -> Compiler:
         """A compiler whose ``<cuco/...>`` (or, before they moved, ``"cuco_*.cuh"``) headers
-        are this tree's."""
-        return Compiler(include_dir=self.include_dir, **kw)
+        are this tree's, built from this tree's ``compiler.py`` (its flags, steps and cache
+        keys; today's modules beside it), or today's where the tree has none."""
+        source = self.root / "compiler.py"
+        if not source.exists():
+            return Compiler(include_dir=self.include_dir, **kw)
+        name = "cuco_kernels_at_" + re.sub(r"\W", "_", f"{self.rev}_{self.root.name}") + "_compiler"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, source)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses look their module up while they are made
+            spec.loader.exec_module(module)
+        return module.Compiler(include_dir=self.include_dir, **kw)
 
 
 @contextlib.contextmanager

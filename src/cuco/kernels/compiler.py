@@ -10,7 +10,12 @@ part, which depends only on the kernel's configuration, is compiled once and sha
 every candidate of that configuration; the candidate's device code is compiled alone
 into a cubin (nvcc's device pass: the same cicc and ptxas steps as a whole build, so the
 same SASS) and linked in beside it. A whole build spent about half its time on the host
-side (cudafe++ and the host compiler over CUTLASS's host templates).
+side (cudafe++ and the host compiler over CUTLASS's host templates). The device pass is
+given only the source's device part (:func:`launcher_device_part`: no host-only code for
+its front end to parse and instantiate) and stops at PTX (``-ptx``, then ptxas through
+nvcc with the same flags): with ``-cubin`` cicc also writes the host side's C++ and stubs,
+which nothing reads. Almost all of that pass is cicc's C++ front end instantiating
+CUTLASS's templates (``bench/results/compile_stages.json``).
 """
 
 from __future__ import annotations
@@ -47,10 +52,25 @@ NEEDS = ("nccl", "nvshmem", "cutlass")
 
 #: How a launcher source marks its host part and names its linked-in cubin. Templates get
 #: these as variables (``**LAUNCHER_PARTS``) so that sources and compiler cannot disagree.
+#: Two kinds of region make up the host part: ``HOST_BEGIN`` ... ``HOST_END`` holds what the
+#: host and the device code both need (includes, types, constants), which the device pass
+#: compiles too; ``HOST_ONLY_BEGIN`` ... ``HOST_ONLY_END`` holds what only the host needs
+#: (TMA descriptors, the launch), which the device pass never sees.
 HOST_BEGIN = "// cuco:launcher-host-begin"
 HOST_END = "// cuco:launcher-host-end"
+HOST_ONLY_BEGIN = "// cuco:launcher-host-only-begin"
+HOST_ONLY_END = "// cuco:launcher-host-only-end"
 CUBIN_SYMBOL = "cuco_fused_cubin"
-LAUNCHER_PARTS = {"host_begin": HOST_BEGIN, "host_end": HOST_END, "cubin_symbol": CUBIN_SYMBOL}
+LAUNCHER_PARTS = {"host_begin": HOST_BEGIN, "host_end": HOST_END, "host_only_begin": HOST_ONLY_BEGIN,
+                  "host_only_end": HOST_ONLY_END, "cubin_symbol": CUBIN_SYMBOL}
+_REGION_MARKERS = {HOST_BEGIN: ("shared", True), HOST_END: ("shared", False),
+                   HOST_ONLY_BEGIN: ("host_only", True), HOST_ONLY_END: ("host_only", False)}
+
+#: The steps that turn a source into each kind of output, as a version: raised when they
+#: change while sources and flags do not (as when the launchers' device pass began to
+#: compile only the device part, through PTX), so that no cached output of the old steps
+#: is reused. Part of every cache key.
+RECIPE = 2
 
 
 def default_cache_dir() -> Path:
@@ -131,31 +151,55 @@ def is_launcher(needs: Sequence[str]) -> bool:
     return "cutlass" in needs
 
 
+def _regions(source: str) -> list[tuple[str | None, str]]:
+    """Each line of a launcher source with the kind of region it lies in (``'shared'``,
+    ``'host_only'``, or None outside both); a marker line counts as inside its region.
+    Regions do not nest; a source with none is refused, since it has no host part."""
+    out: list[tuple[str | None, str]] = []
+    inside: str | None = None
+    for line in source.split("\n"):
+        marker = _REGION_MARKERS.get(line)
+        if marker is None:
+            out.append((inside, line))
+            continue
+        kind, opening = marker
+        if inside is not None if opening else inside != kind:  # opened inside one, or closed unopened
+            raise _unmarked()
+        out.append((kind, line))
+        inside = kind if opening else None
+    if inside is not None or all(kind is None for kind, _ in out):
+        raise _unmarked()
+    return out
+
+
+def _unmarked() -> CompileError:
+    return CompileError(f"a CUTLASS launcher source marks its host part with regions from a line "
+                        f"{HOST_BEGIN!r} to a line {HOST_END!r} (and code only the host needs from "
+                        f"{HOST_ONLY_BEGIN!r} to {HOST_ONLY_END!r}), none inside another (render "
+                        "it from a template with **LAUNCHER_PARTS)")
+
+
 def launcher_host_part(source: str) -> str:
-    """The lines of a launcher source inside its :data:`HOST_BEGIN` ... :data:`HOST_END`
-    regions, joined: includes, types and host functions that depend only on the kernel's
+    """The lines of a launcher source inside its host regions (:data:`HOST_BEGIN` ...
+    :data:`HOST_END` and :data:`HOST_ONLY_BEGIN` ... :data:`HOST_ONLY_END`, markers left
+    out), joined: includes, types and host functions that depend only on the kernel's
     configuration (shape, tile, stages, dtype, pattern, backend), never on a candidate's
     device code, so one compiled object serves every candidate of that configuration."""
-    keep: list[str] = []
-    inside = None
-    for line in source.split("\n"):
-        if line in (HOST_BEGIN, HOST_END):
-            opening = line == HOST_BEGIN
-            if opening == bool(inside):  # a region opened twice, or closed unopened
-                inside = None
-                break
-            inside = opening
-        elif inside:
-            keep.append(line)
-    if inside is not False:
-        raise CompileError(f"a CUTLASS launcher source marks its host part with regions from a "
-                           f"line {HOST_BEGIN!r} to a line {HOST_END!r} (render it from a template "
-                           "with **LAUNCHER_PARTS)")
-    host = "\n".join(keep) + "\n"
+    host = "\n".join(line for kind, line in _regions(source)
+                     if kind is not None and line not in _REGION_MARKERS) + "\n"
     if evolve.mentions_blocks(host):  # a candidate's code is compiled by the device pass alone
         raise CompileError("a CUTLASS launcher's host part holds EVOLVE-BLOCK markers: put the "
                            "blocks in device code, outside the host regions")
     return host
+
+
+def launcher_device_part(source: str) -> str:
+    """What the device pass of a launcher compiles: the source with its host-only regions
+    blanked (each of their lines left empty, so every other line keeps its number: compile
+    errors and ``__LINE__`` point where they do in the rendered source). The front end
+    then neither parses nor instantiates the host's code (CUTLASS's TMA descriptor
+    construction, the launch); the kernel and everything it uses lie outside those regions."""
+    return "\n".join("" if kind == "host_only" else line for kind, line in _regions(source))
 
 
 def device_code(binary: bytes) -> dict[str, bytes]:
@@ -240,7 +284,7 @@ class Compiler:
         return flags
 
     def base_flags(self, needs: Sequence[str]) -> list[str]:
-        flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", *gencode(self.arch)]
+        flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", *gencode(self.arch), *front_end_flags()]
         if "cutlass" in needs:
             flags.append("-DCUTLASS_ENABLE_GDC_FOR_SM90=1")
         return flags + self.include_flags(needs) + list(self.extra_flags)
@@ -248,15 +292,15 @@ class Compiler:
     def cache_key(self, source: str, needs: Sequence[str], kind: str, extra: Sequence[str] = ()) -> str:
         """Hash of what changes the output: source, our headers, flags (less include
         paths, which differ between machines), arch, and the versions of nvcc, of the host
-        compiler it drives and of the libraries this source needs. A cubin built here is
-        reused on a machine with the same versions."""
+        compiler it drives and of the libraries this source needs, and the build steps
+        (:data:`RECIPE`). A cubin built here is reused on a machine with the same versions."""
         versions = toolchain.library_versions()
         flags = [f for f in self.base_flags(needs) + list(extra) if not f.startswith(("-I", "-L", "-Xlinker"))]
         fields = {
             "source": source, "needs": sorted(needs), "kind": kind, "arch": self.arch,
             "flags": flags, "nvcc": versions.get("nvcc"), "host_compiler": host_compiler(),
             "versions": {n: versions.get(n) for n in sorted(needs)},
-            "headers": header_digest(self.include_dir),
+            "headers": header_digest(self.include_dir), "recipe": RECIPE,
         }
         if extra:  # shared objects carry machine-specific library paths
             fields["link"] = list(extra)
@@ -279,7 +323,7 @@ class Compiler:
         host = launcher_host_part(source) if kind == "launcher" else ""
         with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
             src = Path(tmp) / source_file_name(name)
-            src.write_text(source)
+            src.write_text(launcher_device_part(source) if kind == "launcher" else source)
             cubin = Path(tmp) / ("out.so" if kind == "launcher" else "out.cubin")
             nvcc = str(toolchain.find_nvcc())
             if kind == "launcher":  # peers are reached through pointers: no NVSHMEM device link
@@ -304,24 +348,30 @@ class Compiler:
 
     def preprocess(self, source: str, needs: Sequence[str], extra: Sequence[str] = ()) -> str:
         """``source`` as nvcc's device pass preprocesses it in a build (``-E``, the build's
-        flags, then ``extra``): every candidate's code is compiled by that pass alone (a
-        launcher's host part is frozen text, see :func:`launcher_host_part`)."""
+        flags, then ``extra``; a launcher's device part, :func:`launcher_device_part`): every
+        candidate's code is compiled by that pass alone (a launcher's host part is frozen
+        text, see :func:`launcher_host_part`)."""
         with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
             src, out = Path(tmp) / "source.cu", Path(tmp) / "source.ii"
-            src.write_text(source)
+            src.write_text(launcher_device_part(source) if is_launcher(needs) else source)
             self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-E", *extra, str(src),
                        "-o", str(out)])
             return out.read_text()
 
     def _build_launcher(self, src: Path, host: str, needs: Sequence[str], so: Path) -> str:
-        """``src`` as a launcher library: its device code alone to a cubin, linked with the
-        object of its host part ``host`` (:meth:`launcher_host`: cached per configuration,
-        built meanwhile on a second thread when this is the configuration's first build)."""
+        """``src`` (a launcher's device part) as a launcher library: compiled alone to a
+        cubin, linked with the object of its host part ``host`` (:meth:`launcher_host`:
+        cached per configuration, built meanwhile on a second thread when this is the
+        configuration's first build). The device pass stops at PTX and nvcc hands that to
+        ptxas with the same flags (the ptxas step of ``-cubin``, so the same SASS): under
+        ``-cubin``, cicc would also write the host side's C++ and stubs for nothing."""
         nvcc = str(toolchain.find_nvcc())
-        cubin = so.with_name("kernel.cubin")
+        cubin, ptx = so.with_name("kernel.cubin"), src.with_suffix(".ptx")
+        flags = self.base_flags(needs)
         with ThreadPoolExecutor(max_workers=1) as pool:
             host_obj = pool.submit(self.launcher_host, host, needs)
-            log = self._run([nvcc, *self.base_flags(needs), "-cubin", str(src), "-o", str(cubin)])
+            log = self._run([nvcc, *flags, "-ptx", str(src), "-o", str(ptx)])
+            log += self._run([nvcc, *flags, "-cubin", str(ptx), "-o", str(cubin)])
             obj = host_obj.result()
         embed = so.with_name("embed_cubin.cpp")
         embed.write_text(_embed_source(cubin))
@@ -452,6 +502,31 @@ def host_compiler() -> str:
     except (LibraryNotFound, OSError):
         return ""
     return out.strip().split("\n")[0]
+
+
+#: cicc's front end names every value of the LLVM IR it writes after its source; the names
+#: reach no output (``device_code`` is the same without them, ``bench/kernel_identity.py``)
+#: but cost NVVM about 0.3 s of a CUTLASS kernel's build to carry.
+_DISCARD_VALUE_NAMES = ("-Xcicc", "--discard_value_names=1")
+
+
+@lru_cache(maxsize=None)
+def front_end_flags() -> tuple[str, ...]:
+    """:data:`_DISCARD_VALUE_NAMES` where this nvcc's cicc takes it (it is not a documented
+    nvcc option: an nvcc whose cicc refuses it builds without it), else nothing."""
+    try:
+        nvcc = str(toolchain.find_nvcc())
+    except LibraryNotFound:
+        return ()
+    with tempfile.TemporaryDirectory(prefix="cuco-nvcc-") as tmp:
+        src = Path(tmp) / "probe.cu"
+        src.write_text("__global__ void probe(int* p) { *p = 1; }\n")
+        try:
+            proc = subprocess.run([nvcc, *_DISCARD_VALUE_NAMES, "-ptx", str(src), "-o", str(src.with_suffix(".ptx"))],
+                                  capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return ()
+    return _DISCARD_VALUE_NAMES if proc.returncode == 0 else ()
 
 
 @lru_cache(maxsize=None)
