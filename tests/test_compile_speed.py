@@ -181,3 +181,34 @@ def test_relocatable_builds_that_differ_only_in_text_keep_their_device_code(tmp_
     assert a.path.read_bytes() != b.path.read_bytes()  # the statics' names differ ...
     assert device_code(a.path.read_bytes()) == device_code(b.path.read_bytes())  # ... the code does not
     assert device_code(a.path.read_bytes()) != device_code(c.path.read_bytes())
+
+
+def test_points_that_differ_only_in_launch_time_values_render_one_source():
+    """A directive sweep over what an in-kernel kernel takes per launch (the tile order's
+    group, the GEMM's shape) renders one source, so it builds once (issue #39); a value the
+    kernel is built with (the tile) still renders another."""
+    from cuco.design import Directives
+    big = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
+    ragged = GemmProblem(workload="gemm_allreduce", m=3000, n=8192, k=8192, world_size=2)
+    a = render_tp(big, in_kernel("epilogue", raster_group=1))[0]
+    b = render_tp(ragged, in_kernel("epilogue", raster_group=8))[0]
+    assert a.name != b.name and a.source == b.source
+    assert render_tp(big, in_kernel("epilogue", tile_n=128))[0].source != a.source
+    d = in_kernel("dedicated_ctas", raster_group=8, comm_ctas=8)
+    assert d.build_point() == in_kernel("dedicated_ctas", comm_ctas=8)
+    side = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8)
+    assert side.build_point() == side  # a side-stream kernel takes nothing per launch
+
+
+def test_a_build_serves_every_name_of_its_source(tmp_path):
+    """The cache finds a build by its key, whatever name it was built under: the second name
+    of one source costs no nvcc run (real nvcc, a side-stream cubin)."""
+    from cuco.design import Directives
+    d = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=1 << 20)
+    src = render_tp(AR, d)[0]
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    first = comp.compile(src.source, needs=src.needs, name="first.name")
+    again = comp.compile(src.source, needs=src.needs, name="another.name")
+    assert not first.cached and again.cached and again.path == first.path
+    other = comp.compile(src.source + "\n// another source\n", needs=src.needs, name="another.name")
+    assert not other.cached and other.path != first.path

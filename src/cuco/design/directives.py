@@ -8,6 +8,7 @@ from cuco.design.dimensions import (
     Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope, format_bytes,
 )
 from cuco.design.field_errors import describe, with_fix
+from cuco.design.placement_rules import launch_time_fields
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
@@ -133,6 +134,13 @@ class Directives(BaseModel):
         if self.schedule is Schedule.PINGPONG:
             extra += ".pp"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
+
+    def build_point(self) -> "Directives":
+        """The point whose build serves this one: the values its placement's kernels take at
+        launch (:func:`cuco.design.placement_rules.launch_time_fields`, e.g. an in-kernel
+        tile order) at their defaults. Points with one build point render one source."""
+        fields = launch_time_fields(self.placement)
+        return self.model_copy(update={f: type(self).model_fields[f].default for f in fields})
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -18,6 +18,15 @@ from cuco.design.problem import GemmProblem
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in sorted(Placement, key=lambda p: p.in_kernel))
 #: Communication CTAs ``dedicated_ctas`` may reserve, so that most SMs run the GEMM.
 MAX_DEDICATED_CTAS = 32
+#: Directives an in-kernel kernel takes per launch, not per build (with the GEMM's shape):
+#: points that differ only in these share one build.
+IN_KERNEL_LAUNCH_TIME = ("raster_group",)
+
+
+def launch_time_fields(placement: Placement) -> tuple[str, ...]:
+    """The directives a kernel of ``placement`` reads from its launch arguments, so that a
+    sweep over them reuses one build (:meth:`cuco.design.Directives.build_point`)."""
+    return IN_KERNEL_LAUNCH_TIME if placement.in_kernel else ()
 
 
 def _v(x: Any) -> Any:

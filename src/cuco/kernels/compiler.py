@@ -314,11 +314,14 @@ class Compiler:
         needs = tuple(sorted(set(needs)))
         kind = "launcher" if is_launcher(needs) else "cubin"
         key = self.cache_key(source, needs, kind)
-        out = self.cache_dir / f"{_safe(name)}-{key}.{'so' if kind == 'launcher' else 'cubin'}"
-        notes = out.with_name(out.name + ".log")  # the build's log, kept for performance_losses
-        if out.exists():
+        ext = "so" if kind == "launcher" else "cubin"
+        out = self.cache_dir / f"{_safe(name)}-{key}.{ext}"
+        hit = out if out.exists() else self.built(key, ext)
+        if hit is not None:
+            notes = hit.with_name(hit.name + ".log")
             log = notes.read_text() if notes.exists() else ""
-            return CompiledKernel(out, key, self.arch, needs, 0.0, True, log)
+            return CompiledKernel(hit, key, self.arch, needs, 0.0, True, log)
+        notes = out.with_name(out.name + ".log")  # the build's log, kept for performance_losses
         t0 = time.perf_counter()
         host = launcher_host_part(source) if kind == "launcher" else ""
         with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
@@ -357,6 +360,12 @@ class Compiler:
             self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-E", *extra, str(src),
                        "-o", str(out)])
             return out.read_text()
+
+    def built(self, key: str, ext: str) -> Path | None:
+        """A finished build of ``key`` under any kernel name: the same source and flags built
+        once serve every name (kernels whose shape or tile order are launch arguments render
+        one source for many points; their names differ, their builds need not)."""
+        return next(iter(sorted(self.cache_dir.glob(f"*-{key}.{ext}"))), None)
 
     def _build_launcher(self, src: Path, host: str, needs: Sequence[str], so: Path) -> str:
         """``src`` (a launcher's device part) as a launcher library: compiled alone to a

@@ -123,7 +123,8 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
                 schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
-                flag_stride=FLAG_STRIDE, name=d.full_name, gemm_only=gemm_only, launch_entry=fused_launch.ENTRY,
+                flag_stride=FLAG_STRIDE, name=d.build_point().full_name, gemm_only=gemm_only,
+                launch_entry=fused_launch.ENTRY,
                 launch_params=fused_launch.c_params(indent=len(f'extern "C" int {fused_launch.ENTRY}(')),
                 **LAUNCHER_PARTS)
 
