@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -118,13 +117,6 @@ def measure_side_stream(repeats: int) -> dict:
             "after_s": seconds, "after_median_s": statistics.median(seconds)}
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
@@ -139,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(measure_side_stream(a.repeats))
     load.append(os.getloadavg()[0])
     launchers = [r for r in rows if "before_s" in r]
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None,
+    machine = {"cpu": results.cpu_model(), "cores": os.cpu_count(), "gpu": None,
                "load_average_1min_start_end": [round(x, 2) for x in load]}
     extra = {
         "machine": machine,

@@ -139,13 +139,6 @@ def earlier(path: Path) -> dict:
             "repeats": doc.get("repeats"), "rows": rows}
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
@@ -162,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()[0]]
     rows = [measure(k, a.repeats) for k in a.kinds.split(",")]
     load.append(os.getloadavg()[0])
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None,
+    machine = {"cpu": results.cpu_model(), "cores": os.cpu_count(), "gpu": None,
                "load_average_1min_start_end": [round(x, 2) for x in load]}
     path = results.write(a.name, rows, device=f"CPU only: {machine['cpu']} ({machine['cores']} cores)",
                          world_size=2, emulated=False, out_dir=a.out_dir,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import tempfile
 import time
@@ -75,16 +74,8 @@ def timed(name: str, space: DesignSpace, make_proposer, budget: int, folder: Pat
 
 
 def cpu_label() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"CPU: {model}, {cores} cores"
+    return f"CPU: {results.cpu_model()}, {cores} cores"
 
 
 def commit() -> str | None:

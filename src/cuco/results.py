@@ -50,6 +50,19 @@ def versions(extra: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
+def cpu_model() -> str:
+    """This machine's processor as ``/proc/cpuinfo`` names it (the device of a CPU-only
+    result file: builds, proposers), else what :mod:`platform` says, else ``unknown``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
+
+
 def device_label(infos: list[dict[str, Any]]) -> str:
     """``'2 x NVIDIA H200'`` from the worker group's start-up infos: the GPUs, not the ranks
     (an emulated world's ranks share them, so its label counts the devices they ran on, and a
