@@ -163,7 +163,9 @@ def _regions(source: str) -> list[tuple[str | None, str]]:
             out.append((inside, line))
             continue
         kind, opening = marker
-        if inside is not None if opening else inside != kind:  # opened inside one, or closed unopened
+        opened_inside_another = opening and inside is not None
+        closed_unopened = not opening and inside != kind
+        if opened_inside_another or closed_unopened:
             raise _unmarked()
         out.append((kind, line))
         inside = kind if opening else None

@@ -121,8 +121,9 @@ def body_violations(body: str) -> list[str]:
     statement it leaves open does not compile. What is left is to keep it from breaking out
     of that scope: if it could close the scope (and the function around it), open a comment
     or a string that swallows frozen code, define a macro, or declare globals and host code,
-    it would change what the frozen code means (the host code of an in-kernel candidate runs
-    inside the judging process). So: comments, read as the compiler reads them, must close
+    it would change what the frozen code means (a candidate's code goes through nvcc's device
+    pass only: a launcher's host part may hold no block, :func:`cuco.kernels.compiler.launcher_host_part`).
+    So: comments, read as the compiler reads them, must close
     in the body, no string or character literals, no preprocessor line or line continuation
     (not even in a comment), no control characters, digraphs, trigraphs, backslashes
     (universal character names) or kernel launches, brackets balanced and never closing
