@@ -16,6 +16,7 @@ from cuco.design.dimensions import Placement
 from cuco.design.patterns import TP_NAMES
 from cuco.design.placement_rules import PLACEMENTS
 from cuco.design.pipeline_ops import PIPELINE_NAMES
+from cuco.design.problem import format_shape
 
 app = typer.Typer(help="cuco: fused compute + communication GPU kernels, searched and verified.",
                   no_args_is_help=True, add_completion=False)
@@ -66,7 +67,7 @@ def _spell(exc) -> str:
         cls = _context["problem_class"]
         fixed = {**_context["shape"], exc.param: exc.fix}  # the whole --shape, the field fixed
         whole = cls.X_SHAPE and set(fixed) == set(cls.SHAPE)  # MxKxN, else in the user's order
-        text = ("x".join(str(fixed[f]) for f in cls.SHAPE) if whole
+        text = (format_shape(cls, fixed) if whole
                 else ",".join(f"{k}={v}" for k, v in fixed.items()))
         return exc.render("--shape").replace(f"--shape {exc.fix}", f"--shape {text}")
     return exc.render(FLAGS.get(exc.param, "--" + exc.param.replace("_", "-")))
