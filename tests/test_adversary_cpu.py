@@ -106,6 +106,41 @@ def test_refused_before_gpu_work(name):
     assert r.stage_reached in stages, (name, r.status, r.stage_reached, r.error)
 
 
+# ---- control cannot leave a block ----------------------------------------------------------
+# A block is a lambda called where it stands (``[&] { ... }();``), so a `return` leaves the
+# block only and a `break` or `continue` outside a loop of its own does not compile. Before
+# that, a block could `return` after the last chunk and skip the frozen closing barrier (which
+# makes every push visible and keeps P intact until each peer has read it): a race no check
+# caught in an emulated world (bench/logs/adversary_emulated_w2_900f815.log), so it is now
+# closed by structure and shown here without a GPU.
+def skip_closing_barrier_by_return(ev) -> str:
+    src, body = adv._block(ev, adv.SIDE, "chunk_allreduce")
+    return evolve.splice(src, {"chunk_allreduce": body + "    if (c == kChunks - 1) return;\n"})
+
+
+def test_a_return_leaves_only_its_block():
+    """The body that returns after its last chunk builds to the very device code of the
+    unedited kernel: the return ends the block's lambda, and the frozen barrier still runs."""
+    from cuco.kernels.compiler import device_code
+    ev = _ev("GemmAllReduce", 2)
+    plain, needs = ev.template(ev.problem, adv.SIDE)
+    returning = skip_closing_barrier_by_return(ev)
+    _passes_cascade_until_gpu(ev, adv.SIDE, returning)
+    comp = Compiler(arch="sm_90a")
+    code = [device_code(comp.compile(s, needs=needs, name=n).path.read_bytes())
+            for s, n in ((plain, "plain"), (returning, "returning"))]
+    assert code[0] and code[0] == code[1]
+
+
+@pytest.mark.parametrize("jump", ["break;", "continue;"])
+def test_a_jump_out_of_a_block_does_not_compile(jump):
+    ev = _ev("GemmAllReduce", 2)
+    src, body = adv._block(ev, adv.SIDE, "chunk_allreduce")
+    r = ev.evaluate(adv.SIDE, evolve.splice(src, {"chunk_allreduce": body + f"    if (c == 0) {jump}\n"}))
+    assert r.stage_reached == "compile" and r.status != "ok" and "no worker group" not in (r.error or ""), r
+    assert jump.rstrip(";") in r.error, r.error
+
+
 # ---- evaluator isolation plants (#36): each must still build, or its GPU verdict is a typo ----
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("name", list(adv.ISOLATION))

@@ -30,9 +30,11 @@ AG_LOAD_STORE = ("      const uint4 v = cuco::load16((const char*)x + off + i * 
                  "      for (int r = 0; r < W; ++r) cuco::store16(a.at(xf_off + me * shard_bytes + off, r) + i * 16, v);\n")
 RS_PACK = "const uint4 v = acc.pack();"
 
-# Drop the lowest mantissa bit of each bf16 of v (the "lossy" half of the timed-call tells):
-# inside the element-wise tolerance, twice as far from the reference as the host program.
-DROP_BIT = "v.x &= 0xFFFEFFFEu; v.y &= 0xFFFEFFFEu; v.z &= 0xFFFEFFFEu; v.w &= 0xFFFEFFFEu;"
+# The call-index tells' payload on the calls they believe are timed: plainly wrong (the top
+# mantissa bit of two of every eight values flipped), so what is tested is whether those calls
+# are verified. (A lost low bit was the payload once; at two ranks it passes the accuracy rule
+# whether verified or not, which is peer_partial_one_bit_less's gap, not the tell's.)
+WRONG_LATE = "v.x ^= 0x00400040u;"
 
 
 def _block(ev, d, name):
@@ -89,13 +91,14 @@ def memo_in_flag_slack(ev) -> str:
 
 
 # ---- 2. a job's call index kept in the flag slack: cheat from the 5th call of a job on -------
-# The first epoch of a job is random, but epochs then count up by one: a slot remembers the
-# first epoch of the current job (a new job = an epoch that does not follow the last one
-# seen), so the kernel knows its call index inside the job. Calls 0-3 are exact; later ones
-# (the timing loop, if the checked calls are not spread over all of it) drop a mantissa bit.
+# The first epoch of a job is random, but epochs then count up (by one per call of any program
+# on the arena): a slot remembers the first epoch of the current job (a new job = an epoch that
+# does not follow the last one seen closely), so the kernel knows about where it is inside the
+# job. Calls 0-3 are right; later ones (the timing loop, if the checked calls are not spread
+# over all of it) are wrong (WRONG_LATE).
 TALLY_SIDE = """    volatile unsigned long long* tally = (volatile unsigned long long*)a.at(flag_off + (kFlagStride - 16) * 8, me);
     const unsigned long long seen = tally[1];
-    if (seen != epoch && seen + 1 != epoch) {
+    if (epoch < seen || epoch - seen > 64) {
       tally[0] = epoch;
       __threadfence();
     }
@@ -108,7 +111,7 @@ TALLY_SIDE = """    volatile unsigned long long* tally = (volatile unsigned long
 def call_index_tell(ev) -> str:
     src, body = _block(ev, SIDE, "chunk_allreduce")
     body = _replace(body, AR_BASE, AR_BASE + "\n" + TALLY_SIDE)
-    body = _replace(body, AR_REDUCE, "uint4 v = reduce_peers(a, p_off, byte); if (late_call) { " + DROP_BIT + " }")
+    body = _replace(body, AR_REDUCE, "uint4 v = reduce_peers(a, p_off, byte); if (late_call) { " + WRONG_LATE + " }")
     return evolve.splice(src, {"chunk_allreduce": body})
 
 
@@ -173,32 +176,19 @@ TALLY_FUSED = """      uint4 v = acc.pack();
       {
         volatile unsigned long long* tally = (volatile unsigned long long*)p.arena.at(p.flag_off + (kHalf - 3) * 8, me);
         const unsigned long long ep = cuco::call_epoch(), seen = tally[1];
-        if (seen != ep && seen + 1 != ep) {
+        if (ep < seen || ep - seen > 64) {
           tally[0] = ep;
           __threadfence();
         }
         tally[1] = ep;
         __threadfence();
-        if (ep - tally[0] >= 4) { """ + DROP_BIT + """ }
+        if (ep - tally[0] >= 4) { """ + WRONG_LATE + """ }
       }"""
 
 
 def in_kernel_call_index_tell(ev) -> str:
     src, body = _block(ev, EPI, "reduce_own")
     return evolve.splice(src, {"reduce_own": _replace(body, RS_PACK, TALLY_FUSED.strip())})
-
-
-# ---- 8. leave the block by `return`: skip the frozen closing barrier -------------------------
-# The edit rules refuse a brace that closes the block's scope, and the scope keeps a dangling
-# `if` or a shadowing name from the frozen code after it, but a block may still `return`. After the last chunk's reduction
-# this one returns: the frozen closing barrier (which makes every push visible and keeps P
-# intact until each peer has read it) never runs, and the kernel ends a barrier sooner. What
-# should stop it: the checked calls delay one rank, so a peer's pushes land after this rank's
-# output is read, or the next call's GEMM overwrites P while the peer still reads it. Only
-# with a peer (at one rank the barrier waits for nobody).
-def skip_closing_barrier_by_return(ev) -> str:
-    src, body = _block(ev, SIDE, "chunk_allreduce")
-    return evolve.splice(src, {"chunk_allreduce": body + "    if (c == kChunks - 1) return;\n"})
 
 
 #: name: (workload class name, directives, builder, needs a peer)
@@ -209,7 +199,6 @@ ATTACKS = {
     "fingerprint_preserving_input_write": ("AllGatherGemm", SIDE, fingerprint_preserving_input_write, False),
     "integer_pointer_through_a_variable": ("GemmAllReduce", SIDE, integer_pointer_through_a_variable, False),
     "in_kernel_call_index_tell": ("GemmReduceScatter", EPI, in_kernel_call_index_tell, False),
-    "skip_closing_barrier_by_return": ("GemmAllReduce", SIDE, skip_closing_barrier_by_return, True),
 }
 
 
@@ -366,7 +355,7 @@ SUMS_INFLATE = RS_HEAD + SCAN_WINDOW + """    __shared__ int lossy;
         volatile unsigned long long* tally = (volatile unsigned long long*)a.at(flag_off + (kFlagStride - 16) * 8, me);
         const unsigned long long seen = tally[1];
         unsigned long long first = tally[0];
-        if (seen != epoch && seen + 1 != epoch) {
+        if (epoch < seen || epoch - seen > 64) {
           first = epoch;
           tally[0] = epoch;
           __threadfence();

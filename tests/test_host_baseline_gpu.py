@@ -9,6 +9,7 @@ Run with ``NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE
 from __future__ import annotations
 
 import pytest
+from conftest import EMULATED, TEST_WORLD
 
 from cuco.design import GemmProblem
 
@@ -26,7 +27,7 @@ def _case(family, **kw):
     from cuco.evaluate.jobs import Case
     from cuco.workloads import for_problem
     m, n, k = SHAPE
-    return Case(for_problem(GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)), **kw)
+    return Case(for_problem(GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)), **kw)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -42,6 +43,8 @@ def test_strong_host_is_correct_and_no_slower_than_the_old_one(gpu_group, family
     assert notes["gemm"] in notes["gemm_ms"] and notes["collective"] in ("nccl_plain", "nccl_registered")
     assert notes["gemm_ms"][notes["gemm"]] == min(notes["gemm_ms"].values())
     assert "cublas.gemmex" in notes["gemm_ms"], notes  # the old GEMM competed
+    if EMULATED:
+        return  # the ranks share one GPU's SMs: which program is faster is not measured here
     assert strong.ms <= NOISE * old.ms, (strong.ms, old.ms, notes)
     # the bound's halves are the best pieces: the best GEMM alone is no slower than gemmEx's
     assert merged["compute_only"].ms <= NOISE * notes["gemm_ms"]["cublas.gemmex"]

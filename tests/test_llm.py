@@ -130,10 +130,12 @@ def test_diffs_apply_inside_blocks_only():
     rewritten = apply_rewrite(src, src, f"{start}\n    // new\n{end}")
     assert evolve.blocks(rewritten)["chunk_allreduce"].strip() == "// new"
     with pytest.raises(ProposalRejected, match="does not"):
-        apply_rewrite(src, src, "{ // EVOLVE-BLOCK-START other\nx\n} // EVOLVE-BLOCK-END other")
+        other_start, other_end = evolve.markers("other")
+        apply_rewrite(src, src, f"{other_start}\nx\n{other_end}")
     # a reply whose markers open no scope is told how to write them
     with pytest.raises(ProposalRejected, match=re.escape(f"write '{start}' and '{end}'")):
-        apply_rewrite(src, src, f"{start[2:]}\n    // new\n{end[2:]}")
+        bare = [m[m.index("//"):] for m in (start, end)]  # the comments without their braces
+        apply_rewrite(src, src, f"{bare[0]}\n    // new\n{bare[1]}")
 
 
 def test_recorded_llm_search_rejects_bad_replies_and_accounts_cost(tmp_path):

@@ -58,8 +58,9 @@ def drop_in(pattern, a, b):
     return tp_host.drop_in(T, G, pattern, a, b)
 
 
-def bad(layer, m, y, ref):
-    rtol, atol = get(layer.pattern.name)(m=m, n=layer.n, k=layer.k, world_size=world).tolerance()
+def bad(pattern: str, n: int, k: int, m: int, y, ref):
+    """Elements of ``y`` past twice the workload's tolerance of the fp32 reference (NaN counts)."""
+    rtol, atol = get(pattern)(m=m, n=n, k=k, world_size=world).tolerance()
     limit = 2.0 * (rtol * ref.abs() + atol * ref.abs().max())
     return int(((y.float() - ref).abs() > limit).sum()) + int(torch.isnan(y).sum())
 
@@ -93,7 +94,7 @@ if mode == "ms":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", T.FallbackWarning)  # above the largest bucket
                 y = drop_in(layer.pattern.name, a, b)
-            rows[m] = {"bad": total(bad(layer, m, y, reference(layer.pattern.name, a, b))), "ran": ran(before)}
+            rows[m] = {"bad": total(bad(layer.pattern.name, layer.n, layer.k, m, y, reference(layer.pattern.name, a, b))), "ran": ran(before)}
         verdict[layer.pattern.name] = rows
 elif mode == "choices":
     for layer, lt in table.layers.items():
@@ -103,7 +104,7 @@ elif mode == "choices":
             before = dict(T.DISPATCHED)
             y = drop_in(layer.pattern.name, a, b)
             rows[e.choice] = {"m": e.m, "ran": ran(before),
-                              "bad": total(bad(layer, e.m, y, reference(layer.pattern.name, a, b)))}
+                              "bad": total(bad(layer.pattern.name, layer.n, layer.k, e.m, y, reference(layer.pattern.name, a, b)))}
         verdict[layer.pattern.name] = rows
 elif mode == "unknown":
     a, b = torch.randn(96, 384, device="cuda").bfloat16(), torch.randn(384, 640, device="cuda").bfloat16()
@@ -112,8 +113,7 @@ elif mode == "unknown":
         y = T.matmul_all_reduce(a, b, G)
         T.matmul_all_reduce(a, b, G)
     verdict["fallback_warnings"] = [str(w.message) for w in seen if issubclass(w.category, T.FallbackWarning)]
-    verdict["fallback_bad"] = total(bad(type("L", (), {"pattern": "gemm_allreduce", "n": 640,
-                                                        "k": 384 * world})(), 96, y,
+    verdict["fallback_bad"] = total(bad("gemm_allreduce", 640, 384 * world, 96, y,
                                         reference("gemm_allreduce", a, b)))
     with T.policy("strict"):
         try:

@@ -1,10 +1,10 @@
 """``EVOLVE-BLOCK`` regions: the parts of a kernel a proposer may edit.
 
-A block is a scope of its own, its braces on its marker lines::
+A block is a lambda of its own, called where it stands, its braces on its marker lines::
 
-    { // EVOLVE-BLOCK-START name
+    [&] { // EVOLVE-BLOCK-START name
     ...
-    } // EVOLVE-BLOCK-END name
+    }(); // EVOLVE-BLOCK-END name
 
 Everything outside the blocks, the braces included, is frozen: a candidate whose frozen
 text differs from its template's is refused, and a candidate's block bodies can be spliced
@@ -12,9 +12,12 @@ into the same template rendered for another shape (the evaluator's small-shape c
 the very edits it will time). Because a body is compiled inside its own ``{ }``, nothing it
 declares is seen by the frozen code after it (a lambda named ``__threadfence_system``, an
 enumerator ``W``) and a statement it leaves open (``if (c < 0)``) does not compile, rather
-than taking the frozen statement after the block; :func:`body_violations` keeps the body
-from closing that scope itself, and :mod:`cuco.kernels.macros` from closing it through a
-header's macro (``_CCCL_PP_RBRACE()`` is ``}``).
+than taking the frozen statement after the block. Because that scope is a lambda's body, a
+``return`` leaves the block only (the frozen code after it, a closing barrier, still runs)
+and a ``break`` or ``continue`` outside a loop of the body's own does not compile: control
+cannot leave the block but by its end. :func:`body_violations` keeps the body from closing
+that scope itself, and :mod:`cuco.kernels.macros` from closing it through a header's macro
+(``_CCCL_PP_RBRACE()`` is ``}``).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import re
 
 from cuco.kernels import source_text
 
-START, END = "{ // EVOLVE-BLOCK-START", "} // EVOLVE-BLOCK-END"
+START, END = "[&] { // EVOLVE-BLOCK-START", "}(); // EVOLVE-BLOCK-END"
 _BLOCK = re.compile(
-    r"(?P<start>^[ \t]*\{ // EVOLVE-BLOCK-START (?P<name>\w+)[^\n\\]*\n)(?P<body>.*?)"
-    r"(?P<end>^[ \t]*\} // EVOLVE-BLOCK-END (?P=name)\b[^\n\\]*$)", re.S | re.M)
+    r"(?P<start>^[ \t]*\[&\] \{ // EVOLVE-BLOCK-START (?P<name>\w+)[^\n\\]*\n)(?P<body>.*?)"
+    r"(?P<end>^[ \t]*\}\(\); // EVOLVE-BLOCK-END (?P=name)\b[^\n\\]*$)", re.S | re.M)
 _MARKER = re.compile(r"EVOLVE-BLOCK-(?:START|END)(?: (\w+))?")
 
 
