@@ -183,8 +183,8 @@ GATE_BYPASSES = {
     # saw `{` and `}` the compiler did not, so the body closed the frozen for-loop
     "continuation_in_a_comment_hides_a_brace": (
         "GemmAllReduce", "chunk_allreduce", AR_TAIL,
-        AR_TAIL + "    // the frozen loop ends here \\\n    { no_such_function();\n  }\n"
-        "  if (me >= 0) {\n    // and this scope takes the frozen closing brace \\\n"
+        AR_TAIL + "    // the frozen loop ends here \\\n    { no_such_function();\n  }();\n"
+        "  if (me >= 0) [&] {\n    // and this lambda takes the frozen closing brace \\\n"
         "    } no_such_function();\n", "line continuation"),
     # NCCL's device headers (nccl_device.h -> GIN -> DOCA) bring a %globaltimer reader whose
     # name is no forbidden word
@@ -465,8 +465,9 @@ AG_END = "    });\n"  # the AllGather block's last line: the frozen fence and fl
 
 
 def _braceless(source: str) -> str:
-    """``source`` as it was before blocks were scopes: the braces off the markers."""
-    return source.replace(evolve.START, evolve.START[2:]).replace(evolve.END, evolve.END[2:])
+    """``source`` as it was before blocks were scopes: the markers' code off, their comments kept."""
+    return source.replace(evolve.START, evolve.START[evolve.START.index("//"):]).replace(
+        evolve.END, evolve.END[evolve.END.index("//"):])
 
 
 @functools.lru_cache(maxsize=None)
@@ -542,10 +543,10 @@ def test_a_statement_a_block_leaves_open_does_not_compile(ending):
 # build; the PTX shows each did what it was written for. The evaluator now refuses a body that
 # names a macro that is no constant (kernels/macros.py), at the static stage.
 MACRO_ATTACKS = {
-    # CCCL's _CCCL_PP_RBRACE() is `}`: it closes the block's scope, the lambda after it hides the
-    # frozen fence, and _CCCL_PP_LBRACE() opens a scope for the frozen closing brace
+    # CCCL's _CCCL_PP_RBRACE() is `}`: it closes the block's lambda, the lambda after it hides the
+    # frozen fence, and _CCCL_PP_LBRACE() opens a lambda for the frozen closing brace
     "macro_braces_leave_the_scope": ("AllGatherGemm", "chunk_allgather", AG_END, AG_END +
-                                     "    _CCCL_PP_RBRACE() auto __threadfence_system = [] {}; _CCCL_PP_LBRACE()\n",
+                                     "    _CCCL_PP_RBRACE()(); auto __threadfence_system = [] {}; [&] _CCCL_PP_LBRACE()\n",
                                      "'_CCCL_PP_LBRACE' is a macro that takes arguments"),
     # token pasting spells clock64 past every word rule: a clock read
     "pasted_clock64": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,

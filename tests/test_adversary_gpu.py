@@ -415,6 +415,20 @@ def sums_inflate(ev) -> str:
     return evolve.splice(src, {"chunk_reducescatter": SUMS_INFLATE})
 
 
+# ---- 8b. the same sums, deflated: its own lossy calls' errors set to zero ---------------------
+# The accuracy rule's bar comes from the host-compared calls, but each verified program's own
+# L2 error still comes from its device sums: the plant finds the rows as 8 does and sets every
+# squared difference to zero, so its lossy calls (element-wise in tolerance) read as exact.
+# What must stop it: each row's tag, written beside it by the check under a key the candidate
+# never sees, no longer matches.
+SUMS_DEFLATE = SUMS_INFLATE.replace("row[2 * j] = 0.25 * r;", "row[2 * j] = 0.0;")
+
+
+def sums_deflate(ev) -> str:
+    src, _ = _block(ev, ISO_SIDE, "chunk_reducescatter")
+    return evolve.splice(src, {"chunk_reducescatter": SUMS_DEFLATE})
+
+
 # ---- 9. the reference's seal, brute-forced from honestly computed elements -------------------
 # The device keeps each reference sealed: element i's fp32 bits XOR the low 32 bits of
 # SipHash-2-4(i) under a 128-bit key. An attacker who computes a few output elements honestly
@@ -561,6 +575,7 @@ ISOLATION_GAPS: dict[str, str] = {}
 ISOLATION = {
     "host_output_scan": host_output_scan,
     "sums_inflate": sums_inflate,
+    "sums_deflate": sums_deflate,
     "seal_brute_force": seal_brute_force,
     "stress_tell": stress_tell,
 }
@@ -583,7 +598,9 @@ def plant_route(name: str, r) -> str:
         if bad == MISS_ELEMS:
             return f"missed at {r.stage_reached}: found nothing to copy (only its {MISS_ELEMS}-element marker was wrong)"
         return f"copied what it found at {r.stage_reached}, and it was wrong ({bad} elements): {r.error}"
-    if name == "sums_inflate":
+    if name in ("sums_inflate", "sums_deflate") and call.get("tampered"):
+        return f"it rewrote the sums, and their tag no longer matched ({r.stage_reached})"
+    if name in ("sums_inflate", "sums_deflate"):
         if "relative L2 error" in (r.error or ""):
             return f"the sums were not reached: its lossy calls met the accuracy rule at {r.stage_reached}"
         return f"stopped at {r.stage_reached}: {r.error}"

@@ -82,8 +82,11 @@ def test_unedited_in_kernel_templates_score(evs):
         for d in (EPI, DED):
             r = ev.evaluate(d)
             assert r.status == "ok", (ev.problem.workload, d.name, r.error)
-            assert r.speedup > 0 and r.extra["floor_ms"] > 0 and r.time_ms > r.extra["floor_ms"]
             assert r.extra["calls_verified"] >= 12
+            if ev.group.emulated:  # ranks sharing one GPU: checked, never timed
+                assert r.stage_reached == "checked" and r.extra["emulated"] and r.speedup is None
+                continue
+            assert r.speedup > 0 and r.extra["floor_ms"] > 0 and r.time_ms > r.extra["floor_ms"]
 
 
 # Kernels that skip their reduction and store when they believe they are timed. Under the

@@ -236,7 +236,7 @@ def test_the_host_keystream_is_the_devices(tmp_path):
     ``cuco_keystream`` does, and ``mix_host`` what ``cuco_mix`` does: the device functions'
     own text, compiled as host code by nvcc, run on this machine, at 128-bit keys."""
     import subprocess
-    from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, key_words, keystream_host, mix_host
+    from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, key_words, keystream_host, mix_host, siphash_host
     host = (MIX_SRC + SEAL_SRC).replace("__device__ __forceinline__", "static inline")
     keys = [1, 0x9E3779B9, (0xFFFFFFFFFFFFFFFF << 64) | 0x0123456789ABCDEF, 2**127 + 12345]
     salts = [1, 0x9E3779B9, 0xFFFFFFFF]
@@ -252,6 +252,7 @@ int main() {
   const unsigned long long idx[] = {0ull, 1ull, 77ull, 4294967296ull, 123456789012ull};
   for (auto& k : keys) for (unsigned long long i : idx) printf("%u\n", cuco_keystream(i, k[0], k[1]));
   for (unsigned s : salts) for (unsigned long long i : idx) printf("%u\n", cuco_mix(i, s));
+  for (auto& k : keys) printf("%llu\n", cuco_siphash(idx, 4, k[0], k[1]));
 }
 """)
     exe = tmp_path / "mix"
@@ -260,6 +261,7 @@ int main() {
     device = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
     host_values = [int(v) for k in keys for v in keystream_host(idx, k)]
     host_values += [int(v) for s in salts for v in mix_host(idx, s)]
+    host_values += [int(siphash_host([idx[:4]], k)[0]) for k in keys]  # the tally tags
     assert host_values == device
 
 
@@ -306,6 +308,56 @@ def test_the_device_counts_of_every_call_not_checked_on_the_host_are_tallied():
             math.sqrt(sums[i][0]) for i, c in enumerate(schedule) if c.program == name and not c.checked))
     assert list(failures) == ["v2"] and failures["v2"] == [(wrong_at, schedule[wrong_at], 5)]
     assert "compute_only" not in records  # the bound's halves are only timed
+
+
+def test_a_count_changed_after_its_check_fails_its_program_as_tampered():
+    """Each device count and its L2 sums carry a tag under the job's key: rows left as the
+    check wrote them pass; a count reset to zero, sums deflated, or a row copied to another
+    call's slot (tag and all) each fail their program, reported as tampering."""
+    import numpy as np
+    from cuco.evaluate.verification import mark_first_failures, tally_device_counts
+    from cuco.runtime.checking import untampered
+    from cuco.runtime.sealed import siphash_host
+    key = 0x1234_5678_9ABC_DEF0_0FED_CBA9_8765_4321
+    schedule = timing(7)
+    n = len(schedule)
+    rng = np.random.default_rng(3)
+    bad = np.zeros(n, dtype=np.uint64)
+    sums = np.stack([rng.uniform(0, 1e-6, n), rng.uniform(1, 2, n)], axis=1)
+    words = np.stack([np.arange(n, dtype=np.uint64), bad, sums.view(np.uint64)[:, 0], sums.view(np.uint64)[:, 1]], 1)
+    tags = siphash_host(words, key)  # what the tag kernel writes
+    counted = [i for i, c in enumerate(schedule) if not c.checked and c.program in VERIFIED]
+    assert untampered(counted, bad, sums, tags, key).all()
+    v2 = [i for i in counted if schedule[i].program == "v2"]
+    v3 = [i for i in counted if schedule[i].program == "v3"]
+    bad2, sums2, tags2 = bad.copy(), sums.copy(), tags.copy()
+    sums2[v2[1], 0] = 0.0                                     # a lossy call's error, deflated
+    bad2[v3[0]], sums2[v3[0]], tags2[v3[0]] = bad[v3[1]], sums[v3[1]], tags[v3[1]]  # a row moved
+    ok = untampered(counted, bad2, sums2, tags2, key)
+    assert [i for i, good in zip(counted, ok) if not good] == sorted([v2[1], v3[0]])
+    assert untampered(counted, bad, sums, tags, key ^ 1).sum() == 0  # another job's key
+    records, failures = _records(), {}
+    tally_device_counts(records, failures, schedule, bad2, sums2, dict(zip(counted, ok.tolist())))
+    mark_first_failures(records, failures, rank=0)
+    assert {n for n, r in records.items() if not r.correct} == {"v2", "v3"}
+    f = records["v2"].failed_call
+    assert f.tampered and f.bad_elements == 0 and "verification count was changed" in f.describe()
+    assert not records["v1"].failed_call
+
+
+def test_the_host_siphash_is_siphash_2_4_of_whole_words():
+    """``siphash_host`` (which checks the tally tags) is SipHash-2-4 as an independent
+    implementation computes it, for messages of 1 to 5 words."""
+    import numpy as np
+    siphash24 = pytest.importorskip("siphash24")
+    from cuco.runtime.sealed import key_words, siphash_host
+    key = (0x0F0E0D0C0B0A0908 << 64) | 0x0706050403020100
+    raw = b"".join(w.to_bytes(8, "little") for w in key_words(key))
+    rng = np.random.default_rng(7)
+    for width in range(1, 6):
+        words = rng.integers(0, 2**63, size=(4, width), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        want = [siphash24.siphash24(row.astype("<u8").tobytes(), key=raw).intdigest() % 2**64 for row in words]
+        assert [int(v) for v in siphash_host(words, key)] == want
 
 
 def test_a_wrong_program_is_reported_at_its_first_failing_call_in_the_schedules_order():

@@ -18,6 +18,7 @@ ranks start together, then :meth:`~Verification.checked_call` or
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
 from cuco.runtime.checking import compare, rel_l2
 from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
+from cuco.runtime.sealed import KEY_BITS
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS
 
@@ -49,7 +51,7 @@ def load_check_kernels(ctx, dtype: str, hog_stream) -> None:
     import random
 
     import cupy
-    from cuco.runtime.checking import count_bad_async
+    from cuco.runtime.checking import count_bad_async, tag_tally_async
     from cuco.runtime.dtypes import Poison
     from cuco.runtime.stress import Stress
     s = ctx.stream
@@ -63,7 +65,10 @@ def load_check_kernels(ctx, dtype: str, hog_stream) -> None:
         for poison in kinds.values():
             poison.apply(got)
         compare(got, ref, dtype, 1e-3, 1e-3)
-        count_bad_async(got, ref, dtype, 1e-3, 1e-3, cupy.zeros(1, dtype=cupy.uint64), s)
+        slot, sums = cupy.zeros(1, dtype=cupy.uint64), cupy.zeros(2, dtype=cupy.float64)
+        count_bad_async(got, ref, dtype, 1e-3, 1e-3, slot, s, stats=sums)
+        slot.fill(0)  # the per-call zeroing before each count
+        tag_tally_async(slot, sums, 0, 1, cupy.zeros(1, dtype=cupy.uint64), s)
         page = cupy.full(GUARD_BYTES, CANARY, dtype=cupy.uint8)
         (page == CANARY).all().get()  # the guard reads
         (page != CANARY).any().get()
@@ -134,6 +139,9 @@ class Verification:
         self.verify_marks: list[tuple[Any, Any]] = []  # around each device count
         self.failures: dict[str, list[tuple[int, Call, int]]] = {}  # program -> (index, call, bad)
         self.check_s = 0.0
+        #: the key of this job's tally tags: a kernel argument of each tag kernel, nowhere in
+        #: device memory (:func:`cuco.runtime.checking.tag_tally_async`)
+        self.tally_key = secrets.randbits(KEY_BITS)
 
     def run(self, schedule: list[Call], fns: dict[str, Callable[[], None]]) -> None:
         """Every call in the schedule's order, on the job's stream; the device counts of the
@@ -143,6 +151,7 @@ class Verification:
         with s:  # on the job's stream: zeroed before any count lands
             self.counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
             self.sums = cupy.zeros((len(schedule), 2), dtype=cupy.float64)  # each call's L2 sums
+            self.tags = cupy.zeros(len(schedule), dtype=cupy.uint64)  # each call's count and sums, tagged
             tick = cupy.zeros(1, dtype=cupy.float32)
             p = int(tick.data.ptr)
             for idx, call in enumerate(schedule):
@@ -222,22 +231,32 @@ class Verification:
         """The device's count of a call's elements out of tolerance (and its L2 sums), never
         waited on; a host or peer program's output is scrubbed right after."""
         import cupy
-        from cuco.runtime.checking import count_bad_async
+        from cuco.runtime.checking import count_bad_async, tag_tally_async
         s, st = self.ctx.stream, self.sets[call.input_set]
         v0, v1 = cupy.cuda.Event(), cupy.cuda.Event()
         v0.record(s)
         if prog.settle:
             prog.settle[call.input_set]()
+        # zeroed here, after the call: a count seeded earlier (say, minus the elements a call
+        # will get wrong) is gone before the check adds to it; the tag then seals what it wrote
+        self.counts[idx:idx + 1].fill(0)
+        self.sums[idx].fill(0)
         count_bad_async(prog.outputs[call.input_set], st.ref, self.dtype, self.rtol, st.atol,
                         self.counts[idx:idx + 1], s, stats=self.sums[idx])
+        tag_tally_async(self.counts[idx:idx + 1], self.sums[idx], idx, self.tally_key, self.tags[idx:idx + 1], s)
         if prog.scrub:
             call.poison.apply(prog.outputs[call.input_set])
         v1.record(s)
         self.verify_marks.append((v0, v1))
 
     def tally(self, schedule: list[Call]) -> None:
-        """The device counts of every call not checked on the host, into the records."""
-        tally_device_counts(self.records, self.failures, schedule, self.counts.get(), self.sums.get())
+        """The device counts of every call not checked on the host, into the records; a call
+        whose count or sums no longer match their tag was tampered with (wrong)."""
+        from cuco.runtime.checking import untampered
+        counts, sums, tags = self.counts.get(), self.sums.get(), self.tags.get()
+        counted = [i for i, c in enumerate(schedule) if not c.checked and c.program in self.records]
+        ok = dict(zip(counted, untampered(counted, counts, sums, tags, self.tally_key).tolist()))
+        tally_device_counts(self.records, self.failures, schedule, counts, sums, ok)
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""
@@ -273,15 +292,24 @@ def _set_stress(runner, stress_us: float) -> None:
         runner.stress_us = stress_us
 
 
+#: ``bad_elements`` of a failure whose count was tampered with: nothing it says can be believed.
+TAMPERED = -1
+
+
 def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, list[tuple[int, Call, int]]],
-                        schedule: list[Call], bad, sums) -> None:
+                        schedule: list[Call], bad, sums, intact: dict[int, bool] | None = None) -> None:
     """``bad[i]`` (elements out of tolerance) and ``sums[i]`` (the L2 sums) of each call
-    ``i`` verified on the device, into its program's record and failures."""
+    ``i`` verified on the device, into its program's record and failures; ``intact[i]``
+    False: the count or sums were changed after the check wrote them (a :data:`TAMPERED`
+    failure)."""
     for idx, call in enumerate(schedule):
         if call.checked or call.program not in records:
             continue
         rec = records[call.program]
         rec.calls_verified += 1
+        if intact is not None and not intact.get(idx, False):
+            failures.setdefault(call.program, []).append((idx, call, TAMPERED))
+            continue
         # the accuracy rule holds for every call, not only the checked ones: a kernel lossy
         # on some calls only (within the element-wise tolerance) meets it anyway
         rec.rel_l2_error = max(rec.rel_l2_error, rel_l2(*[float(x) for x in sums[idx]]))
@@ -294,7 +322,8 @@ def mark_first_failures(records: dict[str, ProgramRecord],
     """Each program with failures is wrong at its first failing call in the schedule's order."""
     for name, failed in failures.items():
         _, call, n_bad = min(failed, key=lambda f: f[0])
-        records[name].fail(FailedCall(call.iteration, call.input_set, call.checked, int(n_bad), rank))
+        records[name].fail(FailedCall(call.iteration, call.input_set, call.checked, max(int(n_bad), 0), rank,
+                                      tampered=n_bad == TAMPERED))
 
 
 def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy
 
-from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, SealedReference, grid, key_words
+from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, SealedReference, grid, key_words, siphash_host
 
 _CHECK_SRC = r"""
 #include <cuda_fp16.h>
@@ -70,6 +70,18 @@ extern "C" {
 CUCO_CHECK(check_bf16, unsigned short)
 CUCO_CHECK(check_fp16, __half)
 CUCO_CHECK(check_fp32, float)
+
+// The tag of one call's count and L2 sums (written by `check` just before, on this stream):
+// SipHash-2-4 under the job's 128-bit key, which only this kernel's arguments hold, of
+// (call index, count, the sums' bits). A kernel that later rewrites the count or the sums, or
+// moves a row to another call, cannot write the tag that goes with them.
+__global__ void tag_tally(const unsigned long long* bad, const double* stats, unsigned long long idx,
+                          unsigned long long k0, unsigned long long k1, unsigned long long* tag) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const unsigned long long m[4] = {idx, *bad, (unsigned long long)__double_as_longlong(stats[0]),
+                                   (unsigned long long)__double_as_longlong(stats[1])};
+  *tag = cuco_siphash(m, 4, k0, k1);
+}
 
 // A fingerprint of n bytes: the sum of a hash of each byte's value and position, so a write
 // that moves bytes around (and keeps their sum) still changes it.
@@ -133,6 +145,30 @@ def count_bad_async(got_storage, ref, dtype: str, rtol: float, atol: float, slot
     (two float64 on the device, zeroed): the sums of squared differences and of squared
     reference values are added there, for the call's relative L2 error (:func:`rel_l2`)."""
     _launch(got_storage.reshape(-1), ref, dtype, rtol, atol, slot, stats, None, stream)
+
+
+def tag_tally_async(slot, stats, idx: int, key: int, tag, stream) -> None:
+    """Enqueue on ``stream`` the tag of call ``idx``'s count (the uint64 device scalar
+    ``slot``) and sums (``stats``, two float64) under the 128-bit ``key``, into the uint64
+    device scalar ``tag``: the host reads all three only after the whole schedule, and
+    :func:`untampered` tells whether they are still what the check wrote."""
+    _module().get_function("tag_tally")(
+        (1,), (1,), (slot, stats, numpy.uint64(idx), *(numpy.uint64(w) for w in key_words(key)), tag),
+        stream=stream)
+
+
+def untampered(indices, counts, sums, tags, key: int) -> numpy.ndarray:
+    """For each call index in ``indices``: whether its count, sums and tag (as read back
+    from the device) still agree under ``key``."""
+    idx = numpy.asarray(indices, dtype=numpy.uint64)
+    if idx.size == 0:
+        return numpy.zeros(0, dtype=bool)
+    rows = numpy.asarray(idx, dtype=numpy.int64)
+    words = numpy.stack([idx, numpy.asarray(counts, dtype=numpy.uint64)[rows],
+                         numpy.ascontiguousarray(sums, dtype=numpy.float64)[rows].view(numpy.uint64)[:, 0],
+                         numpy.ascontiguousarray(sums, dtype=numpy.float64)[rows].view(numpy.uint64)[:, 1]],
+                        axis=1)
+    return siphash_host(words, key) == numpy.asarray(tags, dtype=numpy.uint64)[rows]
 
 
 def rel_l2(sq_diff: float, sq_ref: float) -> float:

@@ -23,13 +23,19 @@ class FailedCall:
     checked: bool  # poisoned, stressed and compared on the host (else verified on the device)
     bad_elements: int
     rank: int
+    #: its device count or L2 sums were changed after the check wrote them (their tag no
+    #: longer matches): some kernel wrote memory it was not given
+    tampered: bool = False
 
     def describe(self) -> str:
         """``a timed call, iteration 7 on input set 2, rank 1: 12 elements differ ...``"""
         kind = "a checked (poisoned, stressed)" if self.checked else (
             "a timed" if self.iteration >= 0 else "a warm-up")
-        return (f"{kind} call, iteration {self.iteration} on input set {self.input_set}, rank "
-                f"{self.rank}: {self.bad_elements} elements differ from the reference")
+        where = f"{kind} call, iteration {self.iteration} on input set {self.input_set}, rank {self.rank}"
+        if self.tampered:
+            return (f"{where}: its verification count was changed after the check wrote it (a "
+                    "kernel wrote memory it was not given)")
+        return f"{where}: {self.bad_elements} elements differ from the reference"
 
 
 @dataclass

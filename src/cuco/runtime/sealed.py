@@ -50,6 +50,22 @@ __device__ __forceinline__ void cuco_sipround(unsigned long long& v0, unsigned l
   v0 += v3; v3 = cuco_rotl(v3, 21); v3 ^= v0;
   v2 += v1; v1 = cuco_rotl(v1, 17); v1 ^= v2; v2 = cuco_rotl(v2, 32);
 }
+// SipHash-2-4 (64-bit) of n whole 8-byte words under the key (k0, k1): the tags that make the
+// verifier's per-call counts tamper-evident (runtime/checking.py).
+__device__ __forceinline__ unsigned long long cuco_siphash(const unsigned long long* m, int n,
+                                                           unsigned long long k0, unsigned long long k1) {
+  unsigned long long v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
+  unsigned long long v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+  for (int j = 0; j < n; ++j) {
+    v3 ^= m[j]; cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3); v0 ^= m[j];
+  }
+  const unsigned long long b = ((unsigned long long)(8 * n) & 0xffull) << 56;  // the length block
+  v3 ^= b; cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3); v0 ^= b;
+  v2 ^= 0xff;
+  cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3);
+  cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3);
+  return v0 ^ v1 ^ v2 ^ v3;
+}
 __device__ __forceinline__ unsigned cuco_keystream(unsigned long long i, unsigned long long k0,
                                                    unsigned long long k1) {
   unsigned long long v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
@@ -97,19 +113,26 @@ def key_words(key: int) -> tuple[int, int]:
 
 def keystream_host(index, key: int) -> numpy.ndarray:
     """The keystream at the element indices ``index`` on the host (what ``cuco_keystream``
-    gives on the device), vectorised SipHash-2-4."""
+    gives on the device): the low 32 bits of :func:`siphash_host` of each index."""
+    return siphash_host(numpy.asarray(index, dtype=numpy.uint64).reshape(-1, 1), key).astype(numpy.uint32)
+
+
+def siphash_host(words, key: int) -> numpy.ndarray:
+    """SipHash-2-4 (64-bit) under the 128-bit ``key`` of each row of ``words`` (an n x L
+    array of 8-byte words, little-endian: the message is 8 L bytes), vectorised over rows;
+    what ``cuco_siphash`` gives on the device."""
     u = numpy.uint64
     k0, k1 = (u(w) for w in key_words(key))
-    m = numpy.asarray(index, dtype=numpy.uint64)
+    m = numpy.asarray(words, dtype=numpy.uint64)
 
     def rotl(x, b):
         return (x << u(b)) | (x >> u(64 - b))
 
     with numpy.errstate(over="ignore"):
-        v0 = numpy.full_like(m, k0 ^ u(0x736F6D6570736575))
-        v1 = numpy.full_like(m, k1 ^ u(0x646F72616E646F6D))
-        v2 = numpy.full_like(m, k0 ^ u(0x6C7967656E657261))
-        v3 = numpy.full_like(m, k1 ^ u(0x7465646279746573))
+        v0 = numpy.full(m.shape[0], k0 ^ u(0x736F6D6570736575), dtype=numpy.uint64)
+        v1 = numpy.full(m.shape[0], k1 ^ u(0x646F72616E646F6D), dtype=numpy.uint64)
+        v2 = numpy.full(m.shape[0], k0 ^ u(0x6C7967656E657261), dtype=numpy.uint64)
+        v3 = numpy.full(m.shape[0], k1 ^ u(0x7465646279746573), dtype=numpy.uint64)
 
         def rounds(n):
             nonlocal v0, v1, v2, v3
@@ -119,16 +142,17 @@ def keystream_host(index, key: int) -> numpy.ndarray:
                 v0 = v0 + v3; v3 = rotl(v3, 21); v3 ^= v0  # noqa: E702
                 v2 = v2 + v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32)  # noqa: E702
 
-        b = u(8 << 56)
-        v3 ^= m
-        rounds(2)
-        v0 ^= m
+        for j in range(m.shape[1]):
+            v3 ^= m[:, j]
+            rounds(2)
+            v0 ^= m[:, j]
+        b = u(((8 * m.shape[1]) & 0xFF) << 56)
         v3 ^= b
         rounds(2)
         v0 ^= b
         v2 ^= u(0xFF)
         rounds(4)
-        return (v0 ^ v1 ^ v2 ^ v3).astype(numpy.uint32)  # the low 32 bits
+        return v0 ^ v1 ^ v2 ^ v3
 
 
 def grid(n: int) -> tuple[int, int]:
