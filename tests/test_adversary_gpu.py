@@ -590,6 +590,10 @@ def plant_route(name: str, r) -> str:
     """Which way a plant went, read from its verdict (its marker, the failing call, the error)."""
     call = r.extra.get("failed_call") or {}
     bad = call.get("bad_elements")
+    if r.status == "ok" and name == "stress_tell":
+        # a skipped reduction leaves the call's poison, which that call's device count reads:
+        # ok with every call verified means the tell never fired (no verdict on the defence)
+        return "scored ok with every call verified right: its tell never fired"
     if r.status == "ok":
         return "got through: the candidate scored ok"
     if r.status in ("crash", "hang"):
