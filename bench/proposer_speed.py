@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -78,14 +77,6 @@ def cpu_label() -> str:
     return f"CPU: {results.cpu_model()}, {cores} cores"
 
 
-def commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=int, default=1000, help="evaluations per proposer")
@@ -108,7 +99,7 @@ def main() -> int:
             rows.append(row)
     path = results.write("proposer_speed", rows, device=cpu_label(), world_size=PROBLEM.world_size,
                          out_dir=args.out_dir,
-                         extra={"commit": commit(), "emulated": False, "dry_run": True,
+                         extra={"commit": results.current_commit(Path(__file__).parent), "emulated": False, "dry_run": True,
                                 "unit": "seconds per 1000 dry-run evaluations (analytic model)"})
     print(f"wrote {path}")
     return 0
