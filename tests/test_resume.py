@@ -106,7 +106,8 @@ def test_python_search_resume_takes_the_stored_settings(moe_db):
 
 def test_ctrl_c_prints_the_exact_command_that_resumes(tmp_path):
     """SIGINT mid-run: exit 130, the run kept as interrupted, and the printed command resumes
-    it to its stored budget."""
+    it to its stored budget. The run is long (400 evaluations of 50 ms: 20 s) so that the
+    signal lands inside it on a loaded machine, where the first 10 are seen late."""
     db = tmp_path / "c.db"
     proc = subprocess.Popen(
         [sys.executable, "-c",
@@ -114,7 +115,7 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tmp_path):
          "from cuco.evaluate.analytic import AnalyticEvaluator; "
          "p = GemmProblem(workload='gemm_allreduce', m=8192, n=8192, k=8192, world_size=2)\n"
          "try:\n"
-         f"    cli._run_search(p, db={str(db)!r}, budget=60, dry_run=True, islands=2, "
+         f"    cli._run_search(p, db={str(db)!r}, budget=400, dry_run=True, islands=2, "
          "evaluator=AnalyticEvaluator(p, delay_s=0.05))\n"
          "except typer.Exit as e:\n    sys.exit(e.exit_code)"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -130,9 +131,9 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tmp_path):
     assert f"Resume with: cuco search --resume 1 --db {db} --dry-run" in out, out
     with CandidateDB(db) as store:
         assert store.run(1).status == "interrupted"
-        assert store.run(1).config["budget"]["evaluations"] == 60
+        assert store.run(1).config["budget"]["evaluations"] == 400
     r = cuco("search", "--resume", "1", "--db", str(db), "--dry-run")
-    assert r.returncode == 0 and "run 1: 60 evaluations" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "run 1: 400 evaluations" in r.stdout, r.stdout + r.stderr
 
 
 def test_tpe_proposal_cost_is_flat(tmp_path):
