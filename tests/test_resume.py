@@ -111,7 +111,10 @@ def test_ctrl_c_prints_the_exact_command_that_resumes(tmp_path):
     db = tmp_path / "c.db"
     proc = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, typer; from cuco import cli, GemmProblem; "
+         # a child of a test worker may inherit SIGINT ignored (Python then installs no
+         # KeyboardInterrupt handler): restore Python's own, as a terminal's process has it
+         "import signal, sys, typer; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "from cuco import cli, GemmProblem; "
          "from cuco.evaluate.analytic import AnalyticEvaluator; "
          "p = GemmProblem(workload='gemm_allreduce', m=8192, n=8192, k=8192, world_size=2)\n"
          "try:\n"
