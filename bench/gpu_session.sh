@@ -76,6 +76,10 @@ step_command() {
     tests_custom_op) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_custom_op_gpu.py" ;;
     tests_jobs)      echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_jobs_gpu.py tests/test_sealed_reference_gpu.py tests/test_host_baseline_gpu.py" ;;
     tests_ev_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_in_kernel_gpu.py" ;;
+    # the same file in two halves (each CUTLASS candidate is a build of its own: the whole
+    # file needs more than 340 s on one H100, emulated or not)
+    tests_ev_kernel_planted) echo "python3 -m pytest -v -p no:xdist --tb=short -k 'planted or unedited' tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_ev_kernel_tells)   echo "python3 -m pytest -v -p no:xdist --tb=short -k 'behaves_differently or staged_flag' tests/test_evaluator_in_kernel_gpu.py" ;;
     hang_in_kernel)  # the in-kernel planted hang, with the GPU's clients and the workers sampled
                      # every 15 s, the stacks at pytest's timeout and the MPS logs after
                      echo "( while sleep 15; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; ps -eo pid,etime,args | grep -E 'worker_entry|mps' | grep -v grep; done ) & python3 -m pytest -v -s -p no:xdist --timeout ${HANG_TIMEOUT:-240} -k 'rejected and hang' tests/test_evaluator_in_kernel_gpu.py; kill \$!; tail -n 30 \${CUDA_MPS_LOG_DIRECTORY:-/dev/null}/control.log \${CUDA_MPS_LOG_DIRECTORY:-/dev/null}/server.log" ;;
