@@ -24,8 +24,10 @@ from cuco.llm.base import LLMClient, PriceTable
 _START, _END = evolve.markers("name")
 SYSTEM = f"""You optimise CUDA kernels that fuse a GEMM with inter-GPU communication \
 (NCCL device API LSA loads/stores over NVLink, or NVSHMEM). You may edit only the code \
-between `{_START}` and `{_END}`; everything else, those braces included, is frozen and any \
-change to it is rejected. Each block is a scope of its own: what it declares ends with it. \
+between `{_START}` and `{_END}`; everything else, those marker lines included, is frozen and any \
+change to it is rejected. Each block is a lambda called where it stands: what it declares \
+ends with it, a `return` leaves the block only, and `break` or `continue` work only in loops \
+of its own. \
 The result must stay correct on random inputs (every element is checked against an fp32 \
 reference) and must not use host memory, printf, clocks or NVLink multicast."""
 

@@ -1,7 +1,7 @@
 """Evaluator: the cascade every candidate goes through before it may score.
 
 ``static`` (directives valid, forbidden constructs, edits only inside
-EVOLVE-BLOCKs, each block its own scope, naming only constant macros) -> ``compile`` (cached, parallel for batches) -> ``small``
+EVOLVE-BLOCKs, each block a lambda of its own, naming only constant macros) -> ``compile`` (cached, parallel for batches) -> ``small``
 (correctness at a small shape, the candidate's block edits spliced into the
 template rendered for it) -> ``full`` (correctness at the target shape on two
 fresh seeds) -> ``timing`` (interleaved with the host-driven program, the compute
