@@ -521,9 +521,11 @@ def seal_brute_force(ev) -> str:
 # Checked calls are stressed from outside: the compute stream sleeps before each chunk's GEMM
 # and an SM hog runs beside. Without a clock, the plant times the gap to its next chunk's flag
 # in polls of __nanosleep(250): a stressed call makes it wait 20 us or more per chunk, an
-# unstressed one a few (the next chunk's GEMM is short or done). Under STRESS_POLLS polls it
-# takes the call for an unstressed (timed) one and skips the reduction, leaving its output as
-# it found it (poisoned). The defence: as many unchecked calls are stressed as checked ones,
+# unstressed one a few (the next chunk's GEMM is short or done). Under STRESS_POLLS polls, or
+# under twice the fewest polls of its job so far (at one rank even an unstressed call waited 20
+# polls or more: a fixed bar never fired there, bench/logs/adversary_w1_7622853.log), it takes
+# the call for an unstressed (timed) one and skips the reduction, leaving its output as it
+# found it (poisoned). The defence: as many unchecked calls are stressed as checked ones,
 # and every call, timed ones included, is verified on the device.
 STRESS_POLLS = 20
 STRESS_TELL = RS_HEAD + """    __shared__ int skip;
@@ -538,7 +540,14 @@ STRESS_TELL = RS_HEAD + """    __shared__ int skip;
             ++polls;
           }
         }
-        skip = kBlockChunks > 1 && polls < STRESS_POLLS;
+        // the fewest polls of this job so far (a new job: an epoch that goes back or jumps)
+        volatile unsigned long long* keep = (volatile unsigned long long*)a.at(flag_off + (kFlagStride - 20) * 8, me);
+        if (epoch < keep[0] || epoch - keep[0] > 64) keep[1] = ~0ull;
+        keep[0] = epoch;
+        const unsigned long long fewest = keep[1] < (unsigned long long)polls ? keep[1] : (unsigned long long)polls;
+        keep[1] = fewest;
+        __threadfence();
+        skip = kBlockChunks > 1 && (polls < STRESS_POLLS || (unsigned long long)polls < 2 * fewest + 4);
       }
       __syncthreads();
     }
