@@ -337,7 +337,7 @@ def test_a_count_changed_after_its_check_fails_its_program_as_tampered():
     assert [i for i, good in zip(counted, ok) if not good] == sorted([v2[1], v3[0]])
     assert untampered(counted, bad, sums, tags, key ^ 1).sum() == 0  # another job's key
     records, failures = _records(), {}
-    tally_device_counts(records, failures, schedule, bad2, sums2, dict(zip(counted, ok.tolist())))
+    tally_device_counts(records, failures, schedule, bad2, sums2, untampered(range(n), bad2, sums2, tags2, key))
     mark_first_failures(records, failures, rank=0)
     assert {n for n, r in records.items() if not r.correct} == {"v2", "v3"}
     f = records["v2"].failed_call

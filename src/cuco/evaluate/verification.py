@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cuco.evaluate.programs import InputSet, Program, fingerprint_of
@@ -239,11 +239,11 @@ class Verification:
             prog.settle[call.input_set]()
         # zeroed here, after the call: a count seeded earlier (say, minus the elements a call
         # will get wrong) is gone before the check adds to it; the tag then seals what it wrote
-        self.counts[idx:idx + 1].fill(0)
-        self.sums[idx].fill(0)
-        count_bad_async(prog.outputs[call.input_set], st.ref, self.dtype, self.rtol, st.atol,
-                        self.counts[idx:idx + 1], s, stats=self.sums[idx])
-        tag_tally_async(self.counts[idx:idx + 1], self.sums[idx], idx, self.tally_key, self.tags[idx:idx + 1], s)
+        slot, sums = self.counts[idx:idx + 1], self.sums[idx]
+        slot.fill(0)
+        sums.fill(0)
+        count_bad_async(prog.outputs[call.input_set], st.ref, self.dtype, self.rtol, st.atol, slot, s, stats=sums)
+        tag_tally_async(slot, sums, idx, self.tally_key, self.tags[idx:idx + 1], s)
         if prog.scrub:
             call.poison.apply(prog.outputs[call.input_set])
         v1.record(s)
@@ -254,9 +254,8 @@ class Verification:
         whose count or sums no longer match their tag was tampered with (wrong)."""
         from cuco.runtime.checking import untampered
         counts, sums, tags = self.counts.get(), self.sums.get(), self.tags.get()
-        counted = [i for i, c in enumerate(schedule) if not c.checked and c.program in self.records]
-        ok = dict(zip(counted, untampered(counted, counts, sums, tags, self.tally_key).tolist()))
-        tally_device_counts(self.records, self.failures, schedule, counts, sums, ok)
+        intact = untampered(range(len(schedule)), counts, sums, tags, self.tally_key)  # checked calls' rows unread
+        tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""
@@ -297,7 +296,7 @@ TAMPERED = -1
 
 
 def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, list[tuple[int, Call, int]]],
-                        schedule: list[Call], bad, sums, intact: dict[int, bool] | None = None) -> None:
+                        schedule: list[Call], bad, sums, intact: Sequence[bool] | None = None) -> None:
     """``bad[i]`` (elements out of tolerance) and ``sums[i]`` (the L2 sums) of each call
     ``i`` verified on the device, into its program's record and failures; ``intact[i]``
     False: the count or sums were changed after the check wrote them (a :data:`TAMPERED`
@@ -307,7 +306,7 @@ def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, l
             continue
         rec = records[call.program]
         rec.calls_verified += 1
-        if intact is not None and not intact.get(idx, False):
+        if intact is not None and not intact[idx]:
             failures.setdefault(call.program, []).append((idx, call, TAMPERED))
             continue
         # the accuracy rule holds for every call, not only the checked ones: a kernel lossy

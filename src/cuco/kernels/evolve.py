@@ -28,8 +28,8 @@ from cuco.kernels import source_text
 
 START, END = "[&] { // EVOLVE-BLOCK-START", "}(); // EVOLVE-BLOCK-END"
 _BLOCK = re.compile(
-    r"(?P<start>^[ \t]*\[&\] \{ // EVOLVE-BLOCK-START (?P<name>\w+)[^\n\\]*\n)(?P<body>.*?)"
-    r"(?P<end>^[ \t]*\}\(\); // EVOLVE-BLOCK-END (?P=name)\b[^\n\\]*$)", re.S | re.M)
+    rf"(?P<start>^[ \t]*{re.escape(START)} (?P<name>\w+)[^\n\\]*\n)(?P<body>.*?)"
+    rf"(?P<end>^[ \t]*{re.escape(END)} (?P=name)\b[^\n\\]*$)", re.S | re.M)
 _MARKER = re.compile(r"EVOLVE-BLOCK-(?:START|END)(?: (\w+))?")
 
 

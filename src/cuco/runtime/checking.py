@@ -160,14 +160,10 @@ def tag_tally_async(slot, stats, idx: int, key: int, tag, stream) -> None:
 def untampered(indices, counts, sums, tags, key: int) -> numpy.ndarray:
     """For each call index in ``indices``: whether its count, sums and tag (as read back
     from the device) still agree under ``key``."""
-    idx = numpy.asarray(indices, dtype=numpy.uint64)
-    if idx.size == 0:
-        return numpy.zeros(0, dtype=bool)
-    rows = numpy.asarray(idx, dtype=numpy.int64)
-    words = numpy.stack([idx, numpy.asarray(counts, dtype=numpy.uint64)[rows],
-                         numpy.ascontiguousarray(sums, dtype=numpy.float64)[rows].view(numpy.uint64)[:, 0],
-                         numpy.ascontiguousarray(sums, dtype=numpy.float64)[rows].view(numpy.uint64)[:, 1]],
-                        axis=1)
+    rows = numpy.asarray(indices, dtype=numpy.int64).reshape(-1)
+    sum_bits = numpy.ascontiguousarray(sums, dtype=numpy.float64)[rows].view(numpy.uint64)
+    words = numpy.column_stack([rows.astype(numpy.uint64), numpy.asarray(counts, dtype=numpy.uint64)[rows],
+                                sum_bits.reshape(-1, 2)])
     return siphash_host(words, key) == numpy.asarray(tags, dtype=numpy.uint64)[rows]
 
 

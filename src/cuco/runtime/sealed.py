@@ -50,8 +50,8 @@ __device__ __forceinline__ void cuco_sipround(unsigned long long& v0, unsigned l
   v0 += v3; v3 = cuco_rotl(v3, 21); v3 ^= v0;
   v2 += v1; v1 = cuco_rotl(v1, 17); v1 ^= v2; v2 = cuco_rotl(v2, 32);
 }
-// SipHash-2-4 (64-bit) of n whole 8-byte words under the key (k0, k1): the tags that make the
-// verifier's per-call counts tamper-evident (runtime/checking.py).
+// SipHash-2-4 (64-bit) of n whole 8-byte words under the key (k0, k1): the keystream below,
+// and the tags that make the verifier's per-call counts tamper-evident (runtime/checking.py).
 __device__ __forceinline__ unsigned long long cuco_siphash(const unsigned long long* m, int n,
                                                            unsigned long long k0, unsigned long long k1) {
   unsigned long long v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
@@ -68,15 +68,7 @@ __device__ __forceinline__ unsigned long long cuco_siphash(const unsigned long l
 }
 __device__ __forceinline__ unsigned cuco_keystream(unsigned long long i, unsigned long long k0,
                                                    unsigned long long k1) {
-  unsigned long long v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
-  unsigned long long v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
-  const unsigned long long b = 8ull << 56;  // one 8-byte block: the index
-  v3 ^= i; cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3); v0 ^= i;
-  v3 ^= b; cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3); v0 ^= b;
-  v2 ^= 0xff;
-  cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3);
-  cuco_sipround(v0, v1, v2, v3); cuco_sipround(v0, v1, v2, v3);
-  return (unsigned)(v0 ^ v1 ^ v2 ^ v3);
+  return (unsigned)cuco_siphash(&i, 1, k0, k1);  // one 8-byte block, the index: its low 32 bits
 }
 """
 
