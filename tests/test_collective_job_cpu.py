@@ -17,9 +17,9 @@ from cuco.evaluate.schedule import N_SETS
 from cuco.evaluate.verification import HOST, job_schedule, mark_first_failures, tally_device_counts
 from cuco.kernels.collectives import lsa_collectives, nvshmem_collectives
 from cuco.runtime.arena import GUARD_BYTES, PAGE
+from cuco.runtime.collective_buffers import CollectiveBuffers, NvshmemBuffers, WindowLayout, page
 from cuco.runtime.collective_launch import (ALL_GATHER, ALL_REDUCE, COLLECTIVE_OPS, KERNEL_VARIANTS,
-                                            REDUCE_SCATTER, CollectiveBuffers, CollectiveInputs,
-                                            NvshmemBuffers, WindowLayout, host_call, kernel_call)
+                                            REDUCE_SCATTER, CollectiveInputs, host_call, kernel_call)
 from cuco.runtime.records import ProgramRecord
 
 
@@ -125,6 +125,8 @@ def test_each_op_counts_as_nccl_does():
         [(120, 120), (120, 480), (30, 30)]
     assert set(COLLECTIVE_OPS) == {"allreduce", "allgather", "reducescatter"}
     assert CollectiveInputs(ALL_GATHER, 1000, "bf16").elems == 500
+    e = CollectiveInputs(REDUCE_SCATTER, 8000, "bf16").extent(4)
+    assert (e.in_elems, e.out_elems, e.count, e.nbytes(e.count)) == (4000, 1000, 1000, 2000)
 
 
 def bf16(x) -> np.ndarray:
@@ -215,14 +217,14 @@ def worker(world_size: int = 2):
 
 
 def buffers(ctx, op, n: int) -> CollectiveBuffers:
-    data = CollectiveInputs(op, 2 * n, "bf16")
-    w = ctx.world_size
-    lay = WindowLayout.build(2 * n, 2 * op.out_elems(n, w), -(-2 * op.count(n, w) // PAGE) * PAGE, w, N_SETS,
-                             True, True)
+    """What :meth:`CollectiveBuffers.prepare` makes on a GPU, as stand-ins."""
+    e = CollectiveInputs(op, 2 * n, "bf16").extent(ctx.world_size)
+    lay = WindowLayout.build(e.nbytes(e.in_elems), e.nbytes(e.out_elems), page(e.nbytes(e.count)), ctx.world_size,
+                             N_SETS, True, True)
     nv = NvshmemBuffers((), [Device(f"src{j}") for j in range(N_SETS)], Device("dst"), (), Device("sig"), [])
-    return CollectiveBuffers(data, w, Device("out"), (), lay, window=types.SimpleNamespace(ptr=0x1000, handle=0x77),
-                             window_out=Device("window_out"), nvshmem=nv, cubins={"lsa": "lsa.cubin",
-                                                                                  "nvshmem": "nvs.cubin"})
+    return CollectiveBuffers(e, Device("out"), (), lay, window=types.SimpleNamespace(ptr=0x1000, handle=0x77),
+                             window_out=Device("window_out"), nvshmem=nv,
+                             cubins={"lsa": "lsa.cubin", "nvshmem": "nvs.cubin"})
 
 
 @pytest.mark.parametrize("op", [ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER], ids=lambda op: op.name)
@@ -233,7 +235,7 @@ def test_every_launch_passes_what_its_kernels_signature_asks(op):
         bufs = buffers(ctx, op, n)
         kv = KERNEL_VARIANTS[variant]
         for j in range(N_SETS):
-            call = kernel_call(ctx, variant, 32, bufs, j)
+            call = kernel_call(ctx, op, variant, 32, bufs, j)
             call.call()
             call.call()
             first, second = ctx.launches[-2:]
@@ -259,8 +261,8 @@ def test_every_launch_passes_what_its_kernels_signature_asks(op):
 def test_staged_halves_alternate_and_ll_epochs_grow_across_all_their_launches():
     ctx = worker()
     bufs = buffers(ctx, ALL_REDUCE, 4096)
-    staged = [kernel_call(ctx, "lsa_staged", c, bufs, 0).call for c in (8, 32)]
-    ll = [kernel_call(ctx, "lsa_ll", c, bufs, 1).call for c in (8, 32)]
+    staged = [kernel_call(ctx, ALL_REDUCE, "lsa_staged", c, bufs, 0).call for c in (8, 32)]
+    ll = [kernel_call(ctx, ALL_REDUCE, "lsa_ll", c, bufs, 1).call for c in (8, 32)]
     for f in (staged[0], ll[1], staged[1], ll[0], staged[0]):
         f()
     parities = [a[4][5] for a in ctx.launches if a[1] == "allreduce_staged"]

@@ -22,8 +22,8 @@ from cuco.errors import InputError
 from cuco.evaluate.jobs import N_CHECKED, STRESS_US, fresh_seed
 from cuco.evaluate.programs import InputSet, Program, guarded_output, host_program, input_sets
 from cuco.evaluate.verification import HOST, judge
-from cuco.runtime.collective_launch import (KERNEL_VARIANTS, CollectiveBuffers, CollectiveInputs,
-                                            CollectiveOp, collective_op, host_call, kernel_call)
+from cuco.runtime.collective_launch import (KERNEL_VARIANTS, CollectiveInputs, CollectiveOp, collective_op,
+                                            host_call, kernel_call, prepare_buffers)
 from cuco.runtime.dtypes import EPS
 from cuco.runtime.records import RankResult
 
@@ -122,10 +122,10 @@ class CollectiveCase:
         if not kernels:
             return programs
         out, guards = guarded_output(nout, dtype)
-        bufs = CollectiveBuffers.prepare(ctx, data, [st.inputs["x"] for st in sets], kernels, out, guards,
-                                         {"lsa": self.lsa_cubin, "nvshmem": self.nvshmem_cubin})
+        bufs = prepare_buffers(ctx, data, [st.inputs["x"] for st in sets], kernels, out, guards,
+                               {"lsa": self.lsa_cubin, "nvshmem": self.nvshmem_cubin})
         for name, (variant, ctas) in self.kernel_programs(ctx.world_size).items():
-            calls = [kernel_call(ctx, variant, ctas, bufs, j) for j in range(len(sets))]
+            calls = [kernel_call(ctx, data.op, variant, ctas, bufs, j) for j in range(len(sets))]
             programs[name] = Program([c.call for c in calls], [c.output for c in calls], calls[0].guards,
                                      shares=KERNEL_VARIANTS[variant].shares)
         return programs
