@@ -6,7 +6,7 @@
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import lsa_collectives
 from cuco.runtime import WorkerGroup, visible_gpus
-from cuco.runtime.collective_ops import CollectiveCase
+from cuco.evaluate.collective_job import CollectiveCase
 from cuco.runtime.records import merge_ranks
 
 

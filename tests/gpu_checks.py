@@ -47,8 +47,10 @@ def assert_edit_is_caught(group, wl, d: Directives, old: str, new: str, name: st
 def assert_collectives_correct(group, cubins: dict[str, str], op: str, elements: int, *,
                                seeds=(1, 2), timeout: int = 180) -> dict:
     """cuco's LSA / NVSHMEM collectives and NCCL's, on random data of ``elements`` bf16 per
-    rank and fresh ``seeds``: every variant's every element right. Returns the last merge."""
-    from cuco.runtime.collective_ops import CollectiveCase
+    rank and fresh ``seeds`` (check-only jobs of the evaluator's verification: every program
+    called once per input set, each call poisoned, stressed and compared element by element):
+    every variant right. Returns the last merge."""
+    from cuco.evaluate.collective_job import CollectiveCase
     from cuco.runtime.records import merge_ranks
     merged: dict = {}
     for seed in seeds:

@@ -54,7 +54,7 @@ def test_lsa_and_nvshmem_collectives_are_right(world, cubins, op, elements):
 def test_spin_waits_meet_in_microseconds_not_time_slices(world, cubins):
     """Under MPS the ranks' kernels run at once: a one-shot all-reduce (two barriers across
     ranks) takes well under the ~4.5 ms per round trip that time-slicing costs."""
-    from cuco.runtime.collective_ops import CollectiveCase
+    from cuco.evaluate.collective_job import CollectiveCase
     from cuco.runtime.records import merge_ranks
     case = CollectiveCase("allreduce", 1 << 16, variants=("host_nccl", "lsa_oneshot"), ctas=(8,),
                           seed=3, warmup=5, iters=30, lsa_cubin=cubins["lsa"])

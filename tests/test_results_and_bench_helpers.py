@@ -9,7 +9,7 @@ import pytest
 
 from cuco import results
 from cuco.benchmarks.collectives import CollectivesBench, bus_factor, parse_size, size_label
-from cuco.runtime.collective_ops import CollectiveCase
+from cuco.evaluate.collective_job import CollectiveCase
 from cuco.runtime.records import FailedCall, ProgramRecord, RankResult, merge_ranks
 
 

@@ -33,6 +33,37 @@ def test_collectives_correct_on_random_data(gpu_group, cubins, op, elements):
     assert_collectives_correct(gpu_group, cubins, op, elements, timeout=120)
 
 
+def stale_after_two_calls(source: str) -> str:
+    """The LSA source with its one-shot all-reduce edited to stop writing its output after
+    its first two launches (its barriers kept, so no rank waits forever): every later call,
+    timed ones included, leaves the poison in place."""
+    store = "    cuco::store16((char*)out + i * 16, reduce16(in, W, i * 16));"
+    tail = "    for (size_t e = nvec * kVec + threadIdx.x; e < n; e += blockDim.x) out[e] = reduce1(in, W, e);"
+    assert store in source and tail in source
+    edited = source.replace("// One-shot all-reduce", "__device__ unsigned cuco_planted_calls;\n// One-shot all-reduce", 1)
+    edited = edited.replace(store, "    if (cuco_planted_calls < 2)\n  " + store, 1)
+    return edited.replace(tail, tail + "\n  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&cuco_planted_calls, 1u);", 1)
+
+
+def test_a_collective_that_goes_stale_on_timed_calls_is_wrong_at_a_timed_call(gpu_group):
+    """Timed calls are verified: with no checked call at all (``n_checked=0``), a one-shot
+    all-reduce that stops writing after its first launches fails, at a timed (or warm-up)
+    call, and host NCCL beside it is right."""
+    from cuco.evaluate.collective_job import CollectiveCase
+    from cuco.runtime.records import merge_ranks
+    built = Compiler().compile(stale_after_two_calls(lsa_collectives("bf16").source), needs=("nccl",),
+                               name="lsa_stale")
+    case = CollectiveCase("allreduce", 1 << 17, variants=("lsa_oneshot",), ctas=(8,), seed=4, warmup=1,
+                          iters=8, n_checked=0, lsa_cubin=str(built.path))
+    res = gpu_group.run(case, timeout=120)
+    assert res.ok, res.error_text()
+    merged = merge_ranks(res.results)
+    assert merged["host_nccl"].correct, merged["host_nccl"]
+    stale = merged["lsa_oneshot@8"]
+    assert not stale.correct and stale.calls_checked == 0, stale
+    assert stale.failed_call is not None and not stale.failed_call.checked, stale.failed_call
+
+
 def test_deadlock_returns_hang_then_recovers(gpu_group, cubins):
     from cuco.runtime.probes import LaunchProbe
     res = gpu_group.run(LaunchProbe(cubins["probes"], "spin_forever"), timeout=5)

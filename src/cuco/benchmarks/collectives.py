@@ -1,9 +1,10 @@
 """Collectives benchmark: cuco's LSA / NVSHMEM kernels against host NCCL.
 
-Every output is checked (NaN-poisoned, every element against an fp32 NCCL
-reference) before it is timed; variants are timed interleaved in one run,
-max over ranks. Also measures the worker group itself: RPC launch rate,
-respawn after a planted deadlock, and recovery from an illegal address.
+Every call is verified by the evaluator's verification job, timed ones too
+(fresh input sets, each call's output poisoned, every element against an fp32
+NCCL reference); variants are timed interleaved in one run, max over ranks.
+Also measures the worker group itself: RPC launch rate, respawn after a
+planted deadlock, and recovery from an illegal address.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class CollectivesBench:
 
     def run(self) -> Path:
         from cuco.runtime import WorkerGroup
-        from cuco.runtime.collective_ops import CollectiveCase
+        from cuco.evaluate.collective_job import CollectiveCase
         from cuco.runtime.records import merge_ranks
 
         comp = Compiler()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cuco.evaluate.schedule import N_SETS, set_seed
 from cuco.runtime import dtypes
@@ -40,7 +40,19 @@ def _class_key(cls: type) -> str:
     return hashlib.sha1(cloudpickle.dumps(cls)).hexdigest()
 
 
-def inputs_and_reference(ctx, wl, cls: type, seed: int):
+class InputSource(Protocol):
+    """What a job's input sets are drawn from: a :class:`~cuco.workloads.base.Workload`, or
+    a collective's inputs (:class:`cuco.runtime.collective_launch.CollectiveInputs`)."""
+
+    @property
+    def label(self) -> str: ...
+
+    def make_inputs(self, ctx, seed: int) -> Buffers: ...
+
+    def reference(self, ctx, inputs: Buffers) -> Any: ...
+
+
+def inputs_and_reference(ctx, wl: InputSource, cls: type, seed: int):
     """``(inputs, sealed fp32 reference, fingerprints of both)`` of ``seed``, made once per
     worker. The reference is sealed (:class:`~cuco.runtime.sealed.SealedReference`) and its
     temporaries scrubbed, so no kernel finds the answer in device memory."""
@@ -91,7 +103,7 @@ class InputSet:
     ref_fingerprint: tuple
 
 
-def input_sets(ctx, wl, cls: type, seed: int, atol_factor: float) -> list[InputSet]:
+def input_sets(ctx, wl: InputSource, cls: type, seed: int, atol_factor: float) -> list[InputSet]:
     """The job's :data:`~cuco.evaluate.schedule.N_SETS` input sets, each with its own seed
     and buffers (cached per worker like any seed)."""
     out = []

@@ -1,5 +1,7 @@
 """The verification of one job on one rank: every call of every program, in the order of
-one schedule, verified; the timed ones timed.
+one schedule, verified; the timed ones timed. It judges every program cuco times: a
+workload's (:class:`cuco.evaluate.jobs.Case`) and the collectives'
+(:class:`cuco.evaluate.collective_job.CollectiveCase`).
 
 Every call of every program is verified against the fp32 reference of its input set:
 checked calls (outputs and arena poisoned with a pattern drawn per call, the call stressed
@@ -21,7 +23,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from cuco.evaluate.programs import InputSet, Program, fingerprint_of
 from cuco.evaluate.schedule import Call, make_schedule
@@ -39,6 +41,29 @@ from cuco.workloads.base import EPS
 ACCURACY_SLACK = 2.0
 #: The program every other is held to for accuracy (the strongest host program).
 HOST = "host_nccl"
+
+
+class ScheduledJob(Protocol):
+    """What the verification reads of a job (a workload's :class:`~cuco.evaluate.jobs.Case`,
+    a collective's :class:`~cuco.evaluate.collective_job.CollectiveCase`): how its schedule
+    is drawn, and the stress and spin around its calls."""
+
+    time: bool  # False: a check-only job
+    warmup: int
+    iters: int
+    n_checked: int
+    busy_us: float
+    stress_us: float
+    schedule_seed: int
+
+
+def job_schedule(job: ScheduledJob, shares: dict[str, tuple[str, ...]], extras: list[str], *,
+                 world_size: int, sms: int, dtype: str, n_sets: int) -> list[Call]:
+    """The order of a job's calls, drawn from its settings (:func:`make_schedule`): every
+    program in ``shares`` verified, ``extras`` only timed."""
+    return make_schedule(shares, extras, seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
+                         iters=job.iters, n_checked=job.n_checked, world_size=world_size, sms=sms,
+                         dtype=dtype, n_sets=n_sets)
 
 
 def load_check_kernels(ctx, dtype: str, hog_stream) -> None:
@@ -110,7 +135,7 @@ def check_streams(ctx, dtype: str):
     return hog_stream
 
 
-def bound_halves(ctx, job, programs: dict[str, Program],
+def bound_halves(ctx, job: ScheduledJob, programs: dict[str, Program],
                  extras: dict[str, Callable[[], Callable[[], None]]]) -> dict[str, Callable[[], None]]:
     """A timing job's only-timed programs (the halves of the bound), made on the job's
     stream, and every program's first launch alone (:func:`first_launches_alone`)."""
@@ -130,7 +155,7 @@ class Verification:
     checked call); ``floor_ms``: the physical floor of one call, reported with every program.
     """
 
-    def __init__(self, ctx, job, programs: dict[str, Program], sets: list[InputSet], rtol: float,
+    def __init__(self, ctx, job: ScheduledJob, programs: dict[str, Program], sets: list[InputSet], rtol: float,
                  dtype: str, layout, floor_ms: float, hog_stream) -> None:
         self.ctx, self.job, self.programs, self.sets = ctx, job, programs, sets
         self.rtol, self.dtype, self.layout, self.hog_stream = rtol, dtype, layout, hog_stream
@@ -341,7 +366,7 @@ def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str) -> None:
             rec.correct, rec.less_accurate_than_host = False, host_l2
 
 
-def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[], Callable[[], None]]],
+def judge(ctx, job: ScheduledJob, programs: dict[str, Program], extras: dict[str, Callable[[], Callable[[], None]]],
           sets: list[InputSet], rtol: float, dtype: str, layout, floor_ms: float = 0.0) -> RankResult:
     """Verify and time every program of a job on this rank, in the order of one schedule
     (the module's docstring says how). ``extras``: makers of the halves of the bound, only
@@ -351,10 +376,8 @@ def judge(ctx, job, programs: dict[str, Program], extras: dict[str, Callable[[],
     hog_stream = check_streams(ctx, dtype)
     fns = bound_halves(ctx, job, programs, extras)
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    schedule = make_schedule({n: p.shares for n, p in programs.items()}, list(fns),
-                             seed=job.schedule_seed, check_only=not job.time, warmup=job.warmup,
-                             iters=job.iters, n_checked=job.n_checked, world_size=ctx.world_size,
-                             sms=sms, dtype=dtype, n_sets=len(sets))
+    schedule = job_schedule(job, {n: p.shares for n, p in programs.items()}, list(fns),
+                            world_size=ctx.world_size, sms=sms, dtype=dtype, n_sets=len(sets))
     v = Verification(ctx, job, programs, sets, rtol, dtype, layout, floor_ms, hog_stream)
     v.run(schedule, fns)
     v.tally(schedule)

@@ -1,7 +1,7 @@
 """What a verification job reports about each program it ran: typed, one rank's and merged.
 
 A job (the evaluator's :class:`cuco.evaluate.jobs.Case`, the collectives'
-:class:`cuco.runtime.collective_ops.CollectiveCase`) returns one :class:`RankResult` per
+:class:`cuco.evaluate.collective_job.CollectiveCase`) returns one :class:`RankResult` per
 rank, holding a :class:`ProgramRecord` per program; the parent merges them over the ranks
 into one :class:`ProgramResult` per program (:func:`merge_ranks`: the slowest rank's time,
 the worst error, correct only where every rank was). Every reader (the evaluator's verdict,
