@@ -72,9 +72,11 @@ def _isolated_cache(kernel_cache, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gpu_group():
-    """A 2-GPU worker group with NVSHMEM, shared by a module's GPU tests."""
+    """The multi-rank tests' worker group, with NVSHMEM, shared by a module's GPU tests: two
+    GPUs' ranks, or every rank of an emulated world (``CUCO_EMULATE=W``), so the same tests
+    run at W = 2 and W = 4 on one GPU."""
     from cuco.runtime import WorkerGroup
-    g = WorkerGroup(2, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
+    g = WorkerGroup(TEST_WORLD, nvshmem=True, env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)})
     g.start()
     yield g
     g.close()

@@ -24,14 +24,14 @@ pytestmark = pytest.mark.gpu(count=1)
 def _workloads(w: int):
     from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
     out = [cls(m=1024, n=1024, k=1024, world_size=w) for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm)]
-    if w == 2:  # the pipelines pair two ranks
+    if w >= 2 and w % 2 == 0:  # KV transfer pairs prefill and decode ranks
         from cuco.workloads.cp import CPAttention
         from cuco.workloads.kv import KVTransfer
         from cuco.workloads.moe import MoE
-        out += [KVTransfer(2, layers=2, tokens=256, hidden=1024, kv_dim=256, heads=8, head_dim=64,
+        out += [KVTransfer(w, layers=2, tokens=256, hidden=1024, kv_dim=256, heads=8, head_dim=64,
                            ffn=2048),
-                MoE(2, tokens=96, hidden=512, ffn=256, experts=8, topk=3),
-                CPAttention(2, seq=2048, heads=4, causal=True)]
+                MoE(w, tokens=96, hidden=512, ffn=256, experts=8, topk=3),
+                CPAttention(w, seq=2048, heads=4, causal=True)]
     return out
 
 

@@ -13,6 +13,9 @@ from cuco import CandidateDB, Directives, make_problem
 from cuco.workloads import for_problem
 from cuco.workloads.base import load_plugin
 from conftest import EMULATED, REAL_GPUS
+
+#: two ranks (emulated on one GPU where there is only one), or every rank of an emulated world
+WORLD = max(2, EMULATED)
 from gpu_checks import assert_edit_is_caught, assert_variants_correct
 
 pytestmark = pytest.mark.gpu(count=1)
@@ -28,7 +31,7 @@ def op():
 @pytest.fixture(scope="module")
 def world():
     from cuco.runtime import WorkerGroup
-    g = WorkerGroup(2, emulate=bool(EMULATED) or REAL_GPUS < 2, nvshmem=True,
+    g = WorkerGroup(WORLD, emulate=bool(EMULATED) or REAL_GPUS < 2, nvshmem=True,
                     env={"NVSHMEM_SYMMETRIC_SIZE": str(1 << 30)}).start()
     yield g
     g.close()
@@ -41,8 +44,8 @@ def side(backend="lsa", issuer="warp", chunk=64 << 10, ctas=4) -> Directives:
 
 @pytest.fixture(scope="module")
 def wl(op):
-    """The op at a small shape: 512 rows of 768 columns per rank."""
-    return for_problem(make_problem("gemm_allgather", "1024x512x768", world_size=2))
+    """The op at a small shape: 1024 / W rows of 768 columns per rank."""
+    return for_problem(make_problem("gemm_allgather", "1024x512x768", world_size=WORLD))
 
 
 @pytest.mark.parametrize("backend,issuer", [("lsa", "warp"), ("nvshmem", "cta")])

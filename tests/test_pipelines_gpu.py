@@ -1,10 +1,11 @@
-"""GPU tests (2 GPUs): every fused variant of the pipeline workloads is correct on fresh
+"""GPU tests (2 GPUs, or an emulated world of W ranks): every fused variant of the pipeline workloads is correct on fresh
 seeds, at small configs, including the edge routings of the MoE layer."""
 
 from __future__ import annotations
 
 import pytest
 
+from conftest import TEST_WORLD
 from cuco.design import Directives
 from gpu_checks import assert_edit_is_caught, assert_variants_correct
 
@@ -15,16 +16,17 @@ def _workloads():
     from cuco.workloads.cp import CPAttention
     from cuco.workloads.kv import KVTransfer
     from cuco.workloads.moe import MoE
+    W = TEST_WORLD
     return {
-        "kv": KVTransfer(2, layers=3, tokens=512, hidden=1024, kv_dim=256, heads=8, head_dim=64,
+        "kv": KVTransfer(W, layers=3, tokens=512, hidden=1024, kv_dim=256, heads=8, head_dim=64,
                          ffn=2048),
-        "moe": MoE(2, tokens=96, hidden=512, ffn=256, experts=8, topk=3),
-        "moe_one_expert": MoE(2, tokens=96, hidden=512, ffn=256, experts=8, topk=3,
+        "moe": MoE(W, tokens=96, hidden=512, ffn=256, experts=8, topk=3),
+        "moe_one_expert": MoE(W, tokens=96, hidden=512, ffn=256, experts=8, topk=3,
                               routing="one_expert"),
-        "moe_empty_experts": MoE(2, tokens=96, hidden=512, ffn=256, experts=8, topk=3,
+        "moe_empty_experts": MoE(W, tokens=96, hidden=512, ffn=256, experts=8, topk=3,
                                  routing="empty_experts"),
-        "cp_causal": CPAttention(2, seq=2048, heads=4, causal=True),
-        "cp_full": CPAttention(2, seq=2048, heads=4, causal=False),
+        "cp_causal": CPAttention(W, seq=2048, heads=4, causal=True),
+        "cp_full": CPAttention(W, seq=2048, heads=4, causal=False),
     }
 
 

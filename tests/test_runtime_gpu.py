@@ -1,8 +1,9 @@
-"""GPU tests of the runtime (2 GPUs): collectives at odd sizes, planted faults."""
+"""GPU tests of the runtime (2 GPUs, or an emulated world of W ranks): collectives at odd sizes, planted faults."""
 
 from __future__ import annotations
 
 import pytest
+from conftest import EMULATED, TEST_WORLD
 
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import lsa_collectives, nvshmem_collectives
@@ -27,7 +28,7 @@ def cubins():
 @pytest.mark.parametrize("op,elements", [
     ("allreduce", 100_003), ("allreduce", 1 << 20), ("allreduce", 3 * 1024 + 5),
     ("allgather", 100_003), ("allgather", 1 << 20),
-    ("reducescatter", 2 * 100_003), ("reducescatter", 1 << 20),
+    ("reducescatter", TEST_WORLD * 100_003), ("reducescatter", 1 << 20),
 ])
 def test_collectives_correct_on_random_data(gpu_group, cubins, op, elements):
     assert_collectives_correct(gpu_group, cubins, op, elements, timeout=120)
@@ -68,7 +69,8 @@ def test_deadlock_returns_hang_then_recovers(gpu_group, cubins):
     from cuco.runtime.probes import LaunchProbe
     res = gpu_group.run(LaunchProbe(cubins["probes"], "spin_forever"), timeout=5)
     assert res.status == "hang"
-    assert res.respawn_s is not None and res.respawn_s < 15
+    # emulated: W MPS clients tear down, and the new workers meet over NCCL's sockets again
+    assert res.respawn_s is not None and res.respawn_s < (30 if EMULATED else 15)
     assert gpu_group.run(LaunchProbe(cubins["probes"]), timeout=60).ok
 
 

@@ -1,8 +1,9 @@
-"""GPU tests (2 GPUs): every side-stream variant of a small grid is correct on fresh seeds."""
+"""GPU tests (2 GPUs, or an emulated world of W ranks): every side-stream variant of a small grid is correct on fresh seeds."""
 
 from __future__ import annotations
 
 import pytest
+from conftest import TEST_WORLD
 
 from cuco.design import Directives, GemmProblem
 from cuco.kernels import Compiler
@@ -34,7 +35,7 @@ def test_side_stream_grid_is_correct(gpu_group, family, shape):
     from cuco.workloads import for_problem
 
     m, n, k = shape
-    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2)
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     comp = Compiler()
     points = grid(problem)
     sources = [render_tp(problem, d)[0] for d in points]
@@ -70,7 +71,7 @@ def test_side_stream_is_correct_at_a_ragged_m(gpu_group, family, shape, dtype):
     from cuco.workloads import for_problem
 
     m, n, k = shape
-    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=2, dtype=dtype)
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD, dtype=dtype)
     points = grid(problem) + [Directives(backend="lsa", placement="side_stream", sync_scope="chunk",
                                          issuer="cta", chunk_bytes=8 << 20, comm_ctas=8)]
     plans = [ChunkPlan.for_problem(problem, d) for d in points]

@@ -112,9 +112,9 @@ def test_a_reduction_that_skips_its_flag_wait_is_caught(world_group, comm_warps,
     d = in_kernel("epilogue", "lsa", "cta", comm_warps=comm_warps, schedule=schedule,
                   **({"tile_n": 128, "stages": 6} if schedule == "pingpong" else {}))
     cheat = "  wait_peers<N>(p, me, [&](int r) { return partial_slot(r, t); });\n"
-    specs = build(GemmProblem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=2), [d],
+    specs = build(GemmProblem(workload="gemm_reducescatter", m=m, n=n, k=k, world_size=TEST_WORLD), [d],
                   edit=lambda s: s.replace(cheat, "  group_sync<N>();\n"))
-    res = world_group.run(Case(GemmReduceScatter(m=m, n=n, k=k, world_size=2), variants=specs, seed=7, time=False),
+    res = world_group.run(Case(GemmReduceScatter(m=m, n=n, k=k, world_size=TEST_WORLD), variants=specs, seed=7, time=False),
                         timeout=120)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
