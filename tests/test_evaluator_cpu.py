@@ -184,6 +184,24 @@ def test_only_timing_jobs_carry_the_other_host_programs(ev):
     assert (timing.time, timing.baselines) == (True, True)
 
 
+def test_torchs_fused_ops_join_timing_jobs_unless_asked_not_to_or_emulated(ev):
+    """A TP candidate's baseline may be torch's fused op (issue #36): the timing job carries
+    the peers (verified like any program), check-only stages do not; an emulated world times
+    nothing, so it carries none; ``peers=False`` leaves them out."""
+    from types import SimpleNamespace
+
+    from cuco.evaluate.jobs import VariantSpec
+    from cuco.workloads.tp import torch_fused
+    spec = VariantSpec("candidate", D.to_json(), "unused.cubin")
+    assert torch_fused.PEER in ev.workload.host_programs  # it can be chosen as the baseline
+    assert ev.case(ev.problem, spec, seed=1, time_it=True).peers
+    assert not ev.case(ev.problem, spec, seed=1, time_it=False).peers
+    ev.group = SimpleNamespace(emulated=True)
+    assert not ev.case(ev.problem, spec, seed=1, time_it=True).peers
+    ev.group, ev.peers = None, False
+    assert not ev.case(ev.problem, spec, seed=1, time_it=True).peers
+
+
 def test_the_full_stage_checks_both_fresh_seeds_in_one_job(ev):
     """One job carries both seeds' input sets (the checks of two jobs, one dispatch)."""
     from cuco.evaluate.jobs import VariantSpec

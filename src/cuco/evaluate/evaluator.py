@@ -133,7 +133,7 @@ class Evaluator:
     def __init__(self, workload: Workload, *, group=None, db: CandidateDB | None = None,
                  compiler: Compiler | None = None, seeds: tuple[int, int] | None = None,
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
-                 run_id: int | None = None, timing_batch: int = TIMING_BATCH):
+                 run_id: int | None = None, timing_batch: int = TIMING_BATCH, peers: bool = True):
         self.workload = workload
         self.problem = workload.problem
         self.group = group
@@ -145,6 +145,11 @@ class Evaluator:
         self.timeouts = timeouts or StageTimeouts()
         self.timing_iters = timing_iters
         self.timing_batch = max(1, timing_batch)
+        #: Other libraries' fused ops (torch's, where torch runs in the workers) join every
+        #: timing job as verified programs, and the fastest correct one can be the baseline a
+        #: candidate is scored against (:meth:`Workload.strongest_host`). Not in an emulated
+        #: world, where nothing is timed.
+        self.peers = peers
         self.run_id = run_id
         self.warm = False
         self.warmup_timeout_s = 600.0
@@ -188,7 +193,8 @@ class Evaluator:
         several), on the input sets of ``seed`` (several seeds: all their sets in one job)."""
         specs = spec if isinstance(spec, list) else [spec]
         return Case(self.workload_at(problem), variants=specs, seed=seed, time=time_it,
-                    iters=self.timing_iters, baselines=time_it)
+                    iters=self.timing_iters, baselines=time_it,
+                    peers=time_it and self.peers and not getattr(self.group, "emulated", False))
 
     # ---- the cascade --------------------------------------------------------------------
     def _compiler(self) -> Compiler:
@@ -445,6 +451,8 @@ class Evaluator:
                                    "host": {k: host_program.notes.get(k) for k in ("gemm", "collective")},
                                    "host_default_ms": default.ms if default is not None else None,
                                    "baseline": baseline,
+                                   # the peers (torch's fused ops) that could not join, and why
+                                   "peers_skipped": host_program.notes.get("peers_skipped"),
                                    "floor_ms": rec.floor_ms,
                                    "calls_verified": rec.calls_verified,
                                    "compile_s": c.compile_s})
