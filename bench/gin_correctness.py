@@ -1,18 +1,18 @@
 """The GIN kernels checked on the emulated GIN, in an emulated world on one GPU
 -> bench/results/gin_correctness.json.
 
-    python bench/gin_correctness.py                 # W = 2 and 4, every TP family and issuer
+    python bench/gin_correctness.py                 # W = 2 and 4, every GIN family and issuer
     python bench/gin_correctness.py --worlds 2 --issuers cta
 
 NCCL's own GIN cannot run on the machines lent here (it needs GDRCopy and an RDMA network:
 docs/gin-on-one-host.md). So the GIN templates run on cuco's emulated GIN
 (``cuco/gin.cuh``), whose proxy completes puts late and out of order, as GIN allows. Every
-TP family's side-stream GIN kernel, for each issuer, goes through the real evaluator (static
-checks, compile, small and full checks on fresh seeds, the timing job whose every call is
-verified); two planted kernels that break GIN's rules (a source reused before ``flush``,
-received data read before its signal) must be judged wrong. Rows carry ``gin: emulated``
-and no speedup: NCCL's GIN transport itself is not exercised, and emulated times mean
-nothing.
+TP family's side-stream GIN kernel and the MoE layer's GIN kernels (dispatch, expert GEMMs,
+combine), for each issuer, go through the real evaluator (static checks, compile, small and
+full checks on fresh seeds, the timing job whose every call is verified); the planted
+kernels that break GIN's rules (a source reused before ``flush``, received data read before
+its signal; TP AllReduce and MoE) must be judged wrong. Rows carry ``gin: emulated`` and no
+speedup: NCCL's GIN transport itself is not exercised, and emulated times mean nothing.
 """
 
 from __future__ import annotations
@@ -45,22 +45,22 @@ def _row(kind: str, family: str, world: int, d, r, expect_ok: bool) -> dict:
 def run_world(world: int, issuers: tuple[str, ...], plants: bool, db: CandidateDB) -> tuple[list[dict], str]:
     rows = []
     timeouts = StageTimeouts(small=90, full=180, timing=240)
+    planted = {name: make(world) for name, make in gin.PLANTS.items()} if plants else {}
     with WorkerGroup(world, emulate=True) as group:
         for family in gin.FAMILIES:
             wl = for_problem(gin.problem(family, world))
             ev = Evaluator(wl, group=group, db=db, timing_iters=5, timeouts=timeouts)
             cands = [Candidate(gin.directives(i)) for i in issuers]
             kinds = ["kernel"] * len(cands)
-            if plants and family == "gemm_allreduce":
-                for name, make in gin.PLANTS.items():
-                    _, d, src = make(world)
+            for name, (problem, d, src) in planted.items():
+                if problem.workload == family:
                     cands.append(Candidate(d, src))
                     kinds.append(f"plant:{name}")
             t0 = time.perf_counter()
             for kind, c, r in zip(kinds, cands, ev.evaluate_many(cands)):
                 row = _row(kind, family, world, c.directives, r, expect_ok=kind == "kernel")
                 rows.append(row)
-                print(f"W={world} {family:<19} {kind:<36} {c.directives.issuer.value:<6} {r.status:<8} "
+                print(f"W={world} {family:<19} {kind:<44} {c.directives.issuer.value:<6} {r.status:<8} "
                       f"{r.stage_reached:<8} {'ok' if row['as_expected'] else 'UNEXPECTED'} "
                       f"{(r.error or '')[:70]}", flush=True)
             print(f"  {family}: {len(cands)} candidates in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -1,5 +1,5 @@
-"""The GIN kernels on the emulated GIN (issue 35): every TP family is right, and kernels that
-rely on more ordering than GIN promises are wrong.
+"""The GIN kernels on the emulated GIN (issue 35): every TP family and the MoE layer are right,
+and kernels that rely on more ordering than GIN promises are wrong.
 
 NCCL's own GIN cannot run on the machines cuco is lent (docs/gin-on-one-host.md), so these
 run only in an emulated world (``CUCO_EMULATE=W`` on one GPU), on ``cuco/gin.cuh``'s
@@ -37,6 +37,17 @@ def test_gin_kernels_are_right_on_the_emulated_gin(group, family):
         assert r.status == "ok", (issuer, r.status, r.error)
         assert r.extra["gin"] == "emulated" and r.extra["emulated"] is True
         assert r.speedup is None and r.time_ms is None  # emulated times are never scores
+
+
+def test_moe_gin_with_empty_experts_and_groups_is_right(group):
+    """Half of every rank's experts get no token, so whole expert groups receive nothing: no
+    put is made for an empty block and no signal is waited for, on both sides alike."""
+    wl = for_problem(gin.problem("moe", TEST_WORLD).model_copy(update={"routing": "empty_experts"}))
+    d = gin.directives("warp")
+    assert wl.groups(d) == 2
+    r = Evaluator(wl, group=group, timing_iters=5).evaluate(d)
+    assert r.status == "ok", (r.status, r.error)
+    assert r.extra["gin"] == "emulated"
 
 
 @pytest.mark.parametrize("plant", sorted(gin.PLANTS))

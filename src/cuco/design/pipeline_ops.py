@@ -9,9 +9,9 @@ compute (:mod:`cuco.workloads.pipeline`):
 * ``cp_attention``  context-parallel attention over zig-zag chunks
   (:class:`~cuco.design.CPProblem`)
 
-Everything else asks the :class:`PipelineOp` object (its problem class, the template its
-fused kernels are rendered from, which stream-ordered values it offers and on which
-backends) instead of comparing its name: a name (a string from the CLI, a database row, a
+Everything else asks the :class:`PipelineOp` object (its problem class, the templates its
+fused kernels are rendered from, the backends they take, which stream-ordered values it
+offers and on which backends) instead of comparing its name: a name (a string from the CLI, a database row, a
 problem's ``workload``, a rendered source's name) is looked up here once, by
 :func:`find_op` (or :func:`pipeline_op`), where it arrives. A user's op (a
 :class:`PipelineOp` of a problem class of its own, e.g. ``examples/custom_op.py``) joins the
@@ -42,12 +42,16 @@ class PipelineOp:
     name: str
     #: the :class:`Problem` subclass of its shapes
     problem: type[Problem]
-    #: the template its fused (side-stream) kernels are rendered from
+    #: the template its fused (side-stream) kernels are rendered from, on one host (LSA and
+    #: NVSHMEM: a sender stores into, or puts to, its peer's arena)
     template: str
     #: the backends its stream-ordered variants (``sync_scope=stream``,
     #: ``issuer=copy_engine``) run on; empty: it has none. The arena (an NCCL window or the
     #: NVSHMEM heap) gives the sender its peer's address to copy to.
     stream_ordered_backends: tuple[Backend, ...] = ()
+    #: the template of its GIN variants (ranks on different hosts: every byte that crosses
+    #: ranks is a GIN put with a signal, no peer pointer); None: it has no GIN variant
+    gin_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.problem.model_fields["workload"].default != self.name:
@@ -58,6 +62,16 @@ class PipelineOp:
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """The backends its fused templates render: LSA and NVSHMEM, and GIN where it has a
+        GIN template (the one table the design space and the workloads read)."""
+        return (Backend.LSA, Backend.NVSHMEM) + ((Backend.GIN,) if self.gin_template else ())
+
+    def template_for(self, backend: Backend | str) -> str:
+        """The template a fused variant on ``backend`` is rendered from."""
+        return self.gin_template if Backend(backend) is Backend.GIN and self.gin_template else self.template
 
     @property
     def stream_ordered(self) -> bool:
@@ -76,7 +90,7 @@ class PipelineOp:
         return (*base, SyncScope.STREAM) if self.stream_ordered else base
 
 
-MOE = PipelineOp("moe", MoEProblem, "moe.cu.j2")
+MOE = PipelineOp("moe", MoEProblem, "moe.cu.j2", gin_template="moe_gin.cu.j2")
 KV_TRANSFER = PipelineOp("kv_transfer", KVProblem, "kv_transfer.cu.j2",
                          (Backend.LSA, Backend.NVSHMEM))
 CP_ATTENTION = PipelineOp("cp_attention", CPProblem, "cp_attention.cu.j2")

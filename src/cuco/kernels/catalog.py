@@ -80,11 +80,11 @@ def template_of(source: KernelSource) -> str:
         return "collectives_lsa.cu.j2"
     if source.name.startswith("nvshmem_collectives"):
         return "collectives_nvshmem.cu.j2"
-    if "gin.side_stream" in source.name:
-        return "tp_side_stream_gin.cu.j2"
     op = find_op(source.name.split(".", 1)[0])  # a pipeline op's sources start with its label
     if op is not None and "." in source.name:
-        return op.template
+        return op.template_for("gin" if ".gin.side_stream." in source.name else "lsa")
+    if "gin.side_stream" in source.name:
+        return "tp_side_stream_gin.cu.j2"
     if ".epilogue." in source.name or ".dedicated_ctas." in source.name:
         return "tp_fused.cu.j2"
     if "side_stream" in source.name:

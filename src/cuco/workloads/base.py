@@ -102,7 +102,8 @@ class Workload(ABC):
     problem_type: ClassVar[type[Problem]]
     #: Placements with a fused template (the design space offers these only).
     placements: ClassVar[tuple[Placement, ...]]
-    #: Backends with a fused template on one host.
+    #: Backends with a fused template (``gin`` only for ranks on different hosts: the design
+    #: rules refuse it on one host); a pipeline workload takes its op's.
     backends: ClassVar[tuple[Backend, ...]] = (Backend.LSA, Backend.NVSHMEM)
     #: Host programs of equal standing that a job checks and times (e.g. one GEMM library or
     #: another): the fastest correct one is the baseline of every speedup (:meth:`strongest_host`).

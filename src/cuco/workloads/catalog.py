@@ -8,7 +8,7 @@ being compile-checked.
 
 from __future__ import annotations
 
-from cuco.design import Directives
+from cuco.design import Backend, Directives
 from cuco.kernels.catalog import SHIMS, compile_report, kernel_sources, template_of
 from cuco.kernels.collectives import KernelSource
 from cuco.workloads.cp import CPAttention
@@ -17,18 +17,19 @@ from cuco.workloads.moe import MoE, grouped_gemm_source
 
 
 def pipeline_sources() -> list[KernelSource]:
-    """KV transfer, MoE and context-parallel attention: every backend and issuer at a
-    small shape."""
+    """KV transfer, MoE and context-parallel attention: every backend each has and every
+    issuer, at a small shape (GIN on a problem whose ranks span hosts, as GIN requires)."""
     cp = CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True)
     workloads = (KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
                  MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2), cp)
     out = []
     for wl in workloads:
-        for backend in ("lsa", "nvshmem"):
+        for backend in wl.backends:
+            at = wl.at(wl.problem.model_copy(update={"has_network": True})) if backend is Backend.GIN else wl
             for issuer in ("thread", "warp", "cta"):
                 d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
-                out.append(wl.render(d))
+                out.append(at.render(d))
     out.append(grouped_gemm_source())  # the MoE layer's expert GEMMs (one build, any shape)
     out.append(layer_kernel_source())  # the KV prefill's RMSNorm, causal softmax, SwiGLU
     out.append(cp.core_kernel_source())  # the attention kernel the CP host programs run

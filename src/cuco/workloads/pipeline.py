@@ -5,7 +5,8 @@ are not one GEMM and one collective: each is a sequence of compute steps whose
 inputs or outputs cross ranks piece by piece. Their fused variants share one
 shape: the compute steps are enqueued on the compute stream and raise (or wait
 for) per-chunk flags; one persistent communication kernel on a second stream
-moves each piece as soon as it exists, by LSA stores or NVSHMEM puts. Buffers
+moves each piece as soon as it exists, by LSA stores or NVSHMEM puts (or, for ranks on
+different hosts where an op has a GIN template, GIN puts). Buffers
 that peers touch live in the symmetric arena (:mod:`cuco.runtime.arena`).
 
 :class:`PipelineWorkload` is what such a workload implements on top of the workload
@@ -65,6 +66,8 @@ class PipelineWorkload(Workload):
                 cls.family = op.name
             if "problem_type" not in cls.__dict__:
                 cls.problem_type = op.problem
+            if "backends" not in cls.__dict__:
+                cls.backends = op.backends  # the op's table: GIN where it has a GIN template
         super().__init_subclass__(**kw)
 
     def __init__(self, world_size: int = 2, **shape):
@@ -89,7 +92,7 @@ class PipelineWorkload(Workload):
 
     def supported(self, d: Directives) -> list[str]:
         """What every pipeline template shares (a side stream driven by chunk flags, a
-        one-host backend), then whether this shape can be cut by ``d``."""
+        backend its op has a template for), then whether this shape can be cut by ``d``."""
         bad = []
         if d.placement.in_kernel:
             bad.append(f"placement: {self.family} has a fused template for placement=side_stream "
@@ -97,8 +100,7 @@ class PipelineWorkload(Workload):
                        f"{d.placement.value}")
         if d.backend not in self.backends:
             bad.append(f"backend: {self.family} is rendered for "
-                       f"{' and '.join(b.value for b in self.backends)} (ranks on one host), not "
-                       f"{d.backend.value}")
+                       f"{' and '.join(b.value for b in self.backends)}, not {d.backend.value}")
         if bad:
             return bad
         try:

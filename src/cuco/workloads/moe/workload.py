@@ -15,7 +15,11 @@ rows then up rows) and ``wd [E/w, H, F]``. Each rank's output is
   exchange of counts in a kernel, rows stored straight into the owner's expert-major
   buffer, one CUTLASS grouped GEMM per projection whose sizes the device writes
   (:mod:`cuco.workloads.moe.grouped_gemm`), and a combine that reads each pair's output from its
-  owner and writes the weighted sum. No host synchronisation in a call.
+  owner and writes the weighted sum. No host synchronisation in a call;
+* fused for ranks on different hosts (``backend=gin``, ``moe_gin.cu.j2``,
+  :mod:`cuco.workloads.moe.gin`): the same call with every byte that crosses ranks a GIN put
+  (the rows staged in the arena first), and the combine pushed: each owner puts its experts'
+  outputs back to the pairs' sources.
 
 The layout both sides agree on is :func:`routing_tables` (numpy; the kernel computes the
 same on the device). The fp32 reference all-gathers tokens and picks, computes every local
@@ -29,7 +33,7 @@ import math
 
 import numpy as np
 
-from cuco.design import Directives, MoEProblem
+from cuco.design import Backend, Directives, MoEProblem
 from cuco.design.pipeline_ops import MOE
 from cuco.design.problem import DTYPE_BYTES
 from cuco.design.tiles import sizes_cutting
@@ -39,15 +43,15 @@ from cuco.runtime import dtypes
 from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
-from cuco.runtime.timing import spin
+from cuco.workloads.moe import gin as moe_gin
 from cuco.workloads.moe import host as moe_host
+from cuco.workloads.moe.gin import MoEGinRunner
+from cuco.workloads.moe.runner import MoERunner
 from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check
 
 #: Shared memory the routing kernel may use for its per-warp expert counters.
 ROUTE_SMEM = 40 << 10
-#: Threads of the combine kernel's CTAs, and at most how many CTAs it runs.
-COMBINE_THREADS, COMBINE_CTAS = 256, 528
 
 
 def route(shape: MoEProblem, world_size: int, seed: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,9 +153,14 @@ class MoE(PipelineWorkload):
         return max(1, min(32, ROUTE_SMEM // (4 * self.shape.experts)))
 
     def layout(self) -> ArenaLayout:
+        """Every rank's receive buffer, expert outputs and count matrix; where the ranks span
+        hosts (the only problems with GIN variants) also the rows a GIN variant stages for its
+        puts (``send``) and the outputs its peers put back (``ret``), one row per pair each."""
         rows = self.max_recv_rows * self.row_bytes
-        return ArenaLayout.build({"recv": rows, "y": rows,
-                                  "counts": self.world_size * self.shape.experts * 4}, MAX_FLAGS * 8, 0)
+        regions = {"recv": rows, "y": rows, "counts": self.world_size * self.shape.experts * 4}
+        if self.problem.has_network:
+            regions.update(send=self.pairs * self.row_bytes, ret=self.pairs * self.row_bytes)
+        return ArenaLayout.build(regions, MAX_FLAGS * 8, 0)
 
     def work(self) -> Work:
         """An average rank (the busiest does at least as much): its share of the pairs
@@ -167,6 +176,8 @@ class MoE(PipelineWorkload):
         """One chunk per group of experts (any chunk size groups the experts somehow)."""
         g = self.groups(d)
         flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, self.family)
+        if d.backend is Backend.GIN:
+            moe_gin.plan_check(g)
         return {"groups": g}
 
     def chunk_choices(self) -> list[int]:
@@ -175,14 +186,14 @@ class MoE(PipelineWorkload):
     def render(self, d: Directives) -> KernelSource:
         self.check(d)
         s = self.shape
-        src = render(self.op.template, backend=d.backend.value, issuer=d.issuer.value,
+        src = render(self.op.template_for(d.backend), backend=d.backend.value, issuer=d.issuer.value,
                      ctype=CTYPES[self.dtype], experts=s.experts, experts_per_rank=self.local_experts,
                      tokens=s.tokens, topk=s.topk, hidden=s.hidden, ffn=s.ffn,
                      row_bytes=self.row_bytes, max_ranks=MAX_RANKS, threads=THREADS,
                      open_slot=OPEN_SLOT, route_warps=self.route_warps(), name=d.full_name,
-                     **self.plan(d))
+                     **moe_gin.template_constants(), **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        return KernelSource(self.kernel_name(d), src, needs, MoERunner.KERNELS)
+        return KernelSource(self.kernel_name(d), src, needs, self.runner_class(d).KERNELS)
 
     def grid(self) -> list[Directives]:
         return self.grid_of(sizes_cutting(self.pairs * self.row_bytes, (1, 4, 16)),
@@ -284,97 +295,10 @@ class MoE(PipelineWorkload):
     def comm_only(self, ctx, inputs: Buffers):
         return moe_host.comm_only(self, ctx, inputs)
 
+    @staticmethod
+    def runner_class(d: Directives) -> type[MoERunner]:
+        """The fused call of ``d``: GIN's (puts, signals, its proxy) or one host's."""
+        return MoEGinRunner if d.backend is Backend.GIN else MoERunner
+
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
-        return MoERunner(ctx, self, d, binary, arena, inputs, out)
-
-
-def _u64(x) -> np.uint64:
-    return np.uint64(x if isinstance(x, int) else int(x.data.ptr))
-
-
-class MoERunner:
-    """One fused call, device-side end to end (see ``moe.cu.j2``): routing and the counts'
-    exchange, then rows dispatched on the side stream while the compute stream runs each
-    expert group's grouped GEMMs as its rows arrive, then the combine."""
-
-    KERNELS = ("route_kernel", "expert_tables", "dispatch_kernel", "swiglu_kernel", "combine_kernel",
-               "set_flag_everywhere", "set_peer_flag", "wait_flags")
-
-    def __init__(self, ctx, wl: MoE, d: Directives, cubin: str, arena, inputs: Buffers, out):
-        import cupy
-        from cuco.workloads.moe.grouped_gemm import GroupedGemm, load
-        self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
-        self.output = out
-        self.stress_us = 0.0
-        self.layout = wl.layout()
-        self.groups = wl.groups(d)
-        self.f = {n: ctx.function(cubin, n) for n in self.KERNELS}
-        self.comm_stream = ctx.scratch.setdefault("side_streams", {}).setdefault(
-            "comm", cupy.cuda.Stream(non_blocking=True))
-        s, el = wl.shape, wl.local_experts
-        rows = wl.max_recv_rows
-        i32 = cupy.int32
-        self.dest, self.order = cupy.empty(wl.pairs, i32), cupy.empty(wl.pairs, i32)
-        self.send_start = cupy.empty(s.experts + 1, i32)
-        self.local_start = cupy.empty(el + 1, i32)
-        key = (wl.label, str(cubin))  # one variant's runners (one per input set) share these
-        self.h = moe_host.scratch(ctx, (*key, "h"), rows * 2 * s.ffn, wl.dtype)
-        self.act = moe_host.scratch(ctx, (*key, "act"), rows * s.ffn, wl.dtype)
-        lib, sms = load(ctx), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-        self.gu = GroupedGemm(lib, ctx.device, el, 2 * s.ffn, s.hidden, sms)
-        self.dn = GroupedGemm(lib, ctx.device, el, s.hidden, s.ffn, sms)
-        self.start = cupy.cuda.Event(disable_timing=True)
-        self.done = cupy.cuda.Event(disable_timing=True)
-        self.combine_ctas = max(1, min(COMBINE_CTAS, -(-s.tokens * (self.wl.row_bytes // 16)
-                                                       // COMBINE_THREADS)))
-        ctx.stream.synchronize()
-
-    def __call__(self) -> None:
-        import cupy
-        ctx, a, wl, st, cs = self.ctx, self.arena, self.wl, self.ctx.stream, self.comm_stream
-        W, me, G, el = wl.world_size, ctx.rank, self.groups, wl.local_experts
-        per = el // G
-        data = self.layout.data
-        a.epoch += 1
-        e = np.uint64(a.epoch)
-        flags = np.uint64(self.layout.flags)
-        args = a.args(ctx)
-        k_cnt = G * MAX_RANKS  # kCnt of the template; kDone, kFin follow
-        k_done, k_fin = k_cnt + MAX_RANKS, k_cnt + 2 * MAX_RANKS
-        # arrival counters restart at zero; then peers may write here
-        cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags, 0, k_cnt * 8, st.ptr)
-        for r in range(W):
-            self.f["set_peer_flag"]((1,), (1,), (*args, flags, np.int32(OPEN_SLOT + me), np.int32(r), e),
-                                    stream=st)
-        inp = self.inputs
-        self.f["route_kernel"]((1,), (32 * wl.route_warps(),), (
-            *args, inp["ids"], self.dest, self.order, self.send_start, self.local_start,
-            np.uint64(data["counts"]), flags, e), stream=st)
-        self.start.record(st)
-        cs.wait_event(self.start)
-        self.f["dispatch_kernel"]((self.d.comm_ctas,), (THREADS,), (
-            *args, inp["x"], self.order, self.send_start, self.dest, np.uint64(data["recv"]), flags),
-            stream=cs)
-        recv, y = np.uint64(a.ptr + data["recv"]), np.uint64(a.ptr + data["y"])
-        self.f["expert_tables"]((-(-el // 128),), (128,), (
-            self.local_start, recv, inp["wgu"], self.h, self.act, inp["wd"], y,
-            *(np.uint64(p) for p in self.gu.table_ptrs()), *(np.uint64(p) for p in self.dn.table_ptrs())),
-            stream=st)
-        for g in range(G):
-            if self.stress_us:
-                spin(st, self.stress_us)
-            self.f["wait_flags"]((1,), (32,), (*args, flags, np.int32(g * MAX_RANKS), np.int32(W),
-                                               np.uint64(self.d.comm_ctas)), stream=st)
-            self.gu(st.ptr, g * per, per)
-            self.f["swiglu_kernel"]((264,), (256,), (self.h, self.act, self.local_start,
-                                                     np.int32(g * per), np.int32((g + 1) * per)), stream=st)
-            self.dn(st.ptr, g * per, per)
-        # slot [kDone + me] / [kFin + me] of every rank: each waits for all W slots
-        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_done + me), e), stream=st)
-        self.f["combine_kernel"]((self.combine_ctas,), (COMBINE_THREADS,), (
-            *args, inp["ids"], inp["weights"], self.dest, self.output, np.uint64(data["y"]), flags, e),
-            stream=st)
-        self.f["set_flag_everywhere"]((1,), (32,), (*args, flags, np.int32(k_fin + me), e), stream=st)
-        self.f["wait_flags"]((1,), (32,), (*args, flags, np.int32(k_fin), np.int32(W), e), stream=st)
-        self.done.record(cs)
-        st.wait_event(self.done)
+        return self.runner_class(d)(ctx, self, d, binary, arena, inputs, out)
