@@ -57,6 +57,9 @@ step_command() {
     tests_runtime)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_runtime_gpu.py" ;;
     tests_integrity) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;
     tests_ev_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py" ;;
+    # the side-stream plants alone, each cut by pytest at 120 s (so one that hangs still
+    # reports, and the next one runs)
+    tests_ev_plants) echo "python3 -m pytest -v -rA -p no:xdist --tb=short --timeout 120 -k 'unedited or planted' tests/test_evaluator_gpu.py" ;;
     tests_tp_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_gpu.py" ;;
     tests_in_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_in_kernel_gpu.py" ;;
     tests_pipes)     echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_pipelines_gpu.py" ;;
