@@ -271,3 +271,22 @@ def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp
     assert [r.extra["timed_with"] for r in results] == [4, 1, 4, 4]
     assert all(r.speedup and r.speedup > 1 and "timing" in r.extra["stage_s"] for r in results)
     assert len(db.evaluations()) == 4  # each verdict stored once
+
+
+def test_only_a_real_worlds_timing_job_measures_the_floor():
+    """The physical floor bounds a scored time: a check-only job and an emulated world's job
+    (whose times mean nothing) measure no peaks, which at W = 4 on one GPU all-gathered
+    256 MiB per rank over sockets in every job after a respawn; a real timing job does."""
+    from cuco.evaluate.jobs import Case
+    from cuco.runtime.worker import WorkerContext, WorkerOptions
+
+    def ctx(emulated: bool) -> WorkerContext:
+        c = WorkerContext(rank=0, world_size=2, device=0,
+                          options=WorkerOptions(gpu=False, nccl=False, emulated=emulated))
+        c.scratch["peaks"] = {"gemm_tflops": 500.0, "hbm_gbs": 3000.0, "link_gbs": 300.0}  # as measured
+        return c
+
+    wl = GemmAllReduce(m=4096, n=4096, k=4096, world_size=2)
+    assert Case(wl, time=True).floor_ms(ctx(emulated=False)) > 0
+    assert Case(wl, time=False).floor_ms(ctx(emulated=False)) == 0.0
+    assert Case(wl, time=True).floor_ms(ctx(emulated=True)) == 0.0

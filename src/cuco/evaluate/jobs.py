@@ -96,14 +96,23 @@ class Case:
             sets = [st for seed in seeds for st in input_sets(ctx, wl, type(wl), seed, atol_f)]
             gaps = wl.peer_gaps(ctx) if self.peers else {}  # asked before any peer is made
             programs = self.programs(ctx, sets, layout)
-        work = wl.work()  # peaks are measured (once per worker) only where there is work to bound
-        floor = physical_floor_ms(work, MeasurePeaks()(ctx)) if work is not None else 0.0
+        floor = self.floor_ms(ctx)
         result = judge(ctx, self, programs, self.timed_alone(ctx, sets), sets, rtol, wl.dtype, layout, floor)
         notes = wl.host_notes(ctx)
         if self.peers:
             notes["peers_skipped"] = gaps
         result.programs[HOST].notes = notes
         return result
+
+    def floor_ms(self, ctx) -> float:
+        """The physical floor of one call, where a time is scored against it: in a timing job
+        of a real world, with work to bound (the peaks are measured once per worker). A
+        check-only job scores no time, and an emulated world's times mean nothing, so neither
+        measures: the link's peak alone all-gathers 256 MiB per rank, over sockets there."""
+        work = self.workload.work()
+        if work is None or not self.time or ctx.options.emulated:
+            return 0.0
+        return physical_floor_ms(work, MeasurePeaks()(ctx))
 
     def programs(self, ctx, sets: list[InputSet], layout) -> dict[str, Program]:
         """Every verified program of the job: the host program (``host_nccl``), the
