@@ -28,7 +28,17 @@ def test_each_rank_claims_its_own_host():
     ids = {emulated.nccl_env(r)["NCCL_HOSTID"] for r in range(8)}
     assert len(ids) == 8
     assert emulated.nccl_env(3)["NCCL_SOCKET_IFNAME"] == "lo"
-    assert emulated.sm_share_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+
+
+def test_each_rank_asks_mps_for_its_sm_share_and_its_own_work_queues(monkeypatch):
+    """A rank's streams must not share one work queue (a communication kernel spinning on a
+    GEMM launched after it on another stream would wait forever); a count the user set wins."""
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    assert emulated.mps_client_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+                                          "CUDA_DEVICE_MAX_CONNECTIONS": str(emulated.WORK_QUEUES)}
+    assert int(emulated.mps_client_env(8)["CUDA_DEVICE_MAX_CONNECTIONS"]) >= 4  # main, comm, hog, proxy
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "2")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in emulated.mps_client_env(2)
 
 
 def test_groups_emulate_when_asked_or_when_devices_repeat(monkeypatch):

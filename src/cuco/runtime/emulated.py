@@ -78,14 +78,26 @@ def apply_rank_env(rank: int | None = None) -> bool:
         return False
     world = int(os.environ.get("WORLD_SIZE", "0")) or requested()
     os.environ.update(nccl_env(int(os.environ.get("RANK", "0")) if rank is None else rank))
-    os.environ.update(sm_share_env(world))
+    os.environ.update(mps_client_env(world))
     return True
 
 
-def sm_share_env(world_size: int) -> dict[str, str]:
-    """Each rank's share of the SMs under MPS: the rank's context then reports that many
-    SMs, so persistent grids sized from it fit beside every other rank's."""
-    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // world_size))}
+#: Work queues each rank asks MPS for: what a process gets by default without MPS. Under
+#: MPS the ranks' queues come from one pool, and the driver may give each fewer; a rank's
+#: streams then share queues, and a kernel that spins on work launched after it on another
+#: stream (a side-stream program's communication kernel waits on its GEMM's chunks) never
+#: sees that work start. Side-stream programs hung at W = 4 on one H100 and not at W = 2.
+WORK_QUEUES = 8
+
+
+def mps_client_env(world_size: int) -> dict[str, str]:
+    """What each rank's MPS client asks for: its share of the SMs (the rank's context then
+    reports that many SMs, so persistent grids sized from it fit beside every other rank's)
+    and its own :data:`WORK_QUEUES`, unless the caller's environment names a count."""
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // world_size))}
+    if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(WORK_QUEUES)
+    return env
 
 
 # ---- MPS ----------------------------------------------------------------------------------

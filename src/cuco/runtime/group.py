@@ -146,11 +146,11 @@ class WorkerGroup:
         env = dict(WORKER_ENV)
         if self.emulate:
             self.devices = self._emulated_devices()
-            from cuco.runtime.emulated import MpsDaemon, sm_share_env
+            from cuco.runtime.emulated import MpsDaemon, mps_client_env
             if self._mps is None:
                 self._mps = MpsDaemon.ensure()
             env.update(self._mps.env)
-            env.update(sm_share_env(self.world_size))
+            env.update(mps_client_env(self.world_size))
         elif self.gpu:
             self.devices = check_gpus(self.world_size, self.devices, need_p2p=bool(self.nccl))
         else:
