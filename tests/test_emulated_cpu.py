@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from cuco.runtime import emulated
+from cuco.runtime import emulated, safety
 from cuco.runtime.group import WorkerGroup
 
 
@@ -200,3 +200,19 @@ def test_a_launched_rank_takes_its_host_id_only_when_emulating(monkeypatch):
     assert os.environ["NCCL_HOSTID"] == emulated.nccl_env(3)["NCCL_HOSTID"]
     # its share of the SMs, so the 4 ranks' persistent kernels are resident together
     assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+def _queues_env(ctx):
+    import os
+    return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"), os.environ.get("CUDA_MODULE_LOADING")
+
+
+def test_workers_ask_for_their_own_work_queues_whatever_the_parent_set(monkeypatch):
+    """A training framework's CUDA_DEVICE_MAX_CONNECTIONS=1 in the parent would put a
+    worker's streams on one queue, where every side-stream candidate hangs: workers (real
+    processes here) run with their own count."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    with WorkerGroup(2, gpu=False) as group:
+        res = group.run(_queues_env, timeout=60)
+    assert res.ok, res.error_text()
+    assert res.results == [(str(safety.WORK_QUEUES), "EAGER")] * 2

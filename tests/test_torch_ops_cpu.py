@@ -110,6 +110,22 @@ def test_kernels_that_cannot_be_torch_ops_are_refused_at_registration(T, ops, tm
         cuco.load(copy, check_versions=False).as_torch_op()
 
 
+def test_a_side_stream_kernel_is_refused_where_every_stream_shares_one_work_queue(T, ops, tmp_path,
+                                                                                   monkeypatch):
+    """With CUDA_DEVICE_MAX_CONNECTIONS=1 (as some training frameworks set) the communication
+    kernel, launched first, would hold back the GEMM it waits for: refused at registration,
+    naming the fix; any other count registers."""
+    import cuco
+    copy = shutil.copytree(ops["gemm_allreduce"].artifact.path, tmp_path / "one_queue")
+    assert ops["gemm_allreduce"].artifact.directives.placement.value == "side_stream"
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    with pytest.raises(T.RegistrationError, match="in-kernel candidate .* or set it to 2 or more"):
+        cuco.load(copy, check_versions=False).as_torch_op()
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "4")
+    with pytest.raises(T.RegistrationError, match="already runs"):  # past the check: the shape is taken
+        cuco.load(copy, check_versions=False).as_torch_op()
+
+
 def test_ops_have_fake_impls_that_opcheck_accepts(torch, T, ops, groups):
     from torch._subclasses.fake_tensor import FakeTensorMode
     two, _ = groups

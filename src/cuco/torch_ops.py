@@ -62,6 +62,7 @@ from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCA
 from cuco.design.problem import GemmProblem
 from cuco.dispatch import CUCO, HOST, TORCH_FUSED, DispatchTable, Entry, Layer, TableMismatch
 from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
+from cuco.runtime.safety import one_work_queue
 
 
 class TorchNotInstalled(CucoError, ImportError):
@@ -178,6 +179,9 @@ class TorchOp:
             raise RegistrationError(
                 f"backend {artifact.directives.backend.value}: only LSA kernels are callable "
                 "outside cuco's workers; export an LSA candidate (`cuco db ls`, `cuco export ID`)")
+        shared_queue = None if artifact.directives.placement.in_kernel else one_work_queue()
+        if shared_queue:
+            raise RegistrationError(f"{artifact.path}: {shared_queue}")
         self.artifact, self.pattern, self.dtype = artifact, pattern, p.dtype
         self.world_size = p.world_size
         self.a_shape, self.b_shape, self.output_shape = operand_shapes(p)

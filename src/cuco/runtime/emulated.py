@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuco.errors import EnvironmentProblem
+from cuco.runtime.safety import WORK_QUEUES
 
 #: Most ranks one GPU hosts (the device structs' table size, ``kEmuMaxRanks``).
 MAX_RANKS = 8
@@ -82,21 +83,17 @@ def apply_rank_env(rank: int | None = None) -> bool:
     return True
 
 
-#: Work queues each rank asks MPS for: what a process gets by default without MPS. Under
-#: MPS the ranks' queues come from one pool, and the driver may give each fewer; a rank's
-#: streams then share queues, and a kernel that spins on work launched after it on another
-#: stream (a side-stream program's communication kernel waits on its GEMM's chunks) never
-#: sees that work start. Side-stream programs hung at W = 4 on one H100 and not at W = 2.
-WORK_QUEUES = 8
-
-
+#: Side-stream programs hung at W = 4 on one H100 and not at W = 2: under MPS the ranks'
+#: work queues come from one pool, and the driver may give each client fewer than it asks
+#: for, so each rank asks for :data:`cuco.runtime.safety.WORK_QUEUES` explicitly.
 def mps_client_env(world_size: int) -> dict[str, str]:
     """What each rank's MPS client asks for: its share of the SMs (the rank's context then
     reports that many SMs, so persistent grids sized from it fit beside every other rank's)
-    and its own :data:`WORK_QUEUES`, unless the caller's environment names a count."""
+    and its own work queues (:data:`~cuco.runtime.safety.WORK_QUEUES`), unless the
+    caller's environment names a count."""
     env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // world_size))}
     if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(WORK_QUEUES)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(WORK_QUEUES)  # a torchrun rank keeps the user's
     return env
 
 
