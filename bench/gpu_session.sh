@@ -27,6 +27,9 @@ fi
 mkdir -p "$OUT/logs" "$OUT/results"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 R="--out-dir $OUT/results"
+# pytest's own limit per test (fixtures included): a test that hangs fails with its stack and
+# the step goes on to the next test, instead of the whole step being cut with no summary
+PT="python3 -m pytest -v -p no:xdist --tb=short --timeout ${TEST_TIMEOUT:-240}"
 if [ -n "${EMULATE:-}" ]; then
   # one MPS daemon for every step: each worker group finds it running and uses it
   export CUCO_EMULATE=$EMULATE CUDA_MPS_PIPE_DIRECTORY=/tmp/cuco-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/cuco-mps/log
@@ -48,41 +51,41 @@ step_command() {
     tests_pipelines) echo "python3 -m pytest -v -n 4 tests/test_moe_gpu.py tests/test_kv_gpu.py tests/test_cp_attention_gpu.py tests/test_pipelines_gpu.py" ;;
     tests_tp)        echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py tests/test_host_baseline_gpu.py" ;;
     tests_evaluator) echo "python3 -m pytest -v -n 4 tests/test_evaluator_in_kernel_gpu.py tests/test_evaluator_gpu.py" ;;
-    tests_torch_ops) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_torch_ops_gpu.py" ;;
-    tests_graph)     echo "python3 -m pytest -v -p no:xdist --tb=short -k 'replays or refused' tests/test_torch_ops_gpu.py" ;;
-    tests_moe)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_moe_gpu.py" ;;
-    tests_kv)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_kv_gpu.py" ;;
-    tests_cp)        echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_cp_attention_gpu.py" ;;
-    tests_emulated)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_emulated_world_gpu.py" ;;
-    tests_runtime)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_runtime_gpu.py" ;;
-    tests_integrity) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;
-    tests_ev_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_gpu.py" ;;
+    tests_torch_ops) echo "$PT tests/test_torch_ops_gpu.py" ;;
+    tests_graph)     echo "$PT -k 'replays or refused' tests/test_torch_ops_gpu.py" ;;
+    tests_moe)       echo "$PT tests/test_moe_gpu.py" ;;
+    tests_kv)        echo "$PT tests/test_kv_gpu.py" ;;
+    tests_cp)        echo "$PT tests/test_cp_attention_gpu.py" ;;
+    tests_emulated)  echo "$PT tests/test_emulated_world_gpu.py" ;;
+    tests_runtime)   echo "$PT tests/test_runtime_gpu.py" ;;
+    tests_integrity) echo "$PT tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_ev_side)   echo "$PT tests/test_evaluator_gpu.py" ;;
     # the side-stream plants alone, each cut by pytest at 120 s (so one that hangs still
     # reports, and the next one runs)
     tests_ev_plants) echo "python3 -m pytest -v -rA -p no:xdist --tb=short --timeout 120 -k 'unedited or planted' tests/test_evaluator_gpu.py" ;;
-    tests_tp_side)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_gpu.py" ;;
-    tests_in_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_tp_in_kernel_gpu.py" ;;
-    tests_pipes)     echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_pipelines_gpu.py" ;;
+    tests_tp_side)   echo "$PT tests/test_tp_gpu.py" ;;
+    tests_in_kernel) echo "$PT tests/test_tp_in_kernel_gpu.py" ;;
+    tests_pipes)     echo "$PT tests/test_pipelines_gpu.py" ;;
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
-    tests_sealed)    echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
-    tests_adversary) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_adversary_gpu.py" ;;
+    tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
+    tests_adversary) echo "$PT tests/test_adversary_gpu.py" ;;
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
-    tests_buffers)   echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_buffer_lifetime_gpu.py" ;;
-    tests_gin)       echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_gin_emulated_gpu.py" ;;
+    tests_buffers)   echo "$PT tests/test_buffer_lifetime_gpu.py" ;;
+    tests_gin)       echo "$PT tests/test_gin_emulated_gpu.py" ;;
     gin_probe)       echo "python3 bench/gin_probe.py --world ${EMULATE:-2}" ;;
     gin_correctness) echo "python3 bench/gin_correctness.py $R" ;;
     kv_interference) echo "python3 bench/kv_compute_interference.py $R" ;;
     moe_compute)     echo "python3 bench/moe_compute.py $R" ;;
     tests_isolation) echo "python3 -m pytest -v -rA -p no:xdist --tb=short -k isolation tests/test_adversary_gpu.py" ;;
-    tests_dispatch)  echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_dispatch_gpu.py" ;;
-    tests_custom_op) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_custom_op_gpu.py" ;;
-    tests_jobs)      echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_jobs_gpu.py tests/test_sealed_reference_gpu.py tests/test_host_baseline_gpu.py" ;;
-    tests_ev_kernel) echo "python3 -m pytest -v -p no:xdist --tb=short tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_dispatch)  echo "$PT tests/test_dispatch_gpu.py" ;;
+    tests_custom_op) echo "$PT tests/test_custom_op_gpu.py" ;;
+    tests_jobs)      echo "$PT tests/test_jobs_gpu.py tests/test_sealed_reference_gpu.py tests/test_host_baseline_gpu.py" ;;
+    tests_ev_kernel) echo "$PT tests/test_evaluator_in_kernel_gpu.py" ;;
     # the same file in two halves (each CUTLASS candidate is a build of its own: the whole
     # file needs more than 340 s on one H100, emulated or not)
-    tests_ev_kernel_planted) echo "python3 -m pytest -v -p no:xdist --tb=short -k 'planted or unedited' tests/test_evaluator_in_kernel_gpu.py" ;;
-    tests_ev_kernel_tells)   echo "python3 -m pytest -v -p no:xdist --tb=short -k 'behaves_differently or staged_flag' tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_ev_kernel_planted) echo "$PT -k 'planted or unedited' tests/test_evaluator_in_kernel_gpu.py" ;;
+    tests_ev_kernel_tells)   echo "$PT -k 'behaves_differently or staged_flag' tests/test_evaluator_in_kernel_gpu.py" ;;
     hang_in_kernel)  # the in-kernel planted hang, with the GPU's clients and the workers sampled
                      # every 15 s, the stacks at pytest's timeout and the MPS logs after
                      echo "( while sleep 15; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; ps -eo pid,etime,args | grep -E 'worker_entry|mps' | grep -v grep; done ) & python3 -m pytest -v -s -p no:xdist --timeout ${HANG_TIMEOUT:-240} -k 'rejected and hang' tests/test_evaluator_in_kernel_gpu.py; kill \$!; tail -n 30 \${CUDA_MPS_LOG_DIRECTORY:-/dev/null}/control.log \${CUDA_MPS_LOG_DIRECTORY:-/dev/null}/server.log" ;;
