@@ -54,6 +54,7 @@ from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
 from cuco.evaluate.jobs import ACCURACY_SLACK, Case, VariantSpec
+from cuco.evaluate.verification import HOST
 
 
 #: Candidates of a batch timed in one job (the timing stage is most of a candidate's GPU time,
@@ -150,6 +151,8 @@ class Evaluator:
         #: candidate is scored against (:meth:`Workload.strongest_host`). Not in an emulated
         #: world, where nothing is timed.
         self.peers = peers
+        #: trusted programs wrong in a timing job of no candidate (None: not yet asked)
+        self._wrong_alone: set[str] | None = None
         self.run_id = run_id
         self.warm = False
         self.warmup_timeout_s = 600.0
@@ -413,8 +416,14 @@ class Evaluator:
         gpu0 = self.gpu_s
         fail, merged = self._run(self.case(self.problem, specs, seed=self.seeds[-1] + 1, time_it=True),
                                  timeout, "timing")
+        disturbed = self.disturbed_baselines(merged) if fail is None else []
+        if disturbed and len(checked) == 1:
+            fail = EvalResult("wrong", "timing", f"{', '.join(disturbed)} gave wrong output in the timing "
+                              "job beside this candidate and right output in a job without it: a "
+                              "candidate that disturbs a baseline (making a slower one the bar) "
+                              "scores nothing", extra={"disturbed_baselines": disturbed})
         share = (self.gpu_s - gpu0) / len(checked)
-        if fail is not None and len(checked) > 1:
+        if (fail is not None or disturbed) and len(checked) > 1:
             return [self._timed([c])[0] for c in checked]
         results = []
         for name, c in zip(names, checked):
@@ -429,9 +438,36 @@ class Evaluator:
             results.append(r)
         return results
 
+    def disturbed_baselines(self, merged: dict[str, ProgramResult]) -> list[str]:
+        """The workload's trusted programs (other host programs, torch's fused op) that were
+        wrong, or not timed, in a timing job with candidates but are right without any: some
+        kernel of the job disturbed them. Dropping such a program from the baseline silently
+        would score the candidate against a slower one. One that is wrong on its own too (a
+        library less accurate than the rule allows) stays out of the baseline, and the
+        verdict says so (``extra["baselines_wrong_alone"]``)."""
+        suspect = [n for n in self.workload.host_programs
+                   if n != HOST and n in merged and merged[n].verified
+                   and not (merged[n].correct and merged[n].timed)]
+        if not suspect:
+            return []
+        wrong_alone = self._baselines_wrong_alone()
+        return [n for n in suspect if n not in wrong_alone]
+
+    def _baselines_wrong_alone(self) -> set[str]:
+        """The trusted programs that are wrong (or untimed) in a timing job of no candidate,
+        run once per evaluator when first needed; a job that fails counts every one as right
+        alone (so nothing found wrong beside a candidate is excused)."""
+        if self._wrong_alone is None:
+            fail, merged = self._run(self.case(self.problem, [], seed=self.seeds[-1] + 1, time_it=True),
+                                     self.timeouts.timing, "timing")
+            self._wrong_alone = set() if fail is not None else {
+                n for n in self.workload.host_programs
+                if n in merged and merged[n].verified and not (merged[n].correct and merged[n].timed)}
+        return self._wrong_alone
+
     def _score(self, c: _Checked, merged: dict[str, ProgramResult], name: str) -> EvalResult:
         """The verdict of a candidate whose every call was right in a timing job."""
-        host_program = merged["host_nccl"]
+        host_program = merged[HOST]
         if not host_program.correct:
             return EvalResult("error", "timing", "the host-driven program's output was wrong in "
                               f"the timing job: {host_program}")
@@ -453,6 +489,8 @@ class Evaluator:
                                    "baseline": baseline,
                                    # the peers (torch's fused ops) that could not join, and why
                                    "peers_skipped": host_program.notes.get("peers_skipped"),
+                                   # trusted programs wrong even without a candidate: not the bar
+                                   "baselines_wrong_alone": sorted(self._wrong_alone or ()),
                                    "floor_ms": rec.floor_ms,
                                    "calls_verified": rec.calls_verified,
                                    "compile_s": c.compile_s})
