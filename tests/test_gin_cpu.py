@@ -8,7 +8,7 @@ import difflib
 import pytest
 
 from cuco.benchmarks import gin
-from cuco.design import Backend, Directives
+from cuco.design import Backend
 from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels import evolve
 from cuco.runtime.worker import WorkerContext, WorkerOptions

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import select
 import socket
 import subprocess
 import sys
