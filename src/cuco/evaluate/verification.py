@@ -8,7 +8,8 @@ checked calls (outputs and arena poisoned with a pattern drawn per call, the cal
 from outside, guards checked) by a full comparison on the host, all other calls by a count
 of the elements out of tolerance on the device, enqueued after the call's closing event so
 it costs no measured time. The halves of the bound are only timed. A change of any input
-set's fingerprint fails every program. A program's first failing call is reported
+set's fingerprint, at the end of the job or before a trusted program's checked call (those
+set the accuracy bar), fails every program. A program's first failing call is reported
 (iteration, input set, checked or timed, elements that differ). The steps, in order:
 :func:`judge` runs :meth:`Verification.run` (each call: :meth:`~Verification.poison`, the
 ranks start together, then :meth:`~Verification.checked_call` or
@@ -164,6 +165,9 @@ class Verification:
         self.verify_marks: list[tuple[Any, Any]] = []  # around each device count
         self.failures: dict[str, list[tuple[int, Call, int]]] = {}  # program -> (index, call, bad)
         self.check_s = 0.0
+        #: an input set found changed before a trusted program's checked call (see
+        #: :meth:`checked_call`): the job's inputs rule then fails every program
+        self.inputs_changed = False
         #: the key of this job's tally tags: a kernel argument of each tag kernel, nowhere in
         #: device memory (:func:`cuco.runtime.checking.tag_tally_async`)
         self.tally_key = secrets.randbits(KEY_BITS)
@@ -202,6 +206,10 @@ class Verification:
         """A checked call: stressed from outside, compared in full on the host, guards read."""
         s, t0 = self.ctx.stream, time.perf_counter()
         out, st = prog.outputs[call.input_set], self.sets[call.input_set]
+        if prog.arena is None and not self.inputs_changed:
+            # a trusted program's checked call sets the accuracy bar: its inputs must be the
+            # ones made, not ones a kernel changed after reading them and restores later
+            self.inputs_changed = fingerprint_of(st.inputs) != st.fingerprint
         runner = prog.runners[call.input_set] if prog.runners else None
         _set_stress(runner, self.job.stress_us)
         call.stress.before(self.ctx, s, self.hog_stream)
@@ -292,8 +300,9 @@ class Verification:
 
     def inputs_rule(self) -> None:
         """Inputs or references written: nobody passes, and the cached sets are dropped."""
-        if any(fingerprint_of(st.inputs) != st.fingerprint
-               or fingerprint_of({"ref": st.ref.bits}) != st.ref_fingerprint for st in self.sets):
+        if self.inputs_changed or any(fingerprint_of(st.inputs) != st.fingerprint
+                                      or fingerprint_of({"ref": st.ref.bits}) != st.ref_fingerprint
+                                      for st in self.sets):
             self.ctx.scratch["references"].clear()
             for rec in self.records.values():
                 rec.correct, rec.inputs_intact = False, False
