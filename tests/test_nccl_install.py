@@ -109,7 +109,18 @@ def test_version_codes():
     assert toolchain.version_string(2708) == "2.7.8"
 
 
+def _skip_if_this_process_loaded_nccl() -> None:
+    """These tests point this very process at another NCCL; where an earlier test of the
+    same pytest worker imported torch, its NCCL is mapped and cuco rightly refuses a second
+    (``test_a_second_nccl_beside_a_loaded_one_is_refused`` checks that, in a subprocess)."""
+    loaded = toolchain.loaded_nccl()
+    if loaded:
+        pytest.skip(f"this test process already loaded {loaded[0]} (torch, imported by an earlier "
+                    "test): a second NCCL here is refused by design")
+
+
 def test_cuco_nccl_home_moves_headers_library_and_cache_key(copy_nccl, fresh_choice, tmp_path):
+    _skip_if_this_process_loaded_nccl()
     wheel = _wheel()
     alt = _alt_version() or copy_nccl
     comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
@@ -233,6 +244,7 @@ def test_choice_order_and_bad_roots(copy_nccl, tmp_path):
 def test_doctor_names_the_nccl_of_this_process_and_of_a_worker(copy_nccl, fresh_choice):
     from cuco.doctor import nccl_checks
 
+    _skip_if_this_process_loaded_nccl()
     fresh_choice.setenv("CUCO_NCCL_HOME", str(copy_nccl.include.parent))
     toolchain.nccl.cache_clear()
     checks = {c.name: c for c in nccl_checks(worker=True)}
