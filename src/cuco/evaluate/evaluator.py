@@ -445,13 +445,18 @@ class Evaluator:
         would score the candidate against a slower one. One that is wrong on its own too (a
         library less accurate than the rule allows) stays out of the baseline, and the
         verdict says so (``extra["baselines_wrong_alone"]``)."""
-        suspect = [n for n in self.workload.host_programs
-                   if n != HOST and n in merged and merged[n].verified
-                   and not (merged[n].correct and merged[n].timed)]
+        suspect = [n for n in self._no_bar(merged) if n != HOST]
         if not suspect:
             return []
         wrong_alone = self._baselines_wrong_alone()
         return [n for n in suspect if n not in wrong_alone]
+
+    def _no_bar(self, merged: dict[str, ProgramResult]) -> list[str]:
+        """The workload's trusted programs that ran verified in ``merged`` but cannot be the
+        bar there: wrong, or not timed (the complement of what
+        :meth:`Workload.strongest_host` picks from)."""
+        return [n for n in self.workload.host_programs
+                if n in merged and merged[n].verified and not (merged[n].correct and merged[n].timed)]
 
     def _baselines_wrong_alone(self) -> set[str]:
         """The trusted programs that are wrong (or untimed) in a timing job of no candidate,
@@ -460,9 +465,7 @@ class Evaluator:
         if self._wrong_alone is None:
             fail, merged = self._run(self.case(self.problem, [], seed=self.seeds[-1] + 1, time_it=True),
                                      self.timeouts.timing, "timing")
-            self._wrong_alone = set() if fail is not None else {
-                n for n in self.workload.host_programs
-                if n in merged and merged[n].verified and not (merged[n].correct and merged[n].timed)}
+            self._wrong_alone = set() if fail is not None else set(self._no_bar(merged))
         return self._wrong_alone
 
     def _score(self, c: _Checked, merged: dict[str, ProgramResult], name: str) -> EvalResult:
