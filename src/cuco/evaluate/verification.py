@@ -21,7 +21,9 @@ ranks start together, then :meth:`~Verification.checked_call` or
 
 from __future__ import annotations
 
+import os
 import secrets
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -35,6 +37,10 @@ from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
 from cuco.runtime.sealed import KEY_BITS
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS
+
+#: CUCO_TRACE_CALLS=1: each rank names every call on stderr before making it (which call a
+#: hung job was in)
+TRACE_CALLS = os.environ.get("CUCO_TRACE_CALLS", "") not in ("", "0")
 
 #: A program whose relative L2 error exceeds this multiple of the host program's (in the
 #: same job, on the same inputs) is wrong: a kernel that compresses what it sends can stay
@@ -188,6 +194,10 @@ class Verification:
                 if prog is not None:
                     self.poison(call, prog)
                 self.ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr)  # every rank starts the call together
+                if TRACE_CALLS:
+                    print(f"cuco trace: rank {self.ctx.rank} call {idx} {call.program} "
+                          f"{'checked' if call.checked else 'timed'} set {call.input_set}",
+                          file=sys.stderr, flush=True)
                 if call.checked:
                     self.checked_call(idx, call, self.programs[call.program])
                 else:
