@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuco import DirectiveError, Directives, GemmProblem, Schedule
-from cuco.kernels.tp import MAINLOOPS, in_kernel, render_tp
+from cuco.kernels.tp import MAINLOOPS, Mainloop, in_kernel, render_tp
 from cuco.workloads import for_problem
 
 PROBLEM = GemmProblem(workload="gemm_reducescatter", m=2048, k=2048, n=2048, world_size=2)
@@ -33,7 +33,7 @@ def test_pingpong_is_refused_where_it_cannot_apply():
 
 def test_the_space_sweeps_both_schedules_only_with_their_mainloops():
     points = list(for_problem(PROBLEM).space().enumerate())
-    seen = {(d.schedule.value, d.tile_n, d.stages) for d in points if d.placement.in_kernel}
+    seen = {Mainloop.of(d) for d in points if d.placement.in_kernel}
     assert seen == set(MAINLOOPS)
     assert not any(d.schedule is Schedule.PINGPONG for d in points if not d.placement.in_kernel)
 
