@@ -276,3 +276,94 @@ def test_the_new_values_compile_for_sm90a(label, problem, d, gemm_only):
     built = Compiler(arch="sm_90a").compile_many([(src.name, src.source, src.needs)])[0]
     assert hasattr(built, "path"), f"{label}: {built}"
     assert not performance_losses(built.log or ""), label
+
+
+# ---- the run's orchestration on a fake device ----------------------------------------------
+class _FakeCupy:
+    """What GemmAloneBench.run touches of CuPy, on a clock that each program advances by its
+    own time per call (no GPU)."""
+
+    uint8, uint16 = "uint8", "uint16"
+
+    def __init__(self):
+        import types
+        self.now = 0.0
+        fake = self
+
+        class Event:
+            def record(self, stream=None):
+                self.t = fake.now
+
+            def synchronize(self):
+                pass
+
+        class Stream:
+            ptr = 0
+
+            def synchronize(self):
+                pass
+
+        class Array:
+            def __init__(self, n):
+                self.size, self.data = n, types.SimpleNamespace(ptr=1)
+
+        class Device:
+            id = 0
+            attributes = {"MultiProcessorCount": 132}
+
+        class Pool:
+            def free_all_blocks(self):
+                pass
+        self.cuda = types.SimpleNamespace(
+            Event=Event, get_current_stream=lambda: Stream(), Device=Device,
+            get_elapsed_time=lambda s, e: e.t - s.t,
+            runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"Fake H100"}))
+        self.zeros = lambda n, dtype=None: Array(n)
+        self.get_default_memory_pool = lambda: Pool()
+
+
+def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path, capsys):
+    import sys
+    import types
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr("cuco.runtime.timing.spin", lambda stream, us: None)
+    speed = {ga.TORCH: 1.00, ga.GEMMEX: 1.05, "cublaslt.heuristic0": 0.90, "cublaslt.heuristic1": 0.95}
+
+    def program(name, ms):
+        def call():
+            fake.now += ms * speed_of(name)
+        return call
+
+    def speed_of(name):
+        if name in speed:
+            return speed[name]
+        return 0.85 if ".sk" in name else 1.02  # split-K beats the libraries, the rest do not
+
+    out = types.SimpleNamespace(size=4)
+    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
+    monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: (
+        {v: (program(v, 0.01), out) for v in speed}, {}, {"cublaslt.heuristic0": {"tile": "64x128"}}))
+    monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
+    def launcher(path, raster, a, b, c, st, work, wb, sms):
+        return program(next(names), 0.01)
+    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
+    shapes = ((256, 1536, 8192), (8192, 8192, 4096))
+    bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16",), rounds=3, out_dir=tmp_path)
+    monkeypatch.setattr(bench, "build", lambda sms: {("bf16", d.build_point().full_name): "lib.so"
+                                                     for s in shapes for d in ga.mainloop_points(s)})
+    names = iter([d.full_name for s in shapes for d in ga.mainloop_points(s)])  # the order _case launches
+    monkeypatch.setattr(ga, "_launcher", launcher)
+    monkeypatch.setenv("CUCO_REV", "test")
+    path = bench.run()
+    doc = json.loads(Path(path).read_text())
+    rows = {r["case"]: r for r in doc["rows"]}
+    small, big = rows["gemm/M256N1536K8192/bf16"], rows["gemm/M8192N8192K4096/bf16"]
+    assert ".sk" in small["variant"] and small["baseline"] == "cublaslt.heuristic0"
+    assert small["speedup"] == round(0.90 / 0.85, 4) and small["why_not"] is None and small["calls_per_sample"] == 40
+    assert big["speedup"] == round(0.90 / 1.02, 4) and "cublaslt.heuristic0 ran" in big["why_not"]
+    assert doc["summary"]["min_speedup"] == big["speedup"] and doc["device"] == "1 x Fake H100"
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("min speedup (cuco best / fastest library GEMM, every case): ")
