@@ -32,8 +32,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
-from cuco.design import Directives, GemmProblem, placement_rules
+from cuco.design import Directives, GemmProblem
 from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
+from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     MAINLOOPS, SMS, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, render_tp,
@@ -281,7 +282,10 @@ class GemmAloneBench:
             for d in mainloop_points(shape, dt, sms):
                 key = (dt, d.build_point().full_name)
                 if key not in sources:
-                    sources[key] = render_tp(problem_of(*shape, dt), d, gemm_only=True)[0]
+                    try:
+                        sources[key] = render_tp(problem_of(*shape, dt), d, gemm_only=True)[0]
+                    except DirectiveError as exc:  # the default at a shape no mainloop renders
+                        self.console.print(f"[red]{shape} {dt} {d.full_name}: {exc}[/red]")
         t0 = time.perf_counter()
         items = [(s.name, s.source, s.needs) for s in sources.values()]
         built = Compiler(arch=arch).compile_many(items) if arch else Compiler().compile_many(items)
