@@ -1,37 +1,78 @@
-"""The GEMM alone on one GPU: cuco's in-kernel mainloops against torch.matmul and cuBLAS
-(issue #21) -> bench/results/gemm_mainloop.json.
+"""The GEMM alone on one GPU: cuco's in-kernel mainloops against the fastest library GEMM
+(torch.matmul, cuBLAS gemmEx, cuBLASLt's top heuristic algorithms; issue #37)
+-> bench/results/gemm_mainloop.json.
 
-    python bench/gemm_mainloop.py                 # nine-pair per-rank GEMMs + a spread
-    python bench/gemm_mainloop.py --shape 6144x5120x6144 --rounds 25
+    python bench/gemm_mainloop.py                       # 32 per-rank GEMMs x bf16, fp16 (~6 min on an H100)
+    python bench/gemm_mainloop.py --quick               # 6 GEMMs x bf16, fp16 (~2 min)
+    python bench/gemm_mainloop.py --shape 6144x5120x6144 --dtype bf16 --rounds 25
+    python bench/gemm_mainloop.py --list                # the cases and their timed points, no GPU
 
-Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). See
+Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). Each row: cuco's fastest
+correct point, the fastest correct library program (``baseline``), their ratio (``speedup``),
+the default a user who does not search gets (``default_speedup``), and ``why_not`` where cuco
+is slower; the minimum ratio over every case is printed last. See
 :mod:`cuco.benchmarks.gemm_alone` for what is timed and checked.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
+from pathlib import Path
 
-from cuco.benchmarks.gemm_alone import GemmAloneBench
+from cuco.benchmarks.gemm_alone import DTYPES, LT_TOP, QUICK, GemmAloneBench, default_shapes, spread_table
 from cuco.errors import run_script
 
+NAME = "gemm_mainloop"
 
-def main() -> int:
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, n, k = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape takes MxNxK, e.g. 8192x8192x4096 (got {text!r})") from None
+    if min(m, n, k) <= 0 or n % 8 or k % 8:
+        raise argparse.ArgumentTypeError(f"--shape {text}: M, N, K > 0, N and K multiples of 8 "
+                                         "(16-byte rows)")
+    return m, n, k
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", action="append", help="MxNxK (repeatable); default: nine pairs + spread")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--name", default="gemm_mainloop")
+    ap.add_argument("--shape", action="append", type=parse_shape,
+                    help="MxNxK (repeatable); default: the nine pairs' six GEMMs and the spread (32)")
+    ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default: both")
+    ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} GEMMs: {QUICK}")
+    ap.add_argument("--rounds", type=int, default=9, help="timed samples per program (>= 3)")
+    ap.add_argument("--lt-top", type=int, default=LT_TOP, help="cuBLASLt heuristic algorithms timed")
+    ap.add_argument("--name", default=NAME)
     ap.add_argument("--out-dir", default="bench/results")
-    args = ap.parse_args()
-    kw = {}
-    if args.shape:
-        try:
-            kw["shapes"] = tuple(tuple(int(x) for x in s.lower().split("x")) for s in args.shape)
-        except ValueError:
-            print(f"--shape takes MxNxK, e.g. 8192x8192x4096 (got {args.shape})", file=sys.stderr)
-            return 2
-    GemmAloneBench(rounds=args.rounds, name=args.name, out_dir=args.out_dir, **kw).run()
+    ap.add_argument("--list", action="store_true", help="print the cases and their timed points; no GPU")
+    args = ap.parse_args(argv)
+    if args.rounds < 3:
+        ap.error("--rounds: at least 3 (the median of fewer is one sample)")
+    if args.lt_top < 1:
+        ap.error("--lt-top: at least 1")
+    if args.quick and args.shape:
+        ap.error("--quick and --shape: choose one")
+    return args
+
+
+def bench_of(args: argparse.Namespace) -> GemmAloneBench:
+    shapes = tuple(args.shape) if args.shape else QUICK if args.quick else default_shapes()
+    return GemmAloneBench(shapes=shapes, dtypes=tuple(args.dtype or DTYPES), rounds=args.rounds,
+                          lt_top=args.lt_top, name=args.name, out_dir=Path(args.out_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        rows = spread_table()
+        for row in rows:
+            print(json.dumps(row))
+        print(f"{len(rows)} shapes x {len(args.dtype or DTYPES)} dtypes")
+        return 0
+    bench_of(args).run()
     return 0
 
 

@@ -104,7 +104,8 @@ def test_the_launchers_signature_is_the_table():
     sig = re.search(r'extern "C" int cuco_fused_launch\(([^)]*)\)', src).group(1)
     params = [re.fullmatch(r"(.+?)\s*(\w+)", p.strip()).groups() for p in sig.split(",")]
     assert params == [(a.c_type, a.name) for a in fused_launch.ARGS]
-    assert fused_launch.pack(**{n: i for i, n in enumerate(fused_launch.NAMES)}) == tuple(range(19))
+    assert fused_launch.pack(**{n: i for i, n in enumerate(fused_launch.NAMES)}) == tuple(range(len(fused_launch.ARGS)))
+    assert fused_launch.NAMES[-2:] == ("workspace", "workspace_bytes")  # last: older launchers ignore them
     with pytest.raises(TypeError, match="missing calls_off; no parameter calls"):
         fused_launch.pack(**{n: 0 for n in fused_launch.NAMES if n != "calls_off"}, calls=0)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuco import DirectiveError, Directives, GemmProblem, Schedule
-from cuco.kernels.tp import MAINLOOPS, in_kernel, render_tp
+from cuco.kernels.tp import MAINLOOPS, Mainloop, in_kernel, render_tp
 from cuco.workloads import for_problem
 
 PROBLEM = GemmProblem(workload="gemm_reducescatter", m=2048, k=2048, n=2048, world_size=2)
@@ -33,7 +33,7 @@ def test_pingpong_is_refused_where_it_cannot_apply():
 
 def test_the_space_sweeps_both_schedules_only_with_their_mainloops():
     points = list(for_problem(PROBLEM).space().enumerate())
-    seen = {(d.schedule.value, d.tile_n, d.stages) for d in points if d.placement.in_kernel}
+    seen = {Mainloop.of(d) for d in points if d.placement.in_kernel}
     assert seen == set(MAINLOOPS)
     assert not any(d.schedule is Schedule.PINGPONG for d in points if not d.placement.in_kernel)
 
@@ -50,14 +50,15 @@ def test_the_template_renders_the_schedule_it_is_given():
 
 def test_the_gemm_alone_benchmark_covers_every_mainloop_on_every_shape():
     """bench/gemm_mainloop.py's cases: the six distinct per-rank GEMMs of the nine pairs and a
-    spread; each searched mainloop in each tile order renders for each of them (no GPU)."""
+    spread; every searched mainloop is timed on some shape, and each point renders (no GPU)."""
     from cuco.benchmarks.gemm_alone import GemmAloneBench, mainloop_points, nine_pair_gemms, problem_of
 
     assert nine_pair_gemms() == [(8192, 8192, 4096), (8192, 4096, 8192), (4096, 28672, 4096),
                                  (4096, 14336, 8192), (2048, 4096, 2048), (2048, 2048, 4096)]
-    points = mainloop_points()
-    assert {(d.schedule.value, d.tile_n, d.stages) for d in points} == set(MAINLOOPS)
+    seen = set()
     for shape in GemmAloneBench().shapes:
-        for d in points:
+        for d in mainloop_points(shape):
+            seen.add(Mainloop.of(d))
             src = render_tp(problem_of(*shape), d, gemm_only=True)[0]
             assert src.name.startswith("profile.gemm_only.") and "cuco_fused_launch" in src.source
+    assert seen == set(MAINLOOPS)

@@ -75,6 +75,46 @@ def test_in_kernel_grid_is_correct(world_group, family, shape):
             assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
 
 
+def split_and_64_rows():
+    """Issue #37's mainloops: 64-row pingpong tiles and K cut into slices (split-K), with the
+    epilogue on the consumers or on spare warps, under both placements and schedules."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_m=64, tile_n=128, stages=8, schedule="pingpong"),
+            in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=256, stages=4, schedule="pingpong",
+                      comm_warps=3, raster_group=8),
+            in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong", split_k=2),
+            in_kernel("epilogue", "nvshmem", "thread", tile_n=128, stages=6, schedule="pingpong", split_k=4,
+                      comm_warps=3, raster_group=8),
+            in_kernel("epilogue", "lsa", "warp", tile_m=64, tile_n=128, stages=8, schedule="pingpong",
+                      split_k=4, comm_warps=3),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, split_k=2),
+            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, tile_n=128, stages=4, split_k=3,
+                      comm_warps=2, raster_group=16)]
+
+
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
+                                          for s in ((512, 1024, 2048), (136, 528, 4096), RAGGED)])
+def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
+    """Each new mainloop that renders at the shape (a split-K point needs a k-tile per slice)
+    is correct on two fresh seeds: every slice of every tile summed once, and only finished
+    tiles communicated (a decode-like M of 136, a ragged shape, a deep K)."""
+    from cuco.runtime.records import merge_ranks
+    from cuco.evaluate.jobs import Case
+    from cuco.kernels.tp import supported
+    from cuco.workloads import for_problem
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = [d for d in split_and_64_rows() if not supported(problem, d)]
+    assert any(d.split_k > 1 for d in points) and any(d.tile_m == 64 for d in points)
+    specs = build(problem, points)
+    for seed in (5, 6):
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+                              timeout=180)
+        assert res.ok, res.error_text()
+        for name, rec in merge_ranks(res.results).items():
+            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_build_runs_every_shape(world_group, family, dtype):

@@ -163,9 +163,11 @@ def test_in_kernel_arguments_carry_nothing_check_only(placement):
     assert "stress" not in src
     launch = src[src.index('extern "C" int cuco_fused_launch'):]
     params = launch[:launch.index(")")]
-    # 19 arguments (the shape and tile order among them), the last the call state's offset:
-    # the same in every call of a shape, checked or timed (the epoch is the kernel's own)
-    assert params.count(",") == 18 and params.rstrip().endswith("unsigned long long calls_off")
+    # 21 arguments (the shape and tile order among them), then the call state's offset and a
+    # split-K build's workspace: the same in every call of a shape, checked or timed (the epoch
+    # is the kernel's own)
+    assert params.count(",") == 20 and params.rstrip().endswith("unsigned long long workspace_bytes")
+    assert "unsigned long long calls_off, void* workspace," in " ".join(params.split())
     assert "p.epoch" not in src and "cuco::call_begin(" in src
 
 

@@ -1,20 +1,30 @@
-"""The GEMM alone on one GPU: cuco's in-kernel mainloop against the vendor GEMMs.
+"""The GEMM alone on one GPU: cuco's in-kernel mainloop against the fastest library GEMM.
 
 Every in-kernel build of the tensor-parallel templates can be rendered without its
-communication (``gemm_only``); its time is the fused kernel's mainloop and epilogue
-staging. This benchmark times those builds over the mainloops a search sweeps
-(:data:`cuco.kernels.tp.MAINLOOPS` x tile orders) on the per-rank GEMMs of the
-tensor-parallel benchmark and on a spread of other shapes, against ``torch.matmul``
-(cuBLASLt's heuristic pick; when torch is importable) and CuPy's cuBLAS ``gemmEx``, all in
-one process, interleaved round by round. Every output is poisoned with NaN, computed and
-checked element by element against an fp32 reference before timing and again after the
-last timed round.
+communication (``gemm_only``); its time is the fused kernel's mainloop and epilogue staging.
+This benchmark times those builds, every mainloop a search sweeps
+(:data:`cuco.kernels.tp.MAINLOOPS`) that can pay at the shape (:func:`worth`) in each distinct
+tile order, and the default a user who does not search gets
+(:func:`cuco.kernels.tp.default_mainloop`), on a spread of per-rank GEMMs (:data:`SPREAD`: M
+64..16384, a third not a multiple of 64, decode-like M <= 1024, N and K 1536..28672, tile counts
+that leave a partial last wave on 132 SMs) in bf16 and fp16, against every library GEMM a user
+could call from the host: ``torch.matmul`` (when torch is importable), cuBLAS ``gemmEx``
+(default algorithm) and cuBLASLt's top :data:`LT_TOP` heuristic algorithms, all in one
+process. Each output is poisoned, computed and compared element by element with an fp32
+reference before timing and again after the last timed round; a wrong program is never
+timed nor a baseline. Timing: rounds of every program in a rotating order, each sample
+``calls`` back-to-back calls between CUDA events behind a spin kernel (so the host's
+enqueueing is not timed), the median of the samples. A case's row is cuco's fastest correct
+point against the fastest correct library program (its ``baseline``), with the default's time
+beside it and, where cuco is slower, ``why_not``: what is known of both programs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,18 +34,39 @@ from rich.table import Table
 from cuco import results
 from cuco.design import Directives, GemmProblem
 from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
+from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
-from cuco.kernels.tp import MAINLOOPS, in_kernel, render_tp
-from cuco.runtime import dtypes
+from cuco.kernels.tp import (
+    MAINLOOPS, SMS, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, render_tp,
+    split_workspace_bytes, supported, with_mainloop,
+)
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
 #: on 2 ranks are the "nine pairs" whose GEMM issue #21 asks to match cuBLASLt on.
 TP_SHAPES = ((8192, 8192, 8192), (4096, 8192, 28672), (2048, 4096, 4096))
-#: Per-rank GEMMs (M, N, K) of other layers: Llama-3-70B's attention output and MLP at
-#: 6k tokens, a decode-sized M, a narrow N, and a deep K.
-SPREAD = ((6144, 5120, 6144), (1024, 8192, 4096), (512, 4096, 8192), (4096, 1536, 8192),
-          (3072, 7168, 14336), (16384, 4096, 4096))
+#: Per-rank GEMMs (M, N, K) beside the nine pairs' six: decode-like M (<= 1024; 200 and 1000
+#: ragged), prefill and training M (3000, 5000, 10000 ragged; 16384), N and K from 1536 to
+#: 28672 (Llama-3-70B's 8192/28672 MLP and attention, Mixtral/Qwen's 14336/5120/1536), and tile
+#: counts that leave a partial last wave on 132 SMs (e.g. 2176x2048: 272 128x128 tiles).
+SPREAD = ((64, 8192, 8192), (64, 28672, 8192), (128, 8192, 28672), (200, 4096, 4096),
+          (256, 1536, 8192), (384, 28672, 2048), (512, 4096, 8192), (512, 14336, 4096),
+          (768, 28672, 4096), (1000, 5120, 5120), (1024, 8192, 4096), (1024, 1536, 28672),
+          (1536, 1536, 1536), (2000, 7168, 2048), (2176, 2048, 8192), (2304, 7168, 4096),
+          (3000, 4096, 4096), (3072, 7168, 14336), (4096, 1536, 8192), (5000, 8192, 2048),
+          (6144, 5120, 6144), (8192, 28672, 1536), (10000, 2048, 4096), (12288, 1536, 8192),
+          (16384, 4096, 4096), (16384, 1536, 4096))
+#: ``--quick``: two decode-like GEMMs, a ragged one, a partial last wave, two nine-pair ones.
+QUICK = ((64, 8192, 8192), (256, 1536, 8192), (1000, 5120, 5120), (2176, 2048, 8192),
+         (2048, 2048, 4096), (8192, 8192, 4096))
+DTYPES = ("bf16", "fp16")
 RASTER_GROUPS = (1, 8, 16)
+#: cuBLASLt heuristic algorithms timed per case (the heuristic's best first)
+LT_TOP = 4
+TORCH, GEMMEX = "torch.matmul", "cublas.gemmex"
+#: A sample's GPU time the calls aim at (fewer calls for slower GEMMs), and their bounds.
+SAMPLE_MS, MIN_CALLS, MAX_CALLS = 0.5, 1, 40
+#: What the spin kernel ahead of a sample covers of each call's enqueueing on the host.
+ENQUEUE_US = 40.0
 
 
 def nine_pair_gemms(world_size: int = 2) -> list[tuple[int, int, int]]:
@@ -49,214 +80,463 @@ def nine_pair_gemms(world_size: int = 2) -> list[tuple[int, int, int]]:
     return out
 
 
-def mainloop_points() -> list[Directives]:
-    """Each searched mainloop in each tile order, the epilogue handed to spare warps."""
-    return [in_kernel("epilogue", "nvshmem", "cta", tile_n=tile_n, stages=stages, raster_group=g,
-                      comm_warps=3, schedule=schedule)
-            for schedule, tile_n, stages in MAINLOOPS for g in RASTER_GROUPS]
+def default_shapes() -> tuple[tuple[int, int, int], ...]:
+    """The nine pairs' six GEMMs and the spread (32 per-rank GEMMs)."""
+    return tuple(dict.fromkeys((*nine_pair_gemms(), *SPREAD)))
 
 
-def problem_of(m: int, n: int, k: int) -> GemmProblem:
+def problem_of(m: int, n: int, k: int, dtype: str = "bf16") -> GemmProblem:
     """A one-rank problem whose local GEMM is ``C[m, n] = A[m, k] B[k, n]``: AllGather's
     kernel on one rank gathers nothing, and ``gemm_only`` leaves its pushes out."""
-    return GemmProblem(workload=ALLGATHER_GEMM.name, m=m, n=n, k=k, world_size=1)
+    return GemmProblem(workload=ALLGATHER_GEMM.name, m=m, n=n, k=k, world_size=1, dtype=dtype)
+
+
+def case_label(shape: tuple[int, int, int], dtype: str) -> str:
+    m, n, k = shape
+    return f"gemm/M{m}N{n}K{k}/{dtype}"
+
+
+BASE = in_kernel("epilogue", "nvshmem", "cta", comm_warps=3)  # the epilogue on 3 spare warps
+
+
+def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | None:
+    """Why ``ml`` is left out of the timed grid at ``shape`` (None: it is timed): split-K only
+    where the unsplit tiles are fewer than the SMs and each slice keeps 4 k-tiles; 64-row tiles
+    only where M <= 1024. :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
+    m, n, k = shape
+    if ml.split_k > 1:
+        tiles = -(-m // ml.tile_m) * -(-n // ml.tile_n)
+        if tiles >= sms:
+            return f"split-K: {tiles} tiles already fill the {sms} SMs"
+        if k_slices(k, ml.split_k)[1] < 4:
+            return f"split-K: K={k} leaves fewer than 4 k-tiles per slice"
+    if ml.tile_m == 64 and m > 1024:
+        return "64-row tiles: M > 1024"
+    return None
+
+
+def tile_orders(m_tiles: int) -> dict[int, int]:
+    """The distinct tile orders of :data:`RASTER_GROUPS` where a block has ``m_tiles`` m-tiles:
+    ``{m-tiles walked together: the smallest group that walks them}`` (8 and 16 are one order
+    where a block has at most 8)."""
+    out: dict[int, int] = {}
+    for g in RASTER_GROUPS:
+        out.setdefault(min(g, m_tiles), g)
+    return out
+
+
+def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS) -> list[Directives]:
+    """The timed cuco points of one case: each mainloop :func:`worth` timing that its template
+    takes at the shape, in each tile order that differs there, and the default point
+    (:func:`default_point`)."""
+    problem = problem_of(*shape, dtype)
+    pick = default_mainloop(problem, sms).mainloop
+    out: list[Directives] = []
+    for ml in MAINLOOPS:
+        if worth(ml, shape, sms) and ml != pick:
+            continue
+        d = with_mainloop(BASE, ml, problem.dtype_bytes)
+        if supported(problem, d):
+            continue
+        out += [d.replace(raster_group=g) for g in tile_orders(-(-shape[0] // ml.tile_m)).values()]
+    return list(dict.fromkeys([*out, default_point(shape, dtype, sms)]))
+
+
+def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS) -> Directives:
+    """The point a user who does not search gets (the default mainloop and tile order), named
+    as :func:`mainloop_points` times it (the smallest group that walks the same order)."""
+    problem = problem_of(*shape, dtype)
+    pick = default_mainloop(problem, sms)
+    m_tiles = -(-shape[0] // pick.mainloop.tile_m)
+    g = tile_orders(m_tiles).get(min(pick.raster_group, m_tiles), pick.raster_group)
+    return with_mainloop(BASE, pick.mainloop, problem.dtype_bytes).replace(raster_group=g)
+
+
+def calls_for(ms_per_call: float) -> int:
+    """Back-to-back calls in one sample: about :data:`SAMPLE_MS` of GPU time."""
+    if ms_per_call <= 0:
+        return MAX_CALLS
+    return max(MIN_CALLS, min(MAX_CALLS, round(SAMPLE_MS / ms_per_call)))
+
+
+def mainloop_text(d: Directives) -> str:
+    return Mainloop.of(d).text() + f", tile order {d.raster_group}"
+
+
+def why_not(row: dict[str, Any], sms: int = SMS) -> str | None:
+    """Why cuco's best is slower than the library's in ``row`` (None where it is not): what is
+    known of both, from the row's own numbers."""
+    if row.get("speedup") is None or row["speedup"] >= 1.0:
+        return None
+    lib, best = row["baseline"], row["variant"]
+    gap = (row["ms"] / row["baseline_ms"] - 1) * 100
+    parts = [f"{lib} ran {gap:.1f}% faster than cuco's best ({row.get('variant_text', best)})"]
+    units = row.get("cuco_units")
+    if units:
+        parts.append(f"whose {units} units of work are {units / sms:.2f} waves on {sms} SMs")
+    algo = row.get("library_algos", {}).get(lib)
+    if algo:
+        parts.append("the library ran " + ", ".join(f"{k} {v}" for k, v in algo.items() if k != "algo_id"))
+    if row.get("speedup_paired") is not None and row["speedup_paired"] >= 0.995:
+        parts.append(f"round by round the ratio is {row['speedup_paired']:.3f}: within the timing noise")
+    elif not any(".sk" in v for v in row.get("cuco", {})) and row.get("cuco_units", sms) < sms:
+        parts.append("no split-K point was timed here")
+    return "; ".join(parts)
+
+
+def case_row(shape: tuple[int, int, int], dtype: str, med: dict[str, float], paired: dict[str, float],
+             bad: dict[str, int], points: dict[str, Directives], default: str,
+             algos: dict[str, dict[str, Any]], missing: dict[str, str], sms: int = SMS) -> dict[str, Any]:
+    """One case's row from its measurements: each program's median ms (``med``, correct ones
+    only), its round-by-round ratio to the others (``paired[name]``: median of
+    library-best-of-round / name), the bad elements of each checked program (``bad``), the cuco
+    points by name, the default's name, the cuBLASLt algorithms' configurations and the library
+    programs that could not run (``missing``: why)."""
+    m, n, k = shape
+    libs = {v: t for v, t in med.items() if v not in points}
+    mine = {v: t for v, t in med.items() if v in points}
+    row: dict[str, Any] = {"case": case_label(shape, dtype), "shape": list(shape), "dtype": dtype,
+                           "nine_pair": tuple(shape) in nine_pair_gemms(), "peers": {}}
+    wrong = sorted(v for v, b in bad.items() if b)
+    row.update(libraries={v: round(t, 5) for v, t in sorted(libs.items(), key=lambda x: x[1])},
+               cuco={v: round(t, 5) for v, t in sorted(mine.items(), key=lambda x: x[1])},
+               wrong=wrong, bad_elements={v: bad[v] for v in wrong}, library_missing=missing,
+               library_algos=algos, correct=not wrong)
+    if not libs or not mine:
+        row.update(variant=None, ms=None, baseline=None, baseline_ms=None, speedup=None,
+                   why_not="no correct " + ("library GEMM" if not libs else "cuco point") + " ran")
+        return row
+    lib = min(libs, key=libs.__getitem__)
+    best = min(mine, key=mine.__getitem__)
+    d = points[best]
+    problem = problem_of(*shape, dtype)
+    units = fused_tiles(problem, d) * k_slices(k, d.split_k)[0]
+    row.update(variant=best, variant_text=mainloop_text(d), ms=round(mine[best], 5), baseline=lib,
+               baseline_ms=round(libs[lib], 5), speedup=round(libs[lib] / mine[best], 4),
+               speedup_paired=paired.get(best), tflops=round(2.0 * m * n * k / mine[best] / 1e9, 1),
+               cuco_units=units)
+    if default in mine:
+        row.update(default=default, default_text=mainloop_text(points[default]),
+                   default_ms=round(mine[default], 5), default_speedup=round(libs[lib] / mine[default], 4),
+                   default_why=default_mainloop(problem, sms).why)
+    else:
+        row.update(default=default, default_ms=None, default_speedup=None,
+                   default_why="the default point was wrong or did not build")
+    row["why_not"] = why_not(row, sms)
+    return row
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The file's summary: per dtype and over all, the minimum ratio of cuco's best to the
+    fastest library GEMM and of the default to it, and the rows below 1.0."""
+    def low(key: str, subset: list[dict]) -> float | None:
+        vals = [r[key] for r in subset if r.get(key) is not None]
+        return min(vals) if vals else None
+    out: dict[str, Any] = {"cases": len(rows), "shapes": len({tuple(r["shape"]) for r in rows}),
+                           "dtypes": sorted({r["dtype"] for r in rows})}
+    for dt in out["dtypes"]:
+        sub = [r for r in rows if r["dtype"] == dt]
+        out[f"min_speedup_{dt}"] = low("speedup", sub)
+        out[f"min_default_speedup_{dt}"] = low("default_speedup", sub)
+    out["min_speedup_nine_pair"] = low("speedup", [r for r in rows if r["nine_pair"]])
+    out["below_1"] = [r["case"] for r in rows if r.get("speedup") is None or r["speedup"] < 1.0]
+    out["wrong"] = {r["case"]: r["wrong"] for r in rows if r.get("wrong")}
+    out["min_default_speedup"] = low("default_speedup", rows)
+    out["min_speedup"] = low("speedup", rows)
+    return out
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What the run prints under its table; the minimum ratio over every case comes last."""
+    lines = [f"{summary['cases']} cases ({summary['shapes']} shapes x {', '.join(summary['dtypes'])})"]
+    for dt in summary["dtypes"]:
+        lines.append(f"{dt}: min cuco best / fastest library {summary[f'min_speedup_{dt}']}, "
+                     f"default {summary[f'min_default_speedup_{dt}']}")
+    if summary["wrong"]:
+        lines.append(f"WRONG programs: {summary['wrong']}")
+    lines.append(f"below 1.0: {len(summary['below_1'])} case(s) {summary['below_1']}")
+    lines.append(f"min default (no search) / fastest library: {summary['min_default_speedup']}")
+    lines.append(f"min speedup (cuco best / fastest library GEMM, every case): {summary['min_speedup']}")
+    return lines
 
 
 @dataclass
 class GemmAloneBench:
-    shapes: tuple[tuple[int, int, int], ...] = field(
-        default_factory=lambda: tuple(nine_pair_gemms()) + SPREAD)
-    rounds: int = 15
-    calls: int = 20
+    shapes: tuple[tuple[int, int, int], ...] = field(default_factory=default_shapes)
+    dtypes: tuple[str, ...] = DTYPES
+    rounds: int = 9
+    lt_top: int = LT_TOP
     name: str = "gemm_mainloop"
     out_dir: Any = results.RESULTS_DIR
     console: Console = field(default_factory=Console)
 
-    def build(self) -> dict[tuple[tuple[int, int, int], str], tuple[str, int]]:
-        """Every (shape, point) gemm_only build, compiled on all cores; ``{key: (library,
-        raster group)}``."""
+    def cases(self) -> list[tuple[tuple[int, int, int], str]]:
+        return [(s, dt) for dt in self.dtypes for s in self.shapes]
+
+    def build(self, sms: int, arch: str | None = None) -> dict[tuple[str, str], str]:
+        """Every (dtype, point) gemm_only build the cases time, each source built once on all
+        cores (one build runs every shape); ``{(dtype, point name): library path}``."""
         from cuco.kernels import Compiler
-        items, keys = [], []
-        for shape in self.shapes:
-            for d in mainloop_points():
-                try:
-                    src, _ = render_tp(problem_of(*shape), d, gemm_only=True)
-                except Exception as exc:  # noqa: BLE001 - a point that cannot tile this shape
-                    self.console.print(f"[dim]{shape} {d.full_name}: {exc}[/dim]")
-                    continue
-                items.append((src.name, src.source, src.needs))
-                keys.append((shape, d.full_name, d.raster_group))
-        built = Compiler().compile_many(items)
+        sources: dict[tuple[str, str], Any] = {}
+        for shape, dt in self.cases():
+            for d in mainloop_points(shape, dt, sms):
+                key = (dt, d.build_point().full_name)
+                if key not in sources:
+                    try:
+                        sources[key] = render_tp(problem_of(*shape, dt), d, gemm_only=True)[0]
+                    except DirectiveError as exc:  # the default at a shape no mainloop renders
+                        self.console.print(f"[red]{shape} {dt} {d.full_name}: {exc}[/red]")
+        t0 = time.perf_counter()
+        items = [(s.name, s.source, s.needs) for s in sources.values()]
+        built = Compiler(arch=arch).compile_many(items) if arch else Compiler().compile_many(items)
         out = {}
-        for (shape, name, raster), b in zip(keys, built):
+        for key, b in zip(sources, built):
             if hasattr(b, "path"):
-                out[(shape, name)] = (str(b.path), raster)
+                out[key] = str(b.path)
             else:
-                self.console.print(f"[red]{shape} {name}: {b}[/red]")
+                self.console.print(f"[red]{key}: {b}[/red]")
+        self.console.print(f"{len(out)}/{len(items)} builds in {time.perf_counter() - t0:.0f} s")
         return out
 
     def run(self) -> Any:
         import cupy
-        built = self.build()
         dev = cupy.cuda.Device()
         sms = int(dev.attributes["MultiProcessorCount"])
         name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
+        built = self.build(sms)
         rows: list[dict[str, Any]] = []
-        for shape in self.shapes:
-            rows += self._case(shape, {d: p for (s, d), p in built.items() if s == shape}, sms)
-            self.console.print(f"{shape}: {self._line(rows, shape)}")
-        summary = self._summary(rows)
+        t0 = time.perf_counter()
+        for shape, dt in self.cases():
+            rows.append(self._case(shape, dt, built, sms))
+            self.console.print(self._line(rows[-1]))
+            cupy.get_default_memory_pool().free_all_blocks()
+        summary = summarize(rows)
         path = results.write(self.name, rows, device=f"1 x {name}", world_size=1, emulated=False,
-                             out_dir=self.out_dir, extra={"summary": summary})
-        self._print(summary)
+                             out_dir=self.out_dir, extra={"summary": summary, "sms": sms,
+                                                          "lt_top": self.lt_top, "rounds": self.rounds,
+                                                          "timing_s": round(time.perf_counter() - t0, 1)})
+        self._print(rows)
         self.console.print(f"wrote {path}")
+        for line in summary_lines(summary):
+            self.console.print(line)
         return path
 
-    def _case(self, shape: tuple[int, int, int], libs: dict[str, tuple[str, int]], sms: int) -> list[dict]:
+    def _case(self, shape: tuple[int, int, int], dtype: str, built: dict, sms: int) -> dict[str, Any]:
         import cupy
+        from cuco.runtime.timing import spin
         m, n, k = shape
-        rng = cupy.random.default_rng(m * 7 + n * 5 + k)
-        a = (rng.standard_normal((m, k), dtype=cupy.float32) / k ** 0.25).astype(cupy.float32)
-        b = (rng.standard_normal((k, n), dtype=cupy.float32) / k ** 0.25).astype(cupy.float32)
-        a16, b16 = dtypes.from_float32(a, "bf16"), dtypes.from_float32(b, "bf16")
-        del a, b
-        ref = cupy.empty((m, n), dtype=cupy.float32)  # bf16 products are exact in fp32; fp32 sums
-        _cublas(a16, b16, ref, "fp32")
-        cands: dict[str, tuple[Callable[[], None], Any]] = {}
-        torch_fn = _torch_matmul(a16, b16, m, n)
-        if torch_fn is not None:
-            cands["torch_matmul"] = torch_fn
-        c = cupy.empty((m, n), dtype=cupy.uint16)
-        cands["cublas_gemmex"] = (lambda c=c: _cublas(a16, b16, c, "bf16"), c)
-        # the arena this one rank's kernel sees: an XF buffer (its descriptor needs one), then
-        # the kernel's call state (zeroed: the first call's epoch is 1)
-        gathered = cupy.zeros(m * k + CALL_STATE_ELEMS, dtype=cupy.uint16)
-        for variant, (path, raster) in libs.items():
-            c = cupy.empty((m, n), dtype=cupy.uint16)
-            cands[variant] = (_launcher(path, raster, a16, b16, c, gathered, sms), c)
-        checks = {v: self._check(fn, c, ref) for v, (fn, c) in cands.items()}
-        times: dict[str, list[float]] = {v: [] for v in cands}
-        for v, (fn, _) in cands.items():
+        a, b, ref = _operands(m, n, k, dtype)
+        progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
+        points = {}
+        calls_state = cupy.zeros(CALL_STATE_ELEMS, dtype=cupy.uint16)
+        for d in mainloop_points(shape, dtype, sms):
+            path = built.get((dtype, d.build_point().full_name))
+            if path is None:
+                continue
+            c = dtypes_empty(m, n, dtype)
+            ws = split_workspace_bytes(problem_of(*shape, dtype), d)
+            work = cupy.zeros(max(ws, 1), dtype=cupy.uint8)
+            progs[d.full_name] = (_launcher(path, d.raster_group, a, b, c, calls_state, work, ws, sms), c)
+            points[d.full_name] = d
+        bad = {v: _check(fn, c, ref, k, dtype) for v, (fn, c) in progs.items()}
+        ok = {v: fn for v, (fn, _) in progs.items() if bad[v] == 0}
+        for fn in ok.values():
             for _ in range(3):
                 fn()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        for _ in range(self.rounds):
-            for v, (fn, _) in cands.items():
-                start.record()
-                for _ in range(self.calls):
-                    fn()
-                end.record()
-                end.synchronize()
-                times[v].append(cupy.cuda.get_elapsed_time(start, end) / self.calls)
-        after = {v: _bad(c, ref) for v, (_, c) in cands.items()}  # the last timed call's output
-        base = "torch_matmul" if "torch_matmul" in cands else "cublas_gemmex"
-        med = {v: statistics.median(t) for v, t in times.items()}
-        flops = 2.0 * m * n * k
-        case = f"gemm/M{m}N{n}K{k}/bf16"
-        return [{"case": case, "variant": v, "ms": round(med[v], 5),
-                 "rounds_ms": [round(t, 5) for t in times[v]],
-                 "baseline": base, "baseline_ms": round(med[base], 5),
-                 "speedup": round(med[base] / med[v], 4),
-                 # the same ratio round by round (both timed back to back), then the median:
-                 # clock drift between rounds cancels
-                 "speedup_paired": round(statistics.median(
-                     b / t for b, t in zip(times[base], times[v])), 4),
-                 "tflops": round(flops / med[v] / 1e9, 1),
-                 "correct": checks[v] == 0 and after[v] == 0,
-                 "bad_elements": checks[v] + after[v],
-                 "role": "peer" if v in ("torch_matmul", "cublas_gemmex") else "cuco",
-                 "nine_pair": shape in nine_pair_gemms(), "peers": {}}
-                for v in cands]
+        # calls per sample from the fastest library's time (one call, events)
+        est = _one_call_ms(ok.get(GEMMEX) or next(iter(ok.values()))) if ok else 1.0
+        calls = calls_for(est)
+        names = list(ok)
+        marks: dict[str, list] = {v: [] for v in names}
+        for r in range(self.rounds):
+            order = names[r % len(names):] + names[:r % len(names)] if names else []
+            for v in order:
+                spin(cupy.cuda.get_current_stream(), 20 + ENQUEUE_US * calls)
+                s, e = cupy.cuda.Event(), cupy.cuda.Event()
+                s.record()
+                for _ in range(calls):
+                    ok[v]()
+                e.record()
+                marks[v].append((s, e))
+            cupy.cuda.get_current_stream().synchronize()
+        times = {v: [cupy.cuda.get_elapsed_time(s, e) / calls for s, e in marks[v]] for v in names}
+        for v in names:  # the last timed call's output, checked again
+            bad[v] += _bad(progs[v][1], ref, k, dtype)
+        med = {v: statistics.median(t) for v, t in times.items() if bad[v] == 0}
+        lib_names = [v for v in med if v not in points]
+        paired = {}
+        for v in med:
+            if v in points and lib_names:
+                paired[v] = round(statistics.median(
+                    min(times[lv][i] for lv in lib_names) / times[v][i] for i in range(self.rounds)), 4)
+        row = case_row(shape, dtype, med, paired, bad, points, default_point(shape, dtype, sms).full_name,
+                       algos, missing, sms)
+        row.update(calls_per_sample=calls, rounds=self.rounds)
+        return row
 
     @staticmethod
-    def _check(fn: Callable[[], None], out, ref) -> int:
-        dtypes.poison(out, "bf16")  # an element the call does not write fails
-        fn()
-        return _bad(out, ref)
+    def _line(row: dict[str, Any]) -> str:
+        if row.get("speedup") is None:
+            return f"{row['case']}: {row['why_not']}"
+        return (f"{row['case']}: cuco {row['ms']:.4f} ms ({row['variant_text']}) vs {row['baseline']} "
+                f"{row['baseline_ms']:.4f} ms: {row['speedup']:.3f} (default {row.get('default_speedup')})"
+                + (f" WRONG: {row['wrong']}" if row["wrong"] else ""))
 
-    @staticmethod
-    def _line(rows: list[dict], shape) -> str:
-        mine = [r for r in rows if r["case"].startswith(f"gemm/M{shape[0]}N{shape[1]}K{shape[2]}/")]
-        return " ".join(f"{r['variant'].split('.chunk.')[-1] if r['role'] == 'cuco' else r['variant']}="
-                        f"{r['speedup']:.3f}{'' if r['correct'] else '(WRONG)'}"
-                        for r in sorted(mine, key=lambda r: r["ms"])[:6])
-
-    @staticmethod
-    def _summary(rows: list[dict]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for r in rows:
-            s = out.setdefault(r["case"], {"nine_pair": r["nine_pair"], "baseline": r["baseline"],
-                                           "baseline_ms": r["baseline_ms"]})
-            if r["role"] == "peer":
-                s[f"{r['variant']}_ms"] = r["ms"]
-            elif r["correct"] and ("best_ms" not in s or r["ms"] < s["best_ms"]):
-                s.update(best=r["variant"], best_ms=r["ms"], speedup=r["speedup"],
-                         speedup_paired=r.get("speedup_paired"))
-        ratios = [s["speedup"] for s in out.values() if s["nine_pair"] and "speedup" in s]
-        return {"cases": out, "min_speedup_nine_pair": min(ratios) if ratios else None,
-                "min_speedup_all": min((s["speedup"] for s in out.values() if "speedup" in s),
-                                       default=None)}
-
-    def _print(self, summary: dict[str, Any]) -> None:
-        t = Table(title="GEMM alone: cuco's best in-kernel mainloop vs torch.matmul (same run)")
-        for col in ("case", "best", "ms", "torch ms", "cuBLAS ms", "speedup"):
+    def _print(self, rows: list[dict[str, Any]]) -> None:
+        t = Table(title="GEMM alone: cuco's best in-kernel mainloop vs the fastest library GEMM (same run)")
+        for col in ("case", "cuco best", "ms", "library", "lib ms", "speedup", "default", "why not"):
             t.add_column(col)
-        for case, s in summary["cases"].items():
-            t.add_row(case + (" *" if s["nine_pair"] else ""), str(s.get("best", "-")).split(".chunk.")[-1],
-                      f"{s.get('best_ms', 0):.4f}", f"{s.get('torch_matmul_ms', 0):.4f}",
-                      f"{s.get('cublas_gemmex_ms', 0):.4f}", f"{s.get('speedup', 0):.3f}")
+        for r in rows:
+            t.add_row(r["case"] + (" *" if r["nine_pair"] else ""), str(r.get("variant_text", "-")),
+                      f"{r['ms']:.4f}" if r.get("ms") else "-", str(r.get("baseline")),
+                      f"{r['baseline_ms']:.4f}" if r.get("baseline_ms") else "-",
+                      f"{r['speedup']:.3f}" if r.get("speedup") else "-",
+                      f"{r['default_speedup']:.3f}" if r.get("default_speedup") else "-",
+                      (r.get("why_not") or "")[:80])
         self.console.print(t)
-        self.console.print(f"min speedup over the nine-pair GEMMs (*): {summary['min_speedup_nine_pair']}")
 
 
-def _bad(out, ref) -> int:
-    from cuco.runtime.checking import compare
-    k_scale = float(abs(ref).max()) if ref.size else 1.0
-    return compare(out, ref, "bf16", rtol=2 ** -7, atol=2 ** -8 * k_scale)["bad_elements"]
-
-
-def _cublas(a16, b16, c, out_dtype: str) -> None:
-    """cuBLAS ``gemmEx`` (default algorithm), bf16 operands, C in ``out_dtype``."""
-    import cupy
-    from cuco.runtime.cublas import gemm
-    (m, k), n = a16.shape, b16.shape[1]
-    gemm(a16.data.ptr, b16.data.ptr, c.data.ptr, m, n, k, "bf16", cupy.cuda.get_current_stream(),
-         out_dtype=out_dtype)
-
-
-def _torch_matmul(a16, b16, m: int, n: int):
-    try:
-        import torch
-    except ImportError:
-        return None
-    a = torch.as_tensor(a16, device="cuda").view(torch.bfloat16)
-    b = torch.as_tensor(b16, device="cuda").view(torch.bfloat16)
-    import cupy
-    c = cupy.empty((m, n), dtype=cupy.uint16)
-    ct = torch.as_tensor(c, device="cuda").view(torch.bfloat16)
-    return (lambda: torch.matmul(a, b, out=ct)), c
-
-
+# ---- GPU helpers ----------------------------------------------------------------------------
 #: uint16 elements of the call state a fused kernel keeps on the device (two 8-byte slots).
 CALL_STATE_ELEMS = 8
 
 
-def _launcher(path: str, raster: int, a16, b16, c, gathered, sms: int) -> Callable[[], None]:
-    """One call of a gemm_only in-kernel build on the current stream (one rank: no peers,
-    the arena is the XF buffer its descriptor is built over)."""
+def dtypes_empty(m: int, n: int, dtype: str):
+    from cuco.runtime import dtypes
+    return dtypes.empty(m * n, dtype).reshape(m, n)
+
+
+def _operands(m: int, n: int, k: int, dtype: str):
+    """A and B (``dtype``, N(0, 1) / k^0.25 each) and the fp32 reference of A @ B: the
+    products of 16-bit values are exact in fp32, the sums fp32 (cuBLAS, fp32 output)."""
+    import cupy
+    from cuco.runtime import dtypes
+    rng = cupy.random.default_rng(m * 7 + n * 5 + k)
+    a = dtypes.from_float32(rng.standard_normal((m, k), dtype=cupy.float32) / k ** 0.25, dtype)
+    b = dtypes.from_float32(rng.standard_normal((k, n), dtype=cupy.float32) / k ** 0.25, dtype)
+    ref = cupy.empty((m, n), dtype=cupy.float32)
+    _cublas(a, b, ref, dtype, "fp32")
+    return a, b, ref
+
+
+def _libraries(a, b, m: int, n: int, k: int, dtype: str, lt_top: int):
+    """Every library program: ``{name: (call, out)}``, why any could not run, and the cuBLASLt
+    algorithms' configurations."""
+    import cupy
+    from cuco.runtime import cublaslt
+    progs: dict[str, tuple[Callable[[], None], Any]] = {}
+    missing: dict[str, str] = {}
+    algos: dict[str, dict[str, Any]] = {}
+    fn = _torch_matmul(a, b, m, n, dtype)
+    if isinstance(fn, str):
+        missing[TORCH] = fn
+    else:
+        progs[TORCH] = fn
+    c = dtypes_empty(m, n, dtype)
+    progs[GEMMEX] = ((lambda c=c: _cublas(a, b, c, dtype, dtype)), c)
+    try:
+        plan = cublaslt.LtGemm(m, n, k, dtype)
+        found = plan.candidates(lt_top)
+    except Exception as exc:  # noqa: BLE001 - no cuBLASLt: the others still compete
+        missing["cublaslt"] = f"{type(exc).__name__}: {exc}"
+        found = []
+    for j, algo in enumerate(found):
+        name = f"cublaslt.heuristic{j}"
+        c = dtypes_empty(m, n, dtype)
+        progs[name] = ((lambda algo=algo, c=c: plan.run(algo, int(a.data.ptr), int(b.data.ptr), int(c.data.ptr),
+                                                       cupy.cuda.get_current_stream().ptr)), c)
+        try:
+            algos[name] = cublaslt.describe(algo)
+        except Exception as exc:  # noqa: BLE001 - a description is a nicety
+            algos[name] = {"describe_failed": str(exc)}
+    return progs, missing, algos
+
+
+def _one_call_ms(fn: Callable[[], None]) -> float:
+    import cupy
+    s, e = cupy.cuda.Event(), cupy.cuda.Event()
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    return cupy.cuda.get_elapsed_time(s, e)
+
+
+def _check(fn: Callable[[], None], out, ref, k: int, dtype: str) -> int:
+    from cuco.runtime import dtypes
+    dtypes.poison(out, dtype)  # an element the call does not write fails
+    try:
+        fn()
+    except RuntimeError:
+        return out.size
+    return _bad(out, ref, k, dtype)
+
+
+def _bad(out, ref, k: int, dtype: str) -> int:
+    """Elements outside one rounding of the output plus fp32 accumulation-order slack
+    (:func:`cuco.runtime.host_gemm.tolerance`, as the host baseline's check)."""
+    from cuco.runtime.checking import compare
+    from cuco.runtime.host_gemm import tolerance
+    rtol, atol_f = tolerance(k, dtype)
+    scale = float(abs(ref).max()) if ref.size else 1.0
+    return compare(out, ref, dtype, rtol=rtol, atol=atol_f * scale)["bad_elements"]
+
+
+def _cublas(a, b, c, dtype: str, out_dtype: str) -> None:
+    """cuBLAS ``gemmEx`` (default algorithm), ``dtype`` operands, C in ``out_dtype``."""
+    import cupy
+    from cuco.runtime.cublas import gemm
+    (m, k), n = a.shape, b.shape[1]
+    gemm(a.data.ptr, b.data.ptr, c.data.ptr, m, n, k, dtype, cupy.cuda.get_current_stream(),
+         out_dtype=out_dtype)
+
+
+def _torch_matmul(a, b, m: int, n: int, dtype: str):
+    """``torch.matmul(A, B, out=C)`` on CuPy's current stream, or why it cannot run."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch not importable: {exc}"
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    ta = torch.as_tensor(a, device="cuda").view(tdt)
+    tb = torch.as_tensor(b, device="cuda").view(tdt)
+    c = dtypes_empty(m, n, dtype)
+    tc = torch.as_tensor(c, device="cuda").view(tdt)
+    return (lambda: torch.matmul(ta, tb, out=tc)), c  # the default stream, as CuPy's calls
+
+
+def _launcher(path: str, raster: int, a, b, c, calls_state, work, work_bytes: int,
+              sms: int) -> Callable[[], None]:
+    """One call of a gemm_only in-kernel build on the current stream (one rank: no peers; the
+    arena holds only the kernel's call state; ``work``: a split-K build's workspace)."""
     import cupy
     from cuco.runtime.worker import load_launcher
     dev = cupy.cuda.Device().id
     lib = load_launcher(path, dev)
-    peers = (ctypes.c_void_p * 1)(gathered.data.ptr)
-    calls_off = (gathered.size - CALL_STATE_ELEMS) * gathered.itemsize
+    peers = (ctypes.c_void_p * 1)(calls_state.data.ptr)
+    (m, n), k = c.shape, a.shape[1]
 
     def call() -> None:
-        (m, n), k = c.shape, a16.shape[1]
         rc = lib.cuco_fused_launch(*fused_launch.pack(
             device=dev, stream=cupy.cuda.get_current_stream().ptr, grid=sms, m=m, n=n, k=k, raster_group=raster,
-            x=a16.data.ptr, w=b16.data.ptr, out=c.data.ptr, a0=None, a1=None, peers=peers, me=0,
-            data_off=0, stage_off=0, out_off=0, flag_off=0, calls_off=calls_off))
+            x=a.data.ptr, w=b.data.ptr, out=c.data.ptr, a0=None, a1=None, peers=peers, me=0,
+            data_off=0, stage_off=0, out_off=0, flag_off=0, calls_off=0,
+            workspace=work.data.ptr if work_bytes else None, workspace_bytes=work_bytes))
         if rc:
             raise RuntimeError(f"{path}: launch failed (CUDA error {rc})")
     return call
+
+
+def spread_table() -> list[dict[str, Any]]:
+    """Each default case's per-rank shape, its 128x128 tile count and last-wave fill on 132
+    SMs, and the timed points (``bench/gemm_mainloop.py --list``; no GPU)."""
+    out = []
+    for shape in default_shapes():
+        m, n, k = shape
+        t = -(-m // 128) * -(-n // 128)
+        out.append({"shape": "x".join(map(str, shape)), "ragged_m": m % 64 != 0, "decode": m <= 1024,
+                    "tiles_128x128": t, "waves": round(t / SMS, 2),
+                    "last_wave_full": round((t - (math.ceil(t / SMS) - 1) * SMS) / SMS, 2),
+                    "points": len(mainloop_points(shape)),
+                    "default": mainloop_text(default_point(shape))})
+    return out

@@ -18,6 +18,9 @@ TILE_K = (32, 64, 128)
 RASTER_GROUPS = (1, 4, 8, 16)
 
 
+SPLIT_K = (1, 2, 3, 4, 6, 8)
+
+
 def check_field(field: str, v: int) -> int:
     """Range checks of single tunables that pydantic's ``Field`` cannot express."""
     if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or v & (v - 1)):
@@ -28,6 +31,8 @@ def check_field(field: str, v: int) -> int:
         raise ValueError(f"{field}={v} is not supported; choose one of {TILE_MN}")
     if field == "raster_group" and v not in RASTER_GROUPS:
         raise ValueError(f"raster_group={v} is not supported; choose one of {RASTER_GROUPS}")
+    if field == "split_k" and v not in SPLIT_K:
+        raise ValueError(f"split_k={v} is not supported; choose one of {SPLIT_K}")
     if field == "tile_k" and v not in TILE_K:
         raise ValueError(f"tile_k={v} is not supported; choose one of {TILE_K}")
     return v
@@ -66,6 +71,9 @@ class Directives(BaseModel):
     schedule: Schedule = Field(default=Schedule.COOPERATIVE, description="in-kernel placements: "
                                "cooperative (both consumer warpgroups on each tile) or pingpong "
                                "(each its own tiles, taking turns)")
+    split_k: int = Field(default=1, description="in-kernel placements: slices of K each output "
+                         "tile is cut into, each slice a unit of work of its own, summed in fp32 by "
+                         "the slice that finishes last before the tile's epilogue (1: whole K)")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -89,6 +97,11 @@ class Directives(BaseModel):
     @classmethod
     def _raster(cls, v: int) -> int:
         return check_field("raster_group", v)
+
+    @field_validator("split_k")
+    @classmethod
+    def _split(cls, v: int) -> int:
+        return check_field("split_k", v)
 
     @field_validator("tile_m", "tile_n", "tile_k")
     @classmethod
@@ -133,6 +146,8 @@ class Directives(BaseModel):
             extra += f".cw{self.comm_warps}"
         if self.schedule is Schedule.PINGPONG:
             extra += ".pp"
+        if self.split_k != 1:
+            extra += f".sk{self.split_k}"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def build_point(self) -> "Directives":

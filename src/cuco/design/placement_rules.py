@@ -69,6 +69,11 @@ def violations(d: Mapping[str, Any]) -> list[str]:
             "schedule: placement=side_stream runs a vendor GEMM per chunk; schedule=pingpong "
             "applies to the in-kernel placements' mainloop only; set schedule=cooperative"
         )
+    if not where.in_kernel and d.get("split_k", 1) != 1:
+        out.append(
+            "split_k: placement=side_stream runs a vendor GEMM per chunk; split_k cuts the K "
+            "loop of the in-kernel placements' mainloop only; set split_k=1"
+        )
     return out
 
 

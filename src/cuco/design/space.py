@@ -27,7 +27,7 @@ FIELDS: tuple[str, ...] = tuple(Directives.model_fields)
 
 #: Fields whose choices are ordered, so a small mutation moves to a neighbour.
 ORDINAL: frozenset[str] = frozenset(
-    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group", "comm_warps"}
+    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group", "comm_warps", "split_k"}
 )
 
 DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
@@ -44,6 +44,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "raster_group": (1,),
     "comm_warps": (0,),
     "schedule": (Schedule.COOPERATIVE,),
+    "split_k": (1,),
     "chunk_schedule": tuple(ChunkSchedule),
 }
 
@@ -248,8 +249,8 @@ class DesignSpace:
                 and SyncScope.CHUNK in self.choices["sync_scope"]):
             values["sync_scope"] = SyncScope.CHUNK
         stream_order.repair(values, self.choices)
-        if not values["placement"].in_kernel:  # tile order and comm warps: in-kernel only
-            for f, neutral in (("raster_group", 1), ("comm_warps", 0)):
+        if not values["placement"].in_kernel:  # tile order, comm warps, split-K: in-kernel only
+            for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1)):
                 if neutral in self.choices[f]:
                     values[f] = neutral
         elif self.problem is not None:  # in-kernel placements move one output tile per flag

@@ -64,6 +64,15 @@ def in_kernel_sources() -> list[KernelSource]:
             d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
                           comm_warps=warps, raster_group=group, schedule=schedule, **tile)
             out.append(render_tp(problem, d)[0])
+    # issue #37's mainloops: K in slices (split-K), the epilogue on spare warps and on comm
+    # CTAs; 64-row pingpong tiles
+    small = dict(m=1024, n=1024, k=2048, world_size=2)
+    out.append(render_tp(GemmProblem(workload=GEMM_ALLREDUCE.name, **small),
+                         in_kernel("epilogue", "lsa", "warp", tile_n=128, stages=6, schedule="pingpong",
+                                   comm_warps=3, raster_group=8, split_k=2))[0])
+    out.append(render_tp(GemmProblem(workload=GEMM_REDUCESCATTER.name, **small),
+                         in_kernel("dedicated_ctas", "nvshmem", "thread", comm_ctas=4, tile_m=64, tile_n=128,
+                                   stages=8, schedule="pingpong", split_k=4))[0])
     return out
 
 

@@ -31,7 +31,11 @@ _OFFSET = ("unsigned long long", ctypes.c_ulonglong)  # a byte offset into the s
 #: walked in groups of ``raster_group`` m-tiles (launch arguments: one build serves every
 #: shape and tile order). ``peers``: every rank's arena base as this rank maps it
 #: (``peers[me]``, the local base). LSA: ``a0`` = the device ``ncclDevComm*``, ``a1`` = the
-#: window; NVSHMEM: both null. The offsets are into the symmetric arena.
+#: window; NVSHMEM: both null. The offsets are into the symmetric arena. ``workspace``: this
+#: rank's own device buffer of ``workspace_bytes`` for a split-K build
+#: (:func:`cuco.kernels.tp.split_workspace_bytes` at the shape; zeroed once, before its first
+#: call: the kernel leaves it so), null and 0 for every other build; the last two, so an
+#: artifact built before they existed ignores them.
 ARGS: tuple[Arg, ...] = (
     Arg("device", "int", ctypes.c_int),
     Arg("stream", "void*", ctypes.c_void_p),
@@ -52,6 +56,8 @@ ARGS: tuple[Arg, ...] = (
     Arg("out_off", *_OFFSET),
     Arg("flag_off", *_OFFSET),
     Arg("calls_off", *_OFFSET),
+    Arg("workspace", "void*", ctypes.c_void_p),
+    Arg("workspace_bytes", "unsigned long long", ctypes.c_ulonglong),
 )
 NAMES = tuple(a.name for a in ARGS)
 

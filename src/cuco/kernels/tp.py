@@ -15,7 +15,7 @@ Three templates:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from cuco.design import Directives, GemmProblem, placement_rules
 from cuco.design.dimensions import Placement, Schedule
@@ -36,21 +36,158 @@ IN_KERNEL = tuple(p.value for p in Placement if p.in_kernel)
 #: What a profile build's name starts with (the fused kernel's GEMM alone, ``gemm_only``).
 PROFILE = "profile.gemm_only."
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
-#: The in-kernel mainloops a search sweeps, ``(schedule, tile_n, stages)`` at tile_m 128: the
-#: most stages that fit beside the staged output tile. On one H200 the best of them ran
-#: 1.003-1.078x torch.matmul on each of 12 GEMMs; pingpong won 8, cooperative 128x256 the
-#: large-N ones (bench/results/gemm_mainloop.json, python bench/gemm_mainloop.py).
-MAINLOOPS = (("cooperative", 128, 4), ("cooperative", 256, 3), ("pingpong", 128, 6))
 
 
-def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int = 256,
-              stages: int = 3, comm_ctas: int = 0, dtype_bytes: int = 2, raster_group: int = 1,
-              comm_warps: int = 0, schedule: str = "cooperative") -> Directives:
-    """An ``epilogue``/``dedicated_ctas`` point: tile 128 x ``tile_n`` x 64, one tile per flag."""
+class Mainloop(NamedTuple):
+    """One in-kernel mainloop a search sweeps: the consumer schedule, the tile (``tile_m`` x
+    ``tile_n`` x 64), the pipeline's stages and how many slices of K each tile is cut into."""
+
+    schedule: str
+    tile_n: int
+    stages: int
+    tile_m: int = 128
+    split_k: int = 1
+
+    @classmethod
+    def of(cls, d: Directives) -> "Mainloop":
+        return cls(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k)
+
+    def text(self) -> str:
+        return (f"{self.schedule} {self.tile_m}x{self.tile_n} with {self.stages} stages"
+                + (f", K in {self.split_k} slices" if self.split_k > 1 else ""))
+
+
+#: The in-kernel mainloops a search sweeps, each with the most stages that fit beside the staged
+#: output tile. The first three were measured on one H200: the best of them ran 1.003-1.078x
+#: torch.matmul on each of 12 GEMMs; pingpong won 8, cooperative 128x256 the large-N ones
+#: (bench/results/gemm_mainloop.json at a5bcd9e). The 64-row tiles (pingpong only: each consumer
+#: warpgroup takes a whole 64-row tile) and the split-K ones (a tile's K cut into slices,
+#: summed by the slice that finishes last) are for GEMMs with few tiles (decode-like M); they
+#: render and compile but had not run on a GPU when they were added.
+MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), Mainloop("pingpong", 128, 6),
+             Mainloop("pingpong", 128, 8, tile_m=64), Mainloop("pingpong", 256, 4, tile_m=64),
+             Mainloop("pingpong", 128, 6, split_k=2), Mainloop("pingpong", 128, 6, split_k=4),
+             Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), Mainloop("pingpong", 128, 8, tile_m=64, split_k=4))
+#: split-K: the most workspace (fp32 partial tiles, one per slice of every tile) a point may ask
+#: for; split-K is for GEMMs with fewer tiles than SMs, where this is a few MiB.
+SPLIT_K_WORKSPACE_LIMIT = 256 << 20
+
+
+#: The SMs the default mainloop's wave arithmetic assumes: H100 SXM and H200 (132 each).
+SMS = 132
+#: The mainloop fields of :func:`in_kernel`, and their values when neither they nor a problem
+#: are given (the cooperative 128x256 mainloop, three stages, K whole).
+MAINLOOP_FIELDS = dict(schedule="cooperative", tile_n=256, stages=3, tile_m=128, split_k=1)
+
+
+class Pick(NamedTuple):
+    """The default in-kernel mainloop of one GEMM (:func:`default_mainloop`): the mainloop, the
+    tile order, and why."""
+
+    mainloop: Mainloop
+    raster_group: int
+    why: str
+
+
+def _waves(tiles: int, sms: int) -> tuple[float, float]:
+    """``(waves, efficiency)`` of ``tiles`` units on ``sms`` persistent CTAs: the last wave's
+    idle SMs count against the efficiency."""
+    full = -(-tiles // sms)
+    return tiles / sms, tiles / (full * sms)
+
+
+def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
+    """The in-kernel mainloop a user who does not search gets at ``problem`` (one of
+    :data:`MAINLOOPS`), and its tile order.
+
+    Measured (``bench/results/gemm_mainloop.json``, 1 x H200, 12 GEMMs, the three mainloops
+    it had): cooperative 128x256 won every GEMM whose 128x256 tiles fill more than 1.5 waves of
+    132 SMs with a last wave at least 95% full; pingpong 128x128 won the others (its twice as
+    many tiles fill the last wave better: 6144x5120, 3072x7168, 4096x1536, 512x4096,
+    2048x2048); with tile order 16 m-tiles for 128x256 and 8 for 128x128, each pick ran within
+    1.2% of the best measured point there (tests/test_gemm_heuristic.py reads the file).
+    Modelled, not yet measured: below half a wave of 128x128 tiles (decode-like M), the
+    split-K mainloop whose units (tiles x slices) fill the waves best, each slice at least 4
+    k-tiles deep, with 64-row tiles where a rank's block of rows is at most 64.
+    """
+    pick = _default_mainloop(problem, sms)
+    if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
+        return pick
+    for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, -ml.tile_m * ml.tile_n)):  # the largest tiles
+        if not supported(problem, with_mainloop(in_kernel("epilogue"), ml, problem.dtype_bytes)):
+            return Pick(ml, pick.raster_group, f"{ml.text()}: the first mainloop that renders here "
+                        f"({pick.mainloop.text()} does not)")
+    return pick  # nothing renders: render_tp names why
+
+
+def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
+    m, n, k = local_gemm(problem)
+    rows, w = placement_rules.row_block(problem), problem.world_size
+
+    def tiles(tm: int, tn: int) -> int:
+        return w * -(-rows // tm) * -(-n // tn)
+
+    waves, eff = _waves(tiles(128, 256), sms)
+    if waves > 1.5 and eff >= 0.95:
+        return Pick(Mainloop("cooperative", 256, 3), 16, f"128x256 tiles fill {waves:.2f} waves, "
+                    f"the last {eff:.0%} full (measured: cooperative 128x256 wins there)")
+    tm = 64 if rows <= 64 else 128
+    t = tiles(tm, 128)
+    if t >= sms / 2 or tm == 128 and k < 512:
+        return Pick(Mainloop("pingpong", 128, 8 if tm == 64 else 6, tm), 8,
+                    f"{t} {tm}x128 tiles ({_waves(t, sms)[0]:.2f} waves; measured: pingpong 128x128 "
+                    "wins where 128x256 tiles leave a partial last wave)")
+    kt = -(-k // 64)
+    best, best_score = None, 0.0
+    for ml in MAINLOOPS:
+        if ml.tile_m != tm or ml.tile_n != 128 or ml.schedule != "pingpong":
+            continue
+        slices, per = k_slices(k, ml.split_k)
+        if ml.split_k > 1 and per < 4:
+            continue
+        score = _waves(t * slices, sms)[1] * min(1.0, t * slices / sms) / (1 + 0.05 * (slices - 1))
+        if score > best_score:
+            best, best_score = ml, score
+    assert best is not None  # the unsplit pingpong tm x 128 mainloop is always there
+    return Pick(best, 8, f"{t} {tm}x128 tiles are {t / sms:.2f} of a wave; "
+                + (f"K in {best.split_k} slices of {k_slices(k, best.split_k)[1]} k-tiles makes "
+                   f"{t * k_slices(k, best.split_k)[0]} units" if best.split_k > 1 else
+                   f"K={k} ({kt} k-tiles) is too short to split")
+                + " (modelled: split-K and 64-row tiles not yet measured)")
+
+
+def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int | None = None,
+              stages: int | None = None, comm_ctas: int = 0, dtype_bytes: int = 2,
+              raster_group: int | None = None, comm_warps: int = 0, schedule: str | None = None,
+              tile_m: int | None = None, split_k: int | None = None,
+              problem: GemmProblem | None = None) -> Directives:
+    """An ``epilogue``/``dedicated_ctas`` point: tile ``tile_m`` x ``tile_n`` x 64, one tile per
+    flag, K cut into ``split_k`` slices.
+
+    The mainloop (``schedule``, ``tile_m``, ``tile_n``, ``stages``, ``split_k``): where none of
+    them is given and ``problem`` is, :func:`default_mainloop`'s pick for it (and its tile
+    order, unless ``raster_group`` is given); otherwise those not given take
+    :data:`MAINLOOP_FIELDS` (cooperative 128x256, 3 stages; tile order 1)."""
+    given = dict(schedule=schedule, tile_n=tile_n, stages=stages, tile_m=tile_m, split_k=split_k)
+    ml = {f: v for f, v in given.items() if v is not None}
+    if not ml and problem is not None:
+        pick = default_mainloop(problem)
+        ml = pick.mainloop._asdict()
+        raster_group = pick.raster_group if raster_group is None else raster_group
+        dtype_bytes = problem.dtype_bytes
+    ml = {**MAINLOOP_FIELDS, **ml}
     return Directives(backend=backend, placement=placement, sync_scope="chunk", issuer=issuer,
-                      tile_m=128, tile_n=tile_n, tile_k=64, stages=stages, comm_ctas=comm_ctas,
-                      chunk_bytes=128 * tile_n * dtype_bytes, raster_group=raster_group,
-                      comm_warps=comm_warps, schedule=schedule)
+                      tile_m=ml["tile_m"], tile_n=ml["tile_n"], tile_k=64, stages=ml["stages"],
+                      comm_ctas=comm_ctas, chunk_bytes=ml["tile_m"] * ml["tile_n"] * dtype_bytes,
+                      raster_group=1 if raster_group is None else raster_group, comm_warps=comm_warps,
+                      schedule=ml["schedule"], split_k=ml["split_k"])
+
+
+def with_mainloop(d: Directives, ml: Mainloop, dtype_bytes: int = 2) -> Directives:
+    """``d`` (an in-kernel point) with the mainloop ``ml``: its tile, stages, schedule and
+    split, the chunk one tile."""
+    return d.replace(schedule=ml.schedule, tile_m=ml.tile_m, tile_n=ml.tile_n, stages=ml.stages,
+                     split_k=ml.split_k, chunk_bytes=ml.tile_m * ml.tile_n * dtype_bytes)
 
 
 def pattern_of(problem: GemmProblem) -> TPPattern:
@@ -74,6 +211,26 @@ def fused_tiles(problem: GemmProblem, d: Directives) -> int:
     ``tile_m``-row tiles (the last one short where they do not divide), N likewise."""
     n = local_gemm(problem).n
     return problem.world_size * -(-placement_rules.row_block(problem) // d.tile_m) * -(-n // d.tile_n)
+
+
+def k_slices(k: int, split_k: int, tile_k: int = 64) -> tuple[int, int]:
+    """``(slices, k_tiles_per_slice)`` of a split-K point at depth ``k``: the K loop's
+    ``ceil(k / tile_k)`` k-tiles cut into at most ``split_k`` slices of equal length (the
+    last one shorter), none empty. ``make_dims`` in ``tp_fused.cu.j2`` does the same."""
+    kt = -(-k // tile_k)
+    per = -(-kt // min(split_k, kt))
+    return -(-kt // per), per
+
+
+def split_workspace_bytes(problem: GemmProblem, d: Directives) -> int:
+    """Bytes of the workspace a split-K point's launch needs at ``problem`` (0 without
+    split-K): a 4-byte arrival counter per output tile (rounded up to 256 bytes), then an fp32
+    partial tile per slice of every tile. ``make_dims`` in ``tp_fused.cu.j2`` does the same."""
+    if d.split_k == 1:
+        return 0
+    slices, _ = k_slices(local_gemm(problem).k, d.split_k, d.tile_k)
+    tiles = fused_tiles(problem, d)
+    return -(-tiles * 4 // 256) * 256 + tiles * slices * d.tile_m * d.tile_n * 4
 
 
 def supported(problem: GemmProblem, d: Directives) -> list[str]:
@@ -103,6 +260,16 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
         out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
                    f"{d.stages} mainloop stages ({smem // 1024} KiB > {SMEM_LIMIT_BYTES // 1024 - 1} KiB); "
                    + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile"))
+    if d.split_k > 1:
+        kt = -(-local_gemm(problem).k // d.tile_k)
+        ws = split_workspace_bytes(problem, d)
+        if d.split_k > kt:
+            out.append(f"split_k: K={local_gemm(problem).k} per rank is {kt} k-tile(s) of "
+                       f"{d.tile_k}; choose split_k <= {kt}")
+        elif ws > SPLIT_K_WORKSPACE_LIMIT:
+            out.append(f"split_k: {fused_tiles(problem, d)} output tiles x {d.split_k} slices of K "
+                       f"need {ws >> 20} MiB of fp32 partials (> {SPLIT_K_WORKSPACE_LIMIT >> 20} MiB); "
+                       "split-K is for GEMMs with fewer tiles than SMs; set split_k=1")
     if not out and fused_tiles(problem, d) > FLAG_STRIDE // 2 - 1:
         out.append(f"tile_n: {fused_tiles(problem, d)} output tiles exceed the "
                    f"{FLAG_STRIDE // 2 - 1} flag slots; choose larger tiles")
@@ -121,7 +288,7 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 issuer=d.issuer.value, ctype=CTYPES[problem.dtype], cutlass_type=CUTLASS_TYPES[problem.dtype],
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
-                schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG,
+                schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG, split_k=d.split_k,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
                 flag_stride=FLAG_STRIDE, name=d.build_point().full_name, gemm_only=gemm_only,
                 launch_entry=fused_launch.ENTRY,

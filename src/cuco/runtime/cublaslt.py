@@ -69,9 +69,54 @@ def library() -> ctypes.CDLL:
     lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
     lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i,
                                                    ctypes.POINTER(HeuristicResult), ctypes.POINTER(i)]
+    lib.cublasLtMatmulAlgoConfigGetAttribute.argtypes = [ctypes.POINTER(Algo), i, vp, sz,
+                                                         ctypes.POINTER(sz)]
     lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp,
                                    ctypes.POINTER(Algo), vp, sz, vp]
     return lib
+
+
+#: ``cublasLtMatmulAlgoConfigAttributes_t``: what :func:`describe` reads of an algorithm, and
+#: the bytes of each (cublasLt.h).
+CONFIG_ATTRIBUTES = {"algo_id": (0, 4), "tile": (1, 4), "split_k": (2, 4), "reduction": (3, 4),
+                     "swizzle": (4, 4), "stages": (6, 4), "cluster": (8, 2)}
+
+
+@functools.lru_cache(maxsize=1)
+def enum_names() -> dict[str, dict[int, str]]:
+    """The names of cuBLASLt's tile, stages and cluster-shape enumerators (``{'tile': {19:
+    '128x128'}, ...}``) from ``cublasLt.h`` where one is found beside the CUDA toolkit or the
+    ``nvidia`` wheels, else empty: :func:`describe` then gives the numbers alone."""
+    import re
+    import sys
+    roots = [Path(p) / "nvidia" for p in sys.path if p] + [Path("/usr/local/cuda")]
+    for root in roots:
+        for header in (*root.glob("*/include/cublasLt.h"), root / "include" / "cublasLt.h"):
+            if header.is_file():
+                text = header.read_text(errors="replace")
+                return {key: {int(v): name for name, v in re.findall(rf"CUBLASLT_{prefix}_(\w+) = (\d+)", text)}
+                        for key, prefix in (("tile", "MATMUL_TILE"), ("stages", "MATMUL_STAGES"),
+                                            ("cluster", "CLUSTER_SHAPE"))}
+    return {}
+
+
+def describe(result: "HeuristicResult") -> dict[str, object]:
+    """What cuBLASLt says of one heuristic algorithm: its tile, split-K slices, reduction
+    scheme, swizzle, stages and cluster shape (names where :func:`enum_names` has them)."""
+    lib = library()
+    out: dict[str, object] = {}
+    for key, (attr, size) in CONFIG_ATTRIBUTES.items():
+        buf = (ctypes.c_uint8 * 8)()
+        written = ctypes.c_size_t()
+        rc = lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(result.algo), attr,
+                                                      ctypes.cast(buf, ctypes.c_void_p), size,
+                                                      ctypes.byref(written))
+        if rc != 0:
+            continue
+        value = int.from_bytes(bytes(buf)[:size], "little", signed=key == "split_k")
+        out[key] = enum_names().get(key, {}).get(value, value)
+    out["waves"] = round(float(result.waves_count), 3)
+    return out
 
 
 def check(rc: int, what: str) -> None:

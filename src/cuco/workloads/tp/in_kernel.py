@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from cuco.design import Directives, placement_rules
 from cuco.kernels import fused_launch
+from cuco.kernels.tp import split_workspace_bytes
 from cuco.runtime.arena import Arena, arena_view
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
@@ -43,6 +44,7 @@ class InKernelRunner:
             if wl.has_chunk_epilogue() else None
         if python:  # the workload's check refuses it first; a runner built directly, here
             raise ValueError(python)
+        import cupy
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
         self.pattern = wl.tp
         #: Unused: the kernel's arguments are the same in checked and timed calls; checked
@@ -74,6 +76,11 @@ class InKernelRunner:
         # calls (a CUDA graph may capture one and replay it)
         self.offsets = dict(data_off=data, stage_off=lay.data.get("p", 0), out_off=lay.data.get("o", 0),
                             flag_off=lay.in_kernel_flags, calls_off=lay.calls)
+        # split-K: this runner's own workspace (arrival counters and fp32 partial tiles; the
+        # kernel leaves the counters at zero), None for every other build
+        ws = split_workspace_bytes(wl.pattern_problem, d)
+        self.workspace = cupy.zeros(ws, dtype=cupy.uint8) if ws else None
+        self.offsets.update(workspace=int(self.workspace.data.ptr) if ws else None, workspace_bytes=ws)
 
     def __call__(self) -> None:
         ctx = self.ctx

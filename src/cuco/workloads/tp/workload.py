@@ -229,7 +229,8 @@ class GemmWorkload(Workload):
         problem = self.problem
         side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
         in_kernel = [p for p in placements if p.in_kernel]
-        tiles = sorted({128 * tn * problem.dtype_bytes for tn in (128, 256)}) if in_kernel else []
+        tiles = sorted({ml.tile_m * ml.tile_n * problem.dtype_bytes for ml in templates.MAINLOOPS}) \
+            if in_kernel else []
         comm = ([8, 16, 32, 64] if Placement.SIDE_STREAM in placements else []) \
             + ([0] if Placement.EPILOGUE in placements else []) \
             + ([8, 16] if Placement.DEDICATED_CTAS in placements else [])
@@ -237,9 +238,11 @@ class GemmWorkload(Workload):
         return DesignSpace(problem, rules=lambda values, _p: self.space_refusals(values, side),
                            backend=[b.value for b in self.backends],
                            placement=list(placements), sync_scope=["chunk"],
-                           chunk_bytes=sorted({*side, *tiles}), tile_m=[128],
+                           chunk_bytes=sorted({*side, *tiles}),
+                           tile_m=sorted({ml.tile_m for ml in templates.MAINLOOPS}) if in_kernel else [128],
                            tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
-                           stages=sorted({st for _, _, st in templates.MAINLOOPS}) if in_kernel else [4],
+                           stages=sorted({ml.stages for ml in templates.MAINLOOPS}) if in_kernel else [4],
+                           split_k=sorted({ml.split_k for ml in templates.MAINLOOPS}) if in_kernel else [1],
                            comm_ctas=sorted(set(comm)), issuer=["thread", "warp", "cta"],
                            schedule=["cooperative", "pingpong"] if in_kernel else ["cooperative"],
                            raster_group=[1, 8, 16] if in_kernel else [1],
@@ -255,15 +258,16 @@ class GemmWorkload(Workload):
             out = []
             if values["chunk_bytes"] not in side_chunks:
                 out.append("chunk_bytes: side_stream uses 2 to 32 chunks per rank")
-            if (values["tile_n"], values["stages"]) != (128, 4) or values["comm_ctas"] < 8:
+            if (values["tile_m"], values["tile_n"], values["stages"]) != (128, 128, 4) or values["comm_ctas"] < 8:
                 out.append("tile_n: side_stream runs a vendor GEMM; its tile fields stay "
                            "128x128x64, 4 stages")
             return out or self.supported(Directives.model_construct(**values))
         if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
             return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
-        if (values["schedule"].value, values["tile_n"], values["stages"]) not in templates.MAINLOOPS:
-            return ["stages: the in-kernel mainloops of this space are " + ", ".join(
-                f"{s} 128x{n} with {st} stages" for s, n, st in templates.MAINLOOPS)]
+        if templates.Mainloop(values["schedule"].value, values["tile_n"], values["stages"], values["tile_m"],
+                              values["split_k"]) not in templates.MAINLOOPS:
+            return ["stages: the in-kernel mainloops of this space are " + "; ".join(
+                ml.text() for ml in templates.MAINLOOPS)]
         return self.supported(Directives.model_construct(**values))
 
     def small_problem(self) -> GemmProblem:

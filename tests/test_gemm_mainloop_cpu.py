@@ -1,0 +1,378 @@
+"""Issue #37's GEMM tools on the CPU: the split-K and 64-row directives (the rules and their
+refusals, what renders, that every kernel without them renders the device code it did), the
+default mainloop (against the measured numbers in bench/results/gemm_mainloop.json) and
+bench/gemm_mainloop.py's cases, rows and summary. The nvcc builds are marked slow."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from cuco import DirectiveError, Directives, GemmProblem
+from cuco.benchmarks import gemm_alone as ga
+from cuco.kernels import tp
+from cuco.kernels.tp import MAINLOOPS, Mainloop, default_mainloop, in_kernel, k_slices, render_tp
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "bench" / "results" / "gemm_mainloop.json"
+#: the commit before split-K and 64-row tiles: every kernel without them renders as it did there
+BEFORE = "6d00761"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_gemm_mainloop", ROOT / "bench" / "gemm_mainloop.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---- the directives ---------------------------------------------------------------------
+def test_split_k_is_a_directive_with_named_refusals():
+    d = in_kernel("epilogue", tile_n=128, stages=6, schedule="pingpong", split_k=4)
+    assert d.split_k == 4 and d.full_name.endswith(".pp.sk4.direct")
+    assert Directives.from_json(d.to_json()) == d
+    old = json.loads(in_kernel("epilogue").to_json())
+    old.pop("split_k")  # a point stored before split-K existed reads back whole
+    assert Directives(**old).split_k == 1 and ".sk" not in Directives(**old).full_name
+    with pytest.raises(DirectiveError, match=r"split_k=5 is not supported; choose one of \(1, 2, 3, 4, 6, 8\)"):
+        in_kernel("epilogue", split_k=5)
+    with pytest.raises(DirectiveError, match="split_k: placement=side_stream runs a vendor GEMM per chunk; "
+                                             "split_k cuts the K loop .* set split_k=1"):
+        Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, split_k=2)
+
+
+def test_split_k_refusals_at_a_shape():
+    shallow = GemmProblem(workload="allgather_gemm", m=256, n=1024, k=128, world_size=1)
+    with pytest.raises(DirectiveError, match=r"split_k: K=128 per rank is 2 k-tile\(s\) of 64; choose split_k <= 2"):
+        render_tp(shallow, in_kernel("epilogue", tile_n=128, stages=6, schedule="pingpong", split_k=4))
+    big = GemmProblem(workload="allgather_gemm", m=8192, n=8192, k=8192, world_size=1)
+    with pytest.raises(DirectiveError, match=r"split_k: 4096 output tiles x 4 slices of K need 1024 MiB .*set split_k=1"):
+        render_tp(big, in_kernel("epilogue", tile_n=128, stages=6, schedule="pingpong", split_k=4))
+
+
+def test_64_row_tiles_take_pingpong_only():
+    p = ga.problem_of(64, 8192, 8192)
+    src = render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=128, stages=8, schedule="pingpong"),
+                    gemm_only=True)[0].source
+    assert "constexpr int kTileM = 64, kTileN = 128, kTileK = 64, kStages = 8;" in src
+    with pytest.raises(DirectiveError, match="schedule=cooperative splits each tile's rows between two "
+                                             "consumer warpgroups of 64\\+ rows; choose tile_m 128 or 256"):
+        render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=128, stages=8))
+    with pytest.raises(DirectiveError, match="stages: placement=epilogue stages the output tile .* set stages=4"):
+        render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=256, stages=5, schedule="pingpong"))
+
+
+@pytest.mark.parametrize("kt,split", [(1, 4), (2, 4), (5, 4), (10, 4), (64, 2), (448, 4), (7, 3), (3, 8)])
+def test_k_slices_cut_every_k_tile_once_into_nonempty_slices(kt, split):
+    slices, per = k_slices(kt * 64, split)
+    assert 1 <= slices <= min(split, kt)
+    lengths = [min(per, kt - s * per) for s in range(slices)]
+    assert all(n >= 1 for n in lengths) and sum(lengths) == kt
+
+
+def test_split_workspace_is_counters_then_a_partial_per_slice():
+    p = ga.problem_of(256, 1536, 8192)
+    d = in_kernel("epilogue", tile_n=128, stages=6, schedule="pingpong", split_k=4)
+    assert tp.split_workspace_bytes(p, d) == 256 + 24 * 4 * 128 * 128 * 4  # 24 tiles, 4 slices
+    assert tp.split_workspace_bytes(p, d.replace(split_k=1)) == 0
+
+
+def test_split_k_renders_its_pieces_and_nothing_else_changes_per_pattern():
+    p = GemmProblem(workload="gemm_allreduce", m=1024, n=1024, k=2048, world_size=2)
+    plain = in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong", comm_warps=3)
+    split = render_tp(p, plain.replace(split_k=2))[0].source
+    base = render_tp(p, plain)[0].source
+    for piece in ("constexpr int kSplitK = 2;", "split_fold(p, ss, team, u, acc, mma_tid)", "unit_of(p.dims, u",
+                  "int* counters;", "ss.handed"):
+        assert piece in split and piece not in base
+    assert "workspace_bytes" in base  # the launch entry takes (and ignores) the workspace
+
+
+def test_the_space_sweeps_the_new_mainloops():
+    from cuco.workloads import for_problem
+    problem = GemmProblem(workload="gemm_reducescatter", m=2048, k=4096, n=2048, world_size=2)
+    space = for_problem(problem).space(["epilogue"])
+    seen = {Mainloop.of(d) for d in space.enumerate()}
+    assert seen == {ml for ml in MAINLOOPS if not tp.supported(problem, tp.with_mainloop(in_kernel("epilogue"), ml))}
+    assert any(ml.split_k > 1 for ml in seen) and any(ml.tile_m == 64 for ml in seen)
+    bad = in_kernel("epilogue", tile_n=256, stages=3, split_k=2)
+    assert any("the in-kernel mainloops of this space are" in v for v in space.violations(bad))
+
+
+def test_kernels_without_the_new_values_render_the_device_code_they_did():
+    """Every tp_fused case of bench/kernel_identity.py: the device pass's source (the rendered
+    kernel less its host-only lines) is the same text from today's templates as from those of
+    the commit before split-K; the host part differs by the two launch arguments only."""
+    pytest.importorskip("jinja2")
+    import importlib
+    from cuco.benchmarks.kernels_at import kernels_at, rendering_from
+    from cuco.kernels.compiler import launcher_device_part
+    spec = importlib.util.spec_from_file_location("kernel_identity", ROOT / "bench" / "kernel_identity.py")
+    ki = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ki)
+    try:
+        ctx = kernels_at(BEFORE)
+        tree = ctx.__enter__()
+    except Exception as exc:  # noqa: BLE001 - a checkout without that commit
+        pytest.skip(f"no {BEFORE} here: {exc}")
+    try:
+        with rendering_from(tree.environment()):
+            before = ki.rendered(ki.CASES["tp_fused"])
+        after = ki.rendered(ki.CASES["tp_fused"])
+    finally:
+        ctx.__exit__(None, None, None)
+    assert before.keys() == after.keys() and len(after) >= 18
+    for case in after:
+        # the same text up to the blank lines that stand for the (longer) host-only part at the end
+        assert launcher_device_part(after[case].source).rstrip("\n") == \
+            launcher_device_part(before[case].source).rstrip("\n"), case
+
+
+# ---- the default mainloop -----------------------------------------------------------------
+def measured() -> dict[tuple[int, int, int], dict[tuple, float]]:
+    """The per-variant times the default was fitted to, by shape (bf16 rows of cuco's points):
+    bench/results/gemm_mainloop.json as it was at 6d00761 (1 x H200, a5bcd9e), read from git
+    once a later run has replaced the file (its rows are cases, not variants)."""
+    import subprocess
+    doc = json.loads(MEASURED.read_text())
+    if not any(r.get("role") == "cuco" for r in doc["rows"]):
+        try:
+            doc = json.loads(subprocess.run(["git", "show", f"{BEFORE}:bench/results/gemm_mainloop.json"],
+                                            cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+        except (OSError, subprocess.CalledProcessError):
+            return {}
+    out: dict = {}
+    for r in doc["rows"]:
+        if r.get("role") != "cuco":
+            continue
+        m, n, k = (int(x) for x in r["case"].split("/")[1][1:].replace("N", " ").replace("K", " ").split())
+        d = r["variant"]
+        key = ("pingpong" if ".pp." in d else "cooperative", int(d.split(".t128x")[1].split("x")[0]),
+               int(d.split(".s")[1].split(".")[0]),
+               next((int(p[1:]) for p in d.split(".") if p[:1] == "g" and p[1:].isdigit()), 1))
+        out.setdefault((m, n, k), {})[key] = r["ms"]
+    return out
+
+
+def test_the_default_is_within_1_2_percent_of_the_best_measured_point():
+    runs = measured()
+    if not runs:
+        pytest.skip("gemm_mainloop.json holds no per-variant rows of the three first mainloops")
+    assert len(runs) == 12
+    for shape, times in runs.items():
+        pick = default_mainloop(ga.problem_of(*shape))
+        ml = pick.mainloop
+        key = (ml.schedule, ml.tile_n, ml.stages, pick.raster_group)
+        assert key in times, (shape, key)
+        assert times[key] <= 1.012 * min(times.values()), (shape, pick, times[key], min(times.values()))
+
+
+@pytest.mark.parametrize("shape,expect", [
+    ((8192, 8192, 4096), Mainloop("cooperative", 256, 3)),
+    ((6144, 5120, 6144), Mainloop("pingpong", 128, 6)),
+    ((512, 4096, 8192), Mainloop("pingpong", 128, 6)),
+    ((256, 1536, 8192), Mainloop("pingpong", 128, 6, split_k=4)),
+    ((200, 4096, 4096), Mainloop("pingpong", 128, 6, split_k=2)),
+    ((64, 8192, 8192), Mainloop("pingpong", 128, 8, tile_m=64, split_k=2)),
+    ((64, 28672, 8192), Mainloop("pingpong", 128, 8, tile_m=64)),
+])
+def test_the_default_per_shape(shape, expect):
+    pick = default_mainloop(ga.problem_of(*shape))
+    assert pick.mainloop == expect and pick.mainloop in MAINLOOPS and pick.why
+
+
+def test_in_kernel_takes_the_default_when_no_mainloop_is_picked():
+    p = ga.problem_of(256, 1536, 8192)
+    d = in_kernel("epilogue", problem=p)
+    assert (Mainloop.of(d), d.raster_group) == (Mainloop("pingpong", 128, 6, split_k=4), 8)
+    assert in_kernel("epilogue", problem=p, raster_group=1).raster_group == 1
+    # a mainloop field given: the others keep the fixed defaults, as before
+    assert Mainloop.of(in_kernel("epilogue", problem=p, tile_n=128)) == Mainloop("cooperative", 128, 3)
+    assert in_kernel("epilogue").full_name == "lsa.epilogue.chunk.cta.c64K.t128x256x64.s3.direct"
+    # a GEMM whose tiles no 128x128 mainloop fits in the flag slots falls back to one that renders
+    wide = ga.problem_of(8192, 28672, 1536)
+    assert not tp.supported(wide, in_kernel("epilogue", problem=wide))
+
+
+# ---- bench/gemm_mainloop.py ---------------------------------------------------------------
+def test_the_spread_is_the_issues():
+    shapes = ga.default_shapes()
+    assert len(shapes) >= 30 and len(ga.QUICK) == 6 and set(ga.QUICK) <= set(shapes) | set(ga.nine_pair_gemms())
+    ms = [m for m, _, _ in shapes]
+    assert min(ms) == 64 and max(ms) == 16384
+    assert sum(m % 64 != 0 for m in ms) >= 5 and {200, 1000, 3000, 5000} <= set(ms)
+    assert sum(m <= 1024 for m in ms) >= 10
+    assert min(min(n, k) for _, n, k in shapes) == 1536 and max(max(n, k) for _, n, k in shapes) == 28672
+    partial = [s for s in shapes if 0 < (-(-s[0] // 128) * -(-s[1] // 128)) % 132 < 66]
+    assert len(partial) >= 8  # a last wave of 128x128 tiles at most half full on 132 SMs
+
+
+def test_every_case_times_its_default_and_only_points_that_render():
+    for shape in ga.default_shapes():
+        points = ga.mainloop_points(shape)
+        assert ga.default_point(shape) in points
+        assert len({d.full_name for d in points}) == len(points)
+        for d in points:
+            assert not tp.supported(ga.problem_of(*shape), d)
+    small = ga.mainloop_points((256, 1536, 8192))
+    assert any(d.split_k == 4 for d in small) and any(d.tile_m == 64 for d in small)
+    assert not any(d.split_k > 1 or d.tile_m == 64 for d in ga.mainloop_points((8192, 8192, 4096)))
+    assert ga.tile_orders(2) == {1: 1, 2: 8} and ga.tile_orders(64) == {1: 1, 8: 8, 16: 16}
+
+
+def test_a_row_is_cuco_best_against_the_fastest_library():
+    shape = (256, 1536, 8192)
+    points = {d.full_name: d for d in ga.mainloop_points(shape)}
+    default = ga.default_point(shape).full_name
+    other = next(v for v in points if v != default)
+    med = {ga.TORCH: 0.030, ga.GEMMEX: 0.031, "cublaslt.heuristic0": 0.025, default: 0.027, other: 0.026}
+    bad = {v: 0 for v in med} | {"cublaslt.heuristic1": 17}
+    algos = {"cublaslt.heuristic0": {"tile": "64x128", "split_k": 3, "cluster": "1x1x1"}}
+    row = ga.case_row(shape, "bf16", med, {other: 0.97}, bad, points, default, algos, {})
+    assert (row["variant"], row["baseline"], row["baseline_ms"]) == (other, "cublaslt.heuristic0", 0.025)
+    assert row["speedup"] == round(0.025 / 0.026, 4) and row["default_speedup"] == round(0.025 / 0.027, 4)
+    assert row["wrong"] == ["cublaslt.heuristic1"] and not row["correct"]
+    assert row["why_not"].startswith("cublaslt.heuristic0 ran 4.0% faster than cuco's best")
+    assert "split_k 3" in row["why_not"] and "units of work" in row["why_not"]
+    win = ga.case_row(shape, "fp16", {**med, other: 0.020}, {}, {v: 0 for v in med}, points, default, {}, {})
+    assert win["speedup"] > 1 and win["why_not"] is None and win["correct"]
+    none = ga.case_row(shape, "bf16", {ga.GEMMEX: 0.03}, {}, {ga.GEMMEX: 0}, points, default, {}, {})
+    assert none["speedup"] is None and "no correct cuco point" in none["why_not"]
+
+    summary = ga.summarize([row, win, none])
+    assert summary["min_speedup"] == row["speedup"] and summary["min_speedup_fp16"] == win["speedup"]
+    assert summary["below_1"] == [row["case"], none["case"]]
+    lines = ga.summary_lines(summary)
+    assert lines[-1] == f"min speedup (cuco best / fastest library GEMM, every case): {row['speedup']}"
+
+
+def test_the_script_parses_and_lists_without_a_gpu(capsys):
+    bench = load_bench()
+    a = bench.parse_args([])
+    assert (a.rounds, a.lt_top, a.out_dir, a.quick) == (9, 4, "bench/results", False)
+    assert bench.bench_of(a).shapes == ga.default_shapes() and bench.bench_of(a).dtypes == ("bf16", "fp16")
+    q = bench.bench_of(bench.parse_args(["--quick", "--dtype", "fp16", "--out-dir", "/tmp/o"]))
+    assert q.shapes == ga.QUICK and q.dtypes == ("fp16",) and str(q.out_dir) == "/tmp/o"
+    assert bench.bench_of(bench.parse_args(["--shape", "200x4096x4096"])).shapes == ((200, 4096, 4096),)
+    for argv in (["--rounds", "2"], ["--shape", "10x10"], ["--shape", "64x100x64"], ["--quick", "--shape", "64x64x64"]):
+        with pytest.raises(SystemExit) as e:
+            bench.parse_args(argv)
+        assert e.value.code == 2
+    capsys.readouterr()
+    assert bench.main(["--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"{len(ga.default_shapes())} shapes x 2 dtypes"
+
+
+# ---- nvcc (slow) ----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("label,problem,d,gemm_only", [
+    ("64-row pingpong", ga.problem_of(64, 8192, 8192, "fp16"),
+     in_kernel("epilogue", "nvshmem", "cta", tile_m=64, tile_n=128, stages=8, schedule="pingpong", comm_warps=3), True),
+    ("split-K pingpong, comm warps", ga.problem_of(256, 1536, 8192),
+     in_kernel("epilogue", "nvshmem", "cta", tile_n=128, stages=6, schedule="pingpong", comm_warps=3, split_k=4), True),
+    ("split-K cooperative, dedicated CTAs, reduce-scatter",
+     GemmProblem(workload="gemm_reducescatter", m=1024, n=1024, k=2048, world_size=2),
+     in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3), False),
+])
+def test_the_new_values_compile_for_sm90a(label, problem, d, gemm_only):
+    from cuco.kernels import Compiler
+    from cuco.kernels.compiler import performance_losses
+    src = render_tp(problem, d, gemm_only=gemm_only)[0]
+    built = Compiler(arch="sm_90a").compile_many([(src.name, src.source, src.needs)])[0]
+    assert hasattr(built, "path"), f"{label}: {built}"
+    assert not performance_losses(built.log or ""), label
+
+
+# ---- the run's orchestration on a fake device ----------------------------------------------
+class _FakeCupy:
+    """What GemmAloneBench.run touches of CuPy, on a clock that each program advances by its
+    own time per call (no GPU)."""
+
+    uint8, uint16 = "uint8", "uint16"
+
+    def __init__(self):
+        import types
+        self.now = 0.0
+        fake = self
+
+        class Event:
+            def record(self, stream=None):
+                self.t = fake.now
+
+            def synchronize(self):
+                pass
+
+        class Stream:
+            ptr = 0
+
+            def synchronize(self):
+                pass
+
+        class Array:
+            def __init__(self, n):
+                self.size, self.data = n, types.SimpleNamespace(ptr=1)
+
+        class Device:
+            id = 0
+            attributes = {"MultiProcessorCount": 132}
+
+        class Pool:
+            def free_all_blocks(self):
+                pass
+        self.cuda = types.SimpleNamespace(
+            Event=Event, get_current_stream=lambda: Stream(), Device=Device,
+            get_elapsed_time=lambda s, e: e.t - s.t,
+            runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"Fake H100"}))
+        self.zeros = lambda n, dtype=None: Array(n)
+        self.get_default_memory_pool = lambda: Pool()
+
+
+def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path, capsys):
+    import sys
+    import types
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr("cuco.runtime.timing.spin", lambda stream, us: None)
+    speed = {ga.TORCH: 1.00, ga.GEMMEX: 1.05, "cublaslt.heuristic0": 0.90, "cublaslt.heuristic1": 0.95}
+
+    def program(name, ms):
+        def call():
+            fake.now += ms * speed_of(name)
+        return call
+
+    def speed_of(name):
+        if name in speed:
+            return speed[name]
+        return 0.85 if ".sk" in name else 1.02  # split-K beats the libraries, the rest do not
+
+    out = types.SimpleNamespace(size=4)
+    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
+    monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: (
+        {v: (program(v, 0.01), out) for v in speed}, {}, {"cublaslt.heuristic0": {"tile": "64x128"}}))
+    monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
+    def launcher(path, raster, a, b, c, st, work, wb, sms):
+        return program(next(names), 0.01)
+    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
+    shapes = ((256, 1536, 8192), (8192, 8192, 4096))
+    bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16",), rounds=3, out_dir=tmp_path)
+    monkeypatch.setattr(bench, "build", lambda sms: {("bf16", d.build_point().full_name): "lib.so"
+                                                     for s in shapes for d in ga.mainloop_points(s)})
+    names = iter([d.full_name for s in shapes for d in ga.mainloop_points(s)])  # the order _case launches
+    monkeypatch.setattr(ga, "_launcher", launcher)
+    monkeypatch.setenv("CUCO_REV", "test")
+    path = bench.run()
+    doc = json.loads(Path(path).read_text())
+    rows = {r["case"]: r for r in doc["rows"]}
+    small, big = rows["gemm/M256N1536K8192/bf16"], rows["gemm/M8192N8192K4096/bf16"]
+    assert ".sk" in small["variant"] and small["baseline"] == "cublaslt.heuristic0"
+    assert small["speedup"] == round(0.90 / 0.85, 4) and small["why_not"] is None and small["calls_per_sample"] == 40
+    assert big["speedup"] == round(0.90 / 1.02, 4) and "cublaslt.heuristic0 ran" in big["why_not"]
+    assert doc["summary"]["min_speedup"] == big["speedup"] and doc["device"] == "1 x Fake H100"
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("min speedup (cuco best / fastest library GEMM, every case): ")
