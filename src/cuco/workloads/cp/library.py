@@ -1,0 +1,284 @@
+"""The library route of context-parallel attention (``core=flash`` / ``core=cudnn``).
+
+A library's attention (PyTorch's flash attention or its cuDNN attention, each returning the
+log-sum-exp of its rows) is called once per phase on the compute stream: first over this
+rank's own K/V, then over each peer's K/V once its transfer chunks have arrived (the
+template's ``wait_flags`` kernel holds the stream until their flags are raised), while the
+persistent communication kernel of ``cp_attention.cu.j2`` pushes K/V on a side stream, as
+for ``core=own``. Each call writes a partial output and its log-sum-exp; one merge kernel
+(``cp_merge``, ``cuco/ops/lse_merge.cuh``) combines every partial of a row in fp32 and writes
+the output once.
+
+:func:`phase_plan` says which calls a rank makes (CPU; the tests hold it to
+:func:`~cuco.workloads.cp.split.pair_kind` and a brute-force mask). A call attends whole zig-zag
+chunks: a diagonal pair (a query chunk against the same key chunk, causal) is always
+square, so every library's causal mask (flash's is bottom-right aligned, cuDNN's top-left)
+means the same there; every other pair is attended in full. Pairs of one phase are grouped
+into as few calls as their layout allows: both halves of the queries against one key half,
+one query half against both key halves (rows that are contiguous in the shard), or the two
+diagonal pairs of the local phase as one call of batch 2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cuco.design.dimensions import Core
+from cuco.errors import EnvironmentProblem
+from cuco.workloads.cp.fused_call import FusedCall
+from cuco.workloads.cp.split import DIAGONAL, FULL, SKIP, pair_kind, slot_order, zigzag_chunk
+
+#: cuco/ops/lse_merge.cuh: the partials one merge takes (its ``kMaxParts``)
+HEADER = Path(__file__).parents[2] / "kernels" / "include" / "cuco" / "ops" / "lse_merge.cuh"
+
+
+@dataclass(frozen=True)
+class LibraryCall:
+    """One library call of a phase: the queries of ``q_halves`` against the keys of
+    ``k_halves`` of rank ``slot``'s shard. ``batched``: the two diagonal pairs (q half i
+    against k half i) as one call of batch 2; else the halves' rows are one contiguous block
+    each (``(0,)``, ``(1,)`` or ``(0, 1)``). ``causal``: a square diagonal block."""
+
+    slot: int
+    q_halves: tuple[int, ...]
+    k_halves: tuple[int, ...]
+    causal: bool
+    batched: bool = False
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """The (q half, k half) pairs this call attends."""
+        if self.batched:
+            return list(zip(self.q_halves, self.k_halves))
+        return [(qh, kh) for qh in self.q_halves for kh in self.k_halves]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The calls over one rank's K/V (``slot``), and which of its halves they read (what the
+    compute stream waits for before them; nothing for this rank's own)."""
+
+    slot: int
+    halves: tuple[int, ...]
+    calls: tuple[LibraryCall, ...]
+
+
+def _group_full(slot: int, full: set[tuple[int, int]]) -> list[LibraryCall]:
+    """Full pairs as few calls as contiguous rows allow: all four, a key half against both
+    query halves, a query half against both key halves, then single pairs."""
+    calls, left = [], set(full)
+    if len(left) == 4:
+        return [LibraryCall(slot, (0, 1), (0, 1), False)]
+    for kh in (0, 1):
+        if {(0, kh), (1, kh)} <= left:
+            calls.append(LibraryCall(slot, (0, 1), (kh,), False))
+            left -= {(0, kh), (1, kh)}
+    for qh in (0, 1):
+        if {(qh, 0), (qh, 1)} <= left:
+            calls.append(LibraryCall(slot, (qh,), (0, 1), False))
+            left -= {(qh, 0), (qh, 1)}
+    calls += [LibraryCall(slot, (qh,), (kh,), False) for qh, kh in sorted(left)]
+    return calls
+
+
+def phase_plan(me: int, w: int, causal: bool) -> list[Phase]:
+    """The phases of rank ``me`` in order (its own K/V, then ``me-1``, ``me-2``, ...: the
+    order the peers' data arrives in), each with its calls; ranks whose keys the mask
+    empties for ``me`` have no phase."""
+    phases = []
+    for slot in slot_order(me, w):
+        kinds = {(qh, kh): pair_kind(zigzag_chunk(me, qh, w), zigzag_chunk(slot, kh, w), causal)
+                 for qh in (0, 1) for kh in (0, 1)}
+        diag = sorted(p for p, k in kinds.items() if k == DIAGONAL)
+        full = {p for p, k in kinds.items() if k == FULL}
+        calls = []
+        if len(diag) == 2 and all(qh == kh for qh, kh in diag):
+            calls.append(LibraryCall(slot, (0, 1), (0, 1), True, batched=True))
+        else:
+            calls += [LibraryCall(slot, (qh,), (kh,), True) for qh, kh in diag]
+        calls += _group_full(slot, full)
+        if calls:
+            halves = tuple(sorted({kh for (_, kh), k in kinds.items() if k != SKIP}))
+            phases.append(Phase(slot, halves, tuple(calls)))
+    return phases
+
+
+def calls_of(me: int, w: int, causal: bool) -> int:
+    """How many library calls (partials of the merge) rank ``me`` makes."""
+    return sum(len(p.calls) for p in phase_plan(me, w, causal))
+
+
+# ---- the merge kernel's table (cuco/ops/lse_merge.cuh: Part, Parts) -----------------------
+def max_parts() -> int:
+    """``kMaxParts`` of ``lse_merge.cuh``: the partials one merge combines at most."""
+    return int(re.search(r"kMaxParts = (\d+)", HEADER.read_text())[1])
+
+
+#: One partial: its output and log-sum-exp (device addresses), their strides in elements
+#: (output: batch, row, head; log-sum-exp: batch, row, head), the first shard row it
+#: covers, its rows and rows per batch entry.
+PART = np.dtype([("o", "<u8"), ("lse", "<u8"), ("o_sb", "<i8"), ("o_ss", "<i8"), ("o_sh", "<i8"),
+                 ("l_sb", "<i8"), ("l_ss", "<i8"), ("l_sh", "<i8"), ("row0", "<i4"), ("rows", "<i4"),
+                 ("batch_rows", "<i4"), ("pad", "<i4")], align=True)
+
+
+def parts_dtype() -> np.dtype:
+    """The ``Parts`` struct passed by value to ``cp_merge`` (a one-element array of it)."""
+    return np.dtype([("p", PART, (max_parts(),)), ("n", "<i4"), ("pad", "<i4", (3,))], align=True)
+
+
+def part_of(call: LibraryCall, chunk: int, out, lse) -> tuple:
+    """The table row of ``call``'s result: ``out`` [B, H, S, D] and ``lse`` [B, H, S] (or
+    [B, H, S, 1]) as the library returned them (torch tensors, any strides with unit stride
+    along D)."""
+    if out.stride(3) != 1:
+        raise ValueError(f"a partial output's head dim must be contiguous, not stride {out.stride(3)}")
+    rows = len(call.q_halves) * chunk
+    batch_rows = chunk if call.batched else rows
+    return (out.data_ptr(), lse.data_ptr(), out.stride(0), out.stride(2), out.stride(1),
+            lse.stride(0), lse.stride(2), lse.stride(1), call.q_halves[0] * chunk, rows, batch_rows, 0)
+
+
+def parts_table(rows: list[tuple]) -> np.ndarray:
+    """The ``Parts`` argument of ``cp_merge`` for these table rows."""
+    cap = max_parts()
+    if len(rows) > cap:
+        raise ValueError(f"{len(rows)} partials; cp_merge takes at most {cap} (kMaxParts)")
+    t = np.zeros(1, dtype=parts_dtype())
+    for i, r in enumerate(rows):
+        t["p"][0, i] = r
+    t["n"] = len(rows)
+    return t
+
+
+# ---- the library calls (torch) ----------------------------------------------------------
+def library_attention(core: Core):
+    """``attend(q, k, v, causal) -> (out, lse)`` of ``core`` on [B, H, S, D] views: the
+    library's attention with the log-sum-exp of every row (natural log of the scaled scores'
+    exponentials). Imports torch."""
+    import torch
+    aten = torch.ops.aten
+    if core is Core.FLASH:
+        def attend(q, k, v, causal: bool):
+            r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)
+            return r[0], r[1]
+    elif core is Core.CUDNN:
+        def attend(q, k, v, causal: bool):
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)
+            return r[0], r[1]
+    else:
+        raise ValueError(f"core={core.value} is no library core")
+    return attend
+
+
+def call_views(call: LibraryCall, q, k, v, chunk: int):
+    """The [B, H, S, D] views one call reads: ``q``, ``k``, ``v`` are one shard each,
+    [2C, H, D] torch tensors (no copy)."""
+    def rows(t, halves):
+        if call.batched:
+            return t.view(2, chunk, *t.shape[1:]).transpose(1, 2)
+        lo = halves[0] * chunk
+        return t[lo:lo + len(halves) * chunk].unsqueeze(0).transpose(1, 2)
+    return rows(q, call.q_halves), rows(k, call.k_halves), rows(v, call.k_halves)
+
+
+def run_phase_calls(attend, phase: Phase, q, k, v, chunk: int) -> list[tuple]:
+    """Every call of ``phase`` on its slot's ``k``/``v``: ``[(call, out, lse)]``."""
+    out = []
+    for call in phase.calls:
+        o, lse = attend(*call_views(call, q, k, v, chunk), call.causal)
+        out.append((call, o, lse))
+    return out
+
+
+# ---- the fused call -------------------------------------------------------------------------
+#: Threads per CTA of cp_merge (its __launch_bounds__) and the most CTAs it launches
+MERGE_THREADS, MERGE_MAX_CTAS = 256, 1 << 16
+
+
+def merge_grid(rows: int, heads: int, head_dim: int, esz: int) -> int:
+    """CTAs of ``cp_merge``: a thread per 16-byte vector of every (row, head), grid-stride
+    beyond :data:`MERGE_MAX_CTAS`."""
+    threads = rows * heads * (head_dim * esz // 16)
+    return max(1, min(MERGE_MAX_CTAS, -(-threads // MERGE_THREADS)))
+
+
+def wait_ranges(phase: Phase, n_chunks: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of the arrival counters the compute stream waits on before a peer's
+    phase: the transfer chunks of the halves it reads (slot ``s``'s chunk ``c`` is counter
+    ``s * n_chunks + c``; half h holds chunks ``[h * n/2, (h+1) * n/2)``)."""
+    per_half = n_chunks // 2
+    if phase.halves == (0, 1):
+        return [(phase.slot * n_chunks, n_chunks)]
+    return [(phase.slot * n_chunks + h * per_half, per_half) for h in phase.halves]
+
+
+class LibraryRunner(FusedCall):
+    """A fused call of ``core=flash`` / ``core=cudnn``: the comm kernel pushes K/V chunks on
+    the side stream (as for ``core=own``); on the compute stream the library's attention runs
+    per phase (:func:`phase_plan`), a peer's phase behind ``wait_flags`` on the counters of
+    the chunks it reads, and ``cp_merge`` writes the output from every partial."""
+
+    COMM_KERNELS = ("comm_kernel", "set_peer_flag", "wait_flags", "cp_merge")
+
+    def __init__(self, ctx, wl, d, cubin: str, arena, inputs, out):
+        from cuco.runtime import dtypes, torch_bridge
+        why = torch_bridge.unusable(ctx)
+        if why is not None:
+            raise EnvironmentProblem(f"core={d.core.value} calls PyTorch's attention per phase: {why}")
+        self._setup(ctx, wl, d, cubin, arena, inputs, out)
+        _torch_device()
+        s = wl.shape
+        shape = (wl.shard, s.heads, s.head_dim)
+        self.plan = phase_plan(ctx.rank, wl.world_size, s.causal)
+        self.attend_fn = library_attention(d.core)
+        self.q = torch_bridge.tensor_at(int(inputs["q"].data.ptr), shape, wl.dtype)
+        self.kv = {p: (torch_bridge.tensor_at(kb, shape, wl.dtype), torch_bridge.tensor_at(vb, shape, wl.dtype))
+                   for p, (kb, vb) in enumerate(zip(*self.kv_bases))}
+        self.tstream = torch_bridge.stream(ctx)
+        self.grid = merge_grid(wl.shard, s.heads, s.head_dim, wl.esz)
+        # every call and the merge once alone, on this rank's own K/V in every slot (the same
+        # shapes and strides: cuDNN builds its graphs, the kernels' modules load), into junk
+        junk = dtypes.empty(wl.output_elems(), wl.dtype)
+        own = self.kv[ctx.rank]
+        self._compute(junk, {p: own for p in self.kv}, wait=False)
+        self._settle_modules()
+
+    def _wait(self, phase: Phase) -> None:
+        a, ctx = self.arena, self.ctx
+        for first, count in wait_ranges(phase, self.n):
+            self.f["wait_flags"]((1,), (32,), (*a.args(ctx), np.uint64(self.layout.flags), np.int32(first),
+                                              np.int32(count), np.uint64(self.d.comm_ctas)),
+                                 stream=ctx.stream)
+
+    def _compute(self, out, kv, wait: bool) -> None:
+        """Every phase's library calls, then the merge into ``out``; the partials stay
+        referenced until the merge is enqueued behind them on the same stream (the caching
+        allocator reuses their memory only after it)."""
+        import torch
+        results = []
+        with torch.cuda.stream(self.tstream):
+            for phase in self.plan:
+                if wait and phase.slot != self.ctx.rank:
+                    self._wait(phase)
+                results += run_phase_calls(self.attend_fn, phase, self.q, *kv[phase.slot], self.wl.chunk)
+        table = parts_table([part_of(c, self.wl.chunk, o, lse) for c, o, lse in results])
+        self.f["cp_merge"]((self.grid,), (MERGE_THREADS,), (table, out, np.int32(self.wl.shard)),
+                           stream=self.ctx.stream)
+
+    def __call__(self) -> None:
+        self._start()
+        self._compute(self.output, self.kv, wait=True)
+        self._finish()
+
+
+def _torch_device() -> None:
+    """torch's current device: the worker's (CuPy's), not cuda:0."""
+    import cupy
+    import torch
+    dev = cupy.cuda.Device().id
+    if torch.cuda.current_device() != dev:
+        torch.cuda.set_device(dev)
