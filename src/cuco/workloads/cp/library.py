@@ -194,6 +194,26 @@ def run_phase_calls(attend, phase: Phase, q, k, v, chunk: int) -> list[tuple]:
     return out
 
 
+def run_plan(attend, plan: list[Phase], q, kv: dict, chunk: int, before=None) -> list[tuple]:
+    """Every phase's calls in order, ``kv[slot] = (k, v)``; ``before(phase)`` is enqueued
+    ahead of each phase (a fused call's wait for a peer's chunks). ``[(call, out, lse)]``."""
+    results = []
+    for phase in plan:
+        if before is not None:
+            before(phase)
+        results += run_phase_calls(attend, phase, q, *kv[phase.slot], chunk)
+    return results
+
+
+def merge(kernel, results: list[tuple], chunk: int, out, rows: int, grid: int, stream) -> None:
+    """``cp_merge`` (a loaded function) of every partial into ``out`` (a device array or its
+    address) on ``stream``; ``results`` must stay referenced until this is enqueued (the
+    caching allocator then reuses their memory only behind it on the same stream)."""
+    table = parts_table([part_of(c, chunk, o, lse) for c, o, lse in results])
+    ptr = np.uint64(out if isinstance(out, int) else out.data.ptr)
+    kernel((grid,), (MERGE_THREADS,), (table, ptr, np.int32(rows)), stream=stream)
+
+
 # ---- the fused call -------------------------------------------------------------------------
 #: Threads per CTA of cp_merge (its __launch_bounds__) and the most CTAs it launches
 MERGE_THREADS, MERGE_MAX_CTAS = 256, 1 << 16
@@ -259,15 +279,15 @@ class LibraryRunner(FusedCall):
         referenced until the merge is enqueued behind them on the same stream (the caching
         allocator reuses their memory only after it)."""
         import torch
-        results = []
+        me = self.ctx.rank
+
+        def before(phase: Phase) -> None:
+            if phase.slot != me:
+                self._wait(phase)
         with torch.cuda.stream(self.tstream):
-            for phase in self.plan:
-                if wait and phase.slot != self.ctx.rank:
-                    self._wait(phase)
-                results += run_phase_calls(self.attend_fn, phase, self.q, *kv[phase.slot], self.wl.chunk)
-        table = parts_table([part_of(c, self.wl.chunk, o, lse) for c, o, lse in results])
-        self.f["cp_merge"]((self.grid,), (MERGE_THREADS,), (table, out, np.int32(self.wl.shard)),
-                           stream=self.ctx.stream)
+            results = run_plan(self.attend_fn, self.plan, self.q, kv, self.wl.chunk,
+                               before=before if wait else None)
+        merge(self.f["cp_merge"], results, self.wl.chunk, out, self.wl.shard, self.grid, self.ctx.stream)
 
     def __call__(self) -> None:
         self._start()

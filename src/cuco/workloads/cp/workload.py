@@ -38,7 +38,7 @@ from cuco.design.tiles import sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
-from cuco.runtime import dtypes
+from cuco.runtime import dtypes, torch_bridge
 from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
@@ -224,6 +224,12 @@ class CPAttention(PipelineWorkload):
         return render("cp_attention_core.cu.j2", ctype=CTYPES[self.dtype], head_dim=s.head_dim,
                       heads=s.heads, causal=s.causal)
 
+    def merge_source(self) -> str:
+        """The library cores' merge alone (``cp_merge``: what a fused call of ``core=flash`` /
+        ``core=cudnn`` runs after its phases; the kernel benchmark builds it alone)."""
+        s = self.shape
+        return render("cp_merge.cu.j2", ctype=CTYPES[self.dtype], head_dim=s.head_dim, heads=s.heads)
+
     def core_kernel_source(self) -> KernelSource:
         """:meth:`core_source` as the kernel catalog lists it (what CI compiles)."""
         return KernelSource("cp_attention_core", self.core_source(), (), ("cp_attend",))
@@ -246,9 +252,11 @@ class CPAttention(PipelineWorkload):
         own = self.grid_of(sizes_cutting(half_bytes, (1, 4, 16)),
                            [("lsa", "warp", 4), ("lsa", "cta", 8), ("lsa", "warp", 16),
                             ("nvshmem", "cta", 8)])
-        # the library cores wait for a peer's whole halves, so the chunk size matters less
+        # the library cores (where torch is there to run them) wait for a peer's whole halves,
+        # so the chunk size matters less
+        cores = [c.value for c in self.op.library_cores] if torch_bridge.installed() else []
         return own + self.grid_of(sizes_cutting(half_bytes, (1, 4)), [("lsa", "warp", 4), ("nvshmem", "cta", 8)],
-                                  cores=[c.value for c in self.op.library_cores])
+                                  cores=cores)
 
     def tolerance(self) -> tuple[float, float]:
         """The kernel rounds P to the dtype before P @ V and the output once."""
