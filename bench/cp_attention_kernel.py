@@ -18,8 +18,8 @@ not; W = 2 and 4; the first and last rank where the mask makes their calls diffe
   q half over the keys up to its chunk's end, flash's bottom-right mask);
 * ``torch_cudnn``: the same with cuDNN attention (causal: cuDNN's causal mask is top-left, so
   per q half a full call over the earlier chunks and a causal one over its own chunk, merged
-  in fp32 by torch ops); ``torch_cudnn_kernels``: those cuDNN calls alone, not merged (no
-  program: timed only, a floor under torch_cudnn).
+  in fp32 by torch ops); ``torch_cudnn_kernels``: those cuDNN calls alone, not merged and
+  without log-sum-exp (no program: timed only, a floor under torch_cudnn).
 
 The bar is the fastest correct torch program (``baseline``); ``speedup`` = its ms / the
 row's. Checked (before timing, and the output of the last timed call again): outputs
@@ -331,9 +331,19 @@ def _sdhd(t):
     return t[0].transpose(0, 1)
 
 
+def assemble(got):
+    """A program's output as [T, H, D]: a tensor, or its two q halves' [1, H, C, D] outputs
+    (joined here, outside the timed call)."""
+    import torch
+    if isinstance(got, (list, tuple)):
+        return _sdhd(torch.cat(got, 2))
+    return got
+
+
 def torch_programs(wl, me, q, k, v):
-    """``{name: fn}``, each returning the rank's output [T, H, D] (a program) or None (the
-    cuDNN calls alone); K/V put in sequence order once, outside the timed calls."""
+    """``{name: fn}``, each returning the rank's output ([T, H, D], or its two halves:
+    :func:`assemble`) or None (the cuDNN calls alone); K/V put in sequence order once,
+    outside the timed calls."""
     import torch
     from cuco.workloads.cp import zigzag_chunk
     s, w, c = wl.shape, wl.world_size, wl.chunk
@@ -344,9 +354,10 @@ def torch_programs(wl, me, q, k, v):
     fa = torch.ops.aten._scaled_dot_product_flash_attention
     cu = torch.ops.aten._scaled_dot_product_cudnn_attention
 
-    def cudnn(qq, kk, vv, causal):
-        r = cu(qq, kk, vv, None, True, 0.0, causal, False)
-        return r[0], r[1].reshape(r[1].shape[:3])
+    def cudnn(qq, kk, vv, causal, lse=True):
+        """cuDNN's attention; its log-sum-exp only where a merge needs it (inference otherwise)."""
+        r = cu(qq, kk, vv, None, lse, 0.0, causal, False)
+        return r[0], (r[1].reshape(r[1].shape[:3]) if lse else None)
 
     def flash():
         if not s.causal:
@@ -355,22 +366,22 @@ def torch_programs(wl, me, q, k, v):
         for half in (0, 1):
             end = (zigzag_chunk(me, half, w) + 1) * c
             outs.append(fa(qt[:, :, half * c:(half + 1) * c], ks[:, :, :end], vs[:, :, :end], 0.0, True, False)[0])
-        return _sdhd(torch.cat(outs, 2))
+        return outs
 
-    def cudnn_calls():
+    def cudnn_calls(lse=True):
         """Per q half: (prefix output, lse) or None, (diagonal output, lse)."""
         out = []
         for half in (0, 1):
             qi = zigzag_chunk(me, half, w)
             qh = qt[:, :, half * c:(half + 1) * c]
-            pre = cudnn(qh, ks[:, :, :qi * c], vs[:, :, :qi * c], False) if qi else None
-            diag = cudnn(qh, ks[:, :, qi * c:(qi + 1) * c], vs[:, :, qi * c:(qi + 1) * c], True)
+            pre = cudnn(qh, ks[:, :, :qi * c], vs[:, :, :qi * c], False, lse) if qi else None
+            diag = cudnn(qh, ks[:, :, qi * c:(qi + 1) * c], vs[:, :, qi * c:(qi + 1) * c], True, lse)
             out.append((pre, diag))
         return out
 
     def cudnn_program():
         if not s.causal:
-            return _sdhd(cudnn(qt, ks, vs, False)[0])
+            return _sdhd(cudnn(qt, ks, vs, False, lse=False)[0])
         outs = []
         for pre, (od, ld) in cudnn_calls():
             if pre is None:
@@ -380,11 +391,11 @@ def torch_programs(wl, me, q, k, v):
             m = torch.maximum(lp, ld)
             wp, wd = torch.exp(lp - m).unsqueeze(-1), torch.exp(ld - m).unsqueeze(-1)
             outs.append(((op.float() * wp + od.float() * wd) / (wp + wd)).to(q.dtype))
-        return _sdhd(torch.cat(outs, 2))
+        return outs
 
     progs = {"torch_flash": flash, "torch_cudnn": cudnn_program}
     if s.causal:
-        progs["torch_cudnn_kernels"] = lambda: (cudnn_calls(), None)[1]
+        progs["torch_cudnn_kernels"] = lambda: (cudnn_calls(lse=False), None)[1]
     return progs, (ks, vs)
 
 
@@ -473,19 +484,21 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
     if own is not None:
         progs.update(own(wl, row, q, k, v, outs))
     checks: dict[str, dict] = {}
-    bar = progs["torch_flash"]()
+    bar = assemble(progs["torch_flash"]())
     for name, fn in progs.items():
         if name in outs:
             outs[name].fill_(float("nan"))
         got = fn()
         if got is not None:
-            checks[name] = check_against(wl, got, ref, heads, None if name == "torch_flash" else bar)
+            checks[name] = check_against(wl, assemble(got), ref, heads, None if name == "torch_flash" else bar)
     torch.cuda.synchronize()
     samples: dict[str, list[float]] = {n: [] for n in progs}
     last = {}
     for i in range(warmup + rounds):
         for name, fn in progs.items():
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if name in outs:  # poisoned before every call (untimed): a stale output fails the last check
+                outs[name].fill_(float("nan"))
             torch.cuda._sleep(BUSY_CYCLES)  # the host enqueues the call while the GPU is busy
             a.record()
             last[name] = fn()
@@ -495,7 +508,7 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
                 samples[name].append(a.elapsed_time(b))
     for name, got in last.items():  # the timed calls' output: still right
         if got is not None and name in checks:
-            again = check_against(wl, got, ref, heads, None if name == "torch_flash" else bar)
+            again = check_against(wl, assemble(got), ref, heads, None if name == "torch_flash" else bar)
             checks[name]["bad_ref_timed"] = again["bad_ref"]
             checks[name]["bad_ref"] = max(checks[name]["bad_ref"], again["bad_ref"])
             if "bad_torch" in again:
@@ -575,6 +588,12 @@ def main(argv=None) -> int:
         own = own_core(built)
     print(f"built in {time.time() - t0:.0f}s", flush=True)
     report: list[dict] = []
+
+    def write(partial: bool):
+        return results.write(NAME, report, device=f"1 x {torch.cuda.get_device_name()}",
+                             world_size=1, emulated=False, out_dir=args.out_dir,
+                             extra={"summary": summarize(report), "partial": partial,
+                                    "own_core_checks": checks or None})
     for row in rows:
         fns = {row.head_dim: merges[row.heads, row.head_dim][1]}
         got = measure(row, fns, rounds=args.rounds, warmup=args.warmup,
@@ -582,13 +601,12 @@ def main(argv=None) -> int:
         report += got
         print(table(got).split("\n", 2)[2], flush=True)
         torch.cuda.empty_cache()
+        if not args.quick:  # a run cut short keeps its finished cases (marked partial)
+            write(partial=True)
     summary = summarize(report)
     print(f"{time.time() - t0:.0f}s", flush=True)
     if not args.quick:
-        path = results.write(NAME, report, device=f"1 x {torch.cuda.get_device_name()}",
-                             world_size=1, emulated=False, out_dir=args.out_dir,
-                             extra={"summary": summary, "own_core_checks": checks or None})
-        print(f"wrote {path}", flush=True)
+        print(f"wrote {write(partial=False)}", flush=True)
     print(json.dumps(summary, indent=1), flush=True)  # last: the bar and the worst case
     return 0 if summary["all_correct"] else 1
 

@@ -35,41 +35,54 @@ def side(**kw) -> Directives:
 
 
 # ---- the phase plan -------------------------------------------------------------------------
+def _attended(call, me: int, w: int, chunk: int) -> np.ndarray:
+    """Which (query row of ``me``'s shard, global key position) pairs ``call`` attends, by its
+    rows and mask alone: [2C, 2wC] counts."""
+    n = 2 * w * chunk
+    out = np.zeros((2 * chunk, n), np.int32)
+    qrows = np.concatenate([np.arange(h * chunk, (h + 1) * chunk) for h in call.q_halves])
+    krows = np.concatenate([np.arange(h * chunk, (h + 1) * chunk) for h in call.k_halves])
+    kpos = split.token_positions(call.slot, w, chunk)[krows]
+    for i, r in enumerate(qrows):
+        keys = kpos[: i + 1] if call.causal else kpos  # a causal call: query row i, key rows 0..i
+        out[r, keys] += 1
+    return out
+
+
 @pytest.mark.parametrize("w", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("causal", [True, False])
-def test_every_pair_is_in_one_call_of_the_right_kind(w, causal):
+def test_the_calls_attend_exactly_the_mask_once(w, causal):
+    chunk = 4
     for me in range(w):
         plan = lib.phase_plan(me, w, causal)
+        qpos = split.token_positions(me, w, chunk)
+        kpos = np.arange(2 * w * chunk)
+        mask = (kpos[None, :] <= qpos[:, None]) if causal else np.ones((2 * chunk, len(kpos)), bool)
+        got = sum(_attended(c, me, w, chunk) for p in plan for c in p.calls)
+        assert (got == mask.astype(np.int32)).all()  # every visible key once, no masked one
+        # the order ranks' data arrives in; a rank whose keys the mask empties has no phase
         assert [p.slot for p in plan] == [s for s in split.slot_order(me, w)
-                                          if any(split.needs_half(s, h, me, w, causal) for h in (0, 1))
-                                          or s == me]
-        for slot in range(w):
-            kinds = {(qh, kh): split.pair_kind(split.zigzag_chunk(me, qh, w), split.zigzag_chunk(slot, kh, w), causal)
-                     for qh in (0, 1) for kh in (0, 1)}
-            calls = [c for p in plan if p.slot == slot for c in p.calls]
-            got = [pair for c in calls for pair in c.pairs()]
-            assert sorted(got) == sorted(p for p, k in kinds.items() if k != split.SKIP)
-            for c in calls:
-                assert c.slot == slot
-                for qh, kh in c.pairs():
-                    assert (kinds[qh, kh] == split.DIAGONAL) == c.causal
-                if c.causal:  # square: a query chunk against the same key chunk
-                    assert all(split.zigzag_chunk(me, qh, w) == split.zigzag_chunk(slot, kh, w)
-                               for qh, kh in c.pairs())
-                if not c.batched:  # rows contiguous in the shard
-                    assert c.q_halves in ((0,), (1,), (0, 1)) and c.k_halves in ((0,), (1,), (0, 1))
+                                          if s == me or any(split.needs_half(s, h, me, w, causal) for h in (0, 1))]
         for p in plan:
-            if p.slot != me:
+            for c in p.calls:
+                assert c.slot == p.slot
+                assert c.q_halves in ((0,), (1,), (0, 1)) and c.k_halves in ((0,), (1,), (0, 1))
+                if c.causal:  # square, this rank's shard against itself: every library's mask alike
+                    assert c.slot == me and c.q_halves == c.k_halves == (0, 1)
+                for qh, kh in c.pairs():  # a full call holds no masked or diagonal pair
+                    kind = split.pair_kind(split.zigzag_chunk(me, qh, w), split.zigzag_chunk(p.slot, kh, w), causal)
+                    assert c.causal or kind == split.FULL
+            if p.slot != me:  # it waits for exactly the halves that peer sends
                 assert p.halves == tuple(h for h in (0, 1) if split.needs_half(p.slot, h, me, w, causal))
 
 
-def test_the_plan_makes_few_calls():
-    # causal: the local phase's two diagonal blocks are one batched call, each peer one call
-    for w in (2, 4, 8):
+def test_the_plan_makes_one_call_per_phase():
+    for w in (1, 2, 4, 8):
         for me in range(w):
-            assert lib.calls_of(me, w, True) == 2 + (w - 1)
-            assert lib.calls_of(me, w, False) == w
-    assert lib.calls_of(7, 8, True) + 1 <= lib.max_parts() + 1
+            for causal in (True, False):
+                plan = lib.phase_plan(me, w, causal)
+                assert len(plan) == w and all(len(p.calls) == 1 for p in plan)
+                assert lib.calls_of(me, w, causal) == w <= lib.max_parts()
 
 
 def test_the_compute_stream_waits_on_the_counters_the_sender_raises():

@@ -37,6 +37,7 @@ def pipeline_sources() -> list[KernelSource]:
     out.append(grouped_gemm_source())  # the MoE layer's expert GEMMs (one build, any shape)
     out.append(layer_kernel_source())  # the KV prefill's RMSNorm, causal softmax, SwiGLU
     out.append(cp.core_kernel_source())  # the attention kernel the CP host programs run
+    out.append(cp.merge_kernel_source())  # the library cores' merge alone (the kernel benchmark's)
     return out
 
 

@@ -10,13 +10,15 @@ for ``core=own``. Each call writes a partial output and its log-sum-exp; one mer
 the output once.
 
 :func:`phase_plan` says which calls a rank makes (CPU; the tests hold it to
-:func:`~cuco.workloads.cp.split.pair_kind` and a brute-force mask). A call attends whole zig-zag
-chunks: a diagonal pair (a query chunk against the same key chunk, causal) is always
-square, so every library's causal mask (flash's is bottom-right aligned, cuDNN's top-left)
-means the same there; every other pair is attended in full. Pairs of one phase are grouped
-into as few calls as their layout allows: both halves of the queries against one key half,
-one query half against both key halves (rows that are contiguous in the shard), or the two
-diagonal pairs of the local phase as one call of batch 2.
+:func:`~cuco.workloads.cp.split.pair_kind` and a brute-force mask of token positions). A
+call attends whole zig-zag chunks. The one causal call is the local phase's: the whole
+shard's queries against the whole shard's keys, square, with the causal mask of shard rows
+(row i sees keys 0..i): the shard's positions rise with its rows, so that is the causal
+mask of positions (both diagonal blocks, the earlier chunk in full, the later one skipped),
+and every library's causal mask (flash's bottom-right aligned, cuDNN's top-left) means the
+same on a square block. Every other pair is attended in full, grouped into as few calls as
+their layout allows: both query halves against one key half, one query half against both
+key halves (rows contiguous in the shard), all four.
 """
 
 from __future__ import annotations
@@ -39,20 +41,18 @@ HEADER = Path(__file__).parents[2] / "kernels" / "include" / "cuco" / "ops" / "l
 @dataclass(frozen=True)
 class LibraryCall:
     """One library call of a phase: the queries of ``q_halves`` against the keys of
-    ``k_halves`` of rank ``slot``'s shard. ``batched``: the two diagonal pairs (q half i
-    against k half i) as one call of batch 2; else the halves' rows are one contiguous block
-    each (``(0,)``, ``(1,)`` or ``(0, 1)``). ``causal``: a square diagonal block."""
+    ``k_halves`` of rank ``slot``'s shard, each one contiguous block of shard rows (``(0,)``,
+    ``(1,)`` or ``(0, 1)``). ``causal``: a square call whose query row i sees its key rows
+    0..i (the local phase's, this rank's whole shard against itself)."""
 
     slot: int
     q_halves: tuple[int, ...]
     k_halves: tuple[int, ...]
     causal: bool
-    batched: bool = False
 
     def pairs(self) -> list[tuple[int, int]]:
-        """The (q half, k half) pairs this call attends."""
-        if self.batched:
-            return list(zip(self.q_halves, self.k_halves))
+        """The (q half, k half) pairs of its block (a causal call's later key half is masked
+        for its earlier query half)."""
         return [(qh, kh) for qh in self.q_halves for kh in self.k_halves]
 
 
@@ -92,14 +92,14 @@ def phase_plan(me: int, w: int, causal: bool) -> list[Phase]:
     for slot in slot_order(me, w):
         kinds = {(qh, kh): pair_kind(zigzag_chunk(me, qh, w), zigzag_chunk(slot, kh, w), causal)
                  for qh in (0, 1) for kh in (0, 1)}
-        diag = sorted(p for p, k in kinds.items() if k == DIAGONAL)
+        diag = {p for p, k in kinds.items() if k == DIAGONAL}
         full = {p for p, k in kinds.items() if k == FULL}
         calls = []
-        if len(diag) == 2 and all(qh == kh for qh, kh in diag):
-            calls.append(LibraryCall(slot, (0, 1), (0, 1), True, batched=True))
+        if diag:  # only this rank's own chunks meet on the diagonal: one causal call of the shard
+            assert slot == me and diag == {(0, 0), (1, 1)} and full == {(1, 0)}, (me, slot, kinds)
+            calls.append(LibraryCall(slot, (0, 1), (0, 1), True))
         else:
-            calls += [LibraryCall(slot, (qh,), (kh,), True) for qh, kh in diag]
-        calls += _group_full(slot, full)
+            calls += _group_full(slot, full)
         if calls:
             halves = tuple(sorted({kh for (_, kh), k in kinds.items() if k != SKIP}))
             phases.append(Phase(slot, halves, tuple(calls)))
@@ -136,10 +136,9 @@ def part_of(call: LibraryCall, chunk: int, out, lse) -> tuple:
     along D)."""
     if out.stride(3) != 1:
         raise ValueError(f"a partial output's head dim must be contiguous, not stride {out.stride(3)}")
-    rows = len(call.q_halves) * chunk
-    batch_rows = chunk if call.batched else rows
+    rows = len(call.q_halves) * chunk  # one batch entry: every call here has batch 1
     return (out.data_ptr(), lse.data_ptr(), out.stride(0), out.stride(2), out.stride(1),
-            lse.stride(0), lse.stride(2), lse.stride(1), call.q_halves[0] * chunk, rows, batch_rows, 0)
+            lse.stride(0), lse.stride(2), lse.stride(1), call.q_halves[0] * chunk, rows, rows, 0)
 
 
 def parts_table(rows: list[tuple]) -> np.ndarray:
@@ -178,8 +177,6 @@ def call_views(call: LibraryCall, q, k, v, chunk: int):
     """The [B, H, S, D] views one call reads: ``q``, ``k``, ``v`` are one shard each,
     [2C, H, D] torch tensors (no copy)."""
     def rows(t, halves):
-        if call.batched:
-            return t.view(2, chunk, *t.shape[1:]).transpose(1, 2)
         lo = halves[0] * chunk
         return t[lo:lo + len(halves) * chunk].unsqueeze(0).transpose(1, 2)
     return rows(q, call.q_halves), rows(k, call.k_halves), rows(v, call.k_halves)
@@ -293,6 +290,46 @@ class LibraryRunner(FusedCall):
         self._start()
         self._compute(self.output, self.kv, wait=True)
         self._finish()
+
+
+def merge_kernel(ctx, wl):
+    """``cp_merge`` built for ``wl``'s shape alone (cached per worker): what the compute-alone
+    program of a library core runs (a fused call takes it from its own build)."""
+    cache = ctx.scratch.setdefault("cp_merge", {})
+    src = wl.merge_source()
+    if src not in cache:
+        from cuco.kernels import Compiler
+        built = Compiler().compile(src, needs=(), name=f"cp_merge.{wl.label.replace('/', '.')}")
+        cache[src] = ctx.function(str(built.path), "cp_merge")
+    return cache[src]
+
+
+def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int], out):
+    """The compute of a ``core`` fused call with every K/V present (slot p's at ``kbases[p]``,
+    ``vbases[p]``): every phase's calls, then the merge into ``out``, on ``ctx.stream``."""
+    from cuco.runtime import torch_bridge
+    import torch
+    _torch_device()
+    s = wl.shape
+    shape = (wl.shard, s.heads, s.head_dim)
+    view = (lambda ptr: torch_bridge.tensor_at(ptr, shape, wl.dtype))
+    qt = view(int(q.data.ptr))
+    kv = {p: (view(kb), view(vb)) for p, (kb, vb) in enumerate(zip(kbases, vbases))}
+    plan, attend = phase_plan(ctx.rank, wl.world_size, s.causal), library_attention(core)
+    fn, grid, tstream = merge_kernel(ctx, wl), merge_grid(wl.shard, s.heads, s.head_dim, wl.esz), torch_bridge.stream(ctx)
+
+    def run():
+        with torch.cuda.stream(tstream):
+            results = run_plan(attend, plan, qt, kv, wl.chunk)
+        merge(fn, results, wl.chunk, out, wl.shard, grid, ctx.stream)
+    return run
+
+
+def fastest(runs: dict, stream, iters: int = 3):
+    """The call of ``runs`` with the lowest median time (a few interleaved samples)."""
+    from cuco.runtime.timing import median, time_interleaved
+    times = time_interleaved(runs, stream, warmup=1, iters=iters, busy_us=0.0)
+    return runs[min(times, key=lambda n: median(times[n]))]
 
 
 def _torch_device() -> None:
