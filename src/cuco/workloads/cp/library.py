@@ -23,6 +23,7 @@ key halves (rows contiguous in the shard), all four.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ def calls_of(me: int, w: int, causal: bool) -> int:
 
 
 # ---- the merge kernel's table (cuco/ops/lse_merge.cuh: Part, Parts) -----------------------
+@functools.lru_cache(maxsize=1)
 def max_parts() -> int:
     """``kMaxParts`` of ``lse_merge.cuh``: the partials one merge combines at most."""
     return int(re.search(r"kMaxParts = (\d+)", HEADER.read_text())[1])
@@ -125,6 +127,7 @@ PART = np.dtype([("o", "<u8"), ("lse", "<u8"), ("o_sb", "<i8"), ("o_ss", "<i8"),
                  ("batch_rows", "<i4"), ("pad", "<i4")], align=True)
 
 
+@functools.lru_cache(maxsize=1)
 def parts_dtype() -> np.dtype:
     """The ``Parts`` struct passed by value to ``cp_merge`` (a one-element array of it)."""
     return np.dtype([("p", PART, (max_parts(),)), ("n", "<i4"), ("pad", "<i4", (3,))], align=True)
