@@ -48,7 +48,7 @@ done
 
 step_command() {
   case "$1" in
-    tests_pipelines) echo "python3 -m pytest -v -n 4 tests/test_moe_gpu.py tests/test_kv_gpu.py tests/test_cp_attention_gpu.py tests/test_pipelines_gpu.py" ;;
+    tests_pipelines) echo "python3 -m pytest -v -n 4 tests/test_moe_gpu.py tests/test_kv_gpu.py tests/test_cp_attention_gpu.py tests/test_cp_library_gpu.py tests/test_pipelines_gpu.py" ;;
     tests_tp)        echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py tests/test_host_baseline_gpu.py" ;;
     tests_evaluator) echo "python3 -m pytest -v -n 4 tests/test_evaluator_in_kernel_gpu.py tests/test_evaluator_gpu.py" ;;
     tests_torch_ops) echo "$PT tests/test_torch_ops_gpu.py" ;;
@@ -56,6 +56,11 @@ step_command() {
     tests_moe)       echo "$PT tests/test_moe_gpu.py" ;;
     tests_kv)        echo "$PT tests/test_kv_gpu.py" ;;
     tests_cp)        echo "$PT tests/test_cp_attention_gpu.py" ;;
+    # CP attention's library cores (core=flash / cudnn) in the evaluator's job (2 GPUs or EMULATE=W)
+    tests_cp_library) echo "$PT tests/test_cp_library_gpu.py" ;;
+    # their compute against torch's attention on one GPU (issue #37); _quick: two rows, no file
+    cp_attention_kernel)       echo "python3 bench/cp_attention_kernel.py $R" ;;
+    cp_attention_kernel_quick) echo "python3 bench/cp_attention_kernel.py --quick" ;;
     tests_emulated)  echo "$PT tests/test_emulated_world_gpu.py" ;;
     tests_runtime)   echo "$PT tests/test_runtime_gpu.py" ;;
     tests_integrity) echo "$PT tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;

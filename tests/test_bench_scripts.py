@@ -226,3 +226,89 @@ def test_compile_stages_keeps_an_earlier_runs_split_beside_its_own(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(SystemExit, match="run this script at the earlier commit"):
         cs.main([*run, "--out-dir", str(tmp_path / "x"), "--before", str(tmp_path / "bad.json")])
+
+
+# ---- CP attention's compute: the library cores against torch (bench/cp_attention_kernel.py) ----
+@pytest.fixture(scope="module")
+def cpk():
+    return load("cp_attention_kernel")
+
+
+def test_cp_kernel_help_needs_no_gpu():
+    r = subprocess.run([sys.executable, "bench/cp_attention_kernel.py", "--help"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "--quick" in r.stdout and "--own-core" in r.stdout and "--worlds" in r.stdout
+
+
+def test_cp_kernel_rows_cover_the_issue_grid(cpk):
+    rows = cpk.library_rows()
+    assert {r.tokens for r in rows} == {8192, 16384, 32768}  # tokens per rank
+    assert {r.heads for r in rows} == {32, 64} and {r.head_dim for r in rows} == {64, 128}
+    assert {r.causal for r in rows} == {True, False} and {r.world for r in rows} == {2, 4}
+    # causal rows for the first and last rank (their calls differ), non-causal for rank 0
+    assert {(r.world, r.rank) for r in rows if r.causal} == {(2, 0), (2, 1), (4, 0), (4, 3)}
+    assert {r.rank for r in rows if not r.causal} == {0}
+    assert len(rows) == 2 * 3 * 2 * 2 * 3 and len({r.case for r in rows}) == len(rows)
+    for r in rows:  # each is a shape the workload takes, T tokens per rank
+        wl = r.workload()
+        assert wl.shard == r.tokens and wl.world_size == r.world
+    assert [r.world for r in cpk.library_rows((2,))] == [2] * 36
+    quick = cpk.library_rows(quick=True)
+    assert len(quick) == 2 and {r.causal for r in quick} == {True, False}
+    r = cpk.Row(8192, 32, 128, False, 2, 0)
+    assert cpk.flops(r) == 4.0 * 8192 * 16384 * 32 * 128
+    c = cpk.Row(8192, 32, 128, True, 2, 0)
+    # zig-zag: every rank sees about half the keys of the non-causal case
+    assert cpk.flops(c) == pytest.approx(cpk.flops(r) / 2, rel=1e-3)
+
+
+def _ok(**kw):
+    return {"bad_ref": 0, "max_err_ref": 0.001, "bad_torch": 0, "max_diff_torch": 0.002, **kw}
+
+
+def test_cp_kernel_rows_and_summary(cpk, tmp_path, monkeypatch):
+    a, b = cpk.Row(8192, 32, 128, True, 2, 0), cpk.Row(16384, 64, 64, False, 4, 0)
+    rows = cpk.make_rows(a, {"torch_flash": 10.0, "torch_cudnn": 8.0, "torch_cudnn_kernels": 7.5,
+                             "library.flash": 11.0, "library.cudnn": 8.2},
+                         {"torch_flash": _ok(), "torch_cudnn": _ok(), "library.flash": _ok(),
+                          "library.cudnn": _ok()})
+    by = {r["variant"]: r for r in rows}
+    assert all(r["baseline"] == "torch_cudnn" and r["baseline_ms"] == 8.0 for r in rows)
+    assert by["library.cudnn"]["speedup"] == pytest.approx(8.0 / 8.2, abs=1e-4)
+    assert by["torch_cudnn_kernels"]["correct"] is None and by["torch_cudnn_kernels"]["program"] is False
+    assert by["library.flash"]["correct"] is True and by["library.flash"]["check"]["bad_ref"] == 0
+    assert by["library.flash"]["tflops"] == pytest.approx(cpk.flops(a) / 11.0 / 1e9, abs=0.1)
+    # a wrong torch program is no bar; a wrong library core is no candidate
+    rows_b = cpk.make_rows(b, {"torch_flash": 20.0, "torch_cudnn": 15.0, "library.flash": 19.0,
+                               "library.cudnn": 14.0},
+                           {"torch_flash": _ok(), "torch_cudnn": _ok(bad_ref=3), "library.flash": _ok(),
+                            "library.cudnn": _ok(bad_torch=1)})
+    assert {r["baseline"] for r in rows_b} == {"torch_flash"}
+    assert {r["variant"]: r["correct"] for r in rows_b}["library.cudnn"] is False
+    s = cpk.summarize(rows + rows_b)
+    assert s["cases"] == 2 and s["all_correct"] is False
+    assert s["min_ratio_vs_fastest_torch"] == pytest.approx(8.0 / 8.2, abs=1e-4)  # case a's; b: 20/19
+    assert s["worst_case"] == a.case and s["cases_below_bar"] == [] and s["met"] is True
+    assert s["min_ratio_by_core"]["library.flash"] == pytest.approx(8.0 / 11.0, abs=1e-4)
+    assert s["min_ratio_by_core"]["library.cudnn"] == pytest.approx(8.0 / 8.2, abs=1e-4)
+    assert s["min_ratio_vs_torch_kernels"] == pytest.approx(7.5 / 8.2, abs=1e-4)
+    slow = cpk.make_rows(a, {"torch_flash": 10.0, "torch_cudnn": 12.0, "library.flash": 10.6,
+                             "library.cudnn": 11.0},
+                         {n: _ok() for n in ("torch_flash", "torch_cudnn", "library.flash", "library.cudnn")})
+    s2 = cpk.summarize(slow)
+    assert s2["cases_below_bar"] == [a.case] and s2["met"] is False
+    assert s2["min_ratio_vs_fastest_torch"] == pytest.approx(10.0 / 10.6, abs=1e-4)
+    none = cpk.make_rows(a, {"torch_flash": 10.0, "library.flash": 9.0},
+                         {"torch_flash": _ok(), "library.flash": _ok(bad_ref=1)})
+    assert cpk.summarize(none)["min_ratio_vs_fastest_torch"] is None and not cpk.summarize(none)["met"]
+    text = cpk.table(rows)
+    assert "library.cudnn" in text and "NO" not in text and "NO" in cpk.table(rows_b)
+    # the file: shape, provenance, the summary beside the rows
+    monkeypatch.setenv("CUCO_REV", "abc1234")
+    from cuco import results
+    path = results.write(cpk.NAME, rows, device="1 x NVIDIA H100 80GB HBM3", world_size=1,
+                         emulated=False, out_dir=tmp_path, extra={"summary": cpk.summarize(rows)},
+                         command="python bench/cp_attention_kernel.py")
+    doc = json.loads(Path(path).read_text())
+    assert doc["commit"] == "abc1234" and doc["summary"]["met"] is True and doc["rows"] == rows

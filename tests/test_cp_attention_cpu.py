@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from cuco.design import Directives
+from cuco.workloads.cp import fused_call
 from cuco.workloads.cp import workload as cp
 from cuco.workloads.cp import CPAttention, CPRunner
 from cuco.workloads.pipeline import OPEN_SLOT
@@ -249,7 +250,7 @@ def _model(monkeypatch, w: int, causal: bool, variants: list[Directives]):
     wl = CPAttention(w, seq=2 * w * CHUNK, heads=1, head_dim=64, causal=causal)
     dev = _Dev(wl)
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(dev))
-    monkeypatch.setattr(cp, "spin", lambda stream, us: stream.ops.append(("compute", int(us))))
+    monkeypatch.setattr(fused_call, "spin", lambda stream, us: stream.ops.append(("compute", int(us))))
     for d in variants:
         src = wl.render(d).source
         const = lambda name: re.search(rf"\b{name} = ([^;]+);", src).group(1)  # noqa: E731

@@ -6,7 +6,7 @@ Importing cuco needs neither torch nor a GPU.
 
 from cuco.db import EVIDENCE, Candidate, CandidateDB, Evaluation
 from cuco.design import (
-    Backend, ChunkSchedule, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
+    Backend, ChunkSchedule, Core, CPProblem, DesignSpace, Directives, GemmProblem, Issuer, KVProblem,
     MoEProblem, PIPELINE_OPS, PipelineOp, Placement, Problem, Schedule, SyncScope, TP_PATTERNS,
     TPPattern, make_problem,
 )
@@ -65,7 +65,7 @@ def search(*args, **kwargs):
 
 
 __all__ = [
-    "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError",
+    "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "Core",
     "CucoError", "DesignSpace", "DirectiveError", "Directives", "EVIDENCE", "EnvironmentProblem",
     "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
     "MoEProblem", "NoGPUError", "PIPELINE_OPS", "PipelineOp", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",

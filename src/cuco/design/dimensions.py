@@ -73,6 +73,24 @@ class Schedule(str, Enum):
     PINGPONG = "pingpong"  # each computes tiles of its own; their MMAs and epilogues take turns
 
 
+class Core(str, Enum):
+    """What computes a pipeline op's steps beside the communication kernel: cuco's own
+    compute kernel of the op's template (``own``), or a library's kernel called per phase
+    (context-parallel attention: PyTorch's flash attention or its cuDNN attention, each
+    returning the log-sum-exp that cuco's merge kernel combines). Which ops have which
+    library cores: :attr:`cuco.design.PipelineOp.library_cores`; the rules:
+    :mod:`cuco.design.cores`."""
+
+    OWN = "own"      # the template's own compute kernel (every workload)
+    FLASH = "flash"  # torch.ops.aten._scaled_dot_product_flash_attention, per phase
+    CUDNN = "cudnn"  # torch.ops.aten._scaled_dot_product_cudnn_attention, per phase
+
+    @property
+    def library(self) -> bool:
+        """A library's kernel computes (``flash``, ``cudnn``); ``own``: cuco's."""
+        return self is not Core.OWN
+
+
 class ChunkSchedule(str, Enum):
     """Order in which chunks visit peers (Syncopate-style ring, or direct)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cuco.design.dimensions import (
-    Backend, ChunkSchedule, Issuer, Placement, Schedule, SyncScope, format_bytes,
+    Backend, ChunkSchedule, Core, Issuer, Placement, Schedule, SyncScope, format_bytes,
 )
 from cuco.design.field_errors import describe, with_fix
 from cuco.design.placement_rules import launch_time_fields
@@ -74,6 +74,9 @@ class Directives(BaseModel):
     split_k: int = Field(default=1, description="in-kernel placements: slices of K each output "
                          "tile is cut into, each slice a unit of work of its own, summed in fp32 by "
                          "the slice that finishes last before the tile's epilogue (1: whole K)")
+    core: Core = Field(default=Core.OWN, description="what computes the op's steps: the "
+                       "template's own kernel (own) or a library's kernel per phase (flash, "
+                       "cudnn: context-parallel attention), beside the communication kernel")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -128,10 +131,12 @@ class Directives(BaseModel):
 
     @property
     def name(self) -> str:
-        """Short variant name: the five dimensions, backend first."""
+        """Short variant name: the five dimensions, backend first, then a library core
+        where one computes (``lsa.side_stream.chunk.warp.c4M.cudnn``)."""
         return ".".join((
             self.backend.value, self.placement.value, self.sync_scope.value,
             self.issuer.value, "c" + format_bytes(self.chunk_bytes),
+            *((self.core.value,) if self.core.library else ()),
         ))
 
     @property

@@ -11,7 +11,7 @@ compute (:mod:`cuco.workloads.pipeline`):
 
 Everything else asks the :class:`PipelineOp` object (its problem class, the templates its
 fused kernels are rendered from, the backends they take, which stream-ordered values it
-offers and on which backends) instead of comparing its name: a name (a string from the CLI, a database row, a
+offers and on which backends, which libraries may compute its steps) instead of comparing its name: a name (a string from the CLI, a database row, a
 problem's ``workload``, a rendered source's name) is looked up here once, by
 :func:`find_op` (or :func:`pipeline_op`), where it arrives. A user's op (a
 :class:`PipelineOp` of a problem class of its own, e.g. ``examples/custom_op.py``) joins the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cuco.design.dimensions import Backend, Issuer, SyncScope
+from cuco.design.dimensions import Backend, Core, Issuer, SyncScope
 from cuco.design.problem import CPProblem, KVProblem, MoEProblem, Problem
 from cuco.design.registry import Registry
 from cuco.errors import InputError
@@ -52,6 +52,10 @@ class PipelineOp:
     #: the template of its GIN variants (ranks on different hosts: every byte that crosses
     #: ranks is a GIN put with a signal, no peer pointer); None: it has no GIN variant
     gin_template: str | None = None
+    #: the libraries that may compute its steps instead of its template's own compute kernel
+    #: (``core=flash`` / ``core=cudnn``: a library call per phase, cuco's communication
+    #: kernel and merge beside it); empty: only ``core=own``. Rules: :mod:`cuco.design.cores`
+    library_cores: tuple[Core, ...] = ()
 
     def __post_init__(self) -> None:
         if self.problem.model_fields["workload"].default != self.name:
@@ -83,6 +87,11 @@ class PipelineOp:
         """The issuers its templates render (``copy_engine`` where it is stream-ordered)."""
         return (*SM_ISSUERS, Issuer.COPY_ENGINE) if self.stream_ordered else SM_ISSUERS
 
+    @property
+    def cores(self) -> tuple[Core, ...]:
+        """The cores its fused variants may compute with: its own, then its library cores."""
+        return (Core.OWN, *self.library_cores)
+
     def sync_scopes(self, side_stream_only: bool = True) -> tuple[SyncScope, ...]:
         """The sync scopes of its side-stream templates (``chunk``; ``stream`` too where it
         is stream-ordered); every placement's with ``side_stream_only=False``."""
@@ -93,7 +102,8 @@ class PipelineOp:
 MOE = PipelineOp("moe", MoEProblem, "moe.cu.j2", gin_template="moe_gin.cu.j2")
 KV_TRANSFER = PipelineOp("kv_transfer", KVProblem, "kv_transfer.cu.j2",
                          (Backend.LSA, Backend.NVSHMEM))
-CP_ATTENTION = PipelineOp("cp_attention", CPProblem, "cp_attention.cu.j2")
+CP_ATTENTION = PipelineOp("cp_attention", CPProblem, "cp_attention.cu.j2",
+                          library_cores=(Core.FLASH, Core.CUDNN))
 
 #: Every pipeline op, in the order listings use.
 PIPELINE_OPS: tuple[PipelineOp, ...] = (MOE, KV_TRANSFER, CP_ATTENTION)

@@ -3,7 +3,8 @@
 Kept apart from the pydantic model so that :meth:`DesignSpace.enumerate` can
 filter tens of thousands of points quickly, and so that every rule lives in
 one place: the placements' rules in :mod:`cuco.design.placement_rules`, the
-stream-ordered values' in :mod:`cuco.design.stream_order`, the rest here. Each violation is a sentence naming the dimension and a fix.
+stream-ordered values' in :mod:`cuco.design.stream_order`, the library cores' in
+:mod:`cuco.design.cores`, the rest here. Each violation is a sentence naming the dimension and a fix.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cuco.design import placement_rules, stream_order
+from cuco.design import cores, placement_rules, stream_order
 from cuco.design.dimensions import Placement, format_bytes
 from cuco.design.problem import GemmProblem, Problem
 
@@ -41,6 +42,7 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
 
     out += placement_rules.violations(d)
     out += stream_order.violations(d, problem)
+    out += cores.violations(d, problem)
     if schedule == "ring" and sync == "kernel":
         out.append(
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "

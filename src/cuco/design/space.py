@@ -13,11 +13,11 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from cuco.design.dimensions import Backend, ChunkSchedule, Issuer, KIB, MIB, Placement, Schedule, SyncScope
+from cuco.design.dimensions import Backend, ChunkSchedule, Core, Issuer, KIB, MIB, Placement, Schedule, SyncScope
 from pydantic import TypeAdapter
 from typing import Annotated
 
-from cuco.design import stream_order
+from cuco.design import cores, stream_order
 from cuco.design.directives import Directives, check_field
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
@@ -46,6 +46,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "schedule": (Schedule.COOPERATIVE,),
     "split_k": (1,),
     "chunk_schedule": tuple(ChunkSchedule),
+    "core": (Core.OWN,),  # library cores: workloads whose op has them list them
 }
 
 RngLike = random.Random | int | None
@@ -249,6 +250,7 @@ class DesignSpace:
                 and SyncScope.CHUNK in self.choices["sync_scope"]):
             values["sync_scope"] = SyncScope.CHUNK
         stream_order.repair(values, self.choices)
+        cores.repair(values, self.choices)
         if not values["placement"].in_kernel:  # tile order, comm warps, split-K: in-kernel only
             for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1)):
                 if neutral in self.choices[f]:

@@ -30,9 +30,14 @@ def pipeline_sources() -> list[KernelSource]:
                 d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                issuer=issuer, chunk_bytes=64 << 10, comm_ctas=4)
                 out.append(at.render(d))
+    for backend in cp.backends:  # the library cores' fused call: comm kernel, wait, merge
+        out.append(cp.render(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                                        issuer="warp", chunk_bytes=64 << 10, comm_ctas=4,
+                                        core="cudnn")))
     out.append(grouped_gemm_source())  # the MoE layer's expert GEMMs (one build, any shape)
     out.append(layer_kernel_source())  # the KV prefill's RMSNorm, causal softmax, SwiGLU
     out.append(cp.core_kernel_source())  # the attention kernel the CP host programs run
+    out.append(cp.merge_kernel_source())  # the library cores' merge alone (the kernel benchmark's)
     return out
 
 

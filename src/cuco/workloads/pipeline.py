@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from cuco.design import DesignSpace, Directives, Placement
 from cuco.design.pipeline_ops import PipelineOp, register_op
 from cuco.design.problem import validated
+from cuco.design.rules import violations
 from cuco.errors import DirectiveError
 from cuco.runtime.checking import compare
 from cuco.workloads.base import Workload
@@ -110,8 +111,9 @@ class PipelineWorkload(Workload):
         return []
 
     def space(self, placements: Sequence[str | Placement] | None = None) -> DesignSpace:
-        """Side-stream points: every backend, issuer and sync scope its :attr:`op` has, :meth:`chunk_choices` and
-        :attr:`comm_cta_choices`, filtered by :meth:`supported` (tile fields unused)."""
+        """Side-stream points: every backend, issuer, sync scope and core its :attr:`op` has,
+        :meth:`chunk_choices` and :attr:`comm_cta_choices`, filtered by :meth:`supported` (tile
+        fields unused)."""
         self.check_placements(placements or self.placements)
         return DesignSpace(self.problem, rules=lambda values, _p: self.supported(
                                Directives.model_construct(**values)),
@@ -121,22 +123,23 @@ class PipelineWorkload(Workload):
                            chunk_bytes=sorted(self.chunk_choices()),
                            comm_ctas=list(self.comm_cta_choices), tile_m=[128], tile_n=[128],
                            tile_k=[64], stages=[4], raster_group=[1], comm_warps=[0],
-                           chunk_schedule=["direct"])
+                           chunk_schedule=["direct"], core=[c.value for c in self.op.cores])
 
     @abstractmethod
     def grid(self) -> list[Directives]:
         """The directive points a benchmark sweeps (all valid for this shape)."""
 
-    def grid_of(self, chunk_bytes: list[int], points) -> list[Directives]:
-        """Side-stream directives for every chunk size and ``(backend, issuer, comm_ctas)``
-        point, less those this shape cannot render."""
+    def grid_of(self, chunk_bytes: list[int], points, cores=("own",)) -> list[Directives]:
+        """Side-stream directives for every chunk size, ``(backend, issuer, comm_ctas)`` point
+        and core, less those this shape cannot render."""
         out = []
-        for chunk in chunk_bytes:
-            for backend, issuer, ctas in points:
-                d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
-                               issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas)
-                if not self.supported(d):
-                    out.append(d)
+        for core in cores:
+            for chunk in chunk_bytes:
+                for backend, issuer, ctas in points:
+                    d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                                   issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas, core=core)
+                    if not violations(d.__dict__, self.problem) and not self.supported(d):
+                        out.append(d)
         return out
 
     def kernel_name(self, d: Directives) -> str:

@@ -1,15 +1,20 @@
 """Context-parallel attention over a zig-zag split of the sequence.
 
-:mod:`~cuco.workloads.cp.workload`: the workload, the split (which chunks a rank holds, which
-tiles a query tile attends, which halves a peer needs; the device code mirrors it) and the
-fused call.
+:mod:`~cuco.workloads.cp.split`: the split (which chunks a rank holds, which key chunks a
+query chunk attends, which halves a peer needs; ``cuco/ops/cp_split.cuh`` mirrors it).
+:mod:`~cuco.workloads.cp.workload`: the workload, the tiles cuco's attention kernel walks and
+its fused call (``core=own``). :mod:`~cuco.workloads.cp.library`: the library cores' fused
+call (``core=flash`` / ``core=cudnn``: a library call per phase, the merge).
+:mod:`~cuco.workloads.cp.fused_call`: what the two fused calls share.
 """
 
+from cuco.workloads.cp.library import LibraryCall, LibraryRunner, Phase, phase_plan
 from cuco.workloads.cp.workload import (AttentionKernel, CPAttention, CPRunner, KVTile,
                                         attention_grid, kernel_constants, kv_tiles, needs_half,
                                         pair_kind, parked_floats, slot_order, token_positions,
                                         zigzag_chunk)
 
-__all__ = ["AttentionKernel", "CPAttention", "CPRunner", "KVTile", "attention_grid",
+__all__ = ["AttentionKernel", "CPAttention", "CPRunner", "KVTile", "LibraryCall", "LibraryRunner",
+           "Phase", "attention_grid", "phase_plan",
            "kernel_constants", "kv_tiles", "needs_half", "pair_kind", "parked_floats",
            "slot_order", "token_positions", "zigzag_chunk"]

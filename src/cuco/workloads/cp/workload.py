@@ -38,54 +38,23 @@ from cuco.design.tiles import sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
-from cuco.runtime import dtypes
+from cuco.runtime import dtypes, torch_bridge
 from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
-from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers, Runner, register
-from cuco.workloads.pipeline import (
-    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check,
+from cuco.workloads.cp.fused_call import FusedCall
+from cuco.workloads.cp.library import LibraryRunner, fastest, library_compute
+from cuco.workloads.cp.split import (  # noqa: F401 - the split's names, also read from here
+    DIAGONAL, FULL, SKIP, needs_half, pair_kind, slot_order, token_positions, zigzag_chunk,
 )
+from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check
 
 #: Query rows per work item and keys per K/V tile of the attention kernel
 #: (``cuco/ops/cp_attention.cuh``: kBr, kBc).
 Q_TILE, KV_TILE = CP_Q_TILE, 64
 #: Threads per CTA of the attention kernel (kWarps x 32).
 ATTN_THREADS = 256
-SKIP, FULL, DIAGONAL = "skip", "full", "diagonal"
-
-
-# ---- the zig-zag split (CPU; mirrored by cuco/ops/cp_attention.cuh) ------------------------------
-def zigzag_chunk(rank: int, half: int, w: int) -> int:
-    """The global chunk (of ``2w``) that half ``half`` of rank ``rank``'s shard holds."""
-    return rank if half == 0 else 2 * w - 1 - rank
-
-
-def token_positions(rank: int, w: int, chunk: int) -> np.ndarray:
-    """Global sequence positions of the ``2 * chunk`` rows of rank ``rank``'s shard."""
-    return np.concatenate([zigzag_chunk(rank, h, w) * chunk + np.arange(chunk) for h in (0, 1)])
-
-
-def pair_kind(qi: int, kj: int, causal: bool) -> str:
-    """What query chunk ``qi`` does with key chunk ``kj``: skip it (masked), attend to all of
-    it, or to its causal part (the diagonal)."""
-    if not causal:
-        return FULL
-    return FULL if kj < qi else DIAGONAL if kj == qi else SKIP
-
-
-def needs_half(src: int, half: int, dst: int, w: int, causal: bool) -> bool:
-    """Does rank ``dst`` attend to any key of half ``half`` of rank ``src``'s shard (is it sent)?"""
-    kj = zigzag_chunk(src, half, w)
-    return any(pair_kind(zigzag_chunk(dst, qh, w), kj, causal) != SKIP for qh in (0, 1))
-
-
-def slot_order(me: int, w: int, phase: str = "all") -> list[int]:
-    """The K/V slots (ranks) a q tile walks, in order: its own, then ``me-1``, ``me-2``, ...
-    (the order the peers' data arrives in). ``phase``: ``all``, ``local`` or ``remote``."""
-    order = [(me - k) % w for k in range(w)]
-    return {"all": order, "local": order[:1], "remote": order[1:]}[phase]
 
 
 @dataclass(frozen=True)
@@ -255,6 +224,16 @@ class CPAttention(PipelineWorkload):
         return render("cp_attention_core.cu.j2", ctype=CTYPES[self.dtype], head_dim=s.head_dim,
                       heads=s.heads, causal=s.causal)
 
+    def merge_source(self) -> str:
+        """The library cores' merge alone (``cp_merge``: what a fused call of ``core=flash`` /
+        ``core=cudnn`` runs after its phases; the kernel benchmark builds it alone)."""
+        s = self.shape
+        return render("cp_merge.cu.j2", ctype=CTYPES[self.dtype], head_dim=s.head_dim, heads=s.heads)
+
+    def merge_kernel_source(self) -> KernelSource:
+        """:meth:`merge_source` as the kernel catalog lists it (what CI compiles)."""
+        return KernelSource("cp_merge", self.merge_source(), (), ("cp_merge",))
+
     def core_kernel_source(self) -> KernelSource:
         """:meth:`core_source` as the kernel catalog lists it (what CI compiles)."""
         return KernelSource("cp_attention_core", self.core_source(), (), ("cp_attend",))
@@ -266,15 +245,22 @@ class CPAttention(PipelineWorkload):
                      ctype=CTYPES[self.dtype], row_bytes=self.row_elems * self.esz,
                      heads=s.heads, head_dim=s.head_dim, causal=s.causal, comm_ctas=d.comm_ctas,
                      threads=THREADS, max_ranks=MAX_RANKS, open_slot=OPEN_SLOT,
-                     name=d.full_name, **self.plan(d))
+                     name=d.full_name, core=d.core.value, library=d.core.library, **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
-        return KernelSource(self.kernel_name(d), src, needs, ("comm_kernel", "cp_attend", "set_peer_flag"))
+        kernels = ("comm_kernel", "set_peer_flag") + (("wait_flags", "cp_merge") if d.core.library
+                                                     else ("cp_attend",))
+        return KernelSource(self.kernel_name(d), src, needs, kernels)
 
     def grid(self) -> list[Directives]:
         half_bytes = self.chunk * self.row_elems * self.esz
-        return self.grid_of(sizes_cutting(half_bytes, (1, 4, 16)),
-                            [("lsa", "warp", 4), ("lsa", "cta", 8), ("lsa", "warp", 16),
-                             ("nvshmem", "cta", 8)])
+        own = self.grid_of(sizes_cutting(half_bytes, (1, 4, 16)),
+                           [("lsa", "warp", 4), ("lsa", "cta", 8), ("lsa", "warp", 16),
+                            ("nvshmem", "cta", 8)])
+        # the library cores (where torch is there to run them) wait for a peer's whole halves,
+        # so the chunk size matters less
+        cores = [c.value for c in self.op.library_cores] if torch_bridge.installed() else []
+        return own + self.grid_of(sizes_cutting(half_bytes, (1, 4)), [("lsa", "warp", 4), ("nvshmem", "cta", 8)],
+                                  cores=cores)
 
     def tolerance(self) -> tuple[float, float]:
         """The kernel rounds P to the dtype before P @ V and the output once."""
@@ -378,15 +364,25 @@ class CPAttention(PipelineWorkload):
         return run
 
     def compute_only(self, ctx, inputs: Buffers):
+        """The compute alone, every K/V present: the fastest of cuco's attention kernel and,
+        where torch runs in the worker, each library core's calls and merge (so the bound's
+        compute half is never slower than what a variant's compute can be)."""
         attend = self.attention_kernel(ctx)
         kv = dtypes.random(self.shape.seq * self.row_elems, self.dtype, 21 + ctx.rank)
         slots = self.gathered_slots(kv, kv)
         out = dtypes.empty(self.shard * self.row_elems, self.dtype)
 
-        def run():
+        def own():
             attend(ctx.stream, self.items, inputs["q"], out, slots, me=ctx.rank,
                    world=self.world_size, chunk=self.chunk)
-        run.keepalive = kv  # type: ignore[attr-defined]  # reached only through the slots' addresses
+        runs = {"own": own}
+        if torch_bridge.unusable(ctx) is None:
+            step = self.shard * self.row_elems * self.esz
+            bases = [int(kv.data.ptr) + p * step for p in range(self.world_size)]
+            for core in self.op.library_cores:
+                runs[core.value] = library_compute(ctx, self, core, inputs["q"], bases, bases, out)
+        run = fastest(runs, ctx.stream) if len(runs) > 1 else own
+        run.keepalive = (kv, runs)  # type: ignore[attr-defined]  # kv: reached only by address
         return run
 
     def comm_only(self, ctx, inputs: Buffers):
@@ -447,44 +443,28 @@ class CPAttention(PipelineWorkload):
         return run
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
+        if d.core.library:
+            return LibraryRunner(ctx, self, d, binary, arena, inputs, out)
         return CPRunner(ctx, self, d, binary, arena, inputs, out)
 
 
-class CPRunner:
+class CPRunner(FusedCall):
     """The comm kernel pushes K/V chunks on a side stream; the attention kernel attends to the
-    local slot, then to each peer's chunks as their flags say they arrived."""
-
-    stress_us = 0.0
+    local slot, then to each peer's chunks as their flags say they arrived (``core=own``)."""
 
     def __init__(self, ctx, wl: CPAttention, d: Directives, cubin: str, arena, inputs: Buffers,
                  out):
         import cupy
-        self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
-        self.output = out
-        self.layout = wl.layout()
-        self.rows = wl.chunk_rows(d)
-        self.n = wl.shard // self.rows
-        self.f = {name: ctx.function(cubin, name) for name in ("comm_kernel", "set_peer_flag")}
+        self._setup(ctx, wl, d, cubin, arena, inputs, out)
         self.attend = AttentionKernel(ctx.function(cubin, "cp_attend"), wl.shape.head_dim, wl.dtype)
-        self.comm_stream = ctx.scratch.setdefault("side_streams", {}).setdefault(
-            "comm", cupy.cuda.Stream(non_blocking=True))
-        w, me = wl.world_size, ctx.rank
-        step = wl.shard * wl.row_elems * wl.esz
-        kvg = arena.ptr + self.layout.data["kvg"]
-        self.slots = wl.slots([int(inputs["k"].data.ptr) if p == me else kvg + 2 * p * step for p in range(w)],
-                              [int(inputs["v"].data.ptr) if p == me else kvg + (2 * p + 1) * step
-                               for p in range(w)])
+        self.slots = wl.slots(*self.kv_bases)
         self.scratch = cupy.empty(parked_floats(wl.shape.heads, wl.shape.head_dim, wl.shard),
                                   dtype=cupy.float32)
-        self.done = cupy.cuda.Event(disable_timing=True)
-        self.start = cupy.cuda.Event(disable_timing=True)
         # the attention kernel once alone (no flags: it reads whatever the slots hold), so its
         # module is never first loaded beside a spinning kernel
         junk = dtypes.empty(wl.output_elems(), wl.dtype)
         self._attend(junk, flags=0)
-        spin(self.comm_stream, 0.0)  # the stress spin too: CUDA loads a kernel's module lazily,
-        ctx.stream.synchronize()     # and a first load beside a spinning kernel can hang
-        self.comm_stream.synchronize()
+        self._settle_modules()
 
     def _attend(self, out, flags: int) -> None:
         wl = self.wl
@@ -494,26 +474,6 @@ class CPRunner:
                     reserve_sms=self.d.comm_ctas)
 
     def __call__(self) -> None:
-        import cupy
-        ctx, a, wl, s, cs = self.ctx, self.arena, self.wl, self.ctx.stream, self.comm_stream
-        a.epoch += 1
-        e = np.uint64(a.epoch)
-        flags = np.uint64(self.layout.flags)
-        me, W = ctx.rank, wl.world_size
-        # arrival counters restart at zero, then every sender may write into our slots
-        cupy.cuda.runtime.memsetAsync(a.ptr + self.layout.flags, 0, W * self.n * 8, s.ptr)
-        open_slot = np.int32(OPEN_SLOT + me)
-        for r in range(W):
-            if r != me:
-                self.f["set_peer_flag"]((1,), (1,), (*a.args(ctx), flags, open_slot, np.int32(r), e),
-                                        stream=s)
-        self.start.record(s)
-        cs.wait_event(self.start)
-        if self.stress_us:  # checked calls: the transfers start late, so a missing wait reads poison
-            spin(cs, self.stress_us)
-        self.f["comm_kernel"]((self.d.comm_ctas,), (THREADS,),
-                              (*a.args(ctx), self.inputs["k"], self.inputs["v"],
-                               np.uint64(self.layout.data["kvg"]), flags, e), stream=cs)
-        self._attend(self.output, flags=a.ptr + self.layout.flags)
-        self.done.record(cs)
-        s.wait_event(self.done)
+        self._start()
+        self._attend(self.output, flags=self.arena.ptr + self.layout.flags)
+        self._finish()

@@ -19,19 +19,10 @@
 #include <stdint.h>
 
 #include <cuco/ops/cp_mma.cuh>
+#include <cuco/ops/cp_split.cuh>
 
 namespace cuco {
 namespace cp {
-
-// ---- the zig-zag split (mirrors cuco.workloads.cp: zigzag_chunk, pair_kind) -----
-__device__ __forceinline__ int zigzag_chunk(int rank, int half, int W) { return half == 0 ? rank : 2 * W - 1 - rank; }
-
-enum Pair { kSkip = 0, kFull = 1, kDiagonal = 2 };
-// What query chunk qi does with key chunk kj: nothing (masked), all of it, or its causal part.
-__device__ __forceinline__ int pair_kind(int qi, int kj, bool causal) {
-  if (!causal) return kFull;
-  return kj < qi ? kFull : (kj == qi ? kDiagonal : kSkip);
-}
 
 enum Phase { kAll = 0, kLocal = 1, kRemote = 2 };
 

@@ -1,0 +1,60 @@
+"""What computes a pipeline op's steps (``core``): the rules of the library cores, in one
+place. Which ops have which library cores each :class:`~cuco.design.pipeline_ops.PipelineOp`
+says (``library_cores``).
+
+``core=own`` (every workload) runs the template's own compute kernel. A library core
+(``flash``, ``cudnn``: context-parallel attention) calls the library's kernel once per phase
+on the compute stream (the local data first, then each peer's as it arrives), while the
+template's persistent communication kernel moves the peers' data on a side stream; a small
+kernel of the template merges the phases' partial results. So a library core exists only
+beside a side-stream communication kernel, and only for an op that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cuco.design.dimensions import Core, Placement
+from cuco.design.pipeline_ops import find_op
+from cuco.design.problem import Problem
+
+__all__ = ["repair", "violations"]
+
+
+def _v(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str]:
+    """The rules of ``core`` that ``d`` breaks (for ``problem``'s workload if given: only an
+    op that lists the library among its ``library_cores`` has it)."""
+    core = Core(_v(d.get("core", Core.OWN)))
+    if not core.library:
+        return []
+    out: list[str] = []
+    placement = _v(d["placement"])
+    if Placement(placement).in_kernel:
+        out.append(f"core: core={core.value} calls a library's kernel per phase on the compute "
+                   f"stream beside a communication kernel of its own, not inside "
+                   f"placement={placement}'s kernel; set placement=side_stream or core=own")
+    if problem is None:
+        return out
+    op = find_op(problem.workload)
+    have = op.library_cores if op is not None else ()
+    if core not in have:
+        offered = ", ".join(c.value for c in have)
+        out.append(f"core: {problem.workload} has no core={core.value} "
+                   + (f"(its library cores: {offered}); " if offered else "(it computes with its own "
+                      "kernels only); ")
+                   + "set core=own" + (f" or one of {offered}" if offered else ""))
+    return out
+
+
+def repair(values: dict[str, Any], choices: Mapping[str, Sequence[Any]]) -> None:
+    """Fix the coupling a single-field change breaks (a library core moved into an in-kernel
+    placement goes back to ``own``; used by :meth:`cuco.design.DesignSpace.mutate`)."""
+    core = values.get("core", Core.OWN)
+    if Core(_v(core)).library and Placement(_v(values["placement"])).in_kernel \
+            and Core.OWN in choices.get("core", (Core.OWN,)):
+        values["core"] = Core.OWN

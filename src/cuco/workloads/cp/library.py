@@ -1,0 +1,346 @@
+"""The library route of context-parallel attention (``core=flash`` / ``core=cudnn``).
+
+A library's attention (PyTorch's flash attention or its cuDNN attention, each returning the
+log-sum-exp of its rows) is called once per phase on the compute stream: first over this
+rank's own K/V, then over each peer's K/V once its transfer chunks have arrived (the
+template's ``wait_flags`` kernel holds the stream until their flags are raised), while the
+persistent communication kernel of ``cp_attention.cu.j2`` pushes K/V on a side stream, as
+for ``core=own``. Each call writes a partial output and its log-sum-exp; one merge kernel
+(``cp_merge``, ``cuco/ops/lse_merge.cuh``) combines every partial of a row in fp32 and writes
+the output once.
+
+:func:`phase_plan` says which calls a rank makes (CPU; the tests hold it to
+:func:`~cuco.workloads.cp.split.pair_kind` and a brute-force mask of token positions). A
+call attends whole zig-zag chunks. The one causal call is the local phase's: the whole
+shard's queries against the whole shard's keys, square, with the causal mask of shard rows
+(row i sees keys 0..i): the shard's positions rise with its rows, so that is the causal
+mask of positions (both diagonal blocks, the earlier chunk in full, the later one skipped),
+and every library's causal mask (flash's bottom-right aligned, cuDNN's top-left) means the
+same on a square block. Every other pair is attended in full, grouped into as few calls as
+their layout allows: both query halves against one key half, one query half against both
+key halves (rows contiguous in the shard), all four.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cuco.design.dimensions import Core
+from cuco.errors import EnvironmentProblem
+from cuco.workloads.cp.fused_call import FusedCall
+from cuco.workloads.cp.split import DIAGONAL, FULL, SKIP, pair_kind, slot_order, zigzag_chunk
+
+#: cuco/ops/lse_merge.cuh: the partials one merge takes (its ``kMaxParts``)
+HEADER = Path(__file__).parents[2] / "kernels" / "include" / "cuco" / "ops" / "lse_merge.cuh"
+
+
+@dataclass(frozen=True)
+class LibraryCall:
+    """One library call of a phase: the queries of ``q_halves`` against the keys of
+    ``k_halves`` of rank ``slot``'s shard, each one contiguous block of shard rows (``(0,)``,
+    ``(1,)`` or ``(0, 1)``). ``causal``: a square call whose query row i sees its key rows
+    0..i (the local phase's, this rank's whole shard against itself)."""
+
+    slot: int
+    q_halves: tuple[int, ...]
+    k_halves: tuple[int, ...]
+    causal: bool
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """The (q half, k half) pairs of its block (a causal call's later key half is masked
+        for its earlier query half)."""
+        return [(qh, kh) for qh in self.q_halves for kh in self.k_halves]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The calls over one rank's K/V (``slot``), and which of its halves they read (what the
+    compute stream waits for before them; nothing for this rank's own)."""
+
+    slot: int
+    halves: tuple[int, ...]
+    calls: tuple[LibraryCall, ...]
+
+
+def _group_full(slot: int, full: set[tuple[int, int]]) -> list[LibraryCall]:
+    """Full pairs as few calls as contiguous rows allow: all four, a key half against both
+    query halves, a query half against both key halves, then single pairs."""
+    calls, left = [], set(full)
+    if len(left) == 4:
+        return [LibraryCall(slot, (0, 1), (0, 1), False)]
+    for kh in (0, 1):
+        if {(0, kh), (1, kh)} <= left:
+            calls.append(LibraryCall(slot, (0, 1), (kh,), False))
+            left -= {(0, kh), (1, kh)}
+    for qh in (0, 1):
+        if {(qh, 0), (qh, 1)} <= left:
+            calls.append(LibraryCall(slot, (qh,), (0, 1), False))
+            left -= {(qh, 0), (qh, 1)}
+    calls += [LibraryCall(slot, (qh,), (kh,), False) for qh, kh in sorted(left)]
+    return calls
+
+
+def phase_plan(me: int, w: int, causal: bool) -> list[Phase]:
+    """The phases of rank ``me`` in order (its own K/V, then ``me-1``, ``me-2``, ...: the
+    order the peers' data arrives in), each with its calls; ranks whose keys the mask
+    empties for ``me`` have no phase."""
+    phases = []
+    for slot in slot_order(me, w):
+        kinds = {(qh, kh): pair_kind(zigzag_chunk(me, qh, w), zigzag_chunk(slot, kh, w), causal)
+                 for qh in (0, 1) for kh in (0, 1)}
+        diag = {p for p, k in kinds.items() if k == DIAGONAL}
+        full = {p for p, k in kinds.items() if k == FULL}
+        calls = []
+        if diag:  # only this rank's own chunks meet on the diagonal: one causal call of the shard
+            assert slot == me and diag == {(0, 0), (1, 1)} and full == {(1, 0)}, (me, slot, kinds)
+            calls.append(LibraryCall(slot, (0, 1), (0, 1), True))
+        else:
+            calls += _group_full(slot, full)
+        if calls:
+            halves = tuple(sorted({kh for (_, kh), k in kinds.items() if k != SKIP}))
+            phases.append(Phase(slot, halves, tuple(calls)))
+    return phases
+
+
+def calls_of(me: int, w: int, causal: bool) -> int:
+    """How many library calls (partials of the merge) rank ``me`` makes."""
+    return sum(len(p.calls) for p in phase_plan(me, w, causal))
+
+
+# ---- the merge kernel's table (cuco/ops/lse_merge.cuh: Part, Parts) -----------------------
+@functools.lru_cache(maxsize=1)
+def max_parts() -> int:
+    """``kMaxParts`` of ``lse_merge.cuh``: the partials one merge combines at most."""
+    return int(re.search(r"kMaxParts = (\d+)", HEADER.read_text())[1])
+
+
+#: One partial: its output and log-sum-exp (device addresses), their strides in elements
+#: (output: batch, row, head; log-sum-exp: batch, row, head), the first shard row it
+#: covers, its rows and rows per batch entry.
+PART = np.dtype([("o", "<u8"), ("lse", "<u8"), ("o_sb", "<i8"), ("o_ss", "<i8"), ("o_sh", "<i8"),
+                 ("l_sb", "<i8"), ("l_ss", "<i8"), ("l_sh", "<i8"), ("row0", "<i4"), ("rows", "<i4"),
+                 ("batch_rows", "<i4"), ("pad", "<i4")], align=True)
+
+
+@functools.lru_cache(maxsize=1)
+def parts_dtype() -> np.dtype:
+    """The ``Parts`` struct passed by value to ``cp_merge`` (a one-element array of it)."""
+    return np.dtype([("p", PART, (max_parts(),)), ("n", "<i4"), ("pad", "<i4", (3,))], align=True)
+
+
+def part_of(call: LibraryCall, chunk: int, out, lse) -> tuple:
+    """The table row of ``call``'s result: ``out`` [B, H, S, D] and ``lse`` [B, H, S] (or
+    [B, H, S, 1]) as the library returned them (torch tensors, any strides with unit stride
+    along D)."""
+    if out.stride(3) != 1:
+        raise ValueError(f"a partial output's head dim must be contiguous, not stride {out.stride(3)}")
+    rows = len(call.q_halves) * chunk  # one batch entry: every call here has batch 1
+    return (out.data_ptr(), lse.data_ptr(), out.stride(0), out.stride(2), out.stride(1),
+            lse.stride(0), lse.stride(2), lse.stride(1), call.q_halves[0] * chunk, rows, rows, 0)
+
+
+def parts_table(rows: list[tuple]) -> np.ndarray:
+    """The ``Parts`` argument of ``cp_merge`` for these table rows."""
+    cap = max_parts()
+    if len(rows) > cap:
+        raise ValueError(f"{len(rows)} partials; cp_merge takes at most {cap} (kMaxParts)")
+    t = np.zeros(1, dtype=parts_dtype())
+    for i, r in enumerate(rows):
+        t["p"][0, i] = r
+    t["n"] = len(rows)
+    return t
+
+
+# ---- the library calls (torch) ----------------------------------------------------------
+def library_attention(core: Core):
+    """``attend(q, k, v, causal) -> (out, lse)`` of ``core`` on [B, H, S, D] views: the
+    library's attention with the log-sum-exp of every row (natural log of the scaled scores'
+    exponentials). Imports torch."""
+    import torch
+    aten = torch.ops.aten
+    if core is Core.FLASH:
+        def attend(q, k, v, causal: bool):
+            r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)
+            return r[0], r[1]
+    elif core is Core.CUDNN:
+        def attend(q, k, v, causal: bool):
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)
+            return r[0], r[1]
+    else:
+        raise ValueError(f"core={core.value} is no library core")
+    return attend
+
+
+def call_views(call: LibraryCall, q, k, v, chunk: int):
+    """The [B, H, S, D] views one call reads: ``q``, ``k``, ``v`` are one shard each,
+    [2C, H, D] torch tensors (no copy)."""
+    def rows(t, halves):
+        lo = halves[0] * chunk
+        return t[lo:lo + len(halves) * chunk].unsqueeze(0).transpose(1, 2)
+    return rows(q, call.q_halves), rows(k, call.k_halves), rows(v, call.k_halves)
+
+
+def run_phase_calls(attend, phase: Phase, q, k, v, chunk: int) -> list[tuple]:
+    """Every call of ``phase`` on its slot's ``k``/``v``: ``[(call, out, lse)]``."""
+    out = []
+    for call in phase.calls:
+        o, lse = attend(*call_views(call, q, k, v, chunk), call.causal)
+        out.append((call, o, lse))
+    return out
+
+
+def run_plan(attend, plan: list[Phase], q, kv: dict, chunk: int, before=None) -> list[tuple]:
+    """Every phase's calls in order, ``kv[slot] = (k, v)``; ``before(phase)`` is enqueued
+    ahead of each phase (a fused call's wait for a peer's chunks). ``[(call, out, lse)]``."""
+    results = []
+    for phase in plan:
+        if before is not None:
+            before(phase)
+        results += run_phase_calls(attend, phase, q, *kv[phase.slot], chunk)
+    return results
+
+
+def merge(kernel, results: list[tuple], chunk: int, out, rows: int, grid: int, stream) -> None:
+    """``cp_merge`` (a loaded function) of every partial into ``out`` (a device array or its
+    address) on ``stream``; ``results`` must stay referenced until this is enqueued (the
+    caching allocator then reuses their memory only behind it on the same stream)."""
+    table = parts_table([part_of(c, chunk, o, lse) for c, o, lse in results])
+    ptr = np.uint64(out if isinstance(out, int) else out.data.ptr)
+    kernel((grid,), (MERGE_THREADS,), (table, ptr, np.int32(rows)), stream=stream)
+
+
+# ---- the fused call -------------------------------------------------------------------------
+#: Threads per CTA of cp_merge (its __launch_bounds__) and the most CTAs it launches
+MERGE_THREADS, MERGE_MAX_CTAS = 256, 1 << 16
+
+
+def merge_grid(rows: int, heads: int, head_dim: int, esz: int) -> int:
+    """CTAs of ``cp_merge``: a thread per 16-byte vector of every (row, head), grid-stride
+    beyond :data:`MERGE_MAX_CTAS`."""
+    threads = rows * heads * (head_dim * esz // 16)
+    return max(1, min(MERGE_MAX_CTAS, -(-threads // MERGE_THREADS)))
+
+
+def wait_ranges(phase: Phase, n_chunks: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of the arrival counters the compute stream waits on before a peer's
+    phase: the transfer chunks of the halves it reads (slot ``s``'s chunk ``c`` is counter
+    ``s * n_chunks + c``; half h holds chunks ``[h * n/2, (h+1) * n/2)``)."""
+    per_half = n_chunks // 2
+    if phase.halves == (0, 1):
+        return [(phase.slot * n_chunks, n_chunks)]
+    return [(phase.slot * n_chunks + h * per_half, per_half) for h in phase.halves]
+
+
+class LibraryRunner(FusedCall):
+    """A fused call of ``core=flash`` / ``core=cudnn``: the comm kernel pushes K/V chunks on
+    the side stream (as for ``core=own``); on the compute stream the library's attention runs
+    per phase (:func:`phase_plan`), a peer's phase behind ``wait_flags`` on the counters of
+    the chunks it reads, and ``cp_merge`` writes the output from every partial."""
+
+    COMM_KERNELS = ("comm_kernel", "set_peer_flag", "wait_flags", "cp_merge")
+
+    def __init__(self, ctx, wl, d, cubin: str, arena, inputs, out):
+        from cuco.runtime import dtypes, torch_bridge
+        why = torch_bridge.unusable(ctx)
+        if why is not None:
+            raise EnvironmentProblem(f"core={d.core.value} calls PyTorch's attention per phase: {why}")
+        self._setup(ctx, wl, d, cubin, arena, inputs, out)
+        _torch_device()
+        s = wl.shape
+        shape = (wl.shard, s.heads, s.head_dim)
+        self.plan = phase_plan(ctx.rank, wl.world_size, s.causal)
+        self.attend_fn = library_attention(d.core)
+        self.q = torch_bridge.tensor_at(int(inputs["q"].data.ptr), shape, wl.dtype)
+        self.kv = {p: (torch_bridge.tensor_at(kb, shape, wl.dtype), torch_bridge.tensor_at(vb, shape, wl.dtype))
+                   for p, (kb, vb) in enumerate(zip(*self.kv_bases))}
+        self.tstream = torch_bridge.stream(ctx)
+        self.grid = merge_grid(wl.shard, s.heads, s.head_dim, wl.esz)
+        # every call and the merge once alone, on this rank's own K/V in every slot (the same
+        # shapes and strides: cuDNN builds its graphs, the kernels' modules load), into junk
+        junk = dtypes.empty(wl.output_elems(), wl.dtype)
+        own = self.kv[ctx.rank]
+        self._compute(junk, {p: own for p in self.kv}, wait=False)
+        self.f["wait_flags"]((1,), (32,), (*arena.args(ctx), np.uint64(self.layout.flags), np.int32(0),
+                                          np.int32(0), np.uint64(0)), stream=ctx.stream)  # loaded, waits on nothing
+        self._settle_modules()
+
+    def _wait(self, phase: Phase) -> None:
+        a, ctx = self.arena, self.ctx
+        for first, count in wait_ranges(phase, self.n):
+            self.f["wait_flags"]((1,), (32,), (*a.args(ctx), np.uint64(self.layout.flags), np.int32(first),
+                                              np.int32(count), np.uint64(self.d.comm_ctas)),
+                                 stream=ctx.stream)
+
+    def _compute(self, out, kv, wait: bool) -> None:
+        """Every phase's library calls, then the merge into ``out``; the partials stay
+        referenced until the merge is enqueued behind them on the same stream (the caching
+        allocator reuses their memory only after it)."""
+        import torch
+        me = self.ctx.rank
+
+        def before(phase: Phase) -> None:
+            if phase.slot != me:
+                self._wait(phase)
+        with torch.cuda.stream(self.tstream):
+            results = run_plan(self.attend_fn, self.plan, self.q, kv, self.wl.chunk,
+                               before=before if wait else None)
+        merge(self.f["cp_merge"], results, self.wl.chunk, out, self.wl.shard, self.grid, self.ctx.stream)
+
+    def __call__(self) -> None:
+        self._start()
+        self._compute(self.output, self.kv, wait=True)
+        self._finish()
+
+
+def merge_kernel(ctx, wl):
+    """``cp_merge`` built for ``wl``'s shape alone (cached per worker): what the compute-alone
+    program of a library core runs (a fused call takes it from its own build)."""
+    cache = ctx.scratch.setdefault("cp_merge", {})
+    src = wl.merge_source()
+    if src not in cache:
+        from cuco.kernels import Compiler
+        built = Compiler().compile(src, needs=(), name=f"cp_merge.{wl.label.replace('/', '.')}")
+        cache[src] = ctx.function(str(built.path), "cp_merge")
+    return cache[src]
+
+
+def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int], out):
+    """The compute of a ``core`` fused call with every K/V present (slot p's at ``kbases[p]``,
+    ``vbases[p]``): every phase's calls, then the merge into ``out``, on ``ctx.stream``."""
+    from cuco.runtime import torch_bridge
+    import torch
+    _torch_device()
+    s = wl.shape
+    shape = (wl.shard, s.heads, s.head_dim)
+    view = (lambda ptr: torch_bridge.tensor_at(ptr, shape, wl.dtype))
+    qt = view(int(q.data.ptr))
+    kv = {p: (view(kb), view(vb)) for p, (kb, vb) in enumerate(zip(kbases, vbases))}
+    plan, attend = phase_plan(ctx.rank, wl.world_size, s.causal), library_attention(core)
+    fn, grid, tstream = merge_kernel(ctx, wl), merge_grid(wl.shard, s.heads, s.head_dim, wl.esz), torch_bridge.stream(ctx)
+
+    def run():
+        with torch.cuda.stream(tstream):
+            results = run_plan(attend, plan, qt, kv, wl.chunk)
+        merge(fn, results, wl.chunk, out, wl.shard, grid, ctx.stream)
+    return run
+
+
+def fastest(runs: dict, stream, iters: int = 3):
+    """The call of ``runs`` with the lowest median time (a few interleaved samples)."""
+    from cuco.runtime.timing import median, time_interleaved
+    times = time_interleaved(runs, stream, warmup=1, iters=iters, busy_us=0.0)
+    return runs[min(times, key=lambda n: median(times[n]))]
+
+
+def _torch_device() -> None:
+    """torch's current device: the worker's (CuPy's), not cuda:0."""
+    import cupy
+    import torch
+    dev = cupy.cuda.Device().id
+    if torch.cuda.current_device() != dev:
+        torch.cuda.set_device(dev)

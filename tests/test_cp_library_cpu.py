@@ -1,0 +1,247 @@
+"""The library route of context-parallel attention on the CPU (``core=flash`` / ``core=cudnn``):
+
+* the phase plan: every (query half, key chunk) pair a rank attends is in exactly one call,
+  full pairs in full, diagonal pairs as square causal blocks, skipped pairs nowhere (against
+  ``pair_kind`` and a brute-force mask of token positions); a peer's phase waits for exactly
+  the halves that peer sends;
+* the whole route with PyTorch's CPU attention standing in for the GPU library (the same
+  views, calls and merge table; the merge's arithmetic mirrored from ``lse_merge.cuh``, reading
+  the partials through the table's addresses and strides): equal to attention under the mask;
+* the directive: a value of ``core`` that only an op naming the library has, refused
+  elsewhere with the fix; the CP space sweeps it; names and JSON;
+* the rendered source (the merge and the wait, no attention kernel) and its table layout,
+  compiled with nvcc (one compile, which also checks the struct sizes both sides pin).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cuco.design import Core, DesignSpace, Directives
+from cuco.design.problem import make_problem
+from cuco.errors import DirectiveError
+from cuco.workloads.cp import CPAttention
+from cuco.workloads.cp import library as lib
+from cuco.workloads.cp import split
+
+
+def side(**kw) -> Directives:
+    base = dict(backend="lsa", placement="side_stream", sync_scope="chunk", issuer="warp",
+                chunk_bytes=64 << 10, comm_ctas=4)
+    return Directives(**{**base, **kw})
+
+
+# ---- the phase plan -------------------------------------------------------------------------
+def _attended(call, me: int, w: int, chunk: int) -> np.ndarray:
+    """Which (query row of ``me``'s shard, global key position) pairs ``call`` attends, by its
+    rows and mask alone: [2C, 2wC] counts."""
+    n = 2 * w * chunk
+    out = np.zeros((2 * chunk, n), np.int32)
+    qrows = np.concatenate([np.arange(h * chunk, (h + 1) * chunk) for h in call.q_halves])
+    krows = np.concatenate([np.arange(h * chunk, (h + 1) * chunk) for h in call.k_halves])
+    kpos = split.token_positions(call.slot, w, chunk)[krows]
+    for i, r in enumerate(qrows):
+        keys = kpos[: i + 1] if call.causal else kpos  # a causal call: query row i, key rows 0..i
+        out[r, keys] += 1
+    return out
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_calls_attend_exactly_the_mask_once(w, causal):
+    chunk = 4
+    for me in range(w):
+        plan = lib.phase_plan(me, w, causal)
+        qpos = split.token_positions(me, w, chunk)
+        kpos = np.arange(2 * w * chunk)
+        mask = (kpos[None, :] <= qpos[:, None]) if causal else np.ones((2 * chunk, len(kpos)), bool)
+        got = sum(_attended(c, me, w, chunk) for p in plan for c in p.calls)
+        assert (got == mask.astype(np.int32)).all()  # every visible key once, no masked one
+        # the order ranks' data arrives in; a rank whose keys the mask empties has no phase
+        assert [p.slot for p in plan] == [s for s in split.slot_order(me, w)
+                                          if s == me or any(split.needs_half(s, h, me, w, causal) for h in (0, 1))]
+        for p in plan:
+            for c in p.calls:
+                assert c.slot == p.slot
+                assert c.q_halves in ((0,), (1,), (0, 1)) and c.k_halves in ((0,), (1,), (0, 1))
+                if c.causal:  # square, this rank's shard against itself: every library's mask alike
+                    assert c.slot == me and c.q_halves == c.k_halves == (0, 1)
+                for qh, kh in c.pairs():  # a full call holds no masked or diagonal pair
+                    kind = split.pair_kind(split.zigzag_chunk(me, qh, w), split.zigzag_chunk(p.slot, kh, w), causal)
+                    assert c.causal or kind == split.FULL
+            if p.slot != me:  # it waits for exactly the halves that peer sends
+                assert p.halves == tuple(h for h in (0, 1) if split.needs_half(p.slot, h, me, w, causal))
+
+
+def test_the_plan_makes_one_call_per_phase():
+    for w in (1, 2, 4, 8):
+        for me in range(w):
+            for causal in (True, False):
+                plan = lib.phase_plan(me, w, causal)
+                assert len(plan) == w and all(len(p.calls) == 1 for p in plan)
+                assert lib.calls_of(me, w, causal) == w <= lib.max_parts()
+
+
+def test_the_compute_stream_waits_on_the_counters_the_sender_raises():
+    # the comm kernel adds to counter [src * kChunks + c] for every chunk c of a half it sends
+    for w in (2, 4):
+        n = 8
+        for me in range(w):
+            for p in lib.phase_plan(me, w, True):
+                if p.slot == me:
+                    continue
+                waited = {i for first, count in lib.wait_ranges(p, n) for i in range(first, first + count)}
+                sent = {p.slot * n + c for h in (0, 1) if split.needs_half(p.slot, h, me, w, True)
+                        for c in range(h * n // 2, (h + 1) * n // 2)}
+                assert waited == sent
+
+
+# ---- the route on the CPU, against the mask -----------------------------------------------
+def _cpu_attend(q, k, v, causal):
+    import torch
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
+    return o, lse
+
+
+def _flat(t):
+    """The storage of ``t`` from its first element, as numpy (what an address points at)."""
+    import ctypes
+
+    import torch
+    assert t.dtype == torch.float32
+    n = t.untyped_storage().nbytes() // 4 - t.storage_offset()
+    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(t.data_ptr()))
+
+
+def _merge_mirror(table: np.ndarray, partials: dict[int, np.ndarray], rows: int, heads: int, d: int):
+    """lse_merge.cuh's merge_rows, element by element: the table's addresses and strides."""
+    out = np.empty((rows, heads, d), np.float32)
+    parts = table["p"][0][: int(table["n"][0])]
+    for row in range(rows):
+        for h in range(heads):
+            ls, os_ = [], []
+            for p in parts:
+                r = row - int(p["row0"])
+                if r < 0 or r >= int(p["rows"]):
+                    continue
+                b, s = divmod(r, int(p["batch_rows"]))
+                ls.append(partials[int(p["lse"])][b * p["l_sb"] + s * p["l_ss"] + h * p["l_sh"]])
+                o0 = b * p["o_sb"] + s * p["o_ss"] + h * p["o_sh"]
+                os_.append(partials[int(p["o"])][o0:o0 + d])
+            m = max(ls)
+            wts = np.exp(np.array(ls) - m)
+            out[row, h] = (wts[:, None] * np.array(os_)).sum(0) / wts.sum()
+    return out
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [True, False])
+def test_library_calls_and_merge_give_attention_under_the_mask(w, causal):
+    torch = pytest.importorskip("torch")
+    chunk, heads, d = 8, 2, 16
+    g = torch.Generator().manual_seed(10 * w + causal)
+    shards = {r: [torch.randn(2 * chunk, heads, d, generator=g) for _ in range(3)] for r in range(w)}
+    kpos = np.concatenate([split.token_positions(p, w, chunk) for p in range(w)])
+    kall = torch.cat([shards[p][1] for p in range(w)])
+    vall = torch.cat([shards[p][2] for p in range(w)])
+    for me in range(w):
+        q = shards[me][0]
+        results = []
+        for phase in lib.phase_plan(me, w, causal):
+            _, k, v = shards[phase.slot]
+            results += lib.run_phase_calls(_cpu_attend, phase, q, k, v, chunk)
+        table = lib.parts_table([lib.part_of(c, chunk, o, lse) for c, o, lse in results])
+        partials = {}
+        for _, o, lse in results:
+            partials[o.data_ptr()] = _flat(o)
+            partials[lse.data_ptr()] = _flat(lse)
+        got = _merge_mirror(table, partials, 2 * chunk, heads, d)
+        # brute force over token positions
+        qpos = split.token_positions(me, w, chunk)
+        sc = torch.einsum("thd,shd->hts", q, kall) / math.sqrt(d)
+        if causal:
+            sc.masked_fill_(torch.as_tensor(kpos[None, None, :] > qpos[None, :, None]), float("-inf"))
+        ref = torch.einsum("hts,shd->thd", torch.softmax(sc, -1), vall).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_table_refuses_more_partials_than_the_kernel_takes():
+    rows = [(0,) * 12] * (lib.max_parts() + 1)
+    with pytest.raises(ValueError, match="kMaxParts"):
+        lib.parts_table(rows)
+    assert lib.PART.itemsize == 80
+    assert lib.parts_dtype().itemsize == 80 * lib.max_parts() + 16
+
+
+def test_merge_grid():
+    assert lib.merge_grid(1024, 4, 128, 2) == 1024 * 4 * 16 // 256
+    assert lib.merge_grid(1, 1, 64, 2) == 1
+    assert lib.merge_grid(1 << 20, 64, 128, 2) == lib.MERGE_MAX_CTAS
+
+
+# ---- the directive --------------------------------------------------------------------------
+def test_core_is_a_directive_only_cp_takes():
+    cp = make_problem("cp_attention", "seq=2048,heads=4,head_dim=64")
+    assert side(core="flash").check(cp).core is Core.FLASH
+    for name in ("gemm_allreduce",):
+        tp = make_problem(name, "1024x1024x1024")
+        with pytest.raises(DirectiveError, match="core: gemm_allreduce has no core=cudnn.*set core=own"):
+            side(core="cudnn").check(tp)
+    kv = make_problem("kv_transfer", "layers=2,tokens=256,hidden=512,kv_dim=256")
+    with pytest.raises(DirectiveError, match="core: kv_transfer has no core=flash"):
+        side(core="flash").check(kv)
+    with pytest.raises(DirectiveError, match="core=flash calls a library's kernel per phase.*placement=side_stream"):
+        Directives(placement="dedicated_ctas", comm_ctas=8, sync_scope="chunk", core="flash")
+    with pytest.raises(DirectiveError, match="did you mean core='cudnn'"):
+        side(core="cudn")
+
+
+def test_names_and_json_carry_the_core():
+    d = side(core="cudnn")
+    assert d.name == "lsa.side_stream.chunk.warp.c64K.cudnn"
+    assert ".cudnn." in d.full_name
+    assert side().name == "lsa.side_stream.chunk.warp.c64K"  # own: names as before
+    assert Directives.from_json(d.to_json()) == d
+    old = side().model_dump()
+    old.pop("core")  # a stored point from before the field: own
+    assert Directives(**old).core is Core.OWN
+
+
+def test_the_cp_space_sweeps_the_library_cores_and_others_do_not():
+    wl = CPAttention(2, seq=2048, heads=4, causal=True)
+    space = wl.space()
+    assert set(space.choices["core"]) == {Core.OWN, Core.FLASH, Core.CUDNN}
+    cores = {d.core for d in space.enumerate()}
+    assert cores == {Core.OWN, Core.FLASH, Core.CUDNN}
+    from cuco.workloads.kv import KVTransfer
+    kv = KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256)
+    assert kv.space().choices["core"] == (Core.OWN,)
+    assert DesignSpace().choices["core"] == (Core.OWN,)
+    # a mutation into an in-kernel placement takes the core back to own
+    s = DesignSpace(placement=["side_stream", "dedicated_ctas"], core=["own", "flash"],
+                    sync_scope=["chunk"], comm_ctas=[4])
+    for seed in range(30):
+        m = s.mutate(side(core="flash", comm_ctas=4, chunk_bytes=1 << 20), seed, strength=0.9)
+        assert not (m.core.library and m.placement.in_kernel)
+    assert any(d.core is Core.FLASH for d in wl.grid()) == _torch_installed()
+
+
+def _torch_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+# ---- the rendered source ----------------------------------------------------------------------
+def test_library_variant_renders_the_merge_and_compiles():
+    from cuco.kernels import Compiler
+    wl = CPAttention(2, seq=2048, heads=4, head_dim=64, causal=True)
+    src = wl.render(side(core="cudnn"))
+    assert "cp_merge" in src.source and "wait_flags" in src.source and "needs_half" in src.source
+    assert "cp_attend" not in src.source
+    assert set(src.functions) >= {"comm_kernel", "set_peer_flag", "wait_flags", "cp_merge"}
+    assert wl.render(side(core="flash")).source.replace("flash", "cudnn") == src.source.replace("flash", "cudnn")
+    built = Compiler(arch="sm_90a").compile(src.source, needs=src.needs, name="cp_library_test")
+    assert built.path.stat().st_size > 0

@@ -1,0 +1,73 @@
+"""GPU tests of context-parallel attention's library cores (``core=flash`` / ``core=cudnn``;
+2 GPUs, or an emulated world of W ranks: ``CUCO_EMULATE=W``): every variant judged by the
+evaluator's job like every other (output poisoned, transfers stressed late in checked calls,
+every element against the workload's reference on fresh seeds), causal and not, head dim 64
+and 128, both backends; timed calls verified too; and a variant whose compute stream does not
+wait for a peer's chunks is caught (it reads the arena's poison)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import TEST_WORLD
+from cuco.design import Directives
+from gpu_checks import assert_edit_is_caught, assert_variants_correct
+
+pytestmark = pytest.mark.gpu(count=2)
+
+#: _pipeline.cu.j2's wait_flags body: what the compute stream waits on before a peer's phase
+WAIT = "for (int i = threadIdx.x; i < n; i += blockDim.x) flag_wait_ge(a, flag_off + (size_t)(first + i) * 8, v);"
+
+
+def _wl(causal: bool, head_dim: int):
+    from cuco.workloads.cp import CPAttention
+    return CPAttention(TEST_WORLD, seq=2048, heads=4, head_dim=head_dim, causal=causal)
+
+
+def lib(core: str, backend: str = "lsa", issuer: str = "warp", chunk: int = 64 << 10,
+        ctas: int = 3) -> Directives:
+    return Directives(backend=backend, placement="side_stream", sync_scope="chunk", issuer=issuer,
+                      chunk_bytes=chunk, comm_ctas=ctas, core=core)
+
+
+def _points() -> list[Directives]:
+    return [lib(core, backend, issuer, chunk)
+            for core in ("flash", "cudnn") for backend, issuer in (("lsa", "warp"), ("nvshmem", "cta"))
+            for chunk in (64 << 10, 256 << 10)]
+
+
+@pytest.fixture(autouse=True)
+def _torch():
+    pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_library_cores_are_correct(gpu_group, causal, head_dim):
+    wl = _wl(causal, head_dim)
+    assert_variants_correct(gpu_group, wl, _points(), programs=("host_nccl", "host_torch_flash"))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_library_cores_timed_calls_are_verified(gpu_group, causal):
+    """A timing job: checked calls at random places among timed ones, every call verified."""
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.kernels import Compiler
+    from cuco.runtime.records import merge_ranks
+    wl = _wl(causal, 128)
+    points = [lib("flash"), lib("cudnn", "nvshmem", "cta")]
+    sources = [wl.render(d) for d in points]
+    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
+    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
+    res = gpu_group.run(Case(wl, specs, seed=11, warmup=2, iters=6), timeout=240)
+    assert res.ok, res.error_text()
+    merged = merge_ranks(res.results)
+    for s in specs:
+        assert merged[s.name].correct and merged[s.name].timed, merged[s.name]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_library_variant_that_skips_its_wait_is_caught(gpu_group, causal):
+    """The compute stream attending a peer's K/V without waiting for its chunks' counters
+    (the transfers start late in checked calls) reads the arena's poison."""
+    assert_edit_is_caught(gpu_group, _wl(causal, 128), lib("cudnn"), WAIT, "", "cp_library_racy")
