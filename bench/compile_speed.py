@@ -2,15 +2,20 @@
 build (issue #23) -> bench/results/compile_speed.json (top-level ``compile_s_per_candidate``).
 
     python bench/compile_speed.py                      # 3 in-kernel + 1 side-stream candidate, 2 repeats
-    python bench/compile_speed.py --repeats 3 --before-rev be3c7f6
+    python bench/compile_speed.py --repeats 3 --before-rev 6d00761
 
-before: ``tp_fused.cu.j2`` (and its partials, with the headers) as of ``--before-rev``, built the way launchers
-were built then: one ``nvcc -shared`` over host and device code. after: today's template
+before: ``tp_fused.cu.j2`` (and its partials, with the headers) as of ``--before-rev``, built by that
+commit's own compiler (host part cached, where it has one; before issue #23, one ``nvcc -shared``
+over host and device code). after: today's template
 through :class:`cuco.kernels.Compiler` (the candidate's device code alone to a cubin, linked
 with its configuration's host part), timed twice: with the host part already cached (every
 candidate of a configuration but the first: ``after_s``) and with nothing cached
 (``after_first_of_config_s``; the host part builds beside the device code). Every build
-starts from an empty cache for the candidate's own source. The CPU is shared, so the
+starts from an empty cache for the candidate's own source. Since issue #39 today's build is
+separate compilation (the configuration's frozen unit, layout and host part cached; the
+candidate's unit and the nvJitLink device link per candidate); ``whole_program_s`` is the
+same candidate built as one unit (``Compiler(whole_program=True)``, host part cached), and
+``sass_identical`` compares that build with before's. The CPU is shared, so the
 order of before and after alternates from one repeat to the next (interleaved A/B) and
 the load average is recorded. ``sass_identical``: each pair's device code is the same
 (:func:`cuco.kernels.compiler.device_code`: SASS, resources and launch attributes).
@@ -52,20 +57,29 @@ SIDE_STREAM = (GemmProblem(workload="gemm_allreduce", **BIG),
 
 
 def build_before(source: str, needs: tuple[str, ...], tree: KernelTree, tmp: Path) -> tuple[float, bytes]:
-    """The old launcher build: one nvcc over host and device code (against the old tree's
-    headers), to a shared object."""
-    src, so = tmp / source_file_name("kernel"), tmp / "before.so"
-    src.write_text(source)
-    flags = tree.compiler(arch="sm_90a", cache_dir=tmp / "unused").base_flags(needs)
+    """The earlier commit's build of its own source (its ``compiler.py``, against its
+    headers): where it builds launchers in two pieces (issue #23), timed with the host part
+    cached, as ``after_s`` is; before that, one nvcc over host and device code."""
+    comp = tree.compiler(arch="sm_90a", cache_dir=tmp / "before")
+    if not hasattr(comp, "launcher_host"):
+        src, so = tmp / source_file_name("kernel"), tmp / "before.so"
+        src.write_text(source)
+        t0 = time.perf_counter()
+        subprocess.run([str(find_nvcc()), *comp.base_flags(needs), "-shared", "-Xcompiler", "-fPIC", str(src),
+                        "-o", str(so)], check=True, capture_output=True)
+        return time.perf_counter() - t0, so.read_bytes()
+    first = comp.compile(source, needs=needs, name="kernel")
+    first.path.unlink()
     t0 = time.perf_counter()
-    subprocess.run([str(find_nvcc()), *flags, "-shared", "-Xcompiler", "-fPIC", str(src), "-o", str(so)],
-                   check=True, capture_output=True)
-    return time.perf_counter() - t0, so.read_bytes()
+    again = comp.compile(source, needs=needs, name="kernel")
+    return time.perf_counter() - t0, again.path.read_bytes()
 
 
-def build_after(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, float, bytes]:
-    """The two-piece build from an empty cache (host part too), then again with only the
-    candidate's own library removed (host part cached): (first, warm, library bytes)."""
+def build_after(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, float, bytes, float, bytes]:
+    """Today's build (separate compilation, issue #39) from an empty cache (host part, layout
+    and frozen unit too), then again with only the candidate's own library removed (the
+    configuration's parts cached), then the whole-program build (one unit, nvcc; host part
+    cached): (first, warm, library, whole-program warm, its library)."""
     comp = Compiler(arch="sm_90a", cache_dir=tmp / "cache")
     t0 = time.perf_counter()
     first = comp.compile(source, needs=needs, name="kernel")
@@ -73,7 +87,11 @@ def build_after(source: str, needs: tuple[str, ...], tmp: Path) -> tuple[float, 
     first.path.unlink()
     t0 = time.perf_counter()
     warm = comp.compile(source, needs=needs, name="kernel")
-    return cold, time.perf_counter() - t0, warm.path.read_bytes()
+    warm_s = time.perf_counter() - t0
+    whole = Compiler(arch="sm_90a", cache_dir=tmp / "cache", whole_program=True)
+    t0 = time.perf_counter()
+    one = whole.compile(source, needs=needs, name="kernel")
+    return cold, warm_s, warm.path.read_bytes(), time.perf_counter() - t0, one.path.read_bytes()
 
 
 def measure(name: str, tree: KernelTree, repeats: int) -> dict:
@@ -81,7 +99,7 @@ def measure(name: str, tree: KernelTree, repeats: int) -> dict:
     new = render_tp(problem, d)[0]
     needs = tuple(sorted(new.needs))
     old_source = tree.environment().get_template("tp_fused.cu.j2").render(**fused_context(problem, d))
-    before, after, first, same = [], [], [], []
+    before, after, first, same, whole = [], [], [], [], []
     for r in range(repeats):
         with tempfile.TemporaryDirectory(prefix="cuco-speed-") as tmp:
             steps = ["before", "after"] if r % 2 == 0 else ["after", "before"]
@@ -90,18 +108,24 @@ def measure(name: str, tree: KernelTree, repeats: int) -> dict:
                     s, old_lib = build_before(old_source, needs, tree, Path(tmp))
                     before.append(round(s, 2))
                 else:
-                    cold, warm, new_lib = build_after(new.source, needs, Path(tmp))
+                    cold, warm, new_lib, whole_s, whole_lib = build_after(new.source, needs, Path(tmp))
                     first.append(round(cold, 2))
                     after.append(round(warm, 2))
-            same.append(device_code(old_lib) == device_code(new_lib))
+                    whole.append(round(whole_s, 2))
+            same.append(device_code(old_lib) == device_code(whole_lib))
             print(f"{name} repeat {r}: before {before[-1]} s, after {after[-1]} s "
-                  f"(first of its configuration {first[-1]} s), SASS identical: {same[-1]}", flush=True)
+                  f"(first of its configuration {first[-1]} s; whole program {whole[-1]} s), "
+                  f"whole-program SASS identical to before: {same[-1]}", flush=True)
     return {"candidate": name, "kernel": new.name, "kind": "launcher (CUTLASS)",
             "before_s": before, "after_s": after, "after_first_of_config_s": first,
             "before_median_s": statistics.median(before), "after_median_s": statistics.median(after),
             "after_first_of_config_median_s": statistics.median(first),
             "speedup": round(statistics.median(before) / statistics.median(after), 2),
-            "sass_identical": all(same)}
+            "whole_program_s": whole, "whole_program_median_s": statistics.median(whole),
+            "sass_identical": all(same),
+            "note": "sass_identical: the whole-program build against before's; the separately "
+                    "compiled kernel is linked by nvJitLink (its own optimiser and ptxas), "
+                    "checked against a one-unit LTO build by tests/test_separate_compilation.py"}
 
 
 def measure_side_stream(repeats: int) -> dict:
@@ -120,7 +144,7 @@ def measure_side_stream(repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--before-rev", default="be3c7f6", help="commit whose launcher template and build is 'before'")
+    ap.add_argument("--before-rev", default="6d00761", help="commit whose launcher template and build is 'before'")
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--name", default="compile_speed")
     ap.add_argument("--out-dir", default="bench/results")
@@ -138,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "before_rev": a.before_rev,
         "compile_s_per_candidate": statistics.median(r["after_median_s"] for r in launchers),
         "compile_s_per_candidate_before": statistics.median(r["before_median_s"] for r in launchers),
+        "compile_s_per_candidate_whole_program": statistics.median(r["whole_program_median_s"] for r in launchers),
+        "build": "separate compilation (frozen unit + candidate unit, nvJitLink) vs whole program",
         "compile_s_first_of_config": statistics.median(r["after_first_of_config_median_s"] for r in launchers),
         "sass_identical": all(r["sass_identical"] for r in launchers),
         "note": "seconds of one in-kernel build on this machine, which is one search candidate "

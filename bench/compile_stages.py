@@ -20,6 +20,14 @@ starts), and for a CUTLASS launcher ``host_part`` (its configuration's host code
 per configuration and cached: every candidate of a configuration but the first skips it). ``load`` (the module load on a GPU) is not measured
 here. The ``candidate_s`` of a row is what one more candidate of a known configuration
 costs: everything but ``host_part``.
+
+Separate compilation (issue #39; the default for the in-kernel kinds, ``--whole-program``
+measures the one-unit build instead): the configuration's parts, each once per configuration
+and cached, are ``host_part``, ``layout`` (the probe of the mainloop types' sizes, to PTX) and
+``frozen`` (the kernel and its CUTLASS mainloop to LTO-IR); a candidate's own stages are
+``preprocess`` and ``cicc`` of its unit (to LTO-IR), ``device_link`` (nvJitLink: the whole
+kernel optimised and assembled, in a process of its own) and ``link`` (the rest: the cubin
+embedded and linked with the host part, process starts).
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ from cuco import results
 from cuco.design import Directives, GemmProblem
 from cuco.errors import run_script
 from cuco.kernels import Compiler, KernelSource
-from cuco.kernels.compiler import is_launcher, launcher_host_part, source_file_name
+from cuco.kernels.compiler import (frozen_text, is_launcher, launcher_host_part, layout_defines,
+                                   source_file_name)
 from cuco.kernels.tp import in_kernel, render_tp
 
 BIG = dict(m=8192, n=8192, k=8192, world_size=2)
@@ -92,37 +101,68 @@ def phase_seconds(csv_path: Path, source_name: str) -> dict[str, float]:
     return dict(out)
 
 
-def build_once(name: str, render: Callable[[], KernelSource], tmp: Path) -> dict[str, float]:
+#: Stages built once per configuration (cached), not by each candidate.
+PER_CONFIG = ("host_part", "layout", "frozen")
+
+
+class TimedCompiler(Compiler):
+    """A compiler that adds up the seconds of its nvJitLink runs (``device_link``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.device_link = 0.0
+
+    def _run(self, cmd: list[str]) -> str:
+        t0 = time.perf_counter()
+        try:
+            return super()._run(cmd)
+        finally:
+            if "cuco.kernels.jitlink" in cmd:
+                self.device_link += time.perf_counter() - t0
+
+
+def build_once(name: str, render: Callable[[], KernelSource], tmp: Path, whole_program: bool = False) -> dict[str, float]:
     """One cold build of kind ``name``: seconds per stage."""
     t0 = time.perf_counter()
     src = render()
     stages = {"render": time.perf_counter() - t0}
     timer = tmp / "nvcc_time.csv"
-    comp = Compiler(arch="sm_90a", cache_dir=tmp / "cache", extra_flags=("--time", str(timer)))
+    comp = TimedCompiler(arch="sm_90a", cache_dir=tmp / "cache", extra_flags=("--time", str(timer)),
+                         whole_program=whole_program)
     needs = tuple(sorted(src.needs))
-    if is_launcher(needs):  # the configuration's host part first, so the stages do not overlap
+    if is_launcher(needs):  # the configuration's parts first, so the stages do not overlap
         t0 = time.perf_counter()
         comp.launcher_host(launcher_host_part(src.source), needs)
         stages["host_part"] = time.perf_counter() - t0
+    if comp.separate(src.source, needs):
+        t0 = time.perf_counter()
+        defines = layout_defines(comp.launcher_layout(src.source, needs))
+        stages["layout"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        comp.frozen_unit(frozen_text(src.source), needs, defines)
+        stages["frozen"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     comp.compile(src.source, needs=needs, name=name)
     wall = time.perf_counter() - t0
     stages.update(phase_seconds(timer, source_file_name(name)))
-    device = sum(v for k, v in stages.items() if k not in ("render", "host_part"))
+    if comp.device_link:
+        stages["device_link"] = comp.device_link
+    device = sum(v for k, v in stages.items() if k not in ("render", *PER_CONFIG))
     stages["link"] = max(0.0, wall - device)
     return stages
 
 
-def measure(name: str, repeats: int) -> dict:
+def measure(name: str, repeats: int, whole_program: bool = False) -> dict:
     runs = []
     for r in range(repeats):
         with tempfile.TemporaryDirectory(prefix="cuco-stages-") as tmp:
-            runs.append(build_once(name, KINDS[name], Path(tmp)))
+            runs.append(build_once(name, KINDS[name], Path(tmp), whole_program))
         print(f"{name} repeat {r}: " + ", ".join(f"{k} {v:.2f} s" for k, v in runs[-1].items()), flush=True)
     stages = {k: round(statistics.median(run.get(k, 0.0) for run in runs), 3) for k in runs[0]}
-    candidate = round(sum(v for k, v in stages.items() if k != "host_part"), 2)
+    candidate = round(sum(v for k, v in stages.items() if k not in PER_CONFIG), 2)
     return {"case": KINDS[name]().name, "variant": name, "stages_s": stages, "candidate_s": candidate,
-            "first_of_config_s": round(candidate + stages.get("host_part", 0.0), 2),
+            "first_of_config_s": round(candidate + sum(stages.get(k, 0.0) for k in PER_CONFIG), 2),
+            "build": "whole_program" if whole_program or "layout" not in stages else "separate",
             "runs": [{k: round(v, 3) for k, v in run.items()} for run in runs]}
 
 
@@ -145,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--name", default="compile_stages")
     ap.add_argument("--out-dir", default="bench/results")
+    ap.add_argument("--whole-program", action="store_true", help="build the in-kernel kinds as one unit "
+                    "(Compiler(whole_program=True)), not by separate compilation")
     ap.add_argument("--before", default="", help="this script's file from an earlier commit: "
                     "its per-stage medians are kept under before")
     a = ap.parse_args(argv)
@@ -153,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown kinds {unknown}; choose from {list(KINDS)}")
     load = [os.getloadavg()[0]]
-    rows = [measure(k, a.repeats) for k in a.kinds.split(",")]
+    rows = [measure(k, a.repeats, a.whole_program) for k in a.kinds.split(",")]
     load.append(os.getloadavg()[0])
     machine = {"cpu": results.cpu_model(), "cores": os.cpu_count(), "gpu": None,
                "load_average_1min_start_end": [round(x, 2) for x in load]}

@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated parts of case names: only the cases "
                     "whose name holds one (one case at a time while a refactor is under way)")
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cuco-identity"))
+    ap.add_argument("--separate", action="store_true", help="build today's side by separate compilation "
+                    "(frozen unit + candidate unit, linked by nvJitLink) instead of as one unit")
     ap.add_argument("--name", default="kernel_identity")
     ap.add_argument("--out-dir", default="bench/results")
     a = ap.parse_args(argv)
@@ -182,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             assert (before[key].name, sorted(before[key].needs)) == (after[key].name, sorted(after[key].needs)), key
         # one side after the other: a side shares no build with the other (its headers differ)
         built_old = build(tree.compiler(arch="sm_90a", cache_dir=a.cache_dir), [before[k] for k in keys])
-        built_new = build(Compiler(arch="sm_90a", cache_dir=a.cache_dir), [after[k] for k in keys])
+        # today's side as one unit (whole program) unless --separate: the separately compiled
+        # build is linked by nvJitLink, whose optimiser and ptxas are another version's
+        built_new = build(Compiler(arch="sm_90a", cache_dir=a.cache_dir, whole_program=not a.separate),
+                          [after[k] for k in keys])
         rows = [compare(key[1], key[0], before[key], after[key], o, n)
                 for key, o, n in zip(keys, built_old, built_new)]
     seconds = time.perf_counter() - t0

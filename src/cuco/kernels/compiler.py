@@ -16,6 +16,19 @@ its front end to parse and instantiate) and stops at PTX (``-ptx``, then ptxas t
 nvcc with the same flags): with ``-cubin`` cicc also writes the host side's C++ and stubs,
 which nothing reads. Almost all of that pass is cicc's C++ front end instantiating
 CUTLASS's templates (``bench/results/compile_stages.json``).
+
+Separate compilation (issue #39): a launcher source that carries the line :data:`SEPARATE`
+(``tp_fused.cu.j2``) has its device part built as two units linked with link-time
+optimisation: the frozen unit (``-D`` :data:`PART_FROZEN`: the kernel and its CUTLASS
+mainloop, with every EVOLVE-BLOCK body blanked, so that it is the same text for every
+candidate of a configuration; built once per configuration to LTO-IR and cached) and the
+candidate's unit (``-D`` :data:`PART_CANDIDATE`: the code a candidate edits, which sees the
+mainloop's types only as opaque bytes of their size and alignment, probed once per
+configuration: :meth:`Compiler.launcher_layout`), then nvJitLink (:mod:`cuco.kernels.jitlink`)
+links the two, inlining across them, into the cubin. A candidate's build is then its small
+unit (no CUTLASS mainloop to instantiate) and the link. ``Compiler(whole_program=True)`` (or
+``CUCO_WHOLE_PROGRAM=1``) builds the whole device part as one unit with nvcc, as before, for
+timings that must not rest on the link (nvJitLink's optimiser and ptxas are its own version's).
 """
 
 from __future__ import annotations
@@ -40,7 +53,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from cuco.errors import ArchError, CompileError, LibraryNotFound
-from cuco.kernels import evolve, toolchain
+from cuco.kernels import evolve, jitlink, toolchain
 
 #: cuco's device headers: ``-I`` of every build, so sources include ``<cuco/device.cuh>``,
 #: ``<cuco/arena/lsa.cuh>``, ``<cuco/ops/moe_routing.cuh>``, ...
@@ -61,8 +74,17 @@ HOST_END = "// cuco:launcher-host-end"
 HOST_ONLY_BEGIN = "// cuco:launcher-host-only-begin"
 HOST_ONLY_END = "// cuco:launcher-host-only-end"
 CUBIN_SYMBOL = "cuco_fused_cubin"
+#: A launcher source whose device part may be built as two units (separate compilation) has
+#: this line; each unit is the device part under one of the two macros, and the candidate's
+#: sees each mainloop type named ``<LAYOUT_PREFIX><Type>`` in the source as opaque bytes of
+#: ``-D<LAYOUT_PREFIX><Type>=<size>,<alignment>`` (probed: :meth:`Compiler.launcher_layout`).
+SEPARATE = "// cuco:separate-compilation"
+PART_FROZEN = "CUCO_PART_FROZEN"
+PART_CANDIDATE = "CUCO_PART_CANDIDATE"
+LAYOUT_PREFIX = "CUCO_LAYOUT_"
 LAUNCHER_PARTS = {"host_begin": HOST_BEGIN, "host_end": HOST_END, "host_only_begin": HOST_ONLY_BEGIN,
-                  "host_only_end": HOST_ONLY_END, "cubin_symbol": CUBIN_SYMBOL}
+                  "host_only_end": HOST_ONLY_END, "cubin_symbol": CUBIN_SYMBOL, "separate": SEPARATE,
+                  "part_frozen": PART_FROZEN, "part_candidate": PART_CANDIDATE, "layout": LAYOUT_PREFIX}
 _REGION_MARKERS = {HOST_BEGIN: ("shared", True), HOST_END: ("shared", False),
                    HOST_ONLY_BEGIN: ("host_only", True), HOST_ONLY_END: ("host_only", False)}
 
@@ -195,6 +217,61 @@ def launcher_host_part(source: str) -> str:
     return host
 
 
+def launcher_shared_part(source: str) -> str:
+    """The lines of a launcher source inside its :data:`HOST_BEGIN` ... :data:`HOST_END`
+    regions (markers left out): what host and device code share (includes, types)."""
+    return "\n".join(line for kind, line in _regions(source)
+                     if kind == "shared" and line not in _REGION_MARKERS) + "\n"
+
+
+def separable(source: str) -> bool:
+    """Whether a launcher source's device part can be built as two units (:data:`SEPARATE`)."""
+    return SEPARATE in source.split("\n")
+
+
+def frozen_text(source: str) -> str:
+    """The device part of a separable launcher source with every EVOLVE-BLOCK body blanked:
+    what its frozen unit compiles (``-D`` :data:`PART_FROZEN`, under which the blocks' code
+    is not compiled), the same text for every candidate of its configuration."""
+    return evolve.frozen(launcher_device_part(source))
+
+
+def layout_names(source: str) -> list[str]:
+    """The types a separable source's candidate unit sees as opaque bytes (each named
+    ``<LAYOUT_PREFIX><Type>`` in the source)."""
+    return sorted(set(re.findall(rf"\b{LAYOUT_PREFIX}(\w+)", source)))
+
+
+def layout_probe(source: str) -> str:
+    """A unit that holds the size and alignment of each of :func:`layout_names`, from the
+    source's shared part (its real types), as a device array whose initialiser the PTX
+    shows (:func:`read_layout`)."""
+    names = layout_names(source)
+    items = ", ".join(f"sizeof({n}), alignof({n})" for n in names)
+    return (launcher_shared_part(source)
+            + f"__device__ const unsigned long long cuco_layout[{2 * len(names)}] = {{{items}}};\n")
+
+
+def read_layout(ptx: str, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """:func:`layout_probe`'s array, read back from its PTX: each name's (size, alignment)."""
+    m = re.search(r"\bcuco_layout\[(\d+)\]\s*=\s*\{([^}]*)\}", ptx)
+    if m is None:
+        raise CompileError("the layout probe's PTX holds no cuco_layout array", ptx[-2000:])
+    values = [int(v, 0) for v in m.group(2).replace(" ", "").split(",") if v]
+    head = ptx[:m.start()].rsplit("\n", 1)[-1]
+    if ".b8" in head:  # bytes, little-endian: eight to a value
+        values = [int.from_bytes(bytes(values[i:i + 8]), "little") for i in range(0, len(values), 8)]
+    if len(values) != 2 * len(names):
+        raise CompileError(f"the layout probe gave {len(values)} numbers for {len(names)} types", ptx[-2000:])
+    return {n: (values[2 * i], values[2 * i + 1]) for i, n in enumerate(names)}
+
+
+def layout_defines(layout: dict[str, tuple[int, int]]) -> list[str]:
+    """``-D<LAYOUT_PREFIX><Type>=<size>,<alignment>`` for each type (the comma escaped: nvcc
+    splits option values at bare commas)."""
+    return [f"-D{LAYOUT_PREFIX}{n}={size}\\,{align}" for n, (size, align) in sorted(layout.items())]
+
+
 def launcher_device_part(source: str) -> str:
     """What the device pass of a launcher compiles: the source with its host-only regions
     blanked (each of their lines left empty, so every other line keeps its number: compile
@@ -264,6 +341,10 @@ class Compiler:
     #: Where ``<cuco/...>`` headers come from: the package's, or (to compare builds with an
     #: earlier commit's, ``bench/kernel_identity.py``) another tree's; hashed into every key.
     include_dir: Path = INCLUDE_DIR
+    #: Build a separable launcher's device part as one unit with nvcc (as before separate
+    #: compilation), not as its frozen unit and its candidate's unit linked by nvJitLink:
+    #: for timings that must not rest on the link. ``CUCO_WHOLE_PROGRAM=1`` sets it.
+    whole_program: bool = field(default_factory=lambda: os.environ.get("CUCO_WHOLE_PROGRAM", "") not in ("", "0"))
 
     def __post_init__(self) -> None:
         if self.arch is None:
@@ -285,8 +366,13 @@ class Compiler:
                 flags.append(f"-I{toolchain.cutlass_util_include()}")
         return flags
 
-    def base_flags(self, needs: Sequence[str]) -> list[str]:
-        flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", *gencode(self.arch), *front_end_flags()]
+    def base_flags(self, needs: Sequence[str], *, lto: bool = False) -> list[str]:
+        """Every device build's flags; ``lto``: the unit's code as LTO-IR for a device link
+        (``code=lto_<arch>``) instead of SASS."""
+        arch = gencode(self.arch)
+        if lto:
+            arch = [arch[0].replace("code=sm_", "code=lto_")]
+        flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", *arch, *front_end_flags()]
         if "cutlass" in needs:
             flags.append("-DCUTLASS_ENABLE_GDC_FOR_SM90=1")
         return flags + self.include_flags(needs) + list(self.extra_flags)
@@ -310,12 +396,20 @@ class Compiler:
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
     # ---- compilation ----------------------------------------------------------------
+    def separate(self, source: str, needs: Sequence[str]) -> bool:
+        """Whether :meth:`compile` builds ``source`` by separate compilation: a separable
+        launcher source, nvJitLink at hand and not :attr:`whole_program`."""
+        return (is_launcher(needs) and not self.whole_program and separable(source)
+                and jitlink.available())
+
     def compile(self, source: str, *, needs: Sequence[str] = ("nccl",), name: str = "kernel") -> CompiledKernel:
         """Source -> cubin (``-rdc`` + device link against NVSHMEM when needed), or a shared
-        object with a host launcher for sources that use CUTLASS (see :func:`is_launcher`)."""
+        object with a host launcher for sources that use CUTLASS (see :func:`is_launcher`;
+        its device part by separate compilation where :meth:`separate` says so)."""
         needs = tuple(sorted(set(needs)))
         kind = "launcher" if is_launcher(needs) else "cubin"
-        key = self.cache_key(source, needs, kind)
+        split = self.separate(source, needs)
+        key = self.cache_key(source, needs, f"launcher-separate nvjitlink {jitlink.version()}" if split else kind)
         ext = "so" if kind == "launcher" else "cubin"
         out = self.cache_dir / f"{_safe(name)}-{key}.{ext}"
         hit = out if out.exists() else self.built(key, ext)
@@ -331,7 +425,9 @@ class Compiler:
             src.write_text(launcher_device_part(source) if kind == "launcher" else source)
             cubin = Path(tmp) / ("out.so" if kind == "launcher" else "out.cubin")
             nvcc = str(toolchain.find_nvcc())
-            if kind == "launcher":  # peers are reached through pointers: no NVSHMEM device link
+            if split:
+                log = self._build_separate(src, source, host, needs, cubin)
+            elif kind == "launcher":  # peers are reached through pointers: no NVSHMEM device link
                 log = self._build_launcher(src, host, needs, cubin)
             elif "nvshmem" in needs:
                 # relocatable device code alone (-cubin: no host compile, a third of the time
@@ -388,6 +484,70 @@ class Compiler:
         embed.write_text(_embed_source(cubin))
         return log + self._run([nvcc, *gencode(self.arch), "-shared", "-Xcompiler", "-fPIC",
                                 str(obj), str(embed), "-o", str(so)])
+
+    def _build_separate(self, src: Path, source: str, host: str, needs: Sequence[str], so: Path) -> str:
+        """``src`` (a separable launcher's device part, of ``source``) as a launcher library:
+        its candidate's unit compiled to LTO-IR, linked by nvJitLink with its configuration's
+        frozen unit (:meth:`frozen_unit`), the cubin embedded and linked with the host part
+        as in :meth:`_build_launcher`. The first build of a configuration makes its host
+        part and frozen unit on other threads meanwhile; the candidate's unit waits only
+        for the layout probe."""
+        nvcc = str(toolchain.find_nvcc())
+        cubin, unit = so.with_name("kernel.cubin"), src.with_suffix(".ltoir")
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            host_obj = pool.submit(self.launcher_host, host, needs)
+            defines = layout_defines(self.launcher_layout(source, needs))
+            frozen = pool.submit(self.frozen_unit, frozen_text(source), needs, defines)
+            log = self._run([nvcc, *self.base_flags(needs, lto=True), "-rdc=true", "-ltoir", f"-D{PART_CANDIDATE}",
+                             *defines, str(src), "-o", str(unit)])
+            log += self._run(jitlink.command([frozen.result(), unit], self.arch, cubin))
+            obj = host_obj.result()
+        embed = so.with_name("embed_cubin.cpp")
+        embed.write_text(_embed_source(cubin))
+        return log + self._run([nvcc, *gencode(self.arch), "-shared", "-Xcompiler", "-fPIC",
+                                str(obj), str(embed), "-o", str(so)])
+
+    def launcher_layout(self, source: str, needs: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Size and alignment of each type a separable source's candidate unit sees as bytes
+        (:func:`layout_names`), from its shared part's real types (:func:`layout_probe`,
+        compiled to PTX): once per configuration, cached beside the kernels."""
+        needs = tuple(sorted(set(needs)))
+        names = layout_names(source)
+        probe = layout_probe(source)
+        out = self.cache_dir / f"layout-{self.cache_key(probe, needs, 'layout')}.json"
+        if not out.exists():
+            with FileLock(str(out) + ".lock"):
+                if not out.exists():
+                    with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
+                        src, ptx = Path(tmp) / "layout.cu", Path(tmp) / "layout.ptx"
+                        src.write_text(probe)
+                        self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-ptx", str(src),
+                                   "-o", str(ptx)])
+                        found = Path(tmp) / "layout.json"
+                        found.write_text(json.dumps(read_layout(ptx.read_text(), names)))
+                        _publish(found, out)
+        return {n: (int(v[0]), int(v[1])) for n, v in json.loads(out.read_text()).items()}
+
+    def frozen_unit(self, text: str, needs: Sequence[str], defines: Sequence[str]) -> Path:
+        """The LTO-IR of a separable source's frozen unit (:func:`frozen_text`: ``text``,
+        compiled with ``-D`` :data:`PART_FROZEN` and the layout ``defines``), built once per
+        configuration; a file lock makes concurrent first builds wait for one."""
+        needs = tuple(sorted(set(needs)))
+        key = self.cache_key(text, needs, "frozen-ltoir", (f"-D{PART_FROZEN}", *defines))
+        out = self.cache_dir / f"frozen-{key}.ltoir"
+        if out.exists():
+            return out
+        with FileLock(str(out) + ".lock"):
+            if out.exists():
+                return out
+            with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
+                src = Path(tmp) / "frozen.cu"
+                src.write_text(text)
+                unit = Path(tmp) / "frozen.ltoir"
+                self._run([str(toolchain.find_nvcc()), *self.base_flags(needs, lto=True), "-rdc=true", "-ltoir",
+                           f"-D{PART_FROZEN}", *defines, str(src), "-o", str(unit)])
+                _publish(unit, out)
+        return out
 
     def launcher_host(self, host: str, needs: Sequence[str]) -> Path:
         """The object file of a launcher's host part (:func:`launcher_host_part`), built once
