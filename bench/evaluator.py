@@ -5,7 +5,12 @@
     python bench/evaluator.py --ray                 # and the mixed batch through the Ray backend
     python bench/evaluator.py --world-size 1 --name evaluator_w1   # one GPU (no peers)
 
-Two batches, one per kind of candidate: in-kernel ones (``epilogue``/``dedicated_ctas``:
+Three batches: in-kernel evolved ones (``--evolved-configs`` configurations, each the
+template of one in-kernel point with one EVOLVE-BLOCK body edited per candidate, the way a
+search's evolved candidates differ: every candidate a source of its own, so none is a cache
+hit, while candidates of one configuration share its frozen unit under separate compilation,
+issue #39), and two whose candidates are each a distinct directive point, one per kind:
+in-kernel ones (``epilogue``/``dedicated_ctas``:
 a CUTLASS build each, the GEMM's shape a launch argument, so the small-shape check runs
 the same binary) and side-stream ones (light cubins); ``compile_s_per_candidate`` is the
 median nvcc seconds of an in-kernel candidate inside its batch (all cores busy).
@@ -35,7 +40,7 @@ from cuco import CandidateDB, results
 from cuco.agents.api import gpu_space
 from cuco.evaluate import Evaluator
 from cuco.evaluate.evaluator import Candidate
-from cuco.kernels import Compiler
+from cuco.kernels import Compiler, evolve
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.workloads import get
 from cuco.errors import run_script
@@ -48,7 +53,24 @@ def _candidates(problem, n: int, seed: int) -> dict[str, list]:
     random.Random(seed).shuffle(points)
     in_kernel = [d for d in points if d.placement.in_kernel]
     side = [d for d in points if not d.placement.in_kernel]
-    return {"warm_up": side[:1], "in_kernel": in_kernel[:n], "side_stream": side[1:n + 1]}
+    return {"warm_up": side[:1], "in_kernel": in_kernel, "side_stream": side[1:n + 1]}
+
+
+#: the no-op each evolved candidate's first EVOLVE block gains (a tag of its own, so its
+#: source, and only its source, is new: the compiler folds the statement away)
+EDIT = "\n    {{ const int cuco_edit_tag = {tag}; (void)cuco_edit_tag; }}"
+
+
+def _evolved(ev: Evaluator, points: list, configs: int, n: int) -> list[Candidate]:
+    """``n`` candidates over ``configs`` in-kernel points: each point's template with its
+    first EVOLVE block's body edited by a distinct no-op (:data:`EDIT`)."""
+    out: list[Candidate] = []
+    for i in range(n):
+        d = points[i % configs]
+        template = ev.template(ev.problem, d)[0]
+        name, body = next(iter(evolve.blocks(template).items()))
+        out.append(Candidate(d, evolve.splice(template, {name: EDIT.format(tag=i) + body})))
+    return out
 
 
 def _summary(verdicts, seconds: float) -> dict:
@@ -80,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidates", type=int, default=24, help="per kind (in-kernel, side-stream)")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--evolved-configs", type=int, default=4,
+                    help="in-kernel configurations the evolved batch's candidates edit (0: no such batch)")
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--name", default="evaluator", help="result file bench/results/<name>.json")
@@ -102,30 +126,36 @@ def main(argv: list[str] | None = None) -> int:
     warm_s = time.perf_counter() - t0
     verify0 = ev.verify_s
     entries, rows, done, local_s = {}, [], [], 0.0
-    for kind in ("in_kernel", "side_stream"):
+    # the evolved batch's configurations are points the directive batch does not build
+    configs = batches["in_kernel"][a.candidates:a.candidates + a.evolved_configs] if a.evolved_configs else []
+    cands = {"in_kernel_evolved": _evolved(ev, configs, len(configs), a.candidates) if configs else [],
+             "in_kernel": [Candidate(d) for d in batches["in_kernel"][:a.candidates]],
+             "side_stream": [Candidate(d) for d in batches["side_stream"]]}
+    for kind in [k for k, c in cands.items() if c]:
         t0 = time.perf_counter()
-        verdicts = ev.evaluate_many([Candidate(d) for d in batches[kind]])
+        verdicts = ev.evaluate_many(cands[kind])
         seconds = time.perf_counter() - t0
         local_s += seconds
         entries[kind] = _summary(verdicts, seconds)
-        done += list(zip(batches[kind], verdicts))
+        points = [c.directives for c in cands[kind]]
+        done += list(zip(points, verdicts))
         rows += [{"case": wl.label, "kind": kind, "variant": d.full_name, "status": v.status,
                   "stage": v.stage_reached, "ms": v.time_ms, "baseline_ms": v.baseline_ms,
                   "bound_ms": v.bound_ms, "speedup": v.speedup, "overlap_eff": v.overlap_eff,
                   "gpu_stage_s": v.extra.get("seconds"), "compile_s": v.extra.get("compile_s")}
-                 for d, v in zip(batches[kind], verdicts)]
+                 for d, v in zip(points, verdicts)]
     verify_s = ev.verify_s - verify0
     ev.group.close()
     entries["local"] = _summary([v for _, v in done], local_s)
     entries["local"]["first_candidate_s_with_warm_up"] = round(warm_s, 2)
-    points = [*batches["warm_up"], *(d for d, _ in done)]
+    every = [Candidate(batches["warm_up"][0]), *(c for batch in cands.values() for c in batch)]
     if a.ray:
         from cuco.cluster import RayBackend
         backend = RayBackend(_make_evaluator(a.family, m, n, k, w, workdir / "cache-ray"),
                              problem=wl.problem, hosts=1, actor_options={"num_gpus": w, "num_cpus": 1})
-        backend.evaluate_many([Candidate(points[0])])  # the actor's warm-up, as above
+        backend.evaluate_many(every[:1])  # the actor's warm-up, as above
         t0 = time.perf_counter()
-        remote = backend.evaluate_many([Candidate(d) for d in points[1:]])
+        remote = backend.evaluate_many(every[1:])
         ray_s = time.perf_counter() - t0
         backend.close()
         entries["ray"] = _summary(remote, ray_s)
@@ -136,18 +166,22 @@ def main(argv: list[str] | None = None) -> int:
                                 "candidates_per_min_in_kernel": entries["in_kernel"]["candidates_per_min"],
                                 "candidates_per_min_side_stream": entries["side_stream"]["candidates_per_min"],
                                 "compile_s_per_candidate": entries["in_kernel"]["median_compile_s"],
+                                **({"candidates_per_min_in_kernel_evolved": entries["in_kernel_evolved"]["candidates_per_min"],
+                                    "compile_s_per_candidate_evolved": entries["in_kernel_evolved"]["median_compile_s"],
+                                    "evolved_configs": len(configs)} if configs else {}),
+                                "whole_program": os.environ.get("CUCO_WHOLE_PROGRAM", "") not in ("", "0"),
                                 "cpu_cores": os.cpu_count(),
                                 "verification_overhead": round(verify_s / local_s, 4),
                                 "verify_s": round(verify_s, 2),
                                 "backends": entries})
-    print(f"{'batch':11} {'cands':>5} {'ok':>3} {'s/cand':>7} {'cand/min':>8} {'gpu s':>6} {'compile s':>9}")
+    print(f"{'batch':17} {'cands':>5} {'ok':>3} {'s/cand':>7} {'cand/min':>8} {'gpu s':>6} {'compile s':>9}")
     for name, e in entries.items():
         if isinstance(e, dict):
-            print(f"{name:11} {e['candidates']:5d} {e['scored_ok']:3d} {e['seconds_per_candidate']:7.2f} "
+            print(f"{name:17} {e['candidates']:5d} {e['scored_ok']:3d} {e['seconds_per_candidate']:7.2f} "
                   f"{e['candidates_per_min']:8.1f} {e['median_gpu_stage_s']:6.2f} {e['median_compile_s']:9.2f}")
     for name, e in entries.items():
         if isinstance(e, dict):
-            print(f"{name:11} GPU stages (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in e["median_stage_s"].items()))
+            print(f"{name:17} GPU stages (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in e["median_stage_s"].items()))
     print(f"verification: {verify_s:.1f} s of {local_s:.1f} s ({verify_s / local_s:.1%})")
     print(f"wrote {path}")
     return 0

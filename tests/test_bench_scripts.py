@@ -312,3 +312,25 @@ def test_cp_kernel_rows_and_summary(cpk, tmp_path, monkeypatch):
                          command="python bench/cp_attention_kernel.py")
     doc = json.loads(Path(path).read_text())
     assert doc["commit"] == "abc1234" and doc["summary"]["met"] is True and doc["rows"] == rows
+
+
+def test_evaluator_bench_evolved_candidates_are_distinct_edits_that_pass_the_static_stage():
+    """bench/evaluator.py's evolved batch (#39): each candidate is its configuration's template
+    with one block body edited, a source of its own (no cache hit), which the evaluator's
+    static stage accepts as an edit; candidates cycle over the configurations."""
+    from cuco.evaluate import Evaluator
+    from cuco.kernels import Compiler
+    from cuco.workloads import get
+    bench = load("evaluator")
+    wl = get("gemm_allreduce")(m=8192, n=8192, k=8192, world_size=1)
+    ev = Evaluator(wl, group=None, compiler=Compiler(arch="sm_90a"))
+    points = bench._candidates(wl.problem, 4, seed=0)["in_kernel"][4:6]
+    cands = bench._evolved(ev, points, 2, 4)
+    assert [c.directives for c in cands] == [points[0], points[1], points[0], points[1]]
+    assert len({c.source for c in cands}) == 4
+    for c in cands:
+        template = ev.template(ev.problem, c.directives)[0]
+        assert c.source != template
+        fail, prepared = ev.prepare(c)
+        assert fail is None, fail
+        assert prepared["source"] == c.source
