@@ -334,3 +334,26 @@ def test_evaluator_bench_evolved_candidates_are_distinct_edits_that_pass_the_sta
         fail, prepared = ev.prepare(c)
         assert fail is None, fail
         assert prepared["source"] == c.source
+
+
+def test_link_vs_whole_compares_each_point_and_each_cases_best(tmp_path):
+    """bench/link_vs_whole.py (#39's 1 % rule): per (case, point) and per case's best, the
+    separately compiled time over the whole-program one; a file of another device is refused."""
+    bench = load("link_vs_whole")
+    def doc(device, cuco, best, lib):
+        return {"bench": "g", "created": "t", "command": "c", "commit": "abc1234", "device": device,
+                "world_size": 1, "emulated": False,
+                "rows": [{"case": "gemm/M64/bf16", "cuco": cuco, "ms": best, "baseline_ms": lib}]}
+    sep = doc("1 x NVIDIA H200", {"a": 1.02, "b": 2.0}, 1.02, 1.0)
+    whole = doc("1 x NVIDIA H200", {"a": 1.0, "b": 2.0, "c": 3.0}, 1.0, 1.01)
+    rows, summary = bench.compare(sep, whole)
+    assert [(r["point"], r["ratio"]) for r in rows] == [("a", 1.02), ("b", 1.0)]
+    assert summary["best_per_case_max"] == 1.02 and summary["met"] is False
+    assert summary["library_noise"] == [0.9901, 0.9901]
+    (tmp_path / "s.json").write_text(json.dumps(sep))
+    (tmp_path / "w.json").write_text(json.dumps({**whole, "device": "1 x NVIDIA H100"}))
+    assert bench.main([str(tmp_path / "s.json"), str(tmp_path / "w.json"), "--out-dir", str(tmp_path)]) == 2
+    (tmp_path / "w.json").write_text(json.dumps(whole))
+    assert bench.main([str(tmp_path / "s.json"), str(tmp_path / "w.json"), "--out-dir", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "gemm_link_vs_whole.json").read_text())
+    assert out["commit"] == "abc1234" and out["summary"]["points"] == 2
