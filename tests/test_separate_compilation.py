@@ -196,3 +196,18 @@ def test_concurrent_builders_in_two_processes_share_one_frozen_unit(tmp_path):
     for o in outs:
         assert ctypes.CDLL(o["path"]).cuco_fused_smem_bytes() > 0
     assert not list(cache.glob("*.tmp")) and not list(cache.glob("cuco-nvcc-*"))
+
+
+@needs_jitlink
+def test_a_body_that_only_the_whole_build_compiles_falls_back_to_it(tmp_path):
+    """A body may name a constant macro the CUTLASS headers define (the macro check reads the
+    whole device pass), which the candidate's unit, with its light includes, does not see: the
+    build falls back to the one-unit build instead of refusing a kernel that compiles."""
+    ks = source_of(placement="epilogue", comm_warps=3)
+    src, needs = edited(ks.source, "CUTLASS_DEBUG_TRACE_LEVEL"), tuple(sorted(set(ks.needs)))
+    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    assert comp.separate(src, needs)
+    built = comp.compile(src, needs=needs, name="falls_back")
+    whole = Compiler(arch="sm_90a", cache_dir=tmp_path, whole_program=True)
+    assert built.key == whole.cache_key(src, needs, "launcher")
+    assert whole.compile(src, needs=needs, name="again").cached

@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -426,7 +426,13 @@ class Compiler:
             cubin = Path(tmp) / ("out.so" if kind == "launcher" else "out.cubin")
             nvcc = str(toolchain.find_nvcc())
             if split:
-                log = self._build_separate(src, source, host, needs, cubin)
+                try:
+                    log = self._build_separate(src, source, host, needs, cubin)
+                except CompileError:
+                    # the candidate's unit sees only its light includes (a body may name a
+                    # macro the CUTLASS headers define, which the macro check allows): the
+                    # one-unit build decides, and a real error is reported as that build's
+                    return replace(self, whole_program=True).compile(source, needs=needs, name=name)
             elif kind == "launcher":  # peers are reached through pointers: no NVSHMEM device link
                 log = self._build_launcher(src, host, needs, cubin)
             elif "nvshmem" in needs:
