@@ -399,3 +399,28 @@ def test_a_program_less_accurate_than_the_host_program_is_wrong_by_its_host_comp
     records["v1"].rel_l2_error = 0.9
     apply_accuracy_rule(records, "bf16")
     assert records["v1"].correct
+
+
+def test_a_trusted_programs_output_and_its_scratch_are_scrubbed_once_verified():
+    """Issue #36: a host program's output is a right answer and its buffers between steps (a
+    GEMM's partial product, the gathered operand) hold part of one: both are poisoned as soon
+    as the call is verified; a candidate's are not touched (its next call's poison does that)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cuco.evaluate.programs import Program
+    from cuco.evaluate.verification import Verification
+    from cuco.workloads.base import in_order
+
+    out, part, other = np.ones(4), np.ones(4), np.ones(4)
+    run = in_order(lambda: None, output=out, scratch=(part,))
+    assert run.scratch == (part,)
+    poisoned = []
+    call = SimpleNamespace(input_set=0, poison=SimpleNamespace(apply=lambda b: poisoned.append(b)))
+    host = Program([run], [out], scrub=True, scratch=[run.scratch])
+    Verification.scrub(call, host)
+    assert [id(b) for b in poisoned] == [id(out), id(part)]
+    poisoned.clear()
+    Verification.scrub(call, Program([run], [other]))  # a fused variant: scrub=False
+    assert poisoned == []

@@ -241,8 +241,7 @@ class Verification:
         rec.guards_intact = rec.guards_intact and intact
         if not (got["correct"] and intact):
             self.failures.setdefault(call.program, []).append((idx, call, got["bad_elements"]))
-        if prog.scrub:
-            call.poison.apply(out)
+        self.scrub(call, prog)
         s.synchronize()
         self.check_s += time.perf_counter() - t0
 
@@ -287,10 +286,19 @@ class Verification:
         sums.fill(0)
         count_bad_async(prog.outputs[call.input_set], st.ref, self.dtype, self.rtol, st.atol, slot, s, stats=sums)
         tag_tally_async(slot, sums, idx, self.tally_key, self.tags[idx:idx + 1], s)
-        if prog.scrub:
-            call.poison.apply(prog.outputs[call.input_set])
+        self.scrub(call, prog)
         v1.record(s)
         self.verify_marks.append((v0, v1))
+
+    @staticmethod
+    def scrub(call: Call, prog: Program) -> None:
+        """A trusted program's output is a right answer, and so are its buffers between steps:
+        poisoned as soon as the call is verified, so no kernel finds them between calls."""
+        if not prog.scrub:
+            return
+        call.poison.apply(prog.outputs[call.input_set])
+        for buf in prog.scratch[call.input_set] if prog.scratch else ():
+            call.poison.apply(buf)
 
     def tally(self, schedule: list[Call]) -> None:
         """The device counts of every call not checked on the host, into the records; a call

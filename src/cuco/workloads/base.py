@@ -285,17 +285,20 @@ class Workload(ABC):
 REGISTRY: dict[str, type[Workload]] = {}
 
 
-def in_order(*calls: Callable[[], None], output, keep: tuple = ()) -> Callable[[], None]:
+def in_order(*calls: Callable[[], None], output, keep: tuple = (), scratch: tuple = ()) -> Callable[[], None]:
     """One host program: ``calls`` enqueued one after the other; ``output`` is where its
     result lands (the job checks that buffer). ``keep``: buffers the calls reach only by
     address (a bound GEMM takes pointers; a bound collective holds its own buffers); they
     live as long as the program, since a buffer freed at bind time goes back to the pool and
-    every call would write the next allocation (another program's output, its guard pages)."""
+    every call would write the next allocation (another program's output, its guard pages).
+    ``scratch``: buffers between its steps that hold part of the answer (a GEMM's partial
+    product, the gathered operand), poisoned with the output once a call is verified."""
     def run() -> None:
         for call in calls:
             call()
     run.output = output  # type: ignore[attr-defined]
     run.keepalive = (calls, keep)  # type: ignore[attr-defined]
+    run.scratch = tuple(scratch)  # type: ignore[attr-defined]
     return run
 
 

@@ -39,7 +39,7 @@ from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes, torch_bridge
-from cuco.runtime.arena import ArenaLayout, arena_view
+from cuco.runtime.arena import ArenaLayout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
 from cuco.workloads.base import EPS, Buffers, Runner, register
@@ -361,6 +361,7 @@ class CPAttention(PipelineWorkload):
             self._gather(ctx, inputs["k"], inputs["v"], kg, vg)
             attend(ctx.stream, self.items, inputs["q"], out, slots, me=ctx.rank,
                    world=self.world_size, chunk=self.chunk)
+        run.scratch = (kg, vg)  # every rank's K/V: scrubbed once verified (in_order's scratch)
         return run
 
     def compute_only(self, ctx, inputs: Buffers):
@@ -440,6 +441,7 @@ class CPAttention(PipelineWorkload):
                     rows = slice(half * c, (half + 1) * c)
                     o[:, :, rows].copy_(fa(q[:, :, rows], ks[:, :, :end], vs[:, :, :end], 0.0, True,
                                            False)[0])
+        run.scratch = (kg, vg)
         return run
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:

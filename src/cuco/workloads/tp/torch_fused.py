@@ -39,15 +39,21 @@ def peer(ctx, pattern: TPPattern, inputs: Buffers, out, dtype: str) -> Peer:
         def call() -> None:
             with torch.cuda.stream(stream):
                 got[:] = [op(a, b, "sum", 0, group)]
-    else:  # allgather_gemm: Y_r = allgather_rows(X_s) @ W_r
+    else:  # allgather_gemm: Y_r = allgather_rows(X_s) @ W_r; the op returns the gathered X too
         def call() -> None:
             with torch.cuda.stream(stream):
-                got[:] = [op(a, [b], 0, group)[1][0]]
+                gathered, (y,) = op(a, [b], 0, group)
+                got[:] = [y, gathered]
 
     dst = torch_bridge.tensor(out, dtype, (out.size,))
 
     def settle() -> None:
-        """The op's result into the checked output, after the timed call."""
+        """The op's result into the checked output, after the timed call; then every tensor
+        it returned is poisoned before torch's allocator takes it back (a right answer, and
+        the gathered operand, must not lie in memory a candidate may find)."""
         with torch.cuda.stream(stream):
-            dst.copy_(got.pop().reshape(-1))
+            dst.copy_(got[0].reshape(-1))
+            for t in got:
+                t.fill_(float("nan"))
+            got.clear()
     return Peer(call, out, settle)

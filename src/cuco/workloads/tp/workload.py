@@ -477,7 +477,7 @@ class GemmReduceScatter(_RowParallel):
         src = coll.buffer(ctx, "send", dtypes.empty(m * n, self.dtype))
         dst = coll.buffer(ctx, "recv", out)
         return in_order(gemm_choice.bind(_ptr(inputs["x"]), _ptr(inputs["w"]), _ptr(src)),
-                         coll.bind(ctx, src, dst), output=dst)
+                         coll.bind(ctx, src, dst), output=dst, scratch=(src,))
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, kl = self.local_gemm()
@@ -489,6 +489,7 @@ class GemmReduceScatter(_RowParallel):
             gemm(x, w, t, m, n, kl, self.dtype, ctx.stream)
             ctx.comm.reduce_scatter(t, o, count, self.dtype, ctx.stream.ptr)
         run.keepalive = tmp  # type: ignore[attr-defined]
+        run.scratch = (tmp,)  # type: ignore[attr-defined]
         return run
 
     def comm_only(self, ctx, inputs: Buffers):
@@ -528,7 +529,8 @@ class AllGatherGemm(GemmWorkload):
         m, n, k = self.local_gemm()
         full = coll.buffer(ctx, "recv", dtypes.empty(m * k, self.dtype))
         return in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full),
-                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out)
+                         gemm_choice.bind(_ptr(full), _ptr(inputs["w"]), _ptr(out)), output=out,
+                         scratch=(full,))
 
     def host_sequence_default(self, ctx, inputs: Buffers, out):
         m, n, k = self.local_gemm()
@@ -540,6 +542,7 @@ class AllGatherGemm(GemmWorkload):
             ctx.comm.all_gather(x, f, count, self.dtype, ctx.stream.ptr)
             gemm(f, w, o, m, n, k, self.dtype, ctx.stream)
         run.keepalive = full  # type: ignore[attr-defined]
+        run.scratch = (full,)  # type: ignore[attr-defined]
         return run
 
     def gemm_only(self, ctx, inputs: Buffers):
