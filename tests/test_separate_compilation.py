@@ -198,6 +198,7 @@ def test_concurrent_builders_in_two_processes_share_one_frozen_unit(tmp_path):
     assert not list(cache.glob("*.tmp")) and not list(cache.glob("cuco-nvcc-*"))
 
 
+@pytest.mark.slow
 @needs_jitlink
 def test_a_body_that_only_the_whole_build_compiles_falls_back_to_it(tmp_path):
     """A body may name a constant macro the CUTLASS headers define (the macro check reads the
