@@ -103,6 +103,8 @@ step_command() {
     trace_moe|trace_kv_transfer|trace_cp_attention)
                      echo "python3 bench/pipeline_trace.py --only ${1#trace_} --variants ${TRACE_VARIANTS:-0} --limit 20" ;;
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
+    # issue #39's file: one GPU, the evolved batch at steady state (its configurations built first)
+    evaluator_w1)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1 --candidates 24 --warm-configs $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;
     tp_block)        echo "python3 bench/tp_block.py --budget 4 $R" ;;
