@@ -540,20 +540,8 @@ class Compiler:
         configuration; a file lock makes concurrent first builds wait for one."""
         needs = tuple(sorted(set(needs)))
         key = self.cache_key(text, needs, "frozen-ltoir", (f"-D{PART_FROZEN}", *defines))
-        out = self.cache_dir / f"frozen-{key}.ltoir"
-        if out.exists():
-            return out
-        with FileLock(str(out) + ".lock"):
-            if out.exists():
-                return out
-            with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
-                src = Path(tmp) / "frozen.cu"
-                src.write_text(text)
-                unit = Path(tmp) / "frozen.ltoir"
-                self._run([str(toolchain.find_nvcc()), *self.base_flags(needs, lto=True), "-rdc=true", "-ltoir",
-                           f"-D{PART_FROZEN}", *defines, str(src), "-o", str(unit)])
-                _publish(unit, out)
-        return out
+        return self._built_once(self.cache_dir / f"frozen-{key}.ltoir", "frozen.cu", text,
+                                [*self.base_flags(needs, lto=True), "-rdc=true", "-ltoir", f"-D{PART_FROZEN}", *defines])
 
     def launcher_host(self, host: str, needs: Sequence[str]) -> Path:
         """The object file of a launcher's host part (:func:`launcher_host_part`), built once
@@ -562,19 +550,23 @@ class Compiler:
         a build of CUTLASS's host templates that takes as long as the kernel's."""
         needs = tuple(sorted(set(needs)))
         key = self.cache_key(host, needs, "launcher-host")
-        out = self.cache_dir / f"launcher-host-{key}.o"
+        return self._built_once(self.cache_dir / f"launcher-host-{key}.o", "launcher_host.cu", host,
+                                [*self.base_flags(needs), "-Xcompiler", "-fPIC", "-c"])
+
+    def _built_once(self, out: Path, file_name: str, text: str, flags: list[str]) -> Path:
+        """``out``: ``text`` (as ``file_name``) built by nvcc with ``flags`` unless a build is
+        there; a file lock beside it makes concurrent first builds (threads, and processes
+        sharing the cache) wait for one, and the build is published whole (atomic rename)."""
         if out.exists():
             return out
         with FileLock(str(out) + ".lock"):
             if out.exists():
                 return out
             with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
-                src = Path(tmp) / "launcher_host.cu"
-                src.write_text(host)
-                obj = Path(tmp) / "out.o"
-                self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-Xcompiler", "-fPIC",
-                           "-c", str(src), "-o", str(obj)])
-                _publish(obj, out)
+                src, built = Path(tmp) / file_name, Path(tmp) / ("built" + out.suffix)
+                src.write_text(text)
+                self._run([str(toolchain.find_nvcc()), *flags, str(src), "-o", str(built)])
+                _publish(built, out)
         return out
 
     def compile_many(self, sources: Sequence[tuple[str, str, Sequence[str]]], *,

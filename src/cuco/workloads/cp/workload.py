@@ -28,6 +28,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -436,17 +437,24 @@ class CPAttention(PipelineWorkload):
         t = t.view(torch.bfloat16 if self.dtype == "bf16" else torch.float16)
         return t.view(1, rows, s.heads, s.head_dim).transpose(1, 2)
 
-    def torch_flash(self, ctx, inputs: Buffers, out):
+    def _torch_program(self, ctx, inputs: Buffers, out):
+        """What a torch host program works on: the gathered K/V (``kg``, ``vg``: scratch, as
+        torch [1, H, S, D] views ``kt``, ``vt``), each gathered token's place in the sequence
+        (``order``), Q and the output as views, and the job's stream."""
         torch = _torch()
-        s, w, c = self.shape, self.world_size, self.chunk
         n = self.shard * self.row_elems
-        kg = dtypes.empty(w * n, self.dtype)
-        vg = dtypes.empty(w * n, self.dtype)
-        # gathered token index of every global position: sequence order
-        order = torch.as_tensor(np.argsort(self.key_positions()), device="cuda")
-        kt, vt = self._bhsd(kg, s.seq), self._bhsd(vg, s.seq)
-        q, o = self._bhsd(inputs["q"], self.shard), self._bhsd(out, self.shard)
-        stream = torch.cuda.ExternalStream(ctx.stream.ptr)
+        kg = dtypes.empty(self.world_size * n, self.dtype)
+        vg = dtypes.empty(self.world_size * n, self.dtype)
+        return SimpleNamespace(
+            torch=torch, kg=kg, vg=vg, kt=self._bhsd(kg, self.shape.seq), vt=self._bhsd(vg, self.shape.seq),
+            order=torch.as_tensor(np.argsort(self.key_positions()), device="cuda"),
+            q=self._bhsd(inputs["q"], self.shard), o=self._bhsd(out, self.shard),
+            stream=torch.cuda.ExternalStream(ctx.stream.ptr))
+
+    def torch_flash(self, ctx, inputs: Buffers, out):
+        t = self._torch_program(ctx, inputs, out)
+        torch, s, w, c = t.torch, self.shape, self.world_size, self.chunk
+        kg, vg, order, kt, vt, q, o, stream = t.kg, t.vg, t.order, t.kt, t.vt, t.q, t.o, t.stream
         fa = torch.ops.aten._scaled_dot_product_flash_attention
 
         def run():
@@ -469,15 +477,9 @@ class CPAttention(PipelineWorkload):
         causal mask is aligned top-left, so each causal query half is two calls, the earlier
         chunks in full and its own chunk causal, merged by their log-sum-exps in fp32 (torch
         ops: what a user of torch writes)."""
-        torch = _torch()
-        s, w, c = self.shape, self.world_size, self.chunk
-        n = self.shard * self.row_elems
-        kg = dtypes.empty(w * n, self.dtype)
-        vg = dtypes.empty(w * n, self.dtype)
-        order = torch.as_tensor(np.argsort(self.key_positions()), device="cuda")
-        kt, vt = self._bhsd(kg, s.seq), self._bhsd(vg, s.seq)
-        q, o = self._bhsd(inputs["q"], self.shard), self._bhsd(out, self.shard)
-        stream = torch.cuda.ExternalStream(ctx.stream.ptr)
+        t = self._torch_program(ctx, inputs, out)
+        torch, s, w, c = t.torch, self.shape, self.world_size, self.chunk
+        kg, vg, order, kt, vt, q, o, stream = t.kg, t.vg, t.order, t.kt, t.vt, t.q, t.o, t.stream
         cu = torch.ops.aten._scaled_dot_product_cudnn_attention
 
         def attend(qq, kk, vv, causal):
