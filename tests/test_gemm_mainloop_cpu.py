@@ -19,7 +19,7 @@ from cuco.kernels.tp import MAINLOOPS, Mainloop, default_mainloop, in_kernel, k_
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "results" / "gemm_mainloop.json"
 #: the commit before split-K and 64-row tiles: every kernel without them renders as it did there
-BEFORE = "6d00761"
+BEFORE = "28075e9"  # the last commit before split-K (6d00761 and separate compilation, #39)
 
 
 def load_bench():
