@@ -47,8 +47,8 @@ from cuco import results
 from cuco.design import Directives, GemmProblem
 from cuco.errors import run_script
 from cuco.kernels import Compiler, KernelSource
-from cuco.kernels.compiler import (frozen_text, is_launcher, launcher_host_part, layout_defines,
-                                   source_file_name)
+from cuco.kernels.compiler import source_file_name
+from cuco.kernels.launcher_source import frozen_text, is_launcher, launcher_host_part, layout_defines
 from cuco.kernels.tp import in_kernel, render_tp
 
 BIG = dict(m=8192, n=8192, k=8192, world_size=2)

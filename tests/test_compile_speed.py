@@ -16,9 +16,9 @@ import pytest
 from cuco.design import GemmProblem
 from cuco.errors import CompileError
 from cuco.kernels import Compiler, render
-from cuco.kernels.compiler import (HOST_BEGIN, HOST_END, HOST_ONLY_BEGIN, HOST_ONLY_END, LAUNCHER_PARTS,
-                                   device_code, is_launcher, launcher_device_part, launcher_host_part,
-                                   source_file_name)
+from cuco.kernels.compiler import device_code, source_file_name
+from cuco.kernels.launcher_source import (HOST_BEGIN, HOST_END, HOST_ONLY_BEGIN, HOST_ONLY_END, LAUNCHER_PARTS,
+                                          is_launcher, launcher_device_part, launcher_host_part)
 from cuco.kernels.toolchain import find_nvcc
 from cuco.kernels.tp import in_kernel, render_tp
 from cuco.workloads.catalog import representative

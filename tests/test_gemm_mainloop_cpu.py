@@ -109,7 +109,7 @@ def test_kernels_without_the_new_values_render_the_device_code_they_did():
     pytest.importorskip("jinja2")
     import importlib
     from cuco.benchmarks.kernels_at import kernels_at, rendering_from
-    from cuco.kernels.compiler import launcher_device_part
+    from cuco.kernels.launcher_source import launcher_device_part
     spec = importlib.util.spec_from_file_location("kernel_identity", ROOT / "bench" / "kernel_identity.py")
     ki = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ki)

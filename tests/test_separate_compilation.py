@@ -17,8 +17,9 @@ import pytest
 
 from cuco.design import Directives, GemmProblem
 from cuco.kernels import Compiler, evolve, jitlink
-from cuco.kernels.compiler import (PART_CANDIDATE, PART_FROZEN, device_code, frozen_text, launcher_device_part,
-                                   layout_defines, layout_names, read_layout, separable)
+from cuco.kernels.compiler import device_code
+from cuco.kernels.launcher_source import (PART_CANDIDATE, PART_FROZEN, frozen_text, launcher_device_part,
+                                          layout_defines, layout_names, read_layout, separable)
 from cuco.kernels.tp import in_kernel, render_tp
 
 AR = GemmProblem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=2)
@@ -164,7 +165,6 @@ def test_concurrent_builders_in_two_processes_share_one_frozen_unit(tmp_path):
     script = textwrap.dedent("""
         import json, sys
         from cuco.kernels import Compiler
-        from cuco.kernels.compiler import PART_FROZEN
         class C(Compiler):
             def __post_init__(self):
                 super().__post_init__(); self.commands = []

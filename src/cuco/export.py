@@ -34,7 +34,7 @@ from cuco.db.candidate_db import EVIDENCE, best_first
 from cuco.design import Directives, Problem, check_count, make_problem, problem_from_dict
 from cuco.errors import CucoError
 from cuco.kernels import Compiler, toolchain
-from cuco.kernels.compiler import is_launcher
+from cuco.kernels.launcher_source import is_launcher
 
 #: 2: the in-kernel launcher lost its check-only stress argument (an artifact of version 1 would
 #: read garbage for it)

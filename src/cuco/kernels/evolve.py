@@ -125,7 +125,7 @@ def body_violations(body: str) -> list[str]:
     of that scope: if it could close the scope (and the function around it), open a comment
     or a string that swallows frozen code, define a macro, or declare globals and host code,
     it would change what the frozen code means (a candidate's code goes through nvcc's device
-    pass only: a launcher's host part may hold no block, :func:`cuco.kernels.compiler.launcher_host_part`).
+    pass only: a launcher's host part may hold no block, :func:`cuco.kernels.launcher_source.launcher_host_part`).
     So: comments, read as the compiler reads them, must close
     in the body, no string or character literals, no preprocessor line or line continuation
     (not even in a comment), no control characters, digraphs, trigraphs, backslashes

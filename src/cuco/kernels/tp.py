@@ -25,7 +25,7 @@ from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels import fused_launch
-from cuco.kernels.compiler import LAUNCHER_PARTS
+from cuco.kernels.launcher_source import LAUNCHER_PARTS
 from cuco.kernels.render import CTYPES, render
 
 THREADS = 512

@@ -97,7 +97,7 @@ class WorkerContext:
         return mod.get_function(name)
 
     def launcher(self, path: str | Path):
-        """A fused kernel built as a shared object (:func:`cuco.kernels.compiler.is_launcher`),
+        """A fused kernel built as a shared object (:func:`cuco.kernels.launcher_source.is_launcher`),
         loaded once per process; its module is loaded now (``cuco_fused_setup``), never
         first inside a call while a peer's kernel spins."""
         key = str(path)
@@ -108,7 +108,7 @@ class WorkerContext:
 
 
 def load_launcher(path: str | Path, device: int):
-    """A fused kernel's shared object (:func:`cuco.kernels.compiler.is_launcher`) as a ctypes
+    """A fused kernel's shared object (:func:`cuco.kernels.launcher_source.is_launcher`) as a ctypes
     library with ``cuco_fused_launch``'s signature declared (the table
     :data:`cuco.kernels.fused_launch.ARGS`: call it with ``fused_launch.pack(...)``), its
     module loaded on ``device``."""

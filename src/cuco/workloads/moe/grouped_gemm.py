@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cuco.kernels.collectives import KernelSource
-from cuco.kernels.compiler import LAUNCHER_PARTS
+from cuco.kernels.launcher_source import LAUNCHER_PARTS
 from cuco.kernels.render import render
 
 #: The configuration built (one compile serves every shape): cooperative 128x128x64 tiles.
