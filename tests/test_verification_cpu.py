@@ -424,3 +424,20 @@ def test_a_trusted_programs_output_and_its_scratch_are_scrubbed_once_verified():
     poisoned.clear()
     Verification.scrub(call, Program([run], [other]))  # a fused variant: scrub=False
     assert poisoned == []
+
+
+def test_a_wrong_first_launch_is_the_programs_first_failure():
+    """Issue #36: each program's first launch of a timing job (the device idle around it) is
+    judged too, before every call of the schedule: a program wrong there is wrong, and its
+    verdict names that launch, whatever else fails later."""
+    from cuco.evaluate.schedule import Call
+    from cuco.evaluate.verification import FIRST_LAUNCH, mark_first_failures
+    from cuco.runtime.records import ProgramRecord
+
+    first = Call("v", FIRST_LAUNCH, 0, checked=True, timed=False)
+    later = Call("v", 3, 1, checked=False, timed=True)
+    records = {"v": ProgramRecord()}
+    mark_first_failures(records, {"v": [(7, later, 5), (-1, first, 12)]}, rank=1)
+    rec = records["v"]
+    assert not rec.correct
+    assert (rec.failed_call.iteration, rec.failed_call.bad_elements, rec.failed_call.rank) == (FIRST_LAUNCH, 12, 1)

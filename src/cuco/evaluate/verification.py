@@ -38,6 +38,10 @@ from cuco.runtime.sealed import KEY_BITS
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS
 
+#: The iteration a program's first launch reports when it is wrong (it comes before every
+#: call of the schedule: :meth:`Verification.first_launches`).
+FIRST_LAUNCH = -1_000_000
+
 #: CUCO_TRACE_CALLS=1: each rank names every call on stderr before making it (which call a
 #: hung job was in)
 TRACE_CALLS = os.environ.get("CUCO_TRACE_CALLS", "") not in ("", "0")
@@ -142,15 +146,16 @@ def check_streams(ctx, dtype: str):
     return hog_stream
 
 
-def bound_halves(ctx, job: ScheduledJob, programs: dict[str, Program],
-                 extras: dict[str, Callable[[], Callable[[], None]]]) -> dict[str, Callable[[], None]]:
+def bound_halves(ctx, job: ScheduledJob, extras: dict[str, Callable[[], Callable[[], None]]]
+                 ) -> dict[str, Callable[[], None]]:
     """A timing job's only-timed programs (the halves of the bound), made on the job's
-    stream, and every program's first launch alone (:func:`first_launches_alone`)."""
+    stream, each launched once alone (:func:`first_launches_alone`; the verified programs'
+    first launches are :meth:`Verification.first_launches`)."""
     if not job.time:
         return {}
     with ctx.stream:  # their buffers are made on the job's stream, ordered with every call
         fns = {name: make() for name, make in extras.items()}
-        first_launches_alone(ctx, [p.calls[0] for p in programs.values()] + list(fns.values()))
+        first_launches_alone(ctx, list(fns.values()))
     return fns
 
 
@@ -177,6 +182,35 @@ class Verification:
         #: the key of this job's tally tags: a kernel argument of each tag kernel, nowhere in
         #: device memory (:func:`cuco.runtime.checking.tag_tally_async`)
         self.tally_key = secrets.randbits(KEY_BITS)
+
+    def first_launches(self) -> None:
+        """Each verified program's first launch alone (:func:`first_launches_alone`'s reasons:
+        the device idle around it), on input set 0, judged like a checked call though neither
+        counted nor timed: its output and arena poisoned first, compared in full after. The
+        job's first epoch tells a kernel which launch is its first, so a launch left unjudged
+        could do what no call may."""
+        import random
+
+        import cupy
+        s, st = self.ctx.stream, self.sets[0]
+        rng = random.Random(secrets.randbits(64))
+        with s:
+            tick = cupy.ones(1, dtype=cupy.float32)
+            p = int(tick.data.ptr)
+            for name, prog in self.programs.items():
+                call = Call(name, FIRST_LAUNCH, 0, checked=True, timed=False,
+                            poison=dtypes.Poison.draw(rng, self.dtype))
+                self.poison(call, prog)
+                self.ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr)  # the ranks together
+                prog.calls[0]()
+                if prog.settle:
+                    prog.settle[0]()
+                s.synchronize()
+                got = compare(prog.outputs[0], st.ref, self.dtype, self.rtol, st.atol)
+                if not got["correct"]:
+                    self.failures.setdefault(name, []).append((-1, call, got["bad_elements"]))
+                self.scrub(call, prog)
+                s.synchronize()
 
     def run(self, schedule: list[Call], fns: dict[str, Callable[[], None]]) -> None:
         """Every call in the schedule's order, on the job's stream; the device counts of the
@@ -401,11 +435,13 @@ def judge(ctx, job: ScheduledJob, programs: dict[str, Program], extras: dict[str
     (:func:`cuco.runtime.peaks.physical_floor_ms`), reported with every program."""
     import cupy
     hog_stream = check_streams(ctx, dtype)
-    fns = bound_halves(ctx, job, programs, extras)
+    fns = bound_halves(ctx, job, extras)
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     schedule = job_schedule(job, {n: p.shares for n, p in programs.items()}, list(fns),
                             world_size=ctx.world_size, sms=sms, dtype=dtype, n_sets=len(sets))
     v = Verification(ctx, job, programs, sets, rtol, dtype, layout, floor_ms, hog_stream)
+    if job.time:  # a check-only schedule waits after every call: no launch needs to go first
+        v.first_launches()
     v.run(schedule, fns)
     v.tally(schedule)
     v.first_failures()
