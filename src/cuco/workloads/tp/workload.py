@@ -553,6 +553,15 @@ class AllGatherGemm(GemmWorkload):
         return in_order(lambda: gemm(f, w, o, m, n, k, self.dtype, ctx.stream), output=out, keep=(full,))
 
     def comm_only(self, ctx, inputs: Buffers):
+        """The all-gather alone, of random rows the size of X's shard: gathering X itself
+        would leave an input set's gathered operand in memory for the whole job, where a
+        candidate could read it instead of moving it (as every other half of a bound does)."""
         coll = self.host_parts(ctx)[1]
+        size = inputs["x"].size
+        # one per worker and size: a registered collective keeps a window per buffer it sends
+        key = ("comm_only_shard", size, self.dtype)
+        if key not in ctx.scratch:
+            ctx.scratch[key] = dtypes.random(size, self.dtype, 17 + ctx.rank)
+        shard = ctx.scratch[key]
         full = coll.buffer(ctx, "recv", dtypes.empty(self.m * self.k, self.dtype))
-        return in_order(coll.bind(ctx, coll.holding(ctx, inputs["x"]), full), output=full)
+        return in_order(coll.bind(ctx, coll.holding(ctx, shard), full), output=full)
