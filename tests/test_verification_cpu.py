@@ -418,7 +418,7 @@ def test_a_trusted_programs_output_and_its_scratch_are_scrubbed_once_verified():
     assert run.scratch == (part,)
     poisoned = []
     call = SimpleNamespace(input_set=0, poison=SimpleNamespace(apply=lambda b: poisoned.append(b)))
-    host = Program([run], [out], scrub=True, scratch=[run.scratch])
+    host = Program([run], [out], scrub=True)
     Verification.scrub(call, host)
     assert [id(b) for b in poisoned] == [id(out), id(part)]
     poisoned.clear()

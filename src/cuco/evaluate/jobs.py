@@ -124,9 +124,8 @@ class Case:
         programs = {HOST: host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets, elems, wl.dtype)}
         per_set = [wl.baselines(ctx, st.inputs) if self.baselines else {} for st in sets]
         for name in per_set[0]:
-            calls = [b[name][0] for b in per_set]
-            programs[name] = Program(calls, [b[name][1] for b in per_set], scrub=True,  # right answers too
-                                     scratch=[tuple(getattr(c, "scratch", ())) for c in calls])
+            programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set],
+                                     scrub=True)  # the other host programs: right answers too
         if self.peers:
             programs.update(peer_programs(wl, ctx, sets, elems))
         for v in self.variants:

@@ -135,9 +135,6 @@ class Program:
     #: library's) output is a right answer, which a candidate reading memory it was not
     #: given must not find lying there between calls
     scrub: bool = False
-    #: per set, a host program's buffers between its steps that hold part of the answer (its
-    #: callable's ``scratch``), scrubbed with the output
-    scratch: list[tuple] = field(default_factory=list)
 
 
 def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[InputSet], elems: int,
@@ -148,8 +145,7 @@ def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[
     out, outer = guarded_output(elems, dtype)
     calls = [make(st.inputs, out) for st in sets]
     outputs = [getattr(c, "output", out) for c in calls]
-    return Program(calls, outputs, outer if all(o is out for o in outputs) else (), scrub=True,
-                   scratch=[tuple(getattr(c, "scratch", ())) for c in calls])
+    return Program(calls, outputs, outer if all(o is out for o in outputs) else (), scrub=True)
 
 
 def peer_programs(wl: Workload, ctx, sets: list[InputSet], elems: int) -> dict[str, Program]:

@@ -326,12 +326,13 @@ class Verification:
 
     @staticmethod
     def scrub(call: Call, prog: Program) -> None:
-        """A trusted program's output is a right answer, and so are its buffers between steps:
-        poisoned as soon as the call is verified, so no kernel finds them between calls."""
+        """A trusted program's output is a right answer, and so are its buffers between steps
+        (its call's ``scratch``: :func:`~cuco.workloads.base.in_order`): poisoned as soon as
+        the call is verified, so no kernel finds them between calls."""
         if not prog.scrub:
             return
         call.poison.apply(prog.outputs[call.input_set])
-        for buf in prog.scratch[call.input_set] if prog.scratch else ():
+        for buf in getattr(prog.calls[call.input_set], "scratch", ()):
             call.poison.apply(buf)
 
     def tally(self, schedule: list[Call]) -> None:
