@@ -76,6 +76,16 @@ def tensor_at(ptr: int, shape: tuple[int, ...], dtype: str):
     return t.view(getattr(torch, TORCH_DTYPES[dtype]))
 
 
+def on_current_device():
+    """torch, its current device made CuPy's (the worker's GPU, not ``cuda:0``)."""
+    import cupy
+    import torch
+    dev = cupy.cuda.Device().id
+    if torch.cuda.current_device() != dev:
+        torch.cuda.set_device(dev)
+    return torch
+
+
 def stream(ctx):
     """torch's view of the job's stream (``ctx.stream``), made once per worker."""
     import torch

@@ -250,7 +250,7 @@ class LibraryRunner(FusedCall):
         if why is not None:
             raise EnvironmentProblem(f"core={d.core.value} calls PyTorch's attention per phase: {why}")
         self._setup(ctx, wl, d, cubin, arena, inputs, out)
-        _torch_device()
+        torch_bridge.on_current_device()
         s = wl.shape
         shape = (wl.shard, s.heads, s.head_dim)
         self.plan = phase_plan(ctx.rank, wl.world_size, s.causal)
@@ -314,7 +314,7 @@ def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int]
     ``vbases[p]``): every phase's calls, then the merge into ``out``, on ``ctx.stream``."""
     from cuco.runtime import torch_bridge
     import torch
-    _torch_device()
+    torch_bridge.on_current_device()
     s = wl.shape
     shape = (wl.shard, s.heads, s.head_dim)
     view = (lambda ptr: torch_bridge.tensor_at(ptr, shape, wl.dtype))
@@ -335,12 +335,3 @@ def fastest(runs: dict, stream, iters: int = 3):
     from cuco.runtime.timing import median, time_interleaved
     times = time_interleaved(runs, stream, warmup=1, iters=iters, busy_us=0.0)
     return runs[min(times, key=lambda n: median(times[n]))]
-
-
-def _torch_device() -> None:
-    """torch's current device: the worker's (CuPy's), not cuda:0."""
-    import cupy
-    import torch
-    dev = cupy.cuda.Device().id
-    if torch.cuda.current_device() != dev:
-        torch.cuda.set_device(dev)

@@ -118,15 +118,10 @@ def cudnn_attention_gap() -> str | None:
 
 def _torch():
     try:
-        import torch
+        return torch_bridge.on_current_device()
     except ImportError:
         raise EnvironmentProblem("cp_attention's host_torch_flash baseline runs PyTorch's flash "
                                  "attention: install torch there (pip install 'cuco[torch]')") from None
-    import cupy
-    dev = cupy.cuda.Device().id
-    if torch.cuda.current_device() != dev:
-        torch.cuda.set_device(dev)  # the worker's GPU, not cuda:0
-    return torch
 
 
 class AttentionKernel:
