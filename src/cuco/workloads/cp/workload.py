@@ -28,7 +28,6 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -432,74 +431,66 @@ class CPAttention(PipelineWorkload):
         t = t.view(torch.bfloat16 if self.dtype == "bf16" else torch.float16)
         return t.view(1, rows, s.heads, s.head_dim).transpose(1, 2)
 
-    def _torch_program(self, ctx, inputs: Buffers, out):
-        """What a torch host program works on: the gathered K/V (``kg``, ``vg``: scratch, as
-        torch [1, H, S, D] views ``kt``, ``vt``), each gathered token's place in the sequence
-        (``order``), Q and the output as views, and the job's stream."""
+    def _torch_program(self, ctx, inputs: Buffers, out, full, causal_half):
+        """A torch host program: ``host_nccl``'s all-gather of K and V, then PyTorch's
+        attention on [1, H, S, D] views. ``full(q, k, v)`` attends the shard's queries to every
+        key (no mask; any key order); ``causal_half(q, k, v, qi)`` one query half (of chunk
+        ``qi``) to the keys in sequence order, returning its rows of the output."""
         torch = _torch()
+        s, w, c = self.shape, self.world_size, self.chunk
         n = self.shard * self.row_elems
-        kg = dtypes.empty(self.world_size * n, self.dtype)
-        vg = dtypes.empty(self.world_size * n, self.dtype)
-        return SimpleNamespace(
-            torch=torch, kg=kg, vg=vg, kt=self._bhsd(kg, self.shape.seq), vt=self._bhsd(vg, self.shape.seq),
-            order=torch.as_tensor(np.argsort(self.key_positions()), device="cuda"),
-            q=self._bhsd(inputs["q"], self.shard), o=self._bhsd(out, self.shard),
-            stream=torch.cuda.ExternalStream(ctx.stream.ptr))
+        kg = dtypes.empty(w * n, self.dtype)
+        vg = dtypes.empty(w * n, self.dtype)
+        # gathered token index of every global position: sequence order
+        order = torch.as_tensor(np.argsort(self.key_positions()), device="cuda")
+        kt, vt = self._bhsd(kg, s.seq), self._bhsd(vg, s.seq)
+        q, o = self._bhsd(inputs["q"], self.shard), self._bhsd(out, self.shard)
+        stream = torch.cuda.ExternalStream(ctx.stream.ptr)
+
+        def run():
+            self._gather(ctx, inputs["k"], inputs["v"], kg, vg)
+            with torch.cuda.stream(stream):
+                if not s.causal:  # every key, in any order
+                    o.copy_(full(q, kt, vt))
+                    return
+                ks, vs = kt.index_select(2, order), vt.index_select(2, order)
+                for half in (0, 1):
+                    rows = slice(half * c, (half + 1) * c)
+                    o[:, :, rows].copy_(causal_half(q[:, :, rows], ks, vs, zigzag_chunk(ctx.rank, half, w)))
+        run.scratch = (kg, vg)  # every rank's K/V: scrubbed once verified (in_order's scratch)
+        return run
 
     def torch_flash(self, ctx, inputs: Buffers, out):
-        t = self._torch_program(ctx, inputs, out)
-        torch, s, w, c = t.torch, self.shape, self.world_size, self.chunk
-        kg, vg, order, kt, vt, q, o, stream = t.kg, t.vg, t.order, t.kt, t.vt, t.q, t.o, t.stream
-        fa = torch.ops.aten._scaled_dot_product_flash_attention
-
-        def run():
-            self._gather(ctx, inputs["k"], inputs["v"], kg, vg)
-            with torch.cuda.stream(stream):
-                if not s.causal:  # every key, in any order
-                    o.copy_(fa(q, kt, vt, 0.0, False, False)[0])
-                    return
-                ks, vs = kt.index_select(2, order), vt.index_select(2, order)
-                for half in (0, 1):
-                    end = (zigzag_chunk(ctx.rank, half, w) + 1) * c  # keys up to the chunk's end
-                    rows = slice(half * c, (half + 1) * c)
-                    o[:, :, rows].copy_(fa(q[:, :, rows], ks[:, :, :end], vs[:, :, :end], 0.0, True,
-                                           False)[0])
-        run.scratch = (kg, vg)
-        return run
+        """``host_torch_flash``: flash attention, a causal query half in one call over the keys
+        up to its chunk's end (flash's causal mask is aligned bottom-right)."""
+        fa, c = _torch().ops.aten._scaled_dot_product_flash_attention, self.chunk
+        return self._torch_program(
+            ctx, inputs, out, full=lambda q, k, v: fa(q, k, v, 0.0, False, False)[0],
+            causal_half=lambda q, k, v, qi: fa(q, k[:, :, :(qi + 1) * c], v[:, :, :(qi + 1) * c], 0.0, True,
+                                               False)[0])
 
     def torch_cudnn(self, ctx, inputs: Buffers, out):
-        """``host_torch_cudnn``: the same all-gather, then cuDNN's attention through torch. Its
-        causal mask is aligned top-left, so each causal query half is two calls, the earlier
-        chunks in full and its own chunk causal, merged by their log-sum-exps in fp32 (torch
-        ops: what a user of torch writes)."""
-        t = self._torch_program(ctx, inputs, out)
-        torch, s, w, c = t.torch, self.shape, self.world_size, self.chunk
-        kg, vg, order, kt, vt, q, o, stream = t.kg, t.vg, t.order, t.kt, t.vt, t.q, t.o, t.stream
+        """``host_torch_cudnn``: cuDNN's attention. Its causal mask is aligned top-left, so a
+        causal query half is two calls, the earlier chunks in full and its own chunk causal,
+        merged by their log-sum-exps in fp32 (torch ops: what a user of torch writes)."""
+        torch, c = _torch(), self.chunk
         cu = torch.ops.aten._scaled_dot_product_cudnn_attention
 
-        def attend(qq, kk, vv, causal):
-            r = cu(qq, kk, vv, None, True, 0.0, causal, False)
+        def attend(q, k, v, causal):
+            r = cu(q, k, v, None, True, 0.0, causal, False)
             return r[0], r[1].reshape(r[1].shape[:3]).unsqueeze(-1)
 
-        def run():
-            self._gather(ctx, inputs["k"], inputs["v"], kg, vg)
-            with torch.cuda.stream(stream):
-                if not s.causal:  # every key, in any order
-                    o.copy_(cu(q, kt, vt, None, False, 0.0, False, False)[0])
-                    return
-                ks, vs = kt.index_select(2, order), vt.index_select(2, order)
-                for half in (0, 1):
-                    qi, rows = zigzag_chunk(ctx.rank, half, w), slice(half * c, (half + 1) * c)
-                    od, ld = attend(q[:, :, rows], ks[:, :, qi * c:(qi + 1) * c], vs[:, :, qi * c:(qi + 1) * c], True)
-                    if qi == 0:
-                        o[:, :, rows].copy_(od)
-                        continue
-                    op, lp = attend(q[:, :, rows], ks[:, :, :qi * c], vs[:, :, :qi * c], False)
-                    m = torch.maximum(lp, ld)
-                    wp, wd = torch.exp(lp - m), torch.exp(ld - m)
-                    o[:, :, rows].copy_((op.float() * wp + od.float() * wd) / (wp + wd))
-        run.scratch = (kg, vg)
-        return run
+        def causal_half(q, k, v, qi):
+            od, ld = attend(q, k[:, :, qi * c:(qi + 1) * c], v[:, :, qi * c:(qi + 1) * c], True)
+            if qi == 0:
+                return od
+            op, lp = attend(q, k[:, :, :qi * c], v[:, :, :qi * c], False)
+            m = torch.maximum(lp, ld)
+            wp, wd = torch.exp(lp - m), torch.exp(ld - m)
+            return (op.float() * wp + od.float() * wd) / (wp + wd)
+        return self._torch_program(ctx, inputs, out, full=lambda q, k, v: cu(q, k, v, None, False, 0.0, False,
+                                                                               False)[0],
+                                   causal_half=causal_half)
 
     def runner(self, ctx, d: Directives, binary: str, arena, inputs: Buffers, out) -> Runner:
         if d.core.library:
