@@ -165,6 +165,7 @@ def test_concurrent_builders_in_two_processes_share_one_frozen_unit(tmp_path):
     script = textwrap.dedent("""
         import json, sys
         from cuco.kernels import Compiler
+        from cuco.kernels.launcher_source import PART_FROZEN
         class C(Compiler):
             def __post_init__(self):
                 super().__post_init__(); self.commands = []
