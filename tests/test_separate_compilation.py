@@ -97,7 +97,7 @@ def test_a_second_candidate_compiles_only_its_own_unit_and_loads_as_the_launcher
     src = source_of(placement="epilogue", comm_warps=3, tile_n=128)
     comp = RecordingCompiler(arch="sm_90a", cache_dir=tmp_path)
     first = comp.compile(src.source, needs=src.needs, name=src.name)
-    assert len(frozen_builds(comp.commands)) == 1 and len(list(tmp_path.glob("layout-*.json"))) == 1
+    assert len(frozen_builds(comp.commands)) == 1 and len(list(tmp_path.glob("layout-*.ptx"))) == 1
     comp.commands.clear()
     bodies = evolve.blocks(src.source)
     name = sorted(bodies)[0]  # the reduction's own tile: skip its last row (a real edit)
@@ -192,7 +192,7 @@ def test_concurrent_builders_in_two_processes_share_one_frozen_unit(tmp_path):
         outs.append(json.loads(out.strip().splitlines()[-1]))
     assert sum(o["frozen"] for o in outs) == 1 and sum(o["probe"] for o in outs) == 1
     assert sum(o["host"] for o in outs) == 1
-    assert len(list(cache.glob("frozen-*.ltoir"))) == 1 and len(list(cache.glob("layout-*.json"))) == 1
+    assert len(list(cache.glob("frozen-*.ltoir"))) == 1 and len(list(cache.glob("layout-*.ptx"))) == 1
     assert outs[0]["path"] != outs[1]["path"]
     for o in outs:
         assert ctypes.CDLL(o["path"]).cuco_fused_smem_bytes() > 0

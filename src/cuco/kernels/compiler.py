@@ -352,10 +352,7 @@ class Compiler:
             log = self._run([nvcc, *flags, "-ptx", str(src), "-o", str(ptx)])
             log += self._run([nvcc, *flags, "-cubin", str(ptx), "-o", str(cubin)])
             obj = host_obj.result()
-        embed = so.with_name("embed_cubin.cpp")
-        embed.write_text(_embed_source(cubin))
-        return log + self._run([nvcc, *gencode(self.arch), "-shared", "-Xcompiler", "-fPIC",
-                                str(obj), str(embed), "-o", str(so)])
+        return log + self._shared_object(obj, cubin, so)
 
     def _build_separate(self, src: Path, source: str, host: str, needs: Sequence[str], so: Path) -> str:
         """``src`` (a separable launcher's device part, of ``source``) as a launcher library:
@@ -374,31 +371,24 @@ class Compiler:
                              *defines, str(src), "-o", str(unit)])
             log += self._run(jitlink.command([frozen.result(), unit], self.arch, cubin))
             obj = host_obj.result()
+        return log + self._shared_object(obj, cubin, so)
+
+    def _shared_object(self, host_obj: Path, cubin: Path, so: Path) -> str:
+        """A launcher library: its host part's object linked with ``cubin`` embedded."""
         embed = so.with_name("embed_cubin.cpp")
         embed.write_text(_embed_source(cubin))
-        return log + self._run([nvcc, *gencode(self.arch), "-shared", "-Xcompiler", "-fPIC",
-                                str(obj), str(embed), "-o", str(so)])
+        return self._run([str(toolchain.find_nvcc()), *gencode(self.arch), "-shared", "-Xcompiler", "-fPIC",
+                          str(host_obj), str(embed), "-o", str(so)])
 
     def launcher_layout(self, source: str, needs: Sequence[str]) -> dict[str, tuple[int, int]]:
         """Size and alignment of each type a separable source's candidate unit sees as bytes
         (:func:`layout_names`), from its shared part's real types (:func:`layout_probe`,
         compiled to PTX): once per configuration, cached beside the kernels."""
         needs = tuple(sorted(set(needs)))
-        names = layout_names(source)
         probe = layout_probe(source)
-        out = self.cache_dir / f"layout-{self.cache_key(probe, needs, 'layout')}.json"
-        if not out.exists():
-            with FileLock(str(out) + ".lock"):
-                if not out.exists():
-                    with tempfile.TemporaryDirectory(prefix="cuco-nvcc-", dir=self.cache_dir) as tmp:
-                        src, ptx = Path(tmp) / "layout.cu", Path(tmp) / "layout.ptx"
-                        src.write_text(probe)
-                        self._run([str(toolchain.find_nvcc()), *self.base_flags(needs), "-ptx", str(src),
-                                   "-o", str(ptx)])
-                        found = Path(tmp) / "layout.json"
-                        found.write_text(json.dumps(read_layout(ptx.read_text(), names)))
-                        _publish(found, out)
-        return {n: (int(v[0]), int(v[1])) for n, v in json.loads(out.read_text()).items()}
+        ptx = self._built_once(self.cache_dir / f"layout-{self.cache_key(probe, needs, 'layout')}.ptx",
+                               "layout.cu", probe, [*self.base_flags(needs), "-ptx"])
+        return read_layout(ptx.read_text(), layout_names(source))
 
     def frozen_unit(self, text: str, needs: Sequence[str], defines: Sequence[str]) -> Path:
         """The LTO-IR of a separable source's frozen unit (:func:`frozen_text`: ``text``,
