@@ -105,7 +105,7 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     132 SMs with a last wave at least 95% full; pingpong 128x128 won the others (its twice as
     many tiles fill the last wave better: 6144x5120, 3072x7168, 4096x1536, 512x4096,
     2048x2048); with tile order 16 m-tiles for 128x256 and 8 for 128x128, each pick ran within
-    1.2% of the best measured point there (tests/test_gemm_heuristic.py reads the file).
+    1.2% of the best measured point there (tests/test_gemm_mainloop_cpu.py reads the file).
     Modelled, not yet measured: below half a wave of 128x128 tiles (decode-like M), the
     split-K mainloop whose units (tiles x slices) fill the waves best, each slice at least 4
     k-tiles deep, with 64-row tiles where a rank's block of rows is at most 64.
@@ -149,10 +149,10 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
         if score > best_score:
             best, best_score = ml, score
     assert best is not None  # the unsplit pingpong tm x 128 mainloop is always there
+    slices, per = k_slices(k, best.split_k)
     return Pick(best, 8, f"{t} {tm}x128 tiles are {t / sms:.2f} of a wave; "
-                + (f"K in {best.split_k} slices of {k_slices(k, best.split_k)[1]} k-tiles makes "
-                   f"{t * k_slices(k, best.split_k)[0]} units" if best.split_k > 1 else
-                   f"K={k} ({kt} k-tiles) is too short to split")
+                + (f"K in {best.split_k} slices of {per} k-tiles makes {t * slices} units"
+                   if best.split_k > 1 else f"K={k} ({kt} k-tiles) is too short to split")
                 + " (modelled: split-K and 64-row tiles not yet measured)")
 
 
