@@ -14,7 +14,7 @@ from cuco.kernels.tp import in_kernel, render_tp
 from cuco.runtime.dtypes import Poison
 from cuco.runtime.peaks import below_floor, physical_floor_ms
 from cuco.runtime.records import ProgramResult
-from cuco.runtime.stress import Stress
+from cuco.runtime.stress import SKEW_US, Stress
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
 from cuco.evaluate.jobs import first_epoch
 from cuco.evaluate.schedule import N_SETS, make_schedule
@@ -122,8 +122,18 @@ def test_stress_is_drawn_within_its_ranges():
     rng = random.Random(5)
     for _ in range(100):
         s = Stress.draw(rng, 4, 132)
-        assert 0 <= s.skew_rank < 4 and 10 <= s.skew_us <= 80
+        assert 0 <= s.skew_rank < 4 and SKEW_US[0] <= s.skew_us <= SKEW_US[1]
         assert 1 <= s.hog_sms < 66 and s.hog_us >= 10
+
+
+def test_skews_reach_past_a_phase_of_the_readers_own_work():
+    """Every decade of the skew's range is drawn: a reader that skips its wait behind a
+    phase of up to a millisecond still meets a late producer in some checked calls."""
+    rng = random.Random(9)
+    skews = [Stress.draw(rng, 2, 132).skew_us for _ in range(300)]
+    for lo in (10, 100, 1000):
+        share = sum(lo <= s < lo * 10 for s in skews) / len(skews)
+        assert share > 0.2, (lo, share)
 
 
 def test_first_epoch_is_random_per_job_and_shared_by_ranks():

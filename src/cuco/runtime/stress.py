@@ -5,8 +5,10 @@ producer happens to be late. Checked calls make it late on purpose, from outside
 the kernel: its arguments are the same as in any timed call, so a candidate
 cannot tell a checked call from a timed one by looking at them.
 
-* **skew**: one rank, drawn per call, holds its stream for some microseconds before
-  the call, so its peers' readers meet poison where they skip a wait;
+* **skew**: one rank, drawn per call, holds its stream before the call, for a time drawn
+  log-uniformly from :data:`SKEW_US` (tens of microseconds to milliseconds), so its peers'
+  readers meet poison where they skip a wait, even a wait that a whole phase of their own
+  work (a local attention block, a first GEMM) would otherwise cover;
 * **hog**: a kernel on a second stream occupies some SMs for some microseconds with
   a large shared-memory footprint, so a persistent kernel's CTAs on those SMs start
   late and readers inside one rank (communication CTAs, comm warps) meet poison.
@@ -35,6 +37,11 @@ extern "C" __global__ void cuco_hog(long long ns) {
 HOG_SMEM = 160 * 1024
 #: Microseconds the stressed stream waits so the hog is resident before the call starts.
 HOG_LEAD_US = 5.0
+#: The skew's range in microseconds, drawn log-uniformly: a fixed 10-80 us let a reader that
+#: skips its wait behind a longer phase of its own go unseen (a CP variant whose compute stream
+#: attends a peer's K/V without waiting, behind its local block, scored correct), and every
+#: decade between these bounds is drawn as often.
+SKEW_US = (10.0, 4000.0)
 _hog = None
 
 
@@ -58,7 +65,8 @@ class Stress:
 
     @classmethod
     def draw(cls, rng, world_size: int, sms: int) -> "Stress":
-        return cls(skew_rank=rng.randrange(world_size), skew_us=rng.uniform(10.0, 80.0),
+        lo, hi = SKEW_US
+        return cls(skew_rank=rng.randrange(world_size), skew_us=lo * (hi / lo) ** rng.random(),
                    hog_sms=rng.randrange(1, max(2, sms // 2)), hog_us=rng.uniform(2 * HOG_LEAD_US, 60.0))
 
     def before(self, ctx, stream, hog_stream) -> None:
