@@ -40,7 +40,7 @@ from pathlib import Path
 from cuco import CandidateDB, results
 from cuco.agents.api import gpu_space
 from cuco.evaluate import Evaluator
-from cuco.evaluate.evaluator import Candidate
+from cuco.evaluate.evaluator import TIMING_BATCH, Candidate
 from cuco.kernels import Compiler, evolve
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.workloads import get
@@ -89,10 +89,10 @@ def _summary(verdicts, seconds: float) -> dict:
             "best_speedup": max((v.speedup for v in ok), default=None)}
 
 
-def _make_evaluator(family, m, n, k, w, cache):
+def _make_evaluator(family, m, n, k, w, cache, timing_batch=TIMING_BATCH):
     def make():
         return Evaluator(get(family)(m=m, n=n, k=k, world_size=w), group=WorkerGroup(w, nvshmem=True).start(),
-                         compiler=Compiler(cache_dir=cache))
+                         compiler=Compiler(cache_dir=cache), timing_batch=timing_batch)
     return make
 
 
@@ -108,10 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-configs", action="store_true",
                     help="judge each evolved configuration's unedited template first (not counted), as a "
                          "search past its first candidates of each has: the batch then times steady state")
+    ap.add_argument("--timing-batch", type=int, default=TIMING_BATCH,
+                    help="candidates that share one timing job (the host programs and the bound are "
+                         "timed once per job)")
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--name", default="evaluator", help="result file bench/results/<name>.json")
     a = ap.parse_args(argv)
+    if a.timing_batch < 1:
+        ap.error("--timing-batch: at least 1")
     m, k, n = (int(v) for v in a.shape.split("x"))
     w = a.world_size
     if visible_gpus() < w:
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     wl = get(a.family)(m=m, n=n, k=k, world_size=w)
     batches = _candidates(wl.problem, a.candidates, a.seed)
     db = CandidateDB(workdir / "bench.db")
-    make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local")
+    make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local", a.timing_batch)
     ev = make()
     ev.db = db
     device = results.device_label(ev.group.infos)
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     every = [Candidate(batches["warm_up"][0]), *(c for batch in cands.values() for c in batch)]
     if a.ray:
         from cuco.cluster import RayBackend
-        backend = RayBackend(_make_evaluator(a.family, m, n, k, w, workdir / "cache-ray"),
+        backend = RayBackend(_make_evaluator(a.family, m, n, k, w, workdir / "cache-ray", a.timing_batch),
                              problem=wl.problem, hosts=1, actor_options={"num_gpus": w, "num_cpus": 1})
         backend.evaluate_many(every[:1])  # the actor's warm-up, as above
         t0 = time.perf_counter()
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "evolved_configs_warmed": bool(a.warm_configs)} if configs else {}),
                                 "whole_program": os.environ.get("CUCO_WHOLE_PROGRAM", "") not in ("", "0"),
                                 "cpu_cores": os.cpu_count(),
+                                "timing_batch": a.timing_batch,
                                 "verification_overhead": round(verify_s / local_s, 4),
                                 "verify_s": round(verify_s, 2),
                                 "backends": entries})
