@@ -86,13 +86,15 @@ def apply_rank_env(rank: int | None = None) -> bool:
 def mps_client_env(world_size: int) -> dict[str, str]:
     """What each rank's MPS client asks for: its share of the SMs (the rank's context then
     reports that many SMs, so persistent grids sized from it fit beside every other rank's)
+    (``CUCO_MPS_THREAD_PERCENTAGE`` overrides the share, for diagnosis)
     and its own work queues (:data:`~cuco.runtime.safety.WORK_QUEUES`), unless the
     caller's environment names a count. Under MPS the ranks' queues come from one pool and
     the driver may give each client fewer than it asks for; side-stream programs hung at
     W = 4 on one H100 and not at W = 2. (A group's workers get the count from
     :data:`~cuco.runtime.safety.WORKER_ENV` whatever the parent set; this serves ranks that
     another launcher started, torchrun's, too.)"""
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // world_size))}
+    share = os.environ.get("CUCO_MPS_THREAD_PERCENTAGE", "").strip() or str(max(1, 100 // world_size))
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": share}
     if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(WORK_QUEUES)  # a torchrun rank keeps the user's
     return env
