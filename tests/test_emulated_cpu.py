@@ -34,11 +34,27 @@ def test_each_rank_asks_mps_for_its_sm_share_and_its_own_work_queues(monkeypatch
     """A rank's streams must not share one work queue (a communication kernel spinning on a
     GEMM launched after it on another stream would wait forever); a count the user set wins."""
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    assert emulated.mps_client_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    monkeypatch.delenv("CUCO_MPS_THREAD_PERCENTAGE", raising=False)
+    assert emulated.mps_client_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+                                          emulated.GRID_SHARE_VAR: "0.500000",
                                           "CUDA_DEVICE_MAX_CONNECTIONS": str(emulated.WORK_QUEUES)}
     assert int(emulated.mps_client_env(8)["CUDA_DEVICE_MAX_CONNECTIONS"]) >= 4  # main, comm, hog, proxy
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "2")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in emulated.mps_client_env(2)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_persistent_grids_of_all_ranks_fit_while_each_client_has_headroom(monkeypatch, world):
+    """Each rank's MPS client gets twice its ``1 / W`` (at exactly its share, side-stream
+    programs hung at W = 4), and its persistent grids are scaled back to ``1 / W`` of the
+    GPU, so the W ranks' persistent grids together never ask for more SMs than it has."""
+    monkeypatch.delenv("CUCO_MPS_THREAD_PERCENTAGE", raising=False)
+    env = emulated.mps_client_env(world)
+    pct, share = int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]), float(env[emulated.GRID_SHARE_VAR])
+    assert pct > 100 // world or pct == 100
+    for sms in (132, 114, 78):  # H100/H200 SXM, H100 PCIe, a partitioned GPU
+        reported = sms * pct // 100  # what the client's context says under MPS
+        assert world * int(reported * share) <= sms
 
 
 def test_groups_emulate_when_asked_or_when_devices_repeat(monkeypatch):
@@ -188,7 +204,8 @@ def test_an_emulated_verdict_is_stored_as_emulated_with_no_speedup(tmp_path):
 def test_a_launched_rank_takes_its_host_id_only_when_emulating(monkeypatch):
     """torchrun's ranks (``$RANK``) call ``apply_rank_env`` before NCCL starts: under
     ``CUCO_EMULATE`` each claims its own host, otherwise nothing changes."""
-    for var in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+    for var in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                emulated.GRID_SHARE_VAR, "CUCO_MPS_THREAD_PERCENTAGE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -198,8 +215,10 @@ def test_a_launched_rank_takes_its_host_id_only_when_emulating(monkeypatch):
     monkeypatch.setenv(emulated.ENV_VAR, "4")
     assert emulated.apply_rank_env() is True
     assert os.environ["NCCL_HOSTID"] == emulated.nccl_env(3)["NCCL_HOSTID"]
-    # its share of the SMs, so the 4 ranks' persistent kernels are resident together
-    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    # twice its share of the SMs, its persistent grids held to the share, so the 4 ranks'
+    # persistent kernels are resident together
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert os.environ[emulated.GRID_SHARE_VAR] == "0.500000"
 
 
 def _queues_env(ctx):

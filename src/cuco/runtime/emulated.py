@@ -6,9 +6,10 @@ and is *checked* anywhere. What it takes:
 
 - **MPS**, so the W processes' kernels run at once: without it they time-slice and a
   flag round trip between two ranks costs milliseconds instead of microseconds
-  (:class:`MpsDaemon`). Each rank is provisioned ``100 / W`` % of the SMs, so every
-  rank's persistent grid (sized from the SM count its context reports) is resident
-  together with the others'.
+  (:class:`MpsDaemon`). Each rank's persistent grids fill ``1 / W`` of the GPU's SMs
+  (:func:`persistent_sms`), so every rank's is resident together with the others'; its
+  MPS client is provisioned twice that share (:data:`SM_HEADROOM`), so its other kernels
+  (a library GEMM, a stress kernel) find SMs beside its own spinning ones.
 - **NCCL with a host id per rank** (``NCCL_HOSTID``): NCCL refuses two ranks on one GPU
   unless they claim different hosts; host collectives then run over sockets.
 - **LSA through the peers table**: NCCL gives no LSA peers across "hosts", so a window is
@@ -83,18 +84,39 @@ def apply_rank_env(rank: int | None = None) -> bool:
     return True
 
 
+#: An MPS client's SM provisioning over its persistent grids' share of the GPU. At exactly
+#: 1 / W (25 % at W = 4, 32 SMs on an H200), side-stream programs hung at random: a rank's
+#: chunk GEMMs never ran beside its own spinning communication kernel and the other ranks'
+#: (bench/logs/tp_side_w4_pct25_0c13dc4.log; 50 % and 100 % passed the same test,
+#: tp_side_w4_pct50/pct100). Persistent grids keep their 1 / W (:func:`persistent_sms`).
+SM_HEADROOM = 2
+#: The share of its context's SMs a rank's persistent grids take (set per MPS client).
+GRID_SHARE_VAR = "CUCO_PERSISTENT_SM_SHARE"
+
+
+def persistent_sms() -> int:
+    """SMs a persistent grid of this rank may fill (one CTA each, spinning on its peers):
+    the SM count its context reports, scaled in an emulated world to the rank's ``1 / W``
+    of the GPU (its MPS client is provisioned :data:`SM_HEADROOM` times that), so the W
+    ranks' persistent grids are resident together. Needs a current CUDA device."""
+    import cupy
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    share = float(os.environ.get(GRID_SHARE_VAR, "") or 1.0)
+    return max(1, int(sms * share))
+
+
 def mps_client_env(world_size: int) -> dict[str, str]:
-    """What each rank's MPS client asks for: its share of the SMs (the rank's context then
-    reports that many SMs, so persistent grids sized from it fit beside every other rank's)
-    (``CUCO_MPS_THREAD_PERCENTAGE`` overrides the share, for diagnosis)
-    and its own work queues (:data:`~cuco.runtime.safety.WORK_QUEUES`), unless the
-    caller's environment names a count. Under MPS the ranks' queues come from one pool and
-    the driver may give each client fewer than it asks for; side-stream programs hung at
-    W = 4 on one H100 and not at W = 2. (A group's workers get the count from
+    """What each rank's MPS client asks for: :data:`SM_HEADROOM` times its persistent
+    grids' ``1 / W`` of the SMs (``CUCO_MPS_THREAD_PERCENTAGE`` overrides it, for
+    diagnosis), the share of that its persistent grids fill (:func:`persistent_sms`), and
+    its own work queues (:data:`~cuco.runtime.safety.WORK_QUEUES`) unless the caller's
+    environment names a count. (A group's workers get the count from
     :data:`~cuco.runtime.safety.WORKER_ENV` whatever the parent set; this serves ranks that
-    another launcher started, torchrun's, too.)"""
-    share = os.environ.get("CUCO_MPS_THREAD_PERCENTAGE", "").strip() or str(max(1, 100 // world_size))
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": share}
+    another launcher started, torchrun's, too.) W MPS clients' streams were measured never
+    to share a work queue (``bench/mps_queue_probe.py``), so the count is not what hung."""
+    grids = max(1, 100 // world_size)
+    pct = int(os.environ.get("CUCO_MPS_THREAD_PERCENTAGE", "").strip() or min(100, SM_HEADROOM * grids))
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct), GRID_SHARE_VAR: f"{grids / pct:.6f}"}
     if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(WORK_QUEUES)  # a torchrun rank keeps the user's
     return env

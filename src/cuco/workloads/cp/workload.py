@@ -35,6 +35,7 @@ import numpy as np
 from cuco.design import CPProblem, Directives
 from cuco.design.pipeline_ops import CP_ATTENTION
 from cuco.design.problem import CP_Q_TILE, DTYPE_BYTES
+from cuco.runtime.emulated import persistent_sms
 from cuco.design.tiles import sizes_cutting
 from cuco.errors import DirectiveError, EnvironmentProblem
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
@@ -136,7 +137,7 @@ class AttentionKernel:
                              self.smem)
         occupancy = getattr(drv, "occupancyMaxActiveBlocksPerMultiprocessor", None)
         self.per_sm = max(1, occupancy(function.ptr, ATTN_THREADS, self.smem)) if occupancy else 1
-        self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        self.sms = persistent_sms()
 
     def __call__(self, stream, items: int, q, out, slots, *, me: int, world: int, chunk: int,
                  flags: int = 0, need: int = 0, chunk_rows: int = KV_TILE, n_chunks: int = 1,

@@ -31,8 +31,9 @@ def runner_class(d: Directives) -> type:
 
 
 def sm_count() -> int:
-    import cupy
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    """The persistent grid's SMs (this rank's share in an emulated world)."""
+    from cuco.runtime.emulated import persistent_sms
+    return persistent_sms()
 
 
 class InKernelRunner:
