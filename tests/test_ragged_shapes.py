@@ -133,13 +133,20 @@ def test_ragged_side_stream_kernels_compile_with_nvcc(tmp_path):
 
 # ---- what cannot run says what to do ----------------------------------------------------
 def test_in_kernel_points_take_any_m_n_k_and_refuse_unequal_row_blocks_naming_side_stream():
-    # 1500 rows per rank: eleven whole 128-row tiles and a short one; N and K not tile multiples
-    for wl in (GemmReduceScatter(m=3000, n=1544, k=1544, world_size=2), AllGatherGemm(m=3000, n=1544, k=1544, world_size=2),
-               GemmAllReduce(m=3000, n=1544, k=1544, world_size=2)):
+    # 1500 rows per rank: eleven whole 128-row tiles and a short one; N and K not tile
+    # multiples (each rank's part of them 776: whole 16-byte rows)
+    for wl in (GemmReduceScatter(m=3000, n=1552, k=1552, world_size=2), AllGatherGemm(m=3000, n=1552, k=1552, world_size=2),
+               GemmAllReduce(m=3000, n=1552, k=1552, world_size=2)):
         d = in_kernel("epilogue", tile_n=128, stages=4)
         assert wl.supported(d) == [] and wl.row_blocks_refusal() is None
         assert "cuco_fused_launch" in wl.render(d).source
         assert {"epilogue", "dedicated_ctas"} <= {p.value for p in wl.space().choices["placement"]}
+    # a rank's part of a split dimension that is not whole 16-byte rows (the TMA tiles' unit)
+    for wl, dim in ((GemmReduceScatter(m=3000, n=1544, k=1544, world_size=2), "K=772"),
+                    (AllGatherGemm(m=1000, n=1040, k=1040, world_size=4), "N=260")):
+        why = wl.supported(in_kernel("epilogue", tile_n=128, stages=4))
+        assert why and dim in why[0] and "use placement=side_stream" in why[0], why
+        assert {p.value for p in wl.space().choices["placement"]} == {"side_stream"}
     # an AllReduce M that does not split into equal blocks per rank
     wl = GemmAllReduce(m=3001, n=1536, k=1536, world_size=2)
     why = wl.supported(in_kernel("epilogue", tile_n=128, stages=4))

@@ -15,9 +15,10 @@ from conftest import TEST_WORLD
 pytestmark = pytest.mark.gpu(count=1)
 
 SHAPES = [(512, 1024, 2048), (1024, 512, 1024)]  # (m, n, k)
-#: 500 rows per rank (three 128-row tiles and a short one), N and K (and their per-rank
-#: halves) not multiples of any tile: every tile edge is ragged.
-RAGGED = (1000, 1040, 1040)
+#: 1000 rows (500 a rank at W = 2: three 128-row tiles and a short one), N and K (and
+#: each rank's part of them, 520 wide at any W: whole 16-byte rows) not multiples of any
+#: tile: every tile edge is ragged.
+RAGGED = (1000, 520 * TEST_WORLD, 520 * TEST_WORLD)
 #: Several tiles per CTA (odd and even counts): both pingpong warpgroups take turns.
 MANY_TILES = (4096, 2048, 256)
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cuco.design.dimensions import Placement, format_bytes
-from cuco.design.problem import GemmProblem
+from cuco.design.patterns import find
+from cuco.design.problem import ROW_BYTES, GemmProblem
 
 #: The placements' names, ``side_stream`` (takes every workload and shape) first, then the
 #: in-kernel ones in :class:`Placement`'s order: the default of every search and help text.
@@ -118,11 +119,33 @@ def row_blocks_refusal(problem: GemmProblem) -> str | None:
     they can): they cut M into ``world_size`` equal blocks of rows, one per rank (any block
     size: a block's last tile may be short); ``side_stream`` takes any M."""
     m, w = problem.m, problem.world_size
-    if m % w == 0:
+    if m % w:
+        return (f"epilogue and dedicated_ctas cut M into {w} equal blocks of rows, one per rank, and "
+                f"M={m} is not a multiple of {w}; use placement=side_stream or pad M to a multiple "
+                f"of {w} (e.g. {-(-m // w) * w})")
+    return local_rows_refusal(problem)
+
+
+def local_rows_refusal(problem: GemmProblem) -> str | None:
+    """Why the in-kernel placements cannot take each rank's GEMM (None when they can): their
+    TMA tiles read and write each rank's operands in 16-byte rows, so that GEMM's N and K
+    (a rank's part of a split dimension) must be multiples of 16 bytes; ``side_stream``'s
+    library GEMM takes any. (Without this the launch itself refused, with CUDA error 1.)"""
+    tp = find(problem.workload)
+    if tp is None:
         return None
-    return (f"epilogue and dedicated_ctas cut M into {w} equal blocks of rows, one per rank, and "
-            f"M={m} is not a multiple of {w}; use placement=side_stream or pad M to a multiple "
-            f"of {w} (e.g. {-(-m // w) * w})")
+    local = tp.local_gemm(m=problem.m, n=problem.n, k=problem.k, world_size=problem.world_size)
+    step, w = ROW_BYTES // problem.dtype_bytes, problem.world_size
+    for dim in ("n", "k"):
+        value = getattr(local, dim)
+        if value % step:
+            full = getattr(problem, dim)
+            scale = full // value  # the world size where the pattern splits this dimension
+            return (f"epilogue and dedicated_ctas read each rank's operands in {ROW_BYTES}-byte "
+                    f"rows, and each rank's GEMM has {dim.upper()}={value} ({value * problem.dtype_bytes} "
+                    f"bytes{f' of {dim.upper()}={full} over {w} ranks' if scale > 1 else ''}); use "
+                    f"placement=side_stream or choose {dim.upper()} a multiple of {step * scale}")
+    return None
 
 
 def chunk_epilogue_refusal(workload: str, placement: Placement) -> str | None:
