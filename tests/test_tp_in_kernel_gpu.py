@@ -115,6 +115,43 @@ def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
             assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
 
 
+def wave_tiles():
+    """Issue #37's tiles 192 and 64 columns wide (cuco.kernels.tp.WAVE_TILES), with the epilogue
+    on the consumers, on spare warps or on dedicated CTAs."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_n=192, stages=4),
+            in_kernel("epilogue", "nvshmem", "warp", tile_n=192, stages=4, comm_warps=3, raster_group=8),
+            in_kernel("epilogue", "lsa", "thread", tile_m=64, tile_n=192, stages=6, schedule="pingpong"),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=64, tile_n=192, stages=6,
+                      schedule="pingpong", comm_warps=2),
+            in_kernel("epilogue", "lsa", "cta", tile_m=64, tile_n=64, stages=8, schedule="pingpong"),
+            in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=64, stages=8, schedule="pingpong",
+                      comm_warps=3, raster_group=16)]
+
+
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
+                                          for s in ((512, 1024, 2048), (136, 528, 4096), MANY_TILES, RAGGED)])
+def test_wave_tiles_are_correct(world_group, family, shape):
+    """Each 192- or 64-wide tile is correct on two fresh seeds, every element against the fp32
+    reference: a short last n-tile of 192 columns (1040 = 5 x 192 + 80), ragged M, many tiles
+    per CTA (both pingpong warpgroups), a decode-like M of 136."""
+    from cuco.runtime.records import merge_ranks
+    from cuco.evaluate.jobs import Case
+    from cuco.kernels.tp import supported
+    from cuco.workloads import for_problem
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = [d for d in wave_tiles() if not supported(problem, d)]
+    assert {d.tile_n for d in points} == {64, 192}
+    specs = build(problem, points)
+    for seed in (5, 6):
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+                              timeout=180)
+        assert res.ok, res.error_text()
+        for name, rec in merge_ranks(res.results).items():
+            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_build_runs_every_shape(world_group, family, dtype):

@@ -13,7 +13,12 @@ from cuco.design.problem import Problem
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
 
-TILE_MN = (64, 128, 256)
+#: Rows of an output tile: 64 (pingpong, one warpgroup's wgmma rows), 128 or 256.
+TILE_M = (64, 128, 256)
+#: Columns of an output tile: CUTLASS's Hopper collective takes any multiple of 64 its
+#: wgmma N and swizzled B layout allow; 64 and 192 fix wave quantization where 128 and 256
+#: leave a partial last wave (cuco.kernels.tp.default_mainloop weighs them).
+TILE_N = (64, 128, 192, 256)
 TILE_K = (32, 64, 128)
 RASTER_GROUPS = (1, 4, 8, 16)
 
@@ -21,14 +26,23 @@ RASTER_GROUPS = (1, 4, 8, 16)
 SPLIT_K = (1, 2, 3, 4, 6, 8)
 
 
+def chunk_size_ok(v: int) -> bool:
+    """A power of two, or three times one: the in-kernel placements move one output tile per
+    flag, and a tile 192 columns wide is 3 x 2^k bytes."""
+    return v > 0 and (v & (v - 1) == 0 or (v % 3 == 0 and (v // 3) & (v // 3 - 1) == 0))
+
+
 def check_field(field: str, v: int) -> int:
     """Range checks of single tunables that pydantic's ``Field`` cannot express."""
-    if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or v & (v - 1)):
+    if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or not chunk_size_ok(v)):
         raise ValueError(
-            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144)"
+            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144), or "
+            "three times one (the bytes of a 192-column tile)"
         )
-    if field in ("tile_m", "tile_n") and v not in TILE_MN:
-        raise ValueError(f"{field}={v} is not supported; choose one of {TILE_MN}")
+    if field == "tile_m" and v not in TILE_M:
+        raise ValueError(f"tile_m={v} is not supported; choose one of {TILE_M}")
+    if field == "tile_n" and v not in TILE_N:
+        raise ValueError(f"tile_n={v} is not supported; choose one of {TILE_N}")
     if field == "raster_group" and v not in RASTER_GROUPS:
         raise ValueError(f"raster_group={v} is not supported; choose one of {RASTER_GROUPS}")
     if field == "split_k" and v not in SPLIT_K:
@@ -55,7 +69,7 @@ class Directives(BaseModel):
     placement: Placement = Placement.EPILOGUE
     sync_scope: SyncScope = SyncScope.KERNEL
     issuer: Issuer = Issuer.CTA
-    chunk_bytes: int = Field(default=1 << 20, description="bytes per transfer (power of two)")
+    chunk_bytes: int = Field(default=1 << 20, description="bytes per transfer (a power of two, or three times one: a 192-column tile)")
     # tunables
     tile_m: int = 128
     tile_n: int = 128

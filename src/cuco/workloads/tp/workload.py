@@ -240,7 +240,7 @@ class GemmWorkload(Workload):
                            placement=list(placements), sync_scope=["chunk"],
                            chunk_bytes=sorted({*side, *tiles}),
                            tile_m=sorted({ml.tile_m for ml in templates.MAINLOOPS}) if in_kernel else [128],
-                           tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
+                           tile_n=sorted({ml.tile_n for ml in templates.MAINLOOPS}) if in_kernel else [128], tile_k=[64],
                            stages=sorted({ml.stages for ml in templates.MAINLOOPS}) if in_kernel else [4],
                            split_k=sorted({ml.split_k for ml in templates.MAINLOOPS}) if in_kernel else [1],
                            comm_ctas=sorted(set(comm)), issuer=["thread", "warp", "cta"],
