@@ -109,6 +109,8 @@ def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | No
     them modelled :data:`WAVE_TIMED` of pingpong 128x128's time or less (:func:`~cuco.kernels.tp.modelled_time`); other 64-row tiles only where M <= 1024.
     :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
     m, n, k = shape
+    if ml.cluster_m > 1 and -(-m // ml.tile_m) < ml.cluster_m:
+        return f"{ml.cluster_m}x1 clusters: M={m} is fewer m-tiles than a cluster's CTAs"
     if ml in WAVE_TILES:
         problem, base = problem_of(m, n, k), Mainloop("pingpong", 128, 6)
         if modelled_time(problem, ml, sms) < WAVE_TIMED * modelled_time(problem, base, sms):

@@ -24,6 +24,9 @@ RASTER_GROUPS = (1, 4, 8, 16)
 
 
 SPLIT_K = (1, 2, 3, 4, 6, 8)
+#: CTAs of a thread-block cluster along M in the in-kernel mainloop: 1, or 2 (a pair of
+#: adjacent m-tiles sharing one B tile, loaded once by TMA multicast).
+CLUSTER_M = (1, 2)
 
 
 def chunk_size_ok(v: int) -> bool:
@@ -47,6 +50,8 @@ def check_field(field: str, v: int) -> int:
         raise ValueError(f"raster_group={v} is not supported; choose one of {RASTER_GROUPS}")
     if field == "split_k" and v not in SPLIT_K:
         raise ValueError(f"split_k={v} is not supported; choose one of {SPLIT_K}")
+    if field == "cluster_m" and v not in CLUSTER_M:
+        raise ValueError(f"cluster_m={v} is not supported; choose one of {CLUSTER_M}")
     if field == "tile_k" and v not in TILE_K:
         raise ValueError(f"tile_k={v} is not supported; choose one of {TILE_K}")
     return v
@@ -88,6 +93,9 @@ class Directives(BaseModel):
     split_k: int = Field(default=1, description="in-kernel placements: slices of K each output "
                          "tile is cut into, each slice a unit of work of its own, summed in fp32 by "
                          "the slice that finishes last before the tile's epilogue (1: whole K)")
+    cluster_m: int = Field(default=1, description="in-kernel placements: CTAs of a cluster along "
+                           "M (2: each pair of CTAs computes two adjacent m-tiles of one n-tile in "
+                           "lock-step, B loaded once for both by TMA multicast; 1: no cluster)")
     core: Core = Field(default=Core.OWN, description="what computes the op's steps: the "
                        "template's own kernel (own) or a library's kernel per phase (flash, "
                        "cudnn: context-parallel attention), beside the communication kernel")
@@ -119,6 +127,11 @@ class Directives(BaseModel):
     @classmethod
     def _split(cls, v: int) -> int:
         return check_field("split_k", v)
+
+    @field_validator("cluster_m")
+    @classmethod
+    def _cluster(cls, v: int) -> int:
+        return check_field("cluster_m", v)
 
     @field_validator("tile_m", "tile_n", "tile_k")
     @classmethod
@@ -167,6 +180,8 @@ class Directives(BaseModel):
             extra += ".pp"
         if self.split_k != 1:
             extra += f".sk{self.split_k}"
+        if self.cluster_m != 1:
+            extra += f".cl{self.cluster_m}"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def build_point(self) -> "Directives":
