@@ -1,5 +1,6 @@
 """GPU tests: the in-kernel placements (epilogue, dedicated_ctas) are correct on fresh seeds
-at four shapes, one of them ragged (short last tiles in M, N and K), and one build runs
+at four shapes, one of them ragged (short last tiles in M, N and K), and so are issue #37's
+mainloops (split-K, 64-row tiles, 192- and 64-wide tiles, 2x1 clusters); one build runs
 every shape (2 ranks where there are two GPUs, else one: the mainloops, tile orders and
 epilogue handovers need no peer), and a variant that skips its flag waits is caught (2 GPUs)."""
 
@@ -107,6 +108,84 @@ def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in split_and_64_rows() if not supported(problem, d)]
     assert any(d.split_k > 1 for d in points) and any(d.tile_m == 64 for d in points)
+    specs = build(problem, points)
+    for seed in (5, 6):
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+                              timeout=180)
+        assert res.ok, res.error_text()
+        for name, rec in merge_ranks(res.results).items():
+            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+
+
+def wave_tiles():
+    """Issue #37's tiles 192 and 64 columns wide (cuco.kernels.tp.WAVE_TILES), with the epilogue
+    on the consumers, on spare warps or on dedicated CTAs."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_n=192, stages=4),
+            in_kernel("epilogue", "nvshmem", "warp", tile_n=192, stages=4, comm_warps=3, raster_group=8),
+            in_kernel("epilogue", "lsa", "thread", tile_m=64, tile_n=192, stages=6, schedule="pingpong"),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=64, tile_n=192, stages=6,
+                      schedule="pingpong", comm_warps=2),
+            in_kernel("epilogue", "lsa", "cta", tile_m=64, tile_n=64, stages=8, schedule="pingpong"),
+            in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=64, stages=8, schedule="pingpong",
+                      comm_warps=3, raster_group=16)]
+
+
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
+                                          for s in ((512, 1024, 2048), (136, 528, 4096), MANY_TILES, RAGGED)])
+def test_wave_tiles_are_correct(world_group, family, shape):
+    """Each 192- or 64-wide tile is correct on two fresh seeds, every element against the fp32
+    reference: a short last n-tile of 192 columns (1040 = 5 x 192 + 80), ragged M, many tiles
+    per CTA (both pingpong warpgroups), a decode-like M of 136."""
+    from cuco.runtime.records import merge_ranks
+    from cuco.evaluate.jobs import Case
+    from cuco.kernels.tp import supported
+    from cuco.workloads import for_problem
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = [d for d in wave_tiles() if not supported(problem, d)]
+    assert {d.tile_n for d in points} == {64, 192}
+    specs = build(problem, points)
+    for seed in (5, 6):
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+                              timeout=180)
+        assert res.ok, res.error_text()
+        for name, rec in merge_ranks(res.results).items():
+            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+
+
+def clusters():
+    """Issue #37's 2x1 clusters (B multicast to a pair of m-tiles) under both schedules, with
+    the epilogue on the consumers, on spare warps or on dedicated CTAs, in every tile order."""
+    return [in_kernel("epilogue", "lsa", "cta", cluster_m=2),
+            in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong", cluster_m=2),
+            in_kernel("epilogue", "nvshmem", "warp", tile_n=128, stages=4, comm_warps=3, raster_group=8,
+                      cluster_m=2),
+            in_kernel("epilogue", "lsa", "thread", tile_n=128, stages=6, schedule="pingpong", comm_warps=3,
+                      raster_group=16, cluster_m=2),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_n=128, stages=6, schedule="pingpong",
+                      comm_warps=2, cluster_m=2),
+            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, raster_group=4, cluster_m=2)]
+
+
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
+                                          for s in ((512, 1024, 2048), (136, 528, 4096), (384, 1024, 1024),
+                                                    (300, 1040, 1024), MANY_TILES, RAGGED)])
+def test_clusters_are_correct(world_group, family, shape):
+    """Each cluster point is correct on two fresh seeds, every element against the fp32
+    reference: blocks of an odd number of 128-row m-tiles, whose last one's partner is a
+    phantom (384 rows on one rank: 3; 300 on one rank: 3, the last short; 136 on two ranks:
+    1 each), an even number with a short last one (RAGGED, 300 on two ranks), many tiles per
+    CTA, every tile order."""
+    from cuco.runtime.records import merge_ranks
+    from cuco.evaluate.jobs import Case
+    from cuco.kernels.tp import supported
+    from cuco.workloads import for_problem
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = [d for d in clusters() if not supported(problem, d)]
+    assert len(points) == len(clusters())
     specs = build(problem, points)
     for seed in (5, 6):
         res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),

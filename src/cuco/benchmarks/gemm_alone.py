@@ -37,8 +37,8 @@ from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
 from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
-    MAINLOOPS, SMS, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, render_tp,
-    split_workspace_bytes, supported, with_mainloop,
+    MAINLOOPS, SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices,
+    modelled_time, render_tp, split_workspace_bytes, supported, with_mainloop,
 )
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
@@ -60,6 +60,9 @@ QUICK = ((64, 8192, 8192), (256, 1536, 8192), (1000, 5120, 5120), (2176, 2048, 8
          (2048, 2048, 4096), (8192, 8192, 4096))
 DTYPES = ("bf16", "fp16")
 RASTER_GROUPS = (1, 8, 16)
+#: A tile 192 or 64 wide is timed where it is modelled below this fraction of pingpong
+#: 128x128's time (:func:`worth`): a margin the model's rates cannot promise either way.
+WAVE_TIMED = 0.95
 #: cuBLASLt heuristic algorithms timed per case (the heuristic's best first)
 LT_TOP = 4
 TORCH, GEMMEX = "torch.matmul", "cublas.gemmex"
@@ -101,9 +104,18 @@ BASE = in_kernel("epilogue", "nvshmem", "cta", comm_warps=3)  # the epilogue on 
 
 def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | None:
     """Why ``ml`` is left out of the timed grid at ``shape`` (None: it is timed): split-K only
-    where the unsplit tiles are fewer than the SMs and each slice keeps 4 k-tiles; 64-row tiles
-    only where M <= 1024. :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
+    where the unsplit tiles are fewer than the SMs and each slice keeps 4 k-tiles; the tiles
+    192 or 64 wide (:data:`~cuco.kernels.tp.WAVE_TILES`) only where their fuller last wave makes
+    them modelled :data:`WAVE_TIMED` of pingpong 128x128's time or less (:func:`~cuco.kernels.tp.modelled_time`); other 64-row tiles only where M <= 1024.
+    :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
     m, n, k = shape
+    if ml.cluster_m > 1 and -(-m // ml.tile_m) < ml.cluster_m:
+        return f"{ml.cluster_m}x1 clusters: M={m} is fewer m-tiles than a cluster's CTAs"
+    if ml in WAVE_TILES:
+        problem, base = problem_of(m, n, k), Mainloop("pingpong", 128, 6)
+        if modelled_time(problem, ml, sms) < WAVE_TIMED * modelled_time(problem, base, sms):
+            return None
+        return f"{ml.tile_m}x{ml.tile_n} tiles: modelled less than {1 - WAVE_TIMED:.0%} faster than 128x128's here"
     if ml.split_k > 1:
         tiles = -(-m // ml.tile_m) * -(-n // ml.tile_n)
         if tiles >= sms:

@@ -13,26 +13,45 @@ from cuco.design.problem import Problem
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
 
-TILE_MN = (64, 128, 256)
+#: Rows of an output tile: 64 (pingpong, one warpgroup's wgmma rows), 128 or 256.
+TILE_M = (64, 128, 256)
+#: Columns of an output tile: CUTLASS's Hopper collective takes any multiple of 64 its
+#: wgmma N and swizzled B layout allow; 64 and 192 fix wave quantization where 128 and 256
+#: leave a partial last wave (cuco.kernels.tp.default_mainloop weighs them).
+TILE_N = (64, 128, 192, 256)
 TILE_K = (32, 64, 128)
 RASTER_GROUPS = (1, 4, 8, 16)
 
 
 SPLIT_K = (1, 2, 3, 4, 6, 8)
+#: CTAs of a thread-block cluster along M in the in-kernel mainloop: 1, or 2 (a pair of
+#: adjacent m-tiles sharing one B tile, loaded once by TMA multicast).
+CLUSTER_M = (1, 2)
+
+
+def chunk_size_ok(v: int) -> bool:
+    """A power of two, or three times one: the in-kernel placements move one output tile per
+    flag, and a tile 192 columns wide is 3 x 2^k bytes."""
+    return v > 0 and (v & (v - 1) == 0 or (v % 3 == 0 and (v // 3) & (v // 3 - 1) == 0))
 
 
 def check_field(field: str, v: int) -> int:
     """Range checks of single tunables that pydantic's ``Field`` cannot express."""
-    if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or v & (v - 1)):
+    if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or not chunk_size_ok(v)):
         raise ValueError(
-            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144)"
+            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144), or "
+            "three times one (the bytes of a 192-column tile)"
         )
-    if field in ("tile_m", "tile_n") and v not in TILE_MN:
-        raise ValueError(f"{field}={v} is not supported; choose one of {TILE_MN}")
+    if field == "tile_m" and v not in TILE_M:
+        raise ValueError(f"tile_m={v} is not supported; choose one of {TILE_M}")
+    if field == "tile_n" and v not in TILE_N:
+        raise ValueError(f"tile_n={v} is not supported; choose one of {TILE_N}")
     if field == "raster_group" and v not in RASTER_GROUPS:
         raise ValueError(f"raster_group={v} is not supported; choose one of {RASTER_GROUPS}")
     if field == "split_k" and v not in SPLIT_K:
         raise ValueError(f"split_k={v} is not supported; choose one of {SPLIT_K}")
+    if field == "cluster_m" and v not in CLUSTER_M:
+        raise ValueError(f"cluster_m={v} is not supported; choose one of {CLUSTER_M}")
     if field == "tile_k" and v not in TILE_K:
         raise ValueError(f"tile_k={v} is not supported; choose one of {TILE_K}")
     return v
@@ -55,7 +74,7 @@ class Directives(BaseModel):
     placement: Placement = Placement.EPILOGUE
     sync_scope: SyncScope = SyncScope.KERNEL
     issuer: Issuer = Issuer.CTA
-    chunk_bytes: int = Field(default=1 << 20, description="bytes per transfer (power of two)")
+    chunk_bytes: int = Field(default=1 << 20, description="bytes per transfer (a power of two, or three times one: a 192-column tile)")
     # tunables
     tile_m: int = 128
     tile_n: int = 128
@@ -74,6 +93,9 @@ class Directives(BaseModel):
     split_k: int = Field(default=1, description="in-kernel placements: slices of K each output "
                          "tile is cut into, each slice a unit of work of its own, summed in fp32 by "
                          "the slice that finishes last before the tile's epilogue (1: whole K)")
+    cluster_m: int = Field(default=1, description="in-kernel placements: CTAs of a cluster along "
+                           "M (2: each pair of CTAs computes two adjacent m-tiles of one n-tile in "
+                           "lock-step, B loaded once for both by TMA multicast; 1: no cluster)")
     core: Core = Field(default=Core.OWN, description="what computes the op's steps: the "
                        "template's own kernel (own) or a library's kernel per phase (flash, "
                        "cudnn: context-parallel attention), beside the communication kernel")
@@ -105,6 +127,11 @@ class Directives(BaseModel):
     @classmethod
     def _split(cls, v: int) -> int:
         return check_field("split_k", v)
+
+    @field_validator("cluster_m")
+    @classmethod
+    def _cluster(cls, v: int) -> int:
+        return check_field("cluster_m", v)
 
     @field_validator("tile_m", "tile_n", "tile_k")
     @classmethod
@@ -153,6 +180,8 @@ class Directives(BaseModel):
             extra += ".pp"
         if self.split_k != 1:
             extra += f".sk{self.split_k}"
+        if self.cluster_m != 1:
+            extra += f".cl{self.cluster_m}"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def build_point(self) -> "Directives":

@@ -36,7 +36,8 @@ def _v(x: Any) -> Any:
 
 def violations(d: Mapping[str, Any]) -> list[str]:
     """Every rule of its placement that ``d`` breaks, whatever the problem (part of
-    :func:`cuco.design.rules.violations`, which every point passes)."""
+    :func:`cuco.design.rules.violations`, which every point passes), ``cluster_m``'s among
+    them (:func:`cluster_violations`)."""
     out: list[str] = []
     placement, sync, comm_ctas = _v(d["placement"]), _v(d["sync_scope"]), d["comm_ctas"]
     where = Placement(placement)
@@ -75,6 +76,29 @@ def violations(d: Mapping[str, Any]) -> list[str]:
             "split_k: placement=side_stream runs a vendor GEMM per chunk; split_k cuts the K "
             "loop of the in-kernel placements' mainloop only; set split_k=1"
         )
+    return out + cluster_violations(d)
+
+
+def cluster_violations(d: Mapping[str, Any]) -> list[str]:
+    """The rules of ``cluster_m`` (part of :func:`violations`): a cluster of 2 CTAs runs the
+    in-kernel mainloop's pairs of m-tiles in lock-step (the B tile multicast to both), so it
+    needs a placement with that mainloop, units that are whole tiles (split-K's slices of
+    one tile are not paired), and, under ``dedicated_ctas``, an even number of communication
+    CTAs (clusters are consecutive CTAs: the compute CTAs must start a cluster)."""
+    cluster, placement = d.get("cluster_m", 1), _v(d["placement"])
+    if cluster == 1:
+        return []
+    if not Placement(placement).in_kernel:
+        return [f"cluster_m: placement=side_stream runs a vendor GEMM per chunk; cluster_m={cluster} "
+                "pairs the CTAs of the in-kernel placements' mainloop only; set cluster_m=1"]
+    out = []
+    if d.get("split_k", 1) != 1:
+        out.append(f"cluster_m: cluster_m={cluster} pairs whole tiles in lock-step and split_k="
+                   f"{d['split_k']} cuts tiles into slices; set cluster_m=1 or split_k=1")
+    if placement == "dedicated_ctas" and d["comm_ctas"] % cluster:
+        out.append(f"comm_ctas: with cluster_m={cluster} the compute CTAs come in clusters of "
+                   f"{cluster} after the communication CTAs; set comm_ctas to a multiple of {cluster} "
+                   f"(e.g. {d['comm_ctas'] + cluster - d['comm_ctas'] % cluster})")
     return out
 
 

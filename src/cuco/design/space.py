@@ -27,7 +27,7 @@ FIELDS: tuple[str, ...] = tuple(Directives.model_fields)
 
 #: Fields whose choices are ordered, so a small mutation moves to a neighbour.
 ORDINAL: frozenset[str] = frozenset(
-    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group", "comm_warps", "split_k"}
+    {"chunk_bytes", "tile_m", "tile_n", "tile_k", "stages", "comm_ctas", "raster_group", "comm_warps", "split_k", "cluster_m"}
 )
 
 DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
@@ -45,6 +45,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "comm_warps": (0,),
     "schedule": (Schedule.COOPERATIVE,),
     "split_k": (1,),
+    "cluster_m": (1,),
     "chunk_schedule": tuple(ChunkSchedule),
     "core": (Core.OWN,),  # library cores: workloads whose op has them list them
 }
@@ -107,6 +108,16 @@ class DesignSpace:
             out = list(self.rules(values, self.problem))
         return out
 
+    def _valid(self, values: Mapping[str, Any]) -> bool:
+        """Whether ``values`` breaks no rule: :meth:`_broken` is empty. The space's own
+        ``rules`` go first here, where only the verdict counts: a workload's rules refuse most
+        of a grid whose tunables are coupled (the in-kernel mainloops: a few of the product
+        of schedule, tiles, stages, split_k and cluster_m) at the cost of a tuple lookup,
+        while the design rules take as long for every point."""
+        if self.rules is not None and self.rules(values, self.problem):
+            return False
+        return not violations(values, self.problem)
+
     def violations(self, d: Directives | Mapping[str, Any]) -> list[str]:
         """Rules broken by ``d`` (for this space's problem), plus choices outside the grid."""
         values = d.__dict__ if isinstance(d, Directives) else dict(d)
@@ -138,7 +149,7 @@ class DesignSpace:
             points = []
             for combo in itertools.product(*(self.choices[f] for f in FIELDS)):
                 values = dict(zip(FIELDS, combo))
-                if not self._broken(values):
+                if self._valid(values):
                     points.append(values)
             self._points = points
         return self._points
@@ -181,9 +192,13 @@ class DesignSpace:
     def sample(self, rng: RngLike = None) -> Directives:
         """A uniformly random valid point."""
         r = as_rng(rng)
+        if self._points is not None:  # listed already: the same uniform draw, without rejections
+            if not self._points:
+                raise self._empty()
+            return Directives.model_construct(**r.choice(self._points))
         for _ in range(10_000):
             values = {f: r.choice(self.choices[f]) for f in FIELDS}
-            if not self._broken(values):
+            if self._valid(values):
                 return Directives.model_construct(**values)
         points = list(self._valid_dicts())
         if not points:
@@ -251,8 +266,8 @@ class DesignSpace:
             values["sync_scope"] = SyncScope.CHUNK
         stream_order.repair(values, self.choices)
         cores.repair(values, self.choices)
-        if not values["placement"].in_kernel:  # tile order, comm warps, split-K: in-kernel only
-            for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1)):
+        if not values["placement"].in_kernel:  # tile order, comm warps, split-K, clusters: in-kernel only
+            for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1), ("cluster_m", 1)):
                 if neutral in self.choices[f]:
                     values[f] = neutral
         elif self.problem is not None:  # in-kernel placements move one output tile per flag

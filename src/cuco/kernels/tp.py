@@ -8,8 +8,8 @@ Three templates:
   whose GEMM mainloop is CUTLASS's Hopper collective (TMA + wgmma); each output tile is
   moved by the compute CTA itself (epilogue) or by CTAs of the same kernel reserved for
   communication (dedicated_ctas), with a flag per tile. These are built as shared objects
-  (CUTLASS builds the TMA descriptors on the host) and need a tile_m of 128 or 256; the
-  placements' own rules (one output tile per flag, ...) are in
+  (CUTLASS builds the TMA descriptors on the host); their tiles are those of
+  :data:`MAINLOOPS` (what :func:`supported` takes); the placements' own rules (one output tile per flag, ...) are in
   :mod:`cuco.design.placement_rules`.
 """
 
@@ -40,23 +40,38 @@ CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 
 class Mainloop(NamedTuple):
     """One in-kernel mainloop a search sweeps: the consumer schedule, the tile (``tile_m`` x
-    ``tile_n`` x 64), the pipeline's stages and how many slices of K each tile is cut into."""
+    ``tile_n`` x 64), the pipeline's stages, how many slices of K each tile is cut into and
+    the CTAs of a cluster along M (2: B multicast to a pair of m-tiles)."""
 
     schedule: str
     tile_n: int
     stages: int
     tile_m: int = 128
     split_k: int = 1
+    cluster_m: int = 1
 
     @classmethod
     def of(cls, d: Directives) -> "Mainloop":
-        return cls(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k)
+        return cls(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k, d.cluster_m)
 
     def text(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n} with {self.stages} stages"
-                + (f", K in {self.split_k} slices" if self.split_k > 1 else ""))
+                + (f", K in {self.split_k} slices" if self.split_k > 1 else "")
+                + (f", {self.cluster_m}x1 clusters" if self.cluster_m > 1 else ""))
 
 
+#: Tiles 192 or 64 columns wide, for GEMMs whose 128- and 256-wide tiles leave a partial last
+#: wave (wave quantization: e.g. 2176x2048 is 272 128x128 tiles, 2.06 waves of 132 SMs, and
+#: 374 64x192 tiles, 2.83): cooperative 128x192, pingpong 64x192 and 64x64 (a decode-like M's
+#: N cut finer instead of K). Each with the most stages that fit beside the staged output tile;
+#: modelled (:func:`default_mainloop`), not yet run on a GPU.
+WAVE_TILES = (Mainloop("cooperative", 192, 4), Mainloop("pingpong", 192, 6, tile_m=64),
+              Mainloop("pingpong", 64, 8, tile_m=64))
+#: 2x1 clusters: each pair of CTAs computes two adjacent m-tiles of one n-tile in lock-step,
+#: the B tile loaded once for both (TMA multicast): half of B's L2 traffic, for the mainloops
+#: with many tiles along M. Not yet run on a GPU.
+CLUSTER_MAINLOOPS = (Mainloop("cooperative", 256, 3, cluster_m=2), Mainloop("pingpong", 128, 6, cluster_m=2),
+                     Mainloop("cooperative", 128, 4, cluster_m=2))
 #: The in-kernel mainloops a search sweeps, each with the most stages that fit beside the staged
 #: output tile. The first three were measured on one H200: the best of them ran 1.003-1.078x
 #: torch.matmul on each of 12 GEMMs; pingpong won 8, cooperative 128x256 the large-N ones
@@ -67,7 +82,8 @@ class Mainloop(NamedTuple):
 MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), Mainloop("pingpong", 128, 6),
              Mainloop("pingpong", 128, 8, tile_m=64), Mainloop("pingpong", 256, 4, tile_m=64),
              Mainloop("pingpong", 128, 6, split_k=2), Mainloop("pingpong", 128, 6, split_k=4),
-             Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), Mainloop("pingpong", 128, 8, tile_m=64, split_k=4))
+             Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), Mainloop("pingpong", 128, 8, tile_m=64, split_k=4),
+             *WAVE_TILES, *CLUSTER_MAINLOOPS)
 #: split-K: the most workspace (fp32 partial tiles, one per slice of every tile) a point may ask
 #: for; split-K is for GEMMs with fewer tiles than SMs, where this is a few MiB.
 SPLIT_K_WORKSPACE_LIMIT = 256 << 20
@@ -77,7 +93,7 @@ SPLIT_K_WORKSPACE_LIMIT = 256 << 20
 SMS = 132
 #: The mainloop fields of :func:`in_kernel`, and their values when neither they nor a problem
 #: are given (the cooperative 128x256 mainloop, three stages, K whole).
-MAINLOOP_FIELDS = dict(schedule="cooperative", tile_n=256, stages=3, tile_m=128, split_k=1)
+MAINLOOP_FIELDS = dict(schedule="cooperative", tile_n=256, stages=3, tile_m=128, split_k=1, cluster_m=1)
 
 
 class Pick(NamedTuple):
@@ -89,7 +105,7 @@ class Pick(NamedTuple):
     why: str
 
 
-def _waves(tiles: int, sms: int) -> tuple[float, float]:
+def wave_fill(tiles: int, sms: int) -> tuple[float, float]:
     """``(waves, efficiency)`` of ``tiles`` units on ``sms`` persistent CTAs: the last wave's
     idle SMs count against the efficiency."""
     full = -(-tiles // sms)
@@ -108,12 +124,16 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     1.2% of the best measured point there (tests/test_gemm_mainloop_cpu.py reads the file).
     Modelled, not yet measured: below half a wave of 128x128 tiles (decode-like M), the
     split-K mainloop whose units (tiles x slices) fill the waves best, each slice at least 4
-    k-tiles deep, with 64-row tiles where a rank's block of rows is at most 64.
+    k-tiles deep, with 64-row tiles where a rank's block of rows is at most 64; and where the
+    measured pick is pingpong 128x128, the unsplit mainloop (the 192- and 64-wide tiles
+    included) that :func:`modelled_time` puts :data:`WAVE_GAIN` below it, if any (wave
+    quantization: 2176x2048 takes pingpong 64x192; every GEMM the picks were measured on
+    keeps its pick).
     """
     pick = _default_mainloop(problem, sms)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
         return pick
-    for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, -ml.tile_m * ml.tile_n)):  # the largest tiles
+    for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, ml.cluster_m, -ml.tile_m * ml.tile_n)):  # the largest tiles
         if not supported(problem, with_mainloop(in_kernel("epilogue"), ml, problem.dtype_bytes)):
             return Pick(ml, pick.raster_group, f"{ml.text()}: the first mainloop that renders here "
                         f"({pick.mainloop.text()} does not)")
@@ -127,25 +147,26 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
     def tiles(tm: int, tn: int) -> int:
         return w * -(-rows // tm) * -(-n // tn)
 
-    waves, eff = _waves(tiles(128, 256), sms)
+    waves, eff = wave_fill(tiles(128, 256), sms)
     if waves > 1.5 and eff >= 0.95:
         return Pick(Mainloop("cooperative", 256, 3), 16, f"128x256 tiles fill {waves:.2f} waves, "
                     f"the last {eff:.0%} full (measured: cooperative 128x256 wins there)")
     tm = 64 if rows <= 64 else 128
     t = tiles(tm, 128)
     if t >= sms / 2 or tm == 128 and k < 512:
-        return Pick(Mainloop("pingpong", 128, 8 if tm == 64 else 6, tm), 8,
-                    f"{t} {tm}x128 tiles ({_waves(t, sms)[0]:.2f} waves; measured: pingpong 128x128 "
+        pick = Pick(Mainloop("pingpong", 128, 8 if tm == 64 else 6, tm), 8,
+                    f"{t} {tm}x128 tiles ({wave_fill(t, sms)[0]:.2f} waves; measured: pingpong 128x128 "
                     "wins where 128x256 tiles leave a partial last wave)")
+        return _fuller_waves(problem, pick, sms)
     kt = -(-k // 64)
     best, best_score = None, 0.0
     for ml in MAINLOOPS:
-        if ml.tile_m != tm or ml.tile_n != 128 or ml.schedule != "pingpong":
+        if ml.tile_m != tm or ml.tile_n != 128 or ml.schedule != "pingpong" or ml.cluster_m > 1:
             continue
         slices, per = k_slices(k, ml.split_k)
         if ml.split_k > 1 and per < 4:
             continue
-        score = _waves(t * slices, sms)[1] * min(1.0, t * slices / sms) / (1 + 0.05 * (slices - 1))
+        score = wave_fill(t * slices, sms)[1] * min(1.0, t * slices / sms) / (1 + 0.05 * (slices - 1))
         if score > best_score:
             best, best_score = ml, score
     assert best is not None  # the unsplit pingpong tm x 128 mainloop is always there
@@ -156,10 +177,54 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
                 + " (modelled: split-K and 64-row tiles not yet measured)")
 
 
+#: A tile width's mainloop throughput relative to 128 or more columns (modelled: a
+#: warpgroup's 64-column wgmma reads as many shared-memory bytes of A per flop as of B, near
+#: the SM's shared-memory bandwidth), and the 64-row tiles' (each CTA loads B for half the
+#: rows). Not measured; they only rank tiles in :func:`modelled_time`.
+TILE_N_RATE = {64: 0.8}
+TILE_M64_RATE = 0.9
+#: A modelled pick replaces a measured one only where it is modelled this much faster.
+WAVE_GAIN = 0.9
+
+
+def modelled_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
+    """The modelled time of ``ml`` at ``problem``, in units of one 128x128 tile's whole K
+    loop on one SM: the waves of units (tiles x slices of K) the persistent CTAs run, a
+    partial last wave costing a whole one (wave quantization), times each unit's share of a
+    128x128 tile's work, 5% per extra slice for the fold, over the tile's relative rate."""
+    m, n, k = local_gemm(problem)
+    rows, w = placement_rules.row_block(problem), problem.world_size
+    tiles = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n)
+    slices, per = k_slices(k, ml.split_k)
+    rate = TILE_N_RATE.get(ml.tile_n, 1.0) * (TILE_M64_RATE if ml.tile_m == 64 else 1.0)
+    work = ml.tile_m * ml.tile_n / (128 * 128) * per / -(-k // 64)
+    return -(-tiles * slices // sms) * work * (1 + 0.05 * (slices - 1)) / rate
+
+
+def _fuller_waves(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
+    """``pick`` (a measured one), or the unsplit mainloop of :data:`MAINLOOPS` whose tiles
+    fill the waves so much better that :func:`modelled_time` puts it :data:`WAVE_GAIN` below
+    ``pick``'s: e.g. 2176x2048 in 374 64x192 tiles (2.83 waves) against 272 128x128 tiles
+    (2.06 waves, the third nearly empty). Modelled, not measured."""
+    base = modelled_time(problem, pick.mainloop, sms)
+    best = min((ml for ml in MAINLOOPS if ml.split_k == 1 and ml.cluster_m == 1),
+               key=lambda ml: modelled_time(problem, ml, sms))
+    t = modelled_time(problem, best, sms)
+    if t > WAVE_GAIN * base:
+        return pick
+    m, n, _ = local_gemm(problem)
+    rows, w = placement_rules.row_block(problem), problem.world_size
+    tiles = w * -(-rows // best.tile_m) * -(-n // best.tile_n)
+    waves, eff = wave_fill(tiles, sms)
+    return Pick(best, 8, f"{tiles} {best.tile_m}x{best.tile_n} tiles fill {waves:.2f} waves, the last "
+                f"{eff:.0%} full: modelled {t / base:.0%} of {pick.mainloop.text()}'s time "
+                "(modelled, not measured)")
+
+
 def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n: int | None = None,
               stages: int | None = None, comm_ctas: int = 0, dtype_bytes: int = 2,
               raster_group: int | None = None, comm_warps: int = 0, schedule: str | None = None,
-              tile_m: int | None = None, split_k: int | None = None,
+              tile_m: int | None = None, split_k: int | None = None, cluster_m: int | None = None,
               problem: GemmProblem | None = None) -> Directives:
     """An ``epilogue``/``dedicated_ctas`` point: tile ``tile_m`` x ``tile_n`` x 64, one tile per
     flag, K cut into ``split_k`` slices.
@@ -168,7 +233,8 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
     them is given and ``problem`` is, :func:`default_mainloop`'s pick for it (and its tile
     order, unless ``raster_group`` is given); otherwise those not given take
     :data:`MAINLOOP_FIELDS` (cooperative 128x256, 3 stages; tile order 1)."""
-    given = dict(schedule=schedule, tile_n=tile_n, stages=stages, tile_m=tile_m, split_k=split_k)
+    given = dict(schedule=schedule, tile_n=tile_n, stages=stages, tile_m=tile_m, split_k=split_k,
+                 cluster_m=cluster_m)
     ml = {f: v for f, v in given.items() if v is not None}
     if not ml and problem is not None:
         pick = default_mainloop(problem)
@@ -180,14 +246,14 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
                       tile_m=ml["tile_m"], tile_n=ml["tile_n"], tile_k=64, stages=ml["stages"],
                       comm_ctas=comm_ctas, chunk_bytes=ml["tile_m"] * ml["tile_n"] * dtype_bytes,
                       raster_group=1 if raster_group is None else raster_group, comm_warps=comm_warps,
-                      schedule=ml["schedule"], split_k=ml["split_k"])
+                      schedule=ml["schedule"], split_k=ml["split_k"], cluster_m=ml["cluster_m"])
 
 
 def with_mainloop(d: Directives, ml: Mainloop, dtype_bytes: int = 2) -> Directives:
     """``d`` (an in-kernel point) with the mainloop ``ml``: its tile, stages, schedule and
     split, the chunk one tile."""
     return d.replace(schedule=ml.schedule, tile_m=ml.tile_m, tile_n=ml.tile_n, stages=ml.stages,
-                     split_k=ml.split_k, chunk_bytes=ml.tile_m * ml.tile_n * dtype_bytes)
+                     split_k=ml.split_k, cluster_m=ml.cluster_m, chunk_bytes=ml.tile_m * ml.tile_n * dtype_bytes)
 
 
 def pattern_of(problem: GemmProblem) -> TPPattern:
@@ -289,6 +355,7 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
                 schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG, split_k=d.split_k,
+                cluster_m=d.cluster_m,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
                 flag_stride=FLAG_STRIDE, name=d.build_point().full_name, gemm_only=gemm_only,
                 launch_entry=fused_launch.ENTRY,

@@ -240,9 +240,10 @@ class GemmWorkload(Workload):
                            placement=list(placements), sync_scope=["chunk"],
                            chunk_bytes=sorted({*side, *tiles}),
                            tile_m=sorted({ml.tile_m for ml in templates.MAINLOOPS}) if in_kernel else [128],
-                           tile_n=[128, 256] if in_kernel else [128], tile_k=[64],
+                           tile_n=sorted({ml.tile_n for ml in templates.MAINLOOPS}) if in_kernel else [128], tile_k=[64],
                            stages=sorted({ml.stages for ml in templates.MAINLOOPS}) if in_kernel else [4],
                            split_k=sorted({ml.split_k for ml in templates.MAINLOOPS}) if in_kernel else [1],
+                           cluster_m=sorted({ml.cluster_m for ml in templates.MAINLOOPS}) if in_kernel else [1],
                            comm_ctas=sorted(set(comm)), issuer=["thread", "warp", "cta"],
                            schedule=["cooperative", "pingpong"] if in_kernel else ["cooperative"],
                            raster_group=[1, 8, 16] if in_kernel else [1],
@@ -265,7 +266,7 @@ class GemmWorkload(Workload):
         if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
             return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
         if templates.Mainloop(values["schedule"].value, values["tile_n"], values["stages"], values["tile_m"],
-                              values["split_k"]) not in templates.MAINLOOPS:
+                              values["split_k"], values["cluster_m"]) not in templates.MAINLOOPS:
             return ["stages: the in-kernel mainloops of this space are " + "; ".join(
                 ml.text() for ml in templates.MAINLOOPS)]
         return self.supported(Directives.model_construct(**values))

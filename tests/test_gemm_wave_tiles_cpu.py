@@ -1,0 +1,121 @@
+"""Issue #37's tile widths on the CPU: tiles 192 and 64 columns wide (the directives and their
+refusals, the space and the benchmark sweeping them, the wave model that picks them by
+default); the nvcc builds of every new mainloop, in both build paths, are marked slow."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuco import DirectiveError, Directives, GemmProblem
+from cuco.benchmarks import gemm_alone as ga
+from cuco.kernels import tp
+from cuco.kernels.tp import (
+    MAINLOOPS, WAVE_TILES, Mainloop, default_mainloop, in_kernel, modelled_time, render_tp,
+    with_mainloop,
+)
+
+
+def test_tile_widths_192_and_64_are_directives_with_named_refusals():
+    d = in_kernel("epilogue", tile_n=192, stages=4)
+    assert d.chunk_bytes == 128 * 192 * 2 and ".t128x192x64.s4." in d.full_name
+    assert in_kernel("epilogue", tile_m=64, tile_n=64, stages=8, schedule="pingpong").chunk_bytes == 8192
+    with pytest.raises(DirectiveError, match=r"tile_n=96 is not supported; choose one of \(64, 128, 192, 256\)"):
+        in_kernel("epilogue", tile_n=96)
+    with pytest.raises(DirectiveError, match=r"tile_m=192 is not supported; choose one of \(64, 128, 256\)"):
+        in_kernel("epilogue", tile_m=192)
+    # a chunk of 3 x 2^k bytes is one 192-column tile; 5 x 2^k is no tile and no power of two
+    assert Directives(chunk_bytes=3 << 14).chunk_bytes == 49152
+    with pytest.raises(DirectiveError, match="power of two"):
+        Directives(chunk_bytes=5 << 14)
+    # pingpong: one warpgroup holds a whole tile's accumulators
+    with pytest.raises(DirectiveError, match=r"schedule: under pingpong one warpgroup holds a whole 128x192"):
+        in_kernel("epilogue", tile_n=192, stages=4, schedule="pingpong")
+
+
+def test_a_192_wide_tile_with_too_many_stages_names_the_stages_that_fit():
+    p = ga.problem_of(1000, 5120, 5120)
+    with pytest.raises(DirectiveError, match="set stages=4"):
+        render_tp(p, in_kernel("epilogue", tile_n=192, stages=5), gemm_only=True)
+
+
+def test_every_wave_tile_renders_with_its_tile_constants():
+    p = ga.problem_of(1000, 5120, 5120)
+    for ml in WAVE_TILES:
+        assert ml in MAINLOOPS
+        src = render_tp(p, with_mainloop(ga.BASE, ml), gemm_only=True)[0].source
+        assert f"kTileM = {ml.tile_m}, kTileN = {ml.tile_n}," in src
+
+
+def test_the_space_offers_the_wave_tiles():
+    from cuco.workloads import for_problem
+    problem = GemmProblem(workload="gemm_allreduce", m=2176, k=8192, n=2048, world_size=2)
+    seen = {Mainloop.of(d) for d in for_problem(problem).space(["epilogue"]).enumerate()}
+    assert set(WAVE_TILES) <= seen
+
+
+def test_modelled_time_counts_a_partial_last_wave_as_a_whole_one():
+    p = ga.problem_of(2176, 2048, 8192)
+    pp128 = Mainloop("pingpong", 128, 6)
+    # 272 128x128 tiles: 3 waves of 132 SMs, each a whole 128x128 tile's work
+    assert modelled_time(p, pp128) == pytest.approx(3.0)
+    # 136 128x256 tiles: 2 waves of twice the work
+    assert modelled_time(p, Mainloop("cooperative", 256, 3)) == pytest.approx(4.0)
+    # 374 64x192 tiles: 3 waves of 3/4 of the work, at the 64-row tiles' modelled rate
+    assert modelled_time(p, Mainloop("pingpong", 192, 6, tile_m=64)) == pytest.approx(3 * 0.75 / tp.TILE_M64_RATE)
+
+
+@pytest.mark.parametrize("shape,expect", [
+    ((2176, 2048, 8192), Mainloop("pingpong", 192, 6, tile_m=64)),
+    ((1536, 1536, 1536), Mainloop("cooperative", 192, 4)),
+    ((1024, 1536, 28672), Mainloop("pingpong", 192, 6, tile_m=64)),
+    # the wave model keeps a measured pick it does not beat by WAVE_GAIN
+    ((2048, 2048, 4096), Mainloop("pingpong", 128, 6)),
+    ((1000, 5120, 5120), Mainloop("pingpong", 128, 6)),
+])
+def test_the_default_weighs_wave_efficiency(shape, expect):
+    pick = default_mainloop(ga.problem_of(*shape))
+    assert pick.mainloop == expect
+    if expect in WAVE_TILES:
+        assert "modelled, not measured" in pick.why and "waves" in pick.why
+
+
+def test_the_benchmark_times_wave_tiles_where_the_model_says_they_can_win():
+    points = {Mainloop.of(d) for d in ga.mainloop_points((1536, 1536, 1536))}
+    # 96 128x192 tiles (one wave), 216 64x192 (two) and 576 64x64 (five waves of a quarter
+    # tile each, at a lower rate) against 144 128x128 (two waves)
+    assert set(WAVE_TILES) <= points
+    # 8192x8192: 4096 128x128 tiles fill 31 waves nearly whole; 128x192's 31.5 waves of 1.5
+    # tiles' work are within WAVE_TIMED of them
+    assert not {Mainloop.of(d) for d in ga.mainloop_points((8192, 8192, 4096))} & set(WAVE_TILES)
+
+
+# ---- nvcc (slow) ----------------------------------------------------------------------------
+def wave_points():
+    """Each wave tile in a gemm_only build and in a fused reduction with its epilogue on the
+    consumers, comm warps or dedicated CTAs (every tile loop of the template)."""
+    rs = GemmProblem(workload="gemm_reducescatter", m=1000, n=1040, k=1040, world_size=2)
+    ag = GemmProblem(workload="allgather_gemm", m=1000, n=1040, k=1040, world_size=2)
+    out = [(f"gemm_only {ml.text()}", ga.problem_of(1000, 5120, 5120), with_mainloop(ga.BASE, ml), True)
+           for ml in WAVE_TILES]
+    out += [("128x192 reduce-scatter", rs, in_kernel("epilogue", "lsa", "cta", tile_n=192, stages=4), False),
+            ("64x64 all-gather, comm warps", ag, in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=64,
+                                                           stages=8, schedule="pingpong", comm_warps=3), False),
+            ("64x192 dedicated CTAs", rs, in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=64,
+                                                    tile_n=192, stages=6, schedule="pingpong"), False)]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("whole_program", [False, True], ids=["separate", "whole"])
+def test_the_wave_tiles_compile_for_sm90a_in_both_build_paths(whole_program):
+    from cuco.kernels import Compiler
+    from cuco.kernels import jitlink
+    from cuco.kernels.compiler import performance_losses
+    if not whole_program and not jitlink.available():
+        pytest.skip("separate compilation needs nvJitLink")
+    srcs = [(label, render_tp(p, d, gemm_only=g)[0]) for label, p, d, g in wave_points()]
+    built = Compiler(arch="sm_90a", whole_program=whole_program).compile_many(
+        [(s.name, s.source, s.needs) for _, s in srcs])
+    for (label, _), b in zip(srcs, built):
+        assert hasattr(b, "path"), f"{label}: {b}"
+        assert not performance_losses(b.log or ""), label
