@@ -109,7 +109,7 @@ def test_comm_warps_are_an_in_kernel_tunable():
 
 
 def test_rows_that_split_unevenly_over_the_ranks_are_refused_and_short_tiles_are_not():
-    p = GemmProblem(workload="gemm_reducescatter", m=384, n=1000, k=1000, world_size=2)  # 192 rows/rank
+    p = GemmProblem(workload="gemm_reducescatter", m=384, n=1000, k=1008, world_size=2)  # 192 rows/rank, K 504 a rank
     assert "cuco_fused_launch" in render_tp(p, in_kernel("epilogue"))[0].source
     odd = GemmProblem(workload="gemm_allreduce", m=385, n=1024, k=1024, world_size=2)
     with pytest.raises(DirectiveError, match="use placement=side_stream or pad M to a multiple of 2"):
