@@ -164,3 +164,69 @@ def test_placement_kinds_live_on_the_enum():
     assert {p.value for p in Placement if p.own_comm_ctas} == {"dedicated_ctas", "side_stream"}
     assert set(IN_KERNEL) == {"epilogue", "dedicated_ctas"}
     assert Placement("side_stream").in_kernel is False
+
+
+# ---- coupled fields --------------------------------------------------------------------------
+MAINLOOPS = [("cooperative", 128, 256, 3), ("pingpong", 128, 128, 4), ("pingpong", 256, 128, 3)]
+COUPLED = ("schedule", "tile_m", "tile_n", "stages")
+
+
+def _mainloop_space(coupled: bool) -> DesignSpace:
+    """An in-kernel space whose mainloop fields take only MAINLOOPS: listed as a coupled group,
+    or as a rule over the product of their choices."""
+    def listed_only(values, _problem):
+        row = tuple(getattr(values[f], "value", values[f]) for f in COUPLED)
+        return [] if row in MAINLOOPS else ["stages: not a listed mainloop"]
+    return DesignSpace(GemmProblem(workload="gemm_allreduce", m=4096, n=4096, k=4096, world_size=2),
+                       rules=None if coupled else listed_only,
+                       coupled={COUPLED: MAINLOOPS} if coupled else None,
+                       backend=["lsa", "nvshmem"], placement=["epilogue"], sync_scope=["chunk"],
+                       chunk_schedule=["direct"], comm_ctas=[0], chunk_bytes=[64 << 10],
+                       schedule=["cooperative", "pingpong"], tile_m=[128, 256], tile_n=[128, 256], stages=[3, 4])
+
+
+def test_a_coupled_group_lists_the_same_points_in_the_same_order_from_a_smaller_grid():
+    """Coupling only leaves out the combinations never offered: the valid points, and their
+    order (seeded samples and searches see the same list), are those of the full product
+    filtered by a rule, from a grid the size of the listed combinations."""
+    full, coupled = _mainloop_space(False), _mainloop_space(True)
+    listed = [d.to_json() for d in coupled.enumerate()]
+    assert listed == [d.to_json() for d in full.enumerate()] and listed
+    assert coupled.grid_size * 16 == full.grid_size * 3  # 3 combinations instead of 2*2*2*2
+    rng = random.Random(4)
+    for _ in range(20):
+        d = coupled.sample(rng)
+        assert (d.schedule.value, d.tile_m, d.tile_n, d.stages) in MAINLOOPS
+        m = coupled.mutate(d, rng, strength=0.9)
+        assert coupled.contains(m) and (m.schedule.value, m.tile_m, m.tile_n, m.stages) in MAINLOOPS
+
+
+def test_a_point_outside_the_coupled_combinations_is_not_in_the_space():
+    space = _mainloop_space(True)
+    d = space.default().model_copy(update={"tile_m": 256, "tile_n": 256})
+    bad = space.violations(d)
+    assert not space.contains(d) and any("combinations" in b and "schedule" in b for b in bad), bad
+
+
+@pytest.mark.parametrize("coupled,says", [
+    ({("tile_m", "nope"): [(128, 1)]}, "nope"),
+    ({("tile_m",): [(128,)], ("tile_m", "tile_n"): [(128, 128)]}, "one group only"),
+    ({("tile_m", "tile_n"): [(128,)]}, "has 1 values for 2 fields"),
+    ({("tile_m",): [(64,)]}, "tile_m=64 is not among that field's choices"),
+    ({("tile_m",): []}, "needs at least one combination"),
+])
+def test_bad_coupled_groups_are_refused_naming_what_to_fix(coupled, says):
+    with pytest.raises(DirectiveError, match=says):
+        DesignSpace(coupled=coupled, tile_m=[128, 256], tile_n=[128, 256])
+
+
+def test_the_tensor_parallel_spaces_grid_is_the_mainloops_not_their_product():
+    """Listing a TP space walked 2.28M combinations (a minute on 2 cores) once the mainloops
+    had six coupled fields; it walks the listed mainloops'."""
+    from cuco.kernels.tp import MAINLOOPS as TP_MAINLOOPS
+    from cuco.workloads import GemmAllReduce
+    space = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2).space()
+    assert space.grid_size < 200_000
+    seen = {(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k, d.cluster_m)
+            for d in space.enumerate() if d.placement.in_kernel}
+    assert seen <= set(TP_MAINLOOPS) and len(seen) >= 3  # those that render at this shape

@@ -77,6 +77,7 @@ class DesignSpace:
     """
 
     def __init__(self, problem: Problem | None = None, *, rules: Rules | None = None,
+                 coupled: Mapping[Sequence[str], Sequence[Sequence[Any]]] | None = None,
                  **choices: Sequence[Any]):
         unknown = set(choices) - set(FIELDS)
         if unknown:
@@ -98,7 +99,42 @@ class DesignSpace:
             except (ValueError, TypeError) as exc:
                 raise DirectiveError([f"{f}: {exc}"]) from None
             self.choices[f] = tuple(dict.fromkeys(vals))
+        self.coupled = self._coupled(coupled or {})
         self._points: list[dict[str, Any]] | None = None  # the valid points, listed once
+
+    def _coupled(self, coupled: Mapping[Sequence[str], Sequence[Sequence[Any]]]
+                 ) -> tuple[tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]], ...]:
+        """Groups of fields whose values go together (the in-kernel mainloops: schedule, tiles,
+        stages, split-K, clusters), each with the joint values the grid takes: the grid is the
+        product of the other fields' choices and of each group's listed tuples, not of all the
+        group's fields' choices (a few tuples of a product of hundreds). The rules still judge
+        every point; a group only leaves out combinations that were never offered."""
+        groups, seen = [], set()
+        for fields, rows in coupled.items():
+            fields = tuple(fields)
+            bad = [f for f in fields if f not in FIELDS or f in seen]
+            if bad or len(set(fields)) != len(fields):
+                raise DirectiveError([f"coupled: {', '.join(bad or fields)}: each coupled field must be a "
+                                      f"dimension of Directives, in one group only"])
+            seen.update(fields)
+            typed = []
+            for row in rows:
+                if len(row) != len(fields):
+                    raise DirectiveError([f"coupled: {tuple(row)} has {len(row)} values for {len(fields)} "
+                                          f"fields {', '.join(fields)}"])
+                try:
+                    vals = tuple(coerce_field(f, v) for f, v in zip(fields, row))
+                except (ValueError, TypeError) as exc:
+                    raise DirectiveError([f"coupled: {exc}"]) from None
+                outside = [f for f, v in zip(fields, vals) if v not in self.choices[f]]
+                if outside:
+                    raise DirectiveError([f"coupled: {outside[0]}={getattr(vals[fields.index(outside[0])], 'value', vals[fields.index(outside[0])])} "
+                                          f"is not among that field's choices"])
+                typed.append(vals)
+            if not typed:
+                raise DirectiveError([f"coupled: {', '.join(fields)} needs at least one combination"])
+            groups.append((fields, tuple(dict.fromkeys(typed))))
+        return tuple(groups)
 
     # ---- membership and validity ------------------------------------------------
     def _broken(self, values: Mapping[str, Any]) -> list[str]:
@@ -126,6 +162,11 @@ class DesignSpace:
             if values[f] not in self.choices[f]:
                 shown = ", ".join(str(getattr(c, "value", c)) for c in self.choices[f])
                 out.append(f"{f}: {getattr(values[f], 'value', values[f])} is outside this space; choose one of {shown}")
+        for fields, rows in self.coupled:
+            if tuple(values[f] for f in fields) not in rows:
+                out.append(f"{fields[0]}: ({', '.join(fields)}) = ("
+                           + ", ".join(str(getattr(values[f], "value", values[f])) for f in fields)
+                           + ") is not one of this space's combinations of them")
         return out
 
     def validate(self, d: Directives | Mapping[str, Any]) -> Directives:
@@ -141,16 +182,30 @@ class DesignSpace:
         return not self.violations(d)
 
     # ---- the grid -----------------------------------------------------------------
+    def _grid(self) -> Iterator[dict[str, Any]]:
+        """Every point of the grid (valid or not): the product of the free fields' choices
+        and of each coupled group's combinations."""
+        grouped = [f for fields, _ in self.coupled for f in fields]
+        free = [f for f in FIELDS if f not in grouped]
+        for combo in itertools.product(*(self.choices[f] for f in free), *(rows for _, rows in self.coupled)):
+            values = dict(zip(free, combo))
+            for (fields, _), row in zip(self.coupled, combo[len(free):]):
+                values.update(zip(fields, row))
+            yield {f: values[f] for f in FIELDS}
+
+    def _order(self, values: Mapping[str, Any]) -> tuple[int, ...]:
+        """A point's place in the product of every field's choices (in :data:`FIELDS` order):
+        the order :meth:`enumerate` lists points in, with or without coupled groups."""
+        return tuple(self.choices[f].index(values[f]) for f in FIELDS)
+
     def _valid_dicts(self) -> list[dict[str, Any]]:
         """Every valid point's values, in a fixed order. Filtering the grid is the costly
         part (seconds for grids of 10^6), so it is done once per space: ``size``,
         ``default``, ``enumerate`` and model-based proposers share the list."""
         if self._points is None:
-            points = []
-            for combo in itertools.product(*(self.choices[f] for f in FIELDS)):
-                values = dict(zip(FIELDS, combo))
-                if self._valid(values):
-                    points.append(values)
+            points = [values for values in self._grid() if self._valid(values)]
+            if self.coupled:
+                points.sort(key=self._order)
             self._points = points
         return self._points
 
@@ -158,8 +213,8 @@ class DesignSpace:
         """Why no point is valid: the rules its closest points break. A shape that no tile
         divides is a :class:`ShapeError` naming the dimension and what to choose."""
         closest: list[str] | None = None
-        for combo in itertools.product(*(self.choices[f] for f in FIELDS)):
-            bad = self._broken(dict(zip(FIELDS, combo)))
+        for values in self._grid():
+            bad = self._broken(values)
             if closest is None or len(bad) < len(closest):
                 closest = bad
         closest = closest or []
@@ -182,10 +237,15 @@ class DesignSpace:
 
     @property
     def grid_size(self) -> int:
-        """Number of points before validity filtering."""
+        """Number of points before validity filtering (each coupled group counts its
+        combinations)."""
+        grouped = {f for fields, _ in self.coupled for f in fields}
         n = 1
         for f in FIELDS:
-            n *= len(self.choices[f])
+            if f not in grouped:
+                n *= len(self.choices[f])
+        for _, rows in self.coupled:
+            n *= len(rows)
         return n
 
     # ---- moves --------------------------------------------------------------------
@@ -198,6 +258,8 @@ class DesignSpace:
             return Directives.model_construct(**r.choice(self._points))
         for _ in range(10_000):
             values = {f: r.choice(self.choices[f]) for f in FIELDS}
+            for fields, rows in self.coupled:
+                values.update(zip(fields, r.choice(rows)))
             if self._valid(values):
                 return Directives.model_construct(**values)
         points = list(self._valid_dicts())

@@ -235,7 +235,9 @@ class GemmWorkload(Workload):
             + ([0] if Placement.EPILOGUE in placements else []) \
             + ([8, 16] if Placement.DEDICATED_CTAS in placements else [])
 
+        schedules = ["cooperative", "pingpong"] if in_kernel else ["cooperative"]
         return DesignSpace(problem, rules=lambda values, _p: self.space_refusals(values, side),
+                           coupled={templates.Mainloop._fields: self._mainloop_rows(placements, schedules)},
                            backend=[b.value for b in self.backends],
                            placement=list(placements), sync_scope=["chunk"],
                            chunk_bytes=sorted({*side, *tiles}),
@@ -245,9 +247,26 @@ class GemmWorkload(Workload):
                            split_k=sorted({ml.split_k for ml in templates.MAINLOOPS}) if in_kernel else [1],
                            cluster_m=sorted({ml.cluster_m for ml in templates.MAINLOOPS}) if in_kernel else [1],
                            comm_ctas=sorted(set(comm)), issuer=["thread", "warp", "cta"],
-                           schedule=["cooperative", "pingpong"] if in_kernel else ["cooperative"],
+                           schedule=schedules,
                            raster_group=[1, 8, 16] if in_kernel else [1],
                            comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
+
+    @staticmethod
+    def _mainloop_rows(placements: Sequence[Placement], schedules: Sequence[str]) -> list[tuple]:
+        """The joint values of a :class:`~cuco.kernels.tp.Mainloop`'s fields (coupled in
+        :meth:`space`, which offers these mainloops, not the product of their choices): each in-kernel
+        mainloop (:data:`~cuco.kernels.tp.MAINLOOPS`), and side_stream's fixed 128x128x64 tile
+        fields of 4 stages with every schedule, split and cluster choice (its rules refuse
+        those it cannot take). Listing them makes the grid the mainloops' count, not the
+        product of the six fields' choices: a space's points are listed in seconds, not a
+        minute."""
+        rows = [tuple(ml) for ml in templates.MAINLOOPS] if any(p.in_kernel for p in placements) else []
+        if Placement.SIDE_STREAM in placements:
+            splits = sorted({1, *(ml.split_k for ml in templates.MAINLOOPS)}) if rows else [1]
+            clusters = sorted({1, *(ml.cluster_m for ml in templates.MAINLOOPS)}) if rows else [1]
+            rows += [tuple(templates.Mainloop(s, 128, 4, 128, k, c))
+                     for s in schedules for k in splits for c in clusters]
+        return rows
 
     def space_refusals(self, values: dict, side_chunks: Sequence[int]) -> list[str]:
         """Why :meth:`space` leaves out the point ``values`` of its grid, beyond the design
