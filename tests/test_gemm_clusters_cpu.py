@@ -12,6 +12,7 @@ import pytest
 from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
 from cuco.kernels.tp import CLUSTER_MAINLOOPS, MAINLOOPS, Mainloop, in_kernel, render_tp, with_mainloop
+from build_checks import assert_points_compile
 
 
 def test_cluster_m_is_an_in_kernel_directive_with_named_refusals():
@@ -138,13 +139,4 @@ def cluster_points():
 @pytest.mark.slow
 @pytest.mark.parametrize("whole_program", [False, True], ids=["separate", "whole"])
 def test_the_cluster_mainloops_compile_for_sm90a_in_both_build_paths(whole_program):
-    from cuco.kernels import Compiler, jitlink
-    from cuco.kernels.compiler import performance_losses
-    if not whole_program and not jitlink.available():
-        pytest.skip("separate compilation needs nvJitLink")
-    srcs = [(label, render_tp(p, d, gemm_only=g)[0]) for label, p, d, g in cluster_points()]
-    built = Compiler(arch="sm_90a", whole_program=whole_program).compile_many(
-        [(s.name, s.source, s.needs) for _, s in srcs])
-    for (label, _), b in zip(srcs, built):
-        assert hasattr(b, "path"), f"{label}: {b}"
-        assert not performance_losses(b.log or ""), label
+    assert_points_compile(cluster_points(), whole_program=whole_program)

@@ -15,6 +15,7 @@ from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
 from cuco.kernels import tp
 from cuco.kernels.tp import MAINLOOPS, Mainloop, default_mainloop, in_kernel, k_slices, render_tp
+from build_checks import assert_points_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "results" / "gemm_mainloop.json"
@@ -279,12 +280,7 @@ def test_the_script_parses_and_lists_without_a_gpu(capsys):
      in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3), False),
 ])
 def test_the_new_values_compile_for_sm90a(label, problem, d, gemm_only):
-    from cuco.kernels import Compiler
-    from cuco.kernels.compiler import performance_losses
-    src = render_tp(problem, d, gemm_only=gemm_only)[0]
-    built = Compiler(arch="sm_90a").compile_many([(src.name, src.source, src.needs)])[0]
-    assert hasattr(built, "path"), f"{label}: {built}"
-    assert not performance_losses(built.log or ""), label
+    assert_points_compile([(label, problem, d, gemm_only)])
 
 
 # ---- the run's orchestration on a fake device ----------------------------------------------

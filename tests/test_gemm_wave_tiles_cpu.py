@@ -13,6 +13,7 @@ from cuco.kernels.tp import (
     MAINLOOPS, WAVE_TILES, Mainloop, default_mainloop, in_kernel, modelled_time, render_tp,
     with_mainloop,
 )
+from build_checks import assert_points_compile
 
 
 def test_tile_widths_192_and_64_are_directives_with_named_refusals():
@@ -108,14 +109,4 @@ def wave_points():
 @pytest.mark.slow
 @pytest.mark.parametrize("whole_program", [False, True], ids=["separate", "whole"])
 def test_the_wave_tiles_compile_for_sm90a_in_both_build_paths(whole_program):
-    from cuco.kernels import Compiler
-    from cuco.kernels import jitlink
-    from cuco.kernels.compiler import performance_losses
-    if not whole_program and not jitlink.available():
-        pytest.skip("separate compilation needs nvJitLink")
-    srcs = [(label, render_tp(p, d, gemm_only=g)[0]) for label, p, d, g in wave_points()]
-    built = Compiler(arch="sm_90a", whole_program=whole_program).compile_many(
-        [(s.name, s.source, s.needs) for _, s in srcs])
-    for (label, _), b in zip(srcs, built):
-        assert hasattr(b, "path"), f"{label}: {b}"
-        assert not performance_losses(b.log or ""), label
+    assert_points_compile(wave_points(), whole_program=whole_program)

@@ -1,0 +1,24 @@
+"""Checks the nvcc tests of several mainloop files share: labelled points render and compile
+for sm_90a in one build path, with no performance warning in the build log."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+
+def assert_points_compile(points: Sequence[tuple], *, whole_program: bool | None = None) -> None:
+    """``points``: ``(label, problem, directives, gemm_only)``. ``whole_program``: the one-unit
+    build (True), separate compilation (False, skipped without nvJitLink) or the default."""
+    from cuco.kernels import Compiler, jitlink
+    from cuco.kernels.compiler import performance_losses
+    from cuco.kernels.tp import render_tp
+    if whole_program is False and not jitlink.available():
+        pytest.skip("separate compilation needs nvJitLink")
+    srcs = [(label, render_tp(p, d, gemm_only=g)[0]) for label, p, d, g in points]
+    kw = {} if whole_program is None else {"whole_program": whole_program}
+    built = Compiler(arch="sm_90a", **kw).compile_many([(s.name, s.source, s.needs) for _, s in srcs])
+    for (label, _), b in zip(srcs, built):
+        assert hasattr(b, "path"), f"{label}: {b}"
+        assert not performance_losses(b.log or ""), label
