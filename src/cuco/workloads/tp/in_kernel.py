@@ -17,6 +17,7 @@ from cuco.design import Directives, placement_rules
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import split_workspace_bytes
 from cuco.runtime.arena import Arena, arena_view
+from cuco.runtime.emulated import persistent_sms
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
 
@@ -28,12 +29,6 @@ def runner_class(d: Directives) -> type:
     """The launch code of ``d``'s placement: :class:`InKernelRunner` for the one-kernel
     placements, :class:`~cuco.workloads.tp.side_stream.SideStreamRunner` otherwise."""
     return InKernelRunner if d.placement.in_kernel else SideStreamRunner
-
-
-def sm_count() -> int:
-    """The persistent grid's SMs (this rank's share in an emulated world)."""
-    from cuco.runtime.emulated import persistent_sms
-    return persistent_sms()
 
 
 class InKernelRunner:
@@ -53,7 +48,8 @@ class InKernelRunner:
         self.stress_us = 0.0
         self.layout = lay = wl.layout()
         self.lib = ctx.launcher(library)
-        self.grid = sm_count()  # persistent: one CTA per SM (the tile buffers fill its smem)
+        # persistent: one CTA per SM (the tile buffers fill its smem), this rank's share of them
+        self.grid = persistent_sms()
         if d.placement.own_comm_ctas and d.comm_ctas >= self.grid:
             raise ValueError(f"comm_ctas={d.comm_ctas} leaves no SM of {self.grid} for the GEMM")
         # this rank's m, n, k (its pattern's): the build takes any that tiles
