@@ -163,12 +163,11 @@ def local_rows_refusal(problem: GemmProblem) -> str | None:
     for dim in ("n", "k"):
         value = getattr(local, dim)
         if value % step:
-            full = getattr(problem, dim)
-            scale = full // value  # the world size where the pattern splits this dimension
+            split = dim == tp.split and w > 1
             return (f"epilogue and dedicated_ctas read each rank's operands in {ROW_BYTES}-byte "
                     f"rows, and each rank's GEMM has {dim.upper()}={value} ({value * problem.dtype_bytes} "
-                    f"bytes{f' of {dim.upper()}={full} over {w} ranks' if scale > 1 else ''}); use "
-                    f"placement=side_stream or choose {dim.upper()} a multiple of {step * scale}")
+                    f"bytes{f' of {dim.upper()}={getattr(problem, dim)} over {w} ranks' if split else ''}); "
+                    f"use placement=side_stream or choose {dim.upper()} a multiple of {step * (w if split else 1)}")
     return None
 
 
