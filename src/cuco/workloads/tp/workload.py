@@ -235,37 +235,38 @@ class GemmWorkload(Workload):
             + ([0] if Placement.EPILOGUE in placements else []) \
             + ([8, 16] if Placement.DEDICATED_CTAS in placements else [])
 
-        schedules = ["cooperative", "pingpong"] if in_kernel else ["cooperative"]
+        fields = self._mainloop_choices(bool(in_kernel))
         return DesignSpace(problem, rules=lambda values, _p: self.space_refusals(values, side),
-                           coupled={templates.Mainloop._fields: self._mainloop_rows(placements, schedules)},
+                           coupled={templates.Mainloop._fields: self._mainloop_rows(placements, fields)},
                            backend=[b.value for b in self.backends],
                            placement=list(placements), sync_scope=["chunk"],
-                           chunk_bytes=sorted({*side, *tiles}),
-                           tile_m=sorted({ml.tile_m for ml in templates.MAINLOOPS}) if in_kernel else [128],
-                           tile_n=sorted({ml.tile_n for ml in templates.MAINLOOPS}) if in_kernel else [128], tile_k=[64],
-                           stages=sorted({ml.stages for ml in templates.MAINLOOPS}) if in_kernel else [4],
-                           split_k=sorted({ml.split_k for ml in templates.MAINLOOPS}) if in_kernel else [1],
-                           cluster_m=sorted({ml.cluster_m for ml in templates.MAINLOOPS}) if in_kernel else [1],
+                           chunk_bytes=sorted({*side, *tiles}), tile_k=[64], **fields,
                            comm_ctas=sorted(set(comm)), issuer=["thread", "warp", "cta"],
-                           schedule=schedules,
                            raster_group=[1, 8, 16] if in_kernel else [1],
                            comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
 
     @staticmethod
-    def _mainloop_rows(placements: Sequence[Placement], schedules: Sequence[str]) -> list[tuple]:
+    def _mainloop_choices(in_kernel: bool) -> dict[str, list]:
+        """Each :class:`~cuco.kernels.tp.Mainloop` field's choices in :meth:`space`: the values
+        the in-kernel mainloops (:data:`~cuco.kernels.tp.MAINLOOPS`) take, or side_stream's
+        alone (its vendor GEMM per chunk: 128x128x64 tile fields, 4 stages, no split or cluster)."""
+        if not in_kernel:
+            return dict(schedule=["cooperative"], tile_n=[128], stages=[4], tile_m=[128], split_k=[1], cluster_m=[1])
+        return {f: sorted({getattr(ml, f) for ml in templates.MAINLOOPS}) for f in templates.Mainloop._fields}
+
+    @staticmethod
+    def _mainloop_rows(placements: Sequence[Placement], fields: dict[str, list]) -> list[tuple]:
         """The joint values of a :class:`~cuco.kernels.tp.Mainloop`'s fields (coupled in
         :meth:`space`, which offers these mainloops, not the product of their choices): each in-kernel
         mainloop (:data:`~cuco.kernels.tp.MAINLOOPS`), and side_stream's fixed 128x128x64 tile
-        fields of 4 stages with every schedule, split and cluster choice (its rules refuse
-        those it cannot take). Listing them makes the grid the mainloops' count, not the
-        product of the six fields' choices: a space's points are listed in seconds, not a
-        minute."""
+        fields of 4 stages with every schedule, split and cluster choice of ``fields`` (its
+        rules refuse those it cannot take). Listing them makes the grid the mainloops' count,
+        not the product of the six fields' choices: a space's points are listed in seconds, not
+        a minute."""
         rows = [tuple(ml) for ml in templates.MAINLOOPS] if any(p.in_kernel for p in placements) else []
         if Placement.SIDE_STREAM in placements:
-            splits = sorted({1, *(ml.split_k for ml in templates.MAINLOOPS)}) if rows else [1]
-            clusters = sorted({1, *(ml.cluster_m for ml in templates.MAINLOOPS)}) if rows else [1]
             rows += [tuple(templates.Mainloop(s, 128, 4, 128, k, c))
-                     for s in schedules for k in splits for c in clusters]
+                     for s in fields["schedule"] for k in fields["split_k"] for c in fields["cluster_m"]]
         return rows
 
     def space_refusals(self, values: dict, side_chunks: Sequence[int]) -> list[str]:
