@@ -113,29 +113,10 @@ class Directives(BaseModel):
             raise DirectiveError([with_fix(f) for f in found], param=first.field, fix=first.fix,
                                  guess=first.guess) from None
 
-    @field_validator("chunk_bytes")
+    @field_validator("chunk_bytes", "raster_group", "split_k", "cluster_m", "tile_m", "tile_n", "tile_k")
     @classmethod
-    def _chunk(cls, v: int) -> int:
-        return check_field("chunk_bytes", v)
-
-    @field_validator("raster_group")
-    @classmethod
-    def _raster(cls, v: int) -> int:
-        return check_field("raster_group", v)
-
-    @field_validator("split_k")
-    @classmethod
-    def _split(cls, v: int) -> int:
-        return check_field("split_k", v)
-
-    @field_validator("cluster_m")
-    @classmethod
-    def _cluster(cls, v: int) -> int:
-        return check_field("cluster_m", v)
-
-    @field_validator("tile_m", "tile_n", "tile_k")
-    @classmethod
-    def _tiles(cls, v: int, info) -> int:
+    def _checked(cls, v: int, info) -> int:
+        """The fields whose allowed values :func:`check_field` knows (sizes, tiles, counts)."""
         return check_field(info.field_name, v)
 
     @model_validator(mode="after")
