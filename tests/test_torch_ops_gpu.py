@@ -74,9 +74,11 @@ def test_drop_ins_match_torch_fused_ops_and_plain_tp_element_by_element(artifact
     # in an emulated world torch's fused ops cannot run (its symmetric memory refuses ranks
     # that share a GPU): the drop-ins are checked against fp32 and plain TP only
     theirs = {} if EMULATED else {"vs_torch_fused": 0}
-    assert v["gemm_allreduce"] == {"shape": [2048, 4096], "vs_fp32": 0, "vs_plain_tp": 0}
-    assert v["gemm_reducescatter"] == {"shape": [1024, 4096], "vs_fp32": 0, "vs_plain_tp": 0, **theirs}
-    assert v["allgather_gemm"] == {"shape": [2048, 2048], "vs_fp32": 0, "vs_plain_tp": 0, **theirs,
+    m, n, _ = SHAPE  # each rank's output: all of C, its rows of C, its columns of C
+    assert v["gemm_allreduce"] == {"shape": [m, n], "vs_fp32": 0, "vs_plain_tp": 0}
+    assert v["gemm_reducescatter"] == {"shape": [m // TEST_WORLD, n], "vs_fp32": 0, "vs_plain_tp": 0,
+                                       **theirs}
+    assert v["allgather_gemm"] == {"shape": [m, n // TEST_WORLD], "vs_fp32": 0, "vs_plain_tp": 0, **theirs,
                                    **({} if EMULATED else {"gathered_A_differs": 0})}
 
 
