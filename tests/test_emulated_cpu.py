@@ -32,29 +32,40 @@ def test_each_rank_claims_its_own_host():
 
 def test_each_rank_asks_mps_for_its_sm_share_and_its_own_work_queues(monkeypatch):
     """A rank's streams must not share one work queue (a communication kernel spinning on a
-    GEMM launched after it on another stream would wait forever); a count the user set wins."""
+    GEMM launched after it on another stream would wait forever); a count the user set wins.
+    Clients are not capped (every cap tried hung side-stream programs), their persistent
+    grids are held to ``1 / W``."""
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     monkeypatch.delenv("CUCO_MPS_THREAD_PERCENTAGE", raising=False)
-    assert emulated.mps_client_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
-                                          emulated.GRID_SHARE_VAR: "0.500000",
+    assert emulated.mps_client_env(4) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+                                          emulated.GRID_SHARE_VAR: "0.250000",
                                           "CUDA_DEVICE_MAX_CONNECTIONS": str(emulated.WORK_QUEUES)}
     assert int(emulated.mps_client_env(8)["CUDA_DEVICE_MAX_CONNECTIONS"]) >= 4  # main, comm, hog, proxy
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "2")
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in emulated.mps_client_env(2)
+    monkeypatch.setenv("CUCO_MPS_THREAD_PERCENTAGE", "50")  # a diagnosis cap: grids still 1 / W
+    assert emulated.mps_client_env(4)[emulated.GRID_SHARE_VAR] == "0.500000"
 
 
+@pytest.mark.parametrize("pct", ["", "50", "25"])
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
-def test_persistent_grids_of_all_ranks_fit_while_each_client_has_headroom(monkeypatch, world):
-    """Each rank's MPS client gets twice its ``1 / W`` (at exactly its share, side-stream
-    programs hung at W = 4), and its persistent grids are scaled back to ``1 / W`` of the
+def test_persistent_grids_of_all_ranks_fit_together(monkeypatch, world, pct):
+    """Whatever a client is provisioned, its persistent grids are scaled to ``1 / W`` of the
     GPU, so the W ranks' persistent grids together never ask for more SMs than it has."""
-    monkeypatch.delenv("CUCO_MPS_THREAD_PERCENTAGE", raising=False)
+    monkeypatch.setenv("CUCO_MPS_THREAD_PERCENTAGE", pct)
     env = emulated.mps_client_env(world)
-    pct, share = int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]), float(env[emulated.GRID_SHARE_VAR])
-    assert pct > 100 // world or pct == 100
+    pct_, share = int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]), float(env[emulated.GRID_SHARE_VAR])
     for sms in (132, 114, 78):  # H100/H200 SXM, H100 PCIe, a partitioned GPU
-        reported = sms * pct // 100  # what the client's context says under MPS
+        reported = sms * pct_ // 100  # what the client's context says under MPS
         assert world * int(reported * share) <= sms
+        assert int(reported * share) >= min(sms // world, reported) - 1  # and not much less
+
+
+def test_a_communication_grid_that_cannot_be_resident_beside_the_others_is_refused_with_the_fix():
+    assert emulated.spinning_grid_refusal(32, 33, 4, emulated=True) is None
+    why = emulated.spinning_grid_refusal(32, 16, 8, emulated=True)
+    assert "comm_ctas=32" in why and "emulated world of 8 ranks" in why and why.endswith("use comm_ctas=16 or fewer")
+    assert "GPU's 132 SMs" in emulated.spinning_grid_refusal(200, 132, 2, emulated=False)
 
 
 def test_groups_emulate_when_asked_or_when_devices_repeat(monkeypatch):
@@ -215,10 +226,10 @@ def test_a_launched_rank_takes_its_host_id_only_when_emulating(monkeypatch):
     monkeypatch.setenv(emulated.ENV_VAR, "4")
     assert emulated.apply_rank_env() is True
     assert os.environ["NCCL_HOSTID"] == emulated.nccl_env(3)["NCCL_HOSTID"]
-    # twice its share of the SMs, its persistent grids held to the share, so the 4 ranks'
-    # persistent kernels are resident together
-    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert os.environ[emulated.GRID_SHARE_VAR] == "0.500000"
+    # uncapped, its persistent grids held to its 1 / 4, so the 4 ranks' persistent kernels
+    # are resident together
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert os.environ[emulated.GRID_SHARE_VAR] == "0.250000"
 
 
 def _queues_env(ctx):

@@ -86,3 +86,25 @@ def test_side_stream_is_correct_at_a_ragged_m(gpu_group, family, shape, dtype):
         assert {s.name for s in specs} <= set(merged)
         for name, rec in merged.items():
             assert rec.correct, f"{family} {dtype} {shape} seed {seed} {name}: {rec}"
+
+
+def test_a_communication_grid_too_wide_for_the_ranks_share_is_refused_before_any_gpu_work(gpu_group):
+    """Its CTAs spin on their peers: W ranks' copies that cannot all be resident would hang
+    (in an emulated world each rank has 1 / W of one GPU), so the evaluator refuses the point
+    with the count that fits, and a point at that count runs."""
+    from cuco.evaluate import Evaluator
+    from cuco.workloads import GemmAllReduce
+
+    fits = min(i["persistent_sms"] for i in gpu_group.infos)
+    if fits >= 64:
+        pytest.skip(f"each rank has {fits} SMs, more than the 64 CTAs comm_ctas may name")
+    wl = GemmAllReduce(m=512, n=1024, k=2048, world_size=TEST_WORLD)
+    ev = Evaluator(wl, group=gpu_group, timing_iters=3, peers=False)
+    wide = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=fits + 1,
+                      chunk_bytes=64 << 10)
+    r = ev.evaluate(wide)
+    assert (r.status, r.stage_reached) == ("invalid", "static"), r.error
+    assert f"comm_ctas={fits + 1}" in r.error and f"use comm_ctas={fits} or fewer" in r.error
+    assert ev.gpu_s == 0.0
+    r = ev.evaluate(wide.model_copy(update={"comm_ctas": min(fits, 32)}))
+    assert r.status == "ok", r.error

@@ -49,6 +49,7 @@ from cuco.errors import CompileError, DirectiveError
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
 from cuco.kernels import evolve, macros
+from cuco.runtime.emulated import spinning_grid_refusal
 from cuco.runtime.records import ProgramResult, merge_ranks
 from cuco.runtime.peaks import below_floor
 from cuco.workloads import Workload
@@ -216,6 +217,9 @@ class Evaluator:
             small_template, _ = self.template(small_p, self.small_directives(d, small_p))
         except DirectiveError as exc:
             return EvalResult("invalid", "static", str(exc)), {}
+        refused = self.grid_refusal(d)
+        if refused:
+            return EvalResult("invalid", "static", refused), {}
         source = cand.source if cand.source is not None else template
         problems = self.static_checks(source) + evolve.edit_violations(template, source)
         if not problems:
@@ -228,6 +232,17 @@ class Evaluator:
         small_source = evolve.splice(small_template, evolve.blocks(source))
         return None, {"source": source, "small_source": small_source, "needs": needs,
                       "small_problem": small_p}
+
+    def grid_refusal(self, d: Directives) -> str | None:
+        """Why the group cannot run ``d``'s communication grid (its CTAs spin on their peers,
+        so every rank's must be resident together: in an emulated world each rank has its
+        share of one GPU), or ``None``. One-kernel placements size their grid to that share
+        themselves."""
+        infos = getattr(self.group, "infos", None) or []
+        fits = [i["persistent_sms"] for i in infos if "persistent_sms" in i]
+        if d.placement.in_kernel or not fits:
+            return None
+        return spinning_grid_refusal(d.comm_ctas, min(fits), len(infos), bool(self.group.emulated))
 
     def compile(self, name: str, prepared: dict[str, Any],
                 pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, dict]:

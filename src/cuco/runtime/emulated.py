@@ -8,8 +8,8 @@ and is *checked* anywhere. What it takes:
   flag round trip between two ranks costs milliseconds instead of microseconds
   (:class:`MpsDaemon`). Each rank's persistent grids fill ``1 / W`` of the GPU's SMs
   (:func:`persistent_sms`), so every rank's is resident together with the others'; its
-  MPS client is provisioned twice that share (:data:`SM_HEADROOM`), so its other kernels
-  (a library GEMM, a stress kernel) find SMs beside its own spinning ones.
+  MPS client is not capped (:data:`MPS_PERCENTAGE`), so its other kernels (a library GEMM,
+  a stress kernel) find SMs beside the spinning ones.
 - **NCCL with a host id per rank** (``NCCL_HOSTID``): NCCL refuses two ranks on one GPU
   unless they claim different hosts; host collectives then run over sockets.
 - **LSA through the peers table**: NCCL gives no LSA peers across "hosts", so a window is
@@ -84,39 +84,54 @@ def apply_rank_env(rank: int | None = None) -> bool:
     return True
 
 
-#: An MPS client's SM provisioning over its persistent grids' share of the GPU. At exactly
-#: 1 / W (25 % at W = 4, 32 SMs on an H200), side-stream programs hung at random: a rank's
-#: chunk GEMMs never ran beside its own spinning communication kernel and the other ranks'
-#: (bench/logs/tp_side_w4_pct25_0c13dc4.log; 50 % and 100 % passed the same test,
-#: tp_side_w4_pct50/pct100). Persistent grids keep their 1 / W (:func:`persistent_sms`).
-SM_HEADROOM = 2
+#: An MPS client's SM provisioning (percent of the GPU). Every cap tried hung side-stream
+#: programs whose communication kernel spins while its chunk GEMMs run on another stream:
+#: at 1 / W (25 % at W = 4) with 4-8 communication CTAs (bench/logs/tp_side_w4_pct25_0c13dc4.log),
+#: and at 2 / W (50 %) with 16 in a timing job (bench/logs/side_ctas_probe_w4_ef489b9.log),
+#: while uncapped clients ran 32 per rank at W = 4 (same log). Clients are left uncapped;
+#: what must fit together, the ranks' persistent grids, is held to 1 / W of the GPU by
+#: :func:`persistent_sms` instead.
+MPS_PERCENTAGE = 100
 #: The share of its context's SMs a rank's persistent grids take (set per MPS client).
 GRID_SHARE_VAR = "CUCO_PERSISTENT_SM_SHARE"
 
 
 def persistent_sms() -> int:
-    """SMs a persistent grid of this rank may fill (one CTA each, spinning on its peers):
-    the SM count its context reports, scaled in an emulated world to the rank's ``1 / W``
-    of the GPU (its MPS client is provisioned :data:`SM_HEADROOM` times that), so the W
-    ranks' persistent grids are resident together. Needs a current CUDA device."""
+    """SMs the persistent grids of this rank may fill together (one CTA each, spinning on
+    its peers): the SM count its context reports, scaled in an emulated world to the rank's
+    ``1 / W`` of the GPU, so the W ranks' persistent grids are resident together. Needs a
+    current CUDA device."""
     import cupy
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     share = float(os.environ.get(GRID_SHARE_VAR, "") or 1.0)
     return max(1, int(sms * share))
 
 
+def spinning_grid_refusal(ctas: int, fits: int, world_size: int, emulated: bool) -> str | None:
+    """Why a grid of ``ctas`` CTAs that spin on their peers cannot run beside the other
+    ranks' (``fits``: :func:`persistent_sms` of a rank; in an emulated world the W ranks'
+    copies would not all be resident, and the CTAs waiting for an SM wait on the ones
+    holding it), or ``None`` where it fits."""
+    if ctas <= fits:
+        return None
+    where = (f"this rank's {fits} SMs of the one GPU an emulated world of {world_size} ranks shares"
+             if emulated else f"the GPU's {fits} SMs")
+    return (f"comm_ctas={ctas}: the communication kernel's CTAs spin on their peers and must all be "
+            f"resident, but {ctas} is more than {where}; use comm_ctas={fits} or fewer")
+
+
 def mps_client_env(world_size: int) -> dict[str, str]:
-    """What each rank's MPS client asks for: :data:`SM_HEADROOM` times its persistent
-    grids' ``1 / W`` of the SMs (``CUCO_MPS_THREAD_PERCENTAGE`` overrides it, for
-    diagnosis), the share of that its persistent grids fill (:func:`persistent_sms`), and
-    its own work queues (:data:`~cuco.runtime.safety.WORK_QUEUES`) unless the caller's
-    environment names a count. (A group's workers get the count from
-    :data:`~cuco.runtime.safety.WORKER_ENV` whatever the parent set; this serves ranks that
-    another launcher started, torchrun's, too.) W MPS clients' streams were measured never
-    to share a work queue (``bench/mps_queue_probe.py``), so the count is not what hung."""
+    """What each rank's MPS client asks for: :data:`MPS_PERCENTAGE` of the SMs
+    (``CUCO_MPS_THREAD_PERCENTAGE`` overrides it, for diagnosis), the share of those its
+    persistent grids fill (:func:`persistent_sms`: ``1 / W`` of the GPU), and its own work
+    queues (:data:`~cuco.runtime.safety.WORK_QUEUES`) unless the caller's environment names
+    a count. (A group's workers get the count from :data:`~cuco.runtime.safety.WORKER_ENV`
+    whatever the parent set; this serves ranks that another launcher started, torchrun's,
+    too.) W MPS clients' streams were measured never to share a work queue
+    (``bench/mps_queue_probe.py``), so the count is not what hung."""
     grids = max(1, 100 // world_size)
-    pct = int(os.environ.get("CUCO_MPS_THREAD_PERCENTAGE", "").strip() or min(100, SM_HEADROOM * grids))
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct), GRID_SHARE_VAR: f"{grids / pct:.6f}"}
+    pct = int(os.environ.get("CUCO_MPS_THREAD_PERCENTAGE", "").strip() or MPS_PERCENTAGE)
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct), GRID_SHARE_VAR: f"{min(1.0, grids / pct):.6f}"}
     if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(WORK_QUEUES)  # a torchrun rank keeps the user's
     return env

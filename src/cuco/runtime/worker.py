@@ -188,6 +188,8 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             info["cc"] = f"{props['major']}.{props['minor']}"
             info["sms"] = int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
             info["emulated"], info["device"] = options.emulated, device
+            from cuco.runtime.emulated import persistent_sms
+            info["persistent_sms"] = persistent_sms()  # its share, from the group's MPS env
         ids: dict[str, Any] = {}
         if options.gpu and options.torch:
             info["torch"] = _start_torch(ctx, ids)
