@@ -115,6 +115,8 @@ def test_poison_varies_and_its_nans_are_nans(dtype, width, exp, mant):
     assert len(set(nans)) > 20  # not one recognisable bit pattern
     for bits in nans:
         assert bits >> width == 0 and bits & exp == exp and bits & mant  # NaN, never infinity
+    # the NaN's width: a buffer of other elements (int32 counts, fp32 scores) gets bytes
+    assert {p.width for p in drawn if p.kind == "nan"} == {width // 8}
     assert len({p.seed for p in drawn if p.kind == "bytes"}) > 20
 
 
@@ -434,6 +436,30 @@ def test_a_trusted_programs_output_and_its_scratch_are_scrubbed_once_verified():
     poisoned.clear()
     Verification.scrub(call, Program([run], [other]))  # a fused variant: scrub=False
     assert poisoned == []
+
+
+def test_a_scratch_that_overlaps_an_input_is_refused_when_the_program_is_built():
+    """Issue #36: scratch is poisoned after every verified call, and inputs are fingerprinted:
+    a host program naming an input (or part of one) as scratch would fail every job, so
+    building it is refused, saying which input (arrays' own addresses, NumPy's here)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cuco.evaluate.programs import trusted_program
+    from cuco.workloads.base import check_scratch, in_order, scratch_of
+
+    x, w = np.ones(64, dtype=np.uint16), np.ones(32, dtype=np.float32)
+    part, counts, out = np.ones(16, np.uint16), np.ones((2, 4), np.int32), np.ones(16, np.uint16)
+    inputs = {"x": x, "w": w}
+    good = in_order(lambda: None, output=out, scratch=(part, counts))
+    check_scratch(good, inputs)
+    assert scratch_of(good) == (part, counts) and scratch_of(lambda: None) == ()
+    assert trusted_program([good], [out], [SimpleNamespace(inputs=inputs)]).scrub
+    for bad, name in ((w, "w"), (x[8:24], "x"), (x.reshape(8, 8)[7], "x"), (w.view(np.uint8)[-1:], "w")):
+        run = in_order(lambda: None, output=out, scratch=(part, bad))
+        with pytest.raises(ValueError, match=f"overlaps its input '{name}'"):
+            trusted_program([good, run], [out, out], [SimpleNamespace(inputs=inputs)] * 2)
 
 
 def test_a_wrong_first_launch_is_the_programs_first_failure():

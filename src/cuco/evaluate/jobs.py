@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cuco.design import Directives
-from cuco.evaluate.programs import InputSet, Program, host_program, input_sets, peer_programs, variant_program
+from cuco.evaluate.programs import (
+    InputSet, Program, host_program, input_sets, peer_programs, trusted_program, variant_program,
+)
 from cuco.evaluate.schedule import N_SETS
 from cuco.evaluate.verification import ACCURACY_SLACK, HOST, judge
 from cuco.runtime.arena import prepare_arenas
@@ -123,9 +125,8 @@ class Case:
                                 first_epoch(self.schedule_seed)) if self.variants else {}
         programs = {HOST: host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets, elems, wl.dtype)}
         per_set = [wl.baselines(ctx, st.inputs) if self.baselines else {} for st in sets]
-        for name in per_set[0]:
-            programs[name] = Program([b[name][0] for b in per_set], [b[name][1] for b in per_set],
-                                     scrub=True)  # the other host programs: right answers too
+        for name in per_set[0]:  # the other host programs: right answers too
+            programs[name] = trusted_program([b[name][0] for b in per_set], [b[name][1] for b in per_set], sets)
         if self.peers:
             programs.update(peer_programs(wl, ctx, sets, elems))
         for v in self.variants:

@@ -22,7 +22,7 @@ from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES
 from cuco.runtime.checking import fingerprint
 from cuco.runtime.sealed import SealedReference, scrubbed_allocations
-from cuco.workloads.base import Buffers, Workload
+from cuco.workloads.base import Buffers, Workload, check_scratch
 
 #: Seeds whose inputs and reference a worker keeps (three jobs of N_SETS sets, and more).
 CACHED_SEEDS = 4 * N_SETS
@@ -145,7 +145,17 @@ def host_program(make: Callable[[Buffers, Any], Callable[[], None]], sets: list[
     out, outer = guarded_output(elems, dtype)
     calls = [make(st.inputs, out) for st in sets]
     outputs = [getattr(c, "output", out) for c in calls]
-    return Program(calls, outputs, outer if all(o is out for o in outputs) else (), scrub=True)
+    return trusted_program(calls, outputs, sets, outer if all(o is out for o in outputs) else ())
+
+
+def trusted_program(calls: list[Callable[[], None]], outputs: list[Any], sets: list[InputSet],
+                    guards: tuple = ()) -> Program:
+    """A host program's calls (one per input set), scrubbed as soon as each is verified:
+    its output and its ``scratch`` (refused where the scratch overlaps the set's inputs:
+    :func:`~cuco.workloads.base.check_scratch`)."""
+    for call, st in zip(calls, sets, strict=True):
+        check_scratch(call, st.inputs)
+    return Program(calls, outputs, guards, scrub=True)
 
 
 def peer_programs(wl: Workload, ctx, sets: list[InputSet], elems: int) -> dict[str, Program]:

@@ -36,7 +36,7 @@ from cuco.runtime.checking import compare, rel_l2
 from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
 from cuco.runtime.sealed import KEY_BITS
 from cuco.runtime.timing import median, spin
-from cuco.workloads.base import EPS
+from cuco.workloads.base import EPS, scratch_of
 
 #: The iteration a program's first launch reports when it is wrong (it comes before every
 #: call of the schedule: :meth:`Verification.first_launches`).
@@ -332,7 +332,7 @@ class Verification:
         if not prog.scrub:
             return
         call.poison.apply(prog.outputs[call.input_set])
-        for buf in getattr(prog.calls[call.input_set], "scratch", ()):
+        for buf in scratch_of(prog.calls[call.input_set]):
             call.poison.apply(buf)
 
     def tally(self, schedule: list[Call]) -> None:

@@ -58,12 +58,15 @@ class Poison:
 
     Every verified call draws a new one, so a kernel cannot tell a checked call by
     recognising a fixed pattern in its outputs (NaN, or one bit pattern): with random
-    bytes the outputs hold ordinary numbers that are simply wrong.
+    bytes the outputs hold ordinary numbers that are simply wrong. A buffer whose elements
+    are not as wide as the dtype the NaN was drawn for (a host program's int32 counts, its
+    fp32 scores beside bf16 data) gets random bytes seeded by the NaN's bits instead.
     """
 
     kind: str  # "nan" | "bytes"
     bits: int = 0  # the NaN's bit pattern ("nan")
     seed: int = 0  # the bytes' seed ("bytes")
+    width: int = 0  # bytes of the dtype the NaN was drawn for ("nan")
 
     @classmethod
     def draw(cls, rng, dtype: str) -> "Poison":
@@ -72,13 +75,20 @@ class Poison:
         exp, mant_bits = _NAN_LAYOUT[dtype]
         payload = rng.randrange(1, 1 << mant_bits)  # non-zero: NaN, never infinity
         sign = (1 << (8 * ITEMSIZE[dtype] - 1)) if rng.random() < 0.5 else 0
-        return cls("nan", bits=sign | exp | payload)
+        return cls("nan", bits=sign | exp | payload, width=ITEMSIZE[dtype])
 
     def apply(self, x) -> None:
-        """Overwrite every element of the storage array ``x``."""
+        """Overwrite every element of the C-contiguous CuPy array ``x`` (any dtype, any
+        shape): the NaN where its elements are ``width`` bytes wide, random bytes otherwise.
+        The kernels are those of both kinds on a flat array, whatever ``x`` holds (the job
+        loads them before its schedule: :func:`cuco.evaluate.verification.load_check_kernels`)."""
         import cupy
-        if self.kind == "nan":
-            x.view(cupy.uint16 if x.itemsize == 2 else cupy.uint32).fill(self.bits)
+        if not x.flags.c_contiguous:  # reshape would copy: the poison would land in the copy
+            raise ValueError(f"poison needs a C-contiguous buffer (got strides {x.strides})")
+        flat = x.reshape(-1)
+        if self.kind == "nan" and x.itemsize == self.width:
+            flat.view(cupy.uint16 if self.width == 2 else cupy.uint32).fill(self.bits)
         else:
-            raw = cupy.random.RandomState(self.seed).randint(0, 256, size=x.nbytes, dtype=cupy.uint8)
-            x.view(cupy.uint8)[...] = raw.reshape(x.view(cupy.uint8).shape)
+            seed = self.seed if self.kind == "bytes" else self.bits
+            flat.view(cupy.uint8)[...] = cupy.random.RandomState(seed).randint(
+                0, 256, size=x.nbytes, dtype=cupy.uint8)

@@ -76,6 +76,19 @@ def tensor_at(ptr: int, shape: tuple[int, ...], dtype: str):
     return t.view(getattr(torch, TORCH_DTYPES[dtype]))
 
 
+def storage(t):
+    """A flat CuPy array over the bytes of the contiguous torch tensor ``t`` (no copy;
+    unsigned elements of ``t``'s size, e.g. for :meth:`cuco.runtime.dtypes.Poison.apply`),
+    which keeps ``t`` alive as long as it lives."""
+    import cupy
+    if not t.is_contiguous():
+        raise ValueError("storage() views a contiguous tensor only")
+    size = t.element_size()
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * size, t, t.device.index)
+    return cupy.ndarray((t.numel(),), dtype={1: cupy.uint8, 2: cupy.uint16, 4: cupy.uint32, 8: cupy.uint64}[size],
+                        memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
 def on_current_device():
     """torch, its current device made CuPy's (the worker's GPU, not ``cuda:0``)."""
     import cupy

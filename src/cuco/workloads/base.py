@@ -302,6 +302,33 @@ def in_order(*calls: Callable[[], None], output, keep: tuple = (), scratch: tupl
     return run
 
 
+def scratch_of(call) -> tuple:
+    """What a trusted program's call names as ``scratch`` (:func:`in_order`, or an
+    attribute or property of its own: buffers between its steps that hold part of the
+    answer), poisoned with its output once each call is verified
+    (:meth:`cuco.evaluate.verification.Verification.scrub`); none when it names none."""
+    return tuple(getattr(call, "scratch", ()))
+
+
+def _span(buf) -> tuple[int, int]:
+    """``(first byte, end)`` of an array's memory (CuPy's or NumPy's array interface)."""
+    face = getattr(buf, "__cuda_array_interface__", None) or buf.__array_interface__
+    start = int(face["data"][0])
+    return start, start + int(buf.nbytes)
+
+
+def check_scratch(call, inputs: Buffers) -> None:
+    """Refuse a call whose scratch overlaps one of its ``inputs``: inputs are fingerprinted
+    before checked calls and at a job's end, so a poisoned input would fail every job."""
+    spans = {name: _span(v) for name, v in inputs.items() if hasattr(v, "nbytes")}
+    for buf in scratch_of(call):
+        a, b = _span(buf)
+        hit = [name for name, (c, d) in spans.items() if a < d and c < b]
+        if hit:
+            raise ValueError(f"a program's scratch overlaps its input {hit[0]!r}: scratch is "
+                             "poisoned after every verified call, inputs must stay as made")
+
+
 def register(cls: type[Workload]) -> type[Workload]:
     """Make ``cls`` the class the evaluator and search build for ``cls.family``."""
     REGISTRY[cls.family] = cls

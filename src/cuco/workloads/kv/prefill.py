@@ -111,6 +111,14 @@ class PrefillChain:
         import cupy
         self.scores = cupy.empty((T, T), dtype=cupy.float32)
 
+    @property
+    def scratch(self) -> tuple:
+        """Every buffer of the chain (the residual stream, the normed rows, q, the scores and
+        probabilities, the attention output, the MLP's): part of the last run's work,
+        each written in full by every run before it is read (poisoning one between runs
+        changes no result)."""
+        return (*self.buf.values(), self.scores)
+
     def _p(self, name: str) -> int:
         return int(self.buf[name].data.ptr)
 

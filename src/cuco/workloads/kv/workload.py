@@ -44,7 +44,7 @@ from cuco.runtime import dtypes, stream_ops
 from cuco.runtime.arena import ArenaLayout, arena_view
 from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
-from cuco.workloads.base import EPS, Buffers, Runner, register
+from cuco.workloads.base import EPS, Buffers, Runner, in_order, register
 from cuco.workloads.kv.prefill import (
     LayerKernels, PrefillChain, layer_flops, layer_pointers, make_prompt_and_weights,
     reference_cache, weight_shapes,
@@ -247,15 +247,20 @@ class KVTransfer(PipelineWorkload):
     def output_elems(self) -> int:
         return self.cache_elems
 
+    def host_scratch(self, ctx) -> tuple:
+        """What a host program's call leaves part of the answer in besides its output: the
+        prefill rank's layer chain (:attr:`PrefillChain.scratch`, shared with every program
+        of the worker, each of which rewrites it); the decode rank's only buffer is its output."""
+        return self.chain(ctx).scratch if self.is_prefill(ctx.rank) else ()
+
     def host_sequence(self, ctx, inputs: Buffers, out):
         n, peer, s = self.cache_elems, self.peer(ctx.rank), ctx.stream
         o = int(out.data.ptr)
         if self.is_prefill(ctx.rank):
-            def run():
-                self.compute(ctx, inputs, o, s)
-                ctx.comm.send(o, n, self.dtype, peer, s.ptr)
-            return run
-        return lambda: ctx.comm.recv(o, n, self.dtype, peer, s.ptr)
+            return in_order(lambda: self.compute(ctx, inputs, o, s),
+                            lambda: ctx.comm.send(o, n, self.dtype, peer, s.ptr),
+                            output=out, scratch=self.host_scratch(ctx))
+        return in_order(lambda: ctx.comm.recv(o, n, self.dtype, peer, s.ptr), output=out)
 
     def baselines(self, ctx, inputs: Buffers):
         """The host program overlapped by hand: each layer's send on a second stream."""
@@ -280,13 +285,18 @@ class KVTransfer(PipelineWorkload):
             def run():
                 for layer in range(self.shape.layers):
                     ctx.comm.recv(o + layer * lb, per_layer, self.dtype, peer, s.ptr)
+        run.scratch = self.host_scratch(ctx)  # type: ignore[attr-defined]
         return {"host_overlap": (run, out)}
 
     def compute_only(self, ctx, inputs: Buffers):
+        """The layers of a random prompt with the set's weights: the input set's own prompt
+        would leave its whole cache (the prefill rank's answer) in memory for the job."""
         if not self.is_prefill(ctx.rank):
             return lambda: None
+        s = self.shape
+        prompt = {**inputs, "x": dtypes.random(s.tokens * s.hidden, self.dtype, 13 + ctx.rank)}
         scratch = dtypes.empty(self.cache_elems, self.dtype)
-        return lambda: self.compute(ctx, inputs, int(scratch.data.ptr), ctx.stream)
+        return lambda: self.compute(ctx, prompt, int(scratch.data.ptr), ctx.stream)
 
     def comm_only(self, ctx, inputs: Buffers):
         buf = dtypes.random(self.cache_elems, self.dtype, 11 + ctx.rank)

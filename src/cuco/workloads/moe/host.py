@@ -57,12 +57,19 @@ def swiglu(h, act, rows: int, ffn: int) -> None:
 
 def scratch(ctx, key: tuple, n: int, dtype: str):
     """A buffer of ``n`` elements kept in the worker under ``key``: one program's input sets
-    run one after another on one stream, so they share its working buffers."""
+    run one after another on one stream, so they share its working buffers. A host
+    program's are poisoned after each of its verified calls (:attr:`HostMoE.scratch`):
+    every call writes each row it reads before reading it."""
     cache = ctx.scratch.setdefault("moe_scratch", {})
     b = cache.get(key)
     if b is None or b.size != n:
         b = cache[key] = dtypes.empty(n, dtype)
     return b
+
+
+def held(ctx, key: tuple) -> list:
+    """A list kept in the worker under ``key``, shared like :func:`scratch`'s buffers."""
+    return ctx.scratch.setdefault("moe_scratch", {}).setdefault(key, [])
 
 
 def all_to_all(wl, ctx, src, dst, send_rows: list[int], recv_rows: list[int]) -> None:
@@ -79,7 +86,10 @@ def all_to_all(wl, ctx, src, dst, send_rows: list[int], recv_rows: list[int]) ->
 
 
 class HostMoE:
-    """One host program on one input set of one rank: ``HostMoE(wl, ctx, inputs, out, gemm)()``."""
+    """One host program on one input set of one rank: ``HostMoE(wl, ctx, inputs, out, gemm)()``.
+
+    :attr:`scratch`: every buffer between its steps, each holding part of the answer,
+    poisoned with its output once a call is verified."""
 
     def __init__(self, wl, ctx, inputs, out, ffn: str):
         import cupy
@@ -106,9 +116,25 @@ class HostMoE:
         if ffn == "torch":
             from cuco.runtime import torch_bridge
             el, H, F = wl.local_experts, s.hidden, s.ffn
+            # torch's tensors of the last call (gathered rows, h, act, the experts' outputs),
+            # as CuPy views: held until the next call, so they are scrubbed with the others
+            # before torch's allocator takes them back
+            self.torch_held = held(ctx, (wl.label, ffn, "held"))
             self.tstream = torch_bridge.stream(ctx)
             self.wgu_t = torch_bridge.tensor(inputs["wgu"], "bf16", (el, 2 * F, H)).transpose(1, 2)
             self.wd_t = torch_bridge.tensor(inputs["wd"], "bf16", (el, H, F)).transpose(1, 2)
+
+    @property
+    def scratch(self) -> tuple:
+        """The buffers a call leaves part of the answer in (none is an input): the rows
+        sent and received, every rank's counts, h, act and the experts' outputs
+        (and their expert-major copies, or torch's tensors of them), the outputs returned."""
+        bufs = [self.send, self.recv, self.cmat, self.h, self.act, self.y, self.ret]
+        if self.ffn == "per_expert":
+            bufs += [self.xem, self.yem]
+        if self.ffn == "torch":
+            bufs += self.torch_held
+        return tuple(bufs)
 
     # ---- the steps -------------------------------------------------------------------
     def counts(self):
@@ -163,6 +189,7 @@ class HostMoE:
         from cuco.runtime import torch_bridge
         wl, s = self.wl, self.wl.shape
         H, F, el, me = s.hidden, s.ffn, wl.local_experts, self.ctx.rank
+        self.torch_held.clear()  # the last call's, poisoned once it was verified
         if total == 0:
             return
         perm = cupy.asarray(wl.expert_major_order(C, me))
@@ -172,9 +199,13 @@ class HostMoE:
             y = torch_bridge.tensor(self.y, "bf16", (wl.max_recv_rows, H))
             p = torch.as_tensor(perm, device="cuda")
             o = torch.as_tensor(offs, device="cuda")
-            h = torch._grouped_mm(recv[p], self.wgu_t, offs=o)
-            act = torch.nn.functional.silu(h[:, :F]) * h[:, F:]
-            y[p] = torch._grouped_mm(act, self.wd_t, offs=o)
+            rows = recv[p]
+            h = torch._grouped_mm(rows, self.wgu_t, offs=o)
+            act = torch.nn.functional.silu(h[:, :F])
+            act.mul_(h[:, F:])  # in place: no third tensor of the FFN's width
+            out_em = torch._grouped_mm(act, self.wd_t, offs=o)  # expert-major
+            y[p] = out_em
+        self.torch_held[:] = [torch_bridge.storage(t) for t in (rows, h, act, out_em)]
 
     def _per_expert(self, C: np.ndarray) -> None:
         import cupy
@@ -186,7 +217,8 @@ class HostMoE:
         if total == 0:
             return
         pd = cupy.asarray(perm)
-        self.xem.reshape(R, H)[:total] = self.recv.reshape(R, H)[pd]
+        # straight into xem: a gathered copy of the received rows would go back to the pool
+        cupy.take(self.recv.reshape(R, H), pd, axis=0, out=self.xem.reshape(R, H)[:total])
         rows = C[:, me * el:(me + 1) * el].sum(axis=0).astype(np.int64)
         start = np.cumsum(rows) - rows
         x, h, act, y = (int(b.data.ptr) for b in (self.xem, self.h, self.act, self.yem))
