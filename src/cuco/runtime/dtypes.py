@@ -54,31 +54,35 @@ _NAN_LAYOUT = {"bf16": (0x7F80, 7), "fp16": (0x7C00, 10), "fp32": (0x7F800000, 2
 
 @dataclass(frozen=True)
 class Poison:
-    """One call's poison: a NaN of random sign and payload, or random bytes.
+    """One call's poison: a NaN of random sign and payload, or keyed random bytes.
 
     Every verified call draws a new one, so a kernel cannot tell a checked call by
     recognising a fixed pattern in its outputs (NaN, or one bit pattern): with random
-    bytes the outputs hold ordinary numbers that are simply wrong.
+    bytes the outputs hold ordinary numbers that are simply wrong. The bytes are keyed
+    noise under a 128-bit key drawn per call (:func:`cuco.runtime.sealed.fill_keyed_bytes`):
+    one kernel per buffer, on the caller's stream, that allocates nothing and never waits
+    (the former bytes poison made a cuRAND generator per call, with its state, and drew 4
+    bytes per byte; ``bench/poison.py`` times both and tells whether each waits for the device).
     """
 
     kind: str  # "nan" | "bytes"
     bits: int = 0  # the NaN's bit pattern ("nan")
-    seed: int = 0  # the bytes' seed ("bytes")
+    key: int = 0  # the bytes' 128-bit key ("bytes")
 
     @classmethod
     def draw(cls, rng, dtype: str) -> "Poison":
         if rng.random() < 0.5:
-            return cls("bytes", seed=rng.randrange(1 << 31))
+            return cls("bytes", key=rng.getrandbits(128))
         exp, mant_bits = _NAN_LAYOUT[dtype]
         payload = rng.randrange(1, 1 << mant_bits)  # non-zero: NaN, never infinity
         sign = (1 << (8 * ITEMSIZE[dtype] - 1)) if rng.random() < 0.5 else 0
         return cls("nan", bits=sign | exp | payload)
 
     def apply(self, x) -> None:
-        """Overwrite every element of the storage array ``x``."""
+        """Overwrite every element of the storage array ``x`` (on the current stream)."""
         import cupy
         if self.kind == "nan":
             x.view(cupy.uint16 if x.itemsize == 2 else cupy.uint32).fill(self.bits)
         else:
-            raw = cupy.random.RandomState(self.seed).randint(0, 256, size=x.nbytes, dtype=cupy.uint8)
-            x.view(cupy.uint8)[...] = raw.reshape(x.view(cupy.uint8).shape)
+            from cuco.runtime.sealed import fill_keyed_bytes
+            fill_keyed_bytes(x, self.key)
