@@ -247,28 +247,33 @@ class _StandInJob:
     """What a GPU stage job returns, from a CPU worker: every program right and timed,
     except the candidate named ``wrong_together``, whose timed calls go wrong only when it
     shares its timing job with other candidates (as one that disturbed the others would);
-    in check-only jobs, the candidate of ``comm_ctas == wrong_checked_together`` is wrong only
-    beside other candidates and that of ``comm_ctas == wrong_full`` always at the full shape
-    (``full``: the job is the full stage's; the small stage's directives are cut to fit)."""
+    in check-only jobs (the candidates told by ``comm_ctas``: the small stage's directives are
+    cut to fit), ``wrong_checked_together``'s is wrong only beside other candidates,
+    ``wrong_checked``'s always, and a full-stage job (``full``) that ``fail_shared_full``'s
+    shares with others fails as a whole."""
 
     def __init__(self, specs, time_it: bool, wrong_together: str, wrong_checked_together: int = 0,
-                 wrong_full: int = 0, full: bool = False):
+                 wrong_checked: int = 0, full: bool = False, fail_shared_full: int = 0):
         self.names = [s.name for s in specs]
         self.directives = [s.directives for s in specs]
         self.time_it, self.wrong_together = time_it, wrong_together
-        self.wrong_checked_together, self.wrong_full, self.full = wrong_checked_together, wrong_full, full
+        self.wrong_checked_together, self.wrong_checked, self.full = wrong_checked_together, wrong_checked, full
+        self.fail_shared_full = fail_shared_full
 
     def wrong(self, d: str) -> bool:
         shared = len(self.names) > 1
         if self.time_it:
             return shared and d == self.wrong_together
         ctas = Directives.from_json(d).comm_ctas
-        return (shared and ctas == self.wrong_checked_together) or (self.full and ctas == self.wrong_full)
+        return (shared and ctas == self.wrong_checked_together) or ctas == self.wrong_checked
 
     def __call__(self, ctx):
         import time
         time.sleep(0.05)
         from cuco.runtime.records import ProgramRecord, RankResult
+        ctas = [Directives.from_json(d).comm_ctas for d in self.directives]
+        if self.full and len(ctas) > 1 and self.fail_shared_full in ctas:
+            raise RuntimeError("stand-in: the shared job failed")
         out = {"host_nccl": ProgramRecord(rel_l2_error=1e-3),
                "host_nccl_default": ProgramRecord(rel_l2_error=1e-3)}
         for name, d in zip(self.names, self.directives):
@@ -317,12 +322,10 @@ def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp
     assert len(db.evaluations()) == 4  # each verdict stored once
 
 
-def test_a_batch_checks_what_is_built_together_and_a_wrong_one_alone(tmp_path, monkeypatch):
-    """Candidates built by the time the GPUs are free share each check stage's job (small,
-    then full); one wrong only beside others is checked again alone and passes on that
-    verdict; one wrong at the full shape fails there, alone too; neither changes another's
-    verdict, and each candidate's stage seconds are its share of the jobs it was in. CPU
-    worker processes run stand-ins for the GPU jobs; the builds are real nvcc runs."""
+def _batch_of_stand_ins(tmp_path, monkeypatch, cands, **stand_in):
+    """``evaluate_many(cands)`` with every build done before the GPUs ask (one group), CPU
+    workers running stand-in jobs (``stand_in``: :class:`_StandInJob`'s check-stage knobs); the builds
+    are real nvcc runs. Returns the jobs, as (stage, candidates), and the verdicts."""
     import sys
     import cloudpickle
     from cuco.evaluate import evaluator as evaluator_module
@@ -330,16 +333,13 @@ def test_a_batch_checks_what_is_built_together_and_a_wrong_one_alone(tmp_path, m
     from cuco.runtime import WorkerGroup
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-    def all_built_first(pending, most):  # every build done before the GPUs ask: one group
+    def all_built_first(pending, most):
         for futures in pending:
             for f in futures or ():
                 f.result()
         yield from in_build_batches(pending, most)
     monkeypatch.setattr(evaluator_module, "in_build_batches", all_built_first)
-
     jobs: list[tuple[str, int]] = []
-    shy = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=1 << 20)
-    bad = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=4, chunk_bytes=1 << 20)
 
     class StandInEvaluator(Evaluator):
         def warm_up(self):
@@ -349,20 +349,45 @@ def test_a_batch_checks_what_is_built_together_and_a_wrong_one_alone(tmp_path, m
             specs = spec if isinstance(spec, list) else [spec]
             full = problem == self.problem and not time_it
             jobs.append(("timing" if time_it else "full" if full else "small", len(specs)))
-            return _StandInJob(specs, time_it, "", shy.comm_ctas, bad.comm_ctas, full)
+            return _StandInJob(specs, time_it, "", full=full, **stand_in)
 
     with WorkerGroup(1, gpu=False) as group:
         ev = StandInEvaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=1), group=group,
                               db=CandidateDB(tmp_path / "c.db"), timing_batch=8, check_batch=8,
                               compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
-        results = ev.evaluate_many([D, shy, D, bad, D])
-    assert jobs == [("small", 5), ("small", 1), ("full", 5), ("full", 1), ("full", 1), ("timing", 4)], jobs
-    assert [r.status for r in results] == ["ok", "ok", "ok", "wrong", "ok"], [r.error for r in results]
-    assert (results[3].stage_reached, results[3].extra["stage_s"].keys()) == ("full", {"small", "full"})
+        results = ev.evaluate_many(cands)
+    assert len(ev.db.evaluations()) == len(cands)  # each verdict stored once
+    return jobs, results
+
+
+SHY = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=1 << 20)
+BAD = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=4, chunk_bytes=1 << 20)
+
+
+def test_a_batch_checks_what_is_built_together_and_wrong_ones_alone_only_beside_others(tmp_path, monkeypatch):
+    """Candidates built by the time the GPUs are free share each check stage's job. In the
+    small job two are wrong, so either may owe it to the other: both are checked again alone,
+    and ``shy`` (wrong only beside others) passes there while ``bad`` fails. In the full job
+    ``shy`` is the only one wrong among right neighbours: that is its verdict, with no second
+    try (alone it would have had one). Each candidate's stage seconds are its share of the
+    jobs it was in, and its own jobs."""
+    jobs, results = _batch_of_stand_ins(tmp_path, monkeypatch, [D, SHY, D, BAD, D],
+                                        wrong_checked_together=SHY.comm_ctas, wrong_checked=BAD.comm_ctas)
+    assert jobs == [("small", 5), ("small", 1), ("small", 1), ("full", 4), ("timing", 3)], jobs
+    assert [(r.status, r.stage_reached) for r in results] == [
+        ("ok", "scored"), ("wrong", "full"), ("ok", "scored"), ("wrong", "small"), ("ok", "scored")]
     s_ok, s_shy = results[0].extra["stage_s"], results[1].extra["stage_s"]
-    assert 0 < s_ok["small"] < s_shy["small"] and 0 < s_ok["full"] < s_shy["full"]  # shy's own jobs too
-    assert all(r.extra["timed_with"] == 4 for r in results if r.status == "ok")
-    assert len(ev.db.evaluations()) == 5
+    assert 0 < s_ok["small"] < s_shy["small"]  # shy's job alone too
+    assert s_ok["full"] == pytest.approx(s_shy["full"], abs=2e-3)  # one share each, no job alone
+    assert all(r.extra["timed_with"] == 3 for r in results if r.status == "ok")
+
+
+def test_every_candidate_of_a_failed_shared_check_job_is_checked_alone(tmp_path, monkeypatch):
+    """A shared job that fails (here an exception in the worker) says nothing of whose it was:
+    each of its candidates is checked again alone, and that verdict is its own."""
+    jobs, results = _batch_of_stand_ins(tmp_path, monkeypatch, [D, SHY, D], fail_shared_full=SHY.comm_ctas)
+    assert jobs == [("small", 3), ("full", 3), ("full", 1), ("full", 1), ("full", 1), ("timing", 3)], jobs
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
 
 
 def test_only_a_real_worlds_timing_job_measures_the_floor():

@@ -431,22 +431,23 @@ class Evaluator:
                      seed: int | tuple[int, ...], timeout: float) -> list[tuple[EvalResult | None, float, float]]:
         """One check-only job of ``stage`` for every candidate of ``specs``; per candidate its
         failure (or None), its worst error and its seconds (its share of the job). A candidate
-        wrong in a job it shared, or every candidate of a shared job that failed (a hang, a
-        crash), is checked again alone and that verdict is its own: none rests on another
-        candidate."""
+        wrong in a job it shared is checked again alone (that verdict its own) only where the
+        job points beyond it (:func:`neighbours_suspect`); the only one wrong among right
+        neighbours and a right host program keeps its verdict: alone, too, it had one try."""
         named = shared_names(specs)
         gpu0 = self.gpu_s
         fail, merged = self._run(self.case(problem, named, seed=seed, time_it=False),
                                  shared_timeout(timeout, len(specs)), stage)
         share = (self.gpu_s - gpu0) / len(specs)
+        wrong = [fail or self._check(merged, n.name, stage) for n in named]
+        again = len(specs) > 1 and neighbours_suspect(fail, merged, wrong)
         out = []
-        for spec, n in zip(specs, named):
-            wrong = fail or self._check(merged, n.name, stage)
-            if wrong is not None and len(specs) > 1:
+        for spec, n, w in zip(specs, named, wrong):
+            if w is not None and again:
                 alone, worst, seconds = self._check_stage(stage, problem, [spec], seed, timeout)[0]
                 out.append((alone, worst, share + seconds))
-                continue
-            out.append((wrong, merged[n.name].rel_l2_error if wrong is None else 0.0, share))
+            else:
+                out.append((w, merged[n.name].rel_l2_error if w is None else 0.0, share))
         return out
 
     def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
@@ -572,6 +573,19 @@ def emulated_verdict(result: EvalResult, d: Directives | None = None) -> EvalRes
     if d is not None and d.backend is Backend.GIN:
         extra["gin"] = "emulated"
     return EvalResult("ok", "checked", None, max_error=result.max_error, extra=extra)
+
+
+def neighbours_suspect(fail: EvalResult | None, merged: dict[str, ProgramResult] | None,
+                       wrong: list[EvalResult | None]) -> bool:
+    """Whether a shared check job's wrong candidates may owe it to another program of the job:
+    the job failed (a hang, a crash: whose, it does not say), more than one candidate was
+    wrong, the host program was wrong, or the inputs changed (which fails every program).
+    Otherwise one candidate wrong among right ones is wrong by its own doing."""
+    if fail is not None:
+        return True
+    assert merged is not None
+    return (sum(w is not None for w in wrong) > 1 or not merged[HOST].correct
+            or any(not r.inputs_intact for r in merged.values()))
 
 
 def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,
