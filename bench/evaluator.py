@@ -4,6 +4,7 @@
     python bench/evaluator.py                       # GEMM+AllReduce 8192^3, 2 GPUs, 24 + 24 candidates
     python bench/evaluator.py --ray                 # and the mixed batch through the Ray backend
     python bench/evaluator.py --world-size 1 --name evaluator_w1   # one GPU (no peers)
+    python bench/evaluator.py --world-size 1 --kinds side_stream    # one batch only (less GPU time)
 
 Three batches: in-kernel evolved ones (``--evolved-configs`` configurations, each the
 template of one in-kernel point with one EVOLVE-BLOCK body edited per candidate, the way a
@@ -15,6 +16,7 @@ each a distinct directive point, one per kind: in-kernel ones (``epilogue``/``de
 a CUTLASS build each, the GEMM's shape a launch argument, so the small-shape check runs
 the same binary) and side-stream ones (light cubins); ``compile_s_per_candidate`` is the
 median nvcc seconds of an in-kernel candidate inside its batch (all cores busy).
+``--kinds`` runs only the named batches (the others' figures are then absent).
 Every candidate is a distinct directive point compiled from scratch (an empty
 compile cache for its own source; a configuration's host part is built once), then
 checked (small shape, two seeds at full shape) and timed against the host-driven
@@ -40,7 +42,7 @@ from pathlib import Path
 from cuco import CandidateDB, results
 from cuco.agents.api import gpu_space
 from cuco.evaluate import Evaluator
-from cuco.evaluate.evaluator import TIMING_BATCH, Candidate
+from cuco.evaluate.evaluator import CHECK_BATCH, TIMING_BATCH, Candidate
 from cuco.kernels import Compiler, evolve
 from cuco.runtime import WorkerGroup, visible_gpus
 from cuco.workloads import get
@@ -89,11 +91,28 @@ def _summary(verdicts, seconds: float) -> dict:
             "best_speedup": max((v.speedup for v in ok), default=None)}
 
 
-def _make_evaluator(family, m, n, k, w, cache, timing_batch=TIMING_BATCH):
+#: The batches, in the order they run.
+KINDS = ("in_kernel_evolved", "in_kernel", "side_stream")
+
+
+def _make_evaluator(family, m, n, k, w, cache, timing_batch=TIMING_BATCH, check_batch=CHECK_BATCH):
     def make():
         return Evaluator(get(family)(m=m, n=n, k=k, world_size=w), group=WorkerGroup(w, nvshmem=True).start(),
-                         compiler=Compiler(cache_dir=cache), timing_batch=timing_batch)
+                         compiler=Compiler(cache_dir=cache), timing_batch=timing_batch, check_batch=check_batch)
     return make
+
+
+def _per_kind(entries: dict) -> dict:
+    """The result file's top-level figures of the batches that ran."""
+    keys = {"in_kernel": ("candidates_per_min_in_kernel", "compile_s_per_candidate"),
+            "in_kernel_evolved": ("candidates_per_min_in_kernel_evolved", "compile_s_per_candidate_evolved"),
+            "side_stream": ("candidates_per_min_side_stream", "compile_s_per_candidate_side_stream")}
+    out = {}
+    for kind, (per_min, compile_s) in keys.items():
+        if kind in entries:
+            out[per_min] = entries[kind]["candidates_per_min"]
+            out[compile_s] = entries[kind]["median_compile_s"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,12 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-batch", type=int, default=TIMING_BATCH,
                     help="candidates that share one timing job (the host programs and the bound are "
                          "timed once per job)")
+    ap.add_argument("--check-batch", type=int, default=CHECK_BATCH,
+                    help="candidates built by the time the GPUs are free that share one job per check stage")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"comma-separated batches to run, of {', '.join(KINDS)}")
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--name", default="evaluator", help="result file bench/results/<name>.json")
     a = ap.parse_args(argv)
-    if a.timing_batch < 1:
-        ap.error("--timing-batch: at least 1")
+    if a.timing_batch < 1 or a.check_batch < 1:
+        ap.error("--timing-batch, --check-batch: at least 1")
+    kinds = [k for k in a.kinds.split(",") if k]
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--kinds: some of {', '.join(KINDS)}")
     m, k, n = (int(v) for v in a.shape.split("x"))
     w = a.world_size
     if visible_gpus() < w:
@@ -126,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     wl = get(a.family)(m=m, n=n, k=k, world_size=w)
     batches = _candidates(wl.problem, a.candidates, a.seed)
     db = CandidateDB(workdir / "bench.db")
-    make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local", a.timing_batch)
+    make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local", a.timing_batch, a.check_batch)
     ev = make()
     ev.db = db
     device = results.device_label(ev.group.infos)
@@ -136,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     verify0 = ev.verify_s
     entries, rows, done, local_s = {}, [], [], 0.0
     # the evolved batch's configurations are points the directive batch does not build
-    configs = batches["in_kernel"][a.candidates:a.candidates + a.evolved_configs] if a.evolved_configs else []
+    evolved = a.evolved_configs if "in_kernel_evolved" in kinds else 0
+    configs = batches["in_kernel"][a.candidates:a.candidates + evolved] if evolved else []
     cands = {"in_kernel_evolved": _evolved(ev, configs, len(configs), a.candidates) if configs else [],
              "in_kernel": [Candidate(d) for d in batches["in_kernel"][:a.candidates]],
              "side_stream": [Candidate(d) for d in batches["side_stream"]]}
     if a.warm_configs and configs:  # each configuration's first build, outside the timed batch
         ev.evaluate_many([Candidate(d) for d in configs])
-    for kind in [k for k, c in cands.items() if c]:
+    for kind in [k for k, c in cands.items() if c and k in kinds]:
         t0 = time.perf_counter()
         verdicts = ev.evaluate_many(cands[kind])
         seconds = time.perf_counter() - t0
@@ -159,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.group.close()
     entries["local"] = _summary([v for _, v in done], local_s)
     entries["local"]["first_candidate_s_with_warm_up"] = round(warm_s, 2)
-    every = [Candidate(batches["warm_up"][0]), *(c for batch in cands.values() for c in batch)]
+    every = [Candidate(batches["warm_up"][0]), *(c for kind, batch in cands.items() if kind in kinds for c in batch)]
     if a.ray:
         from cuco.cluster import RayBackend
-        backend = RayBackend(_make_evaluator(a.family, m, n, k, w, workdir / "cache-ray", a.timing_batch),
+        backend = RayBackend(_make_evaluator(a.family, m, n, k, w, workdir / "cache-ray", a.timing_batch,
+                                             a.check_batch),
                              problem=wl.problem, hosts=1, actor_options={"num_gpus": w, "num_cpus": 1})
         backend.evaluate_many(every[:1])  # the actor's warm-up, as above
         t0 = time.perf_counter()
@@ -174,16 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     path = results.write(a.name, rows, device=device, world_size=w, emulated=False, out_dir=a.out_dir,
                          extra={"workload": wl.label, "fresh_compile_each": True,
                                 "candidates_per_min": entries["local"]["candidates_per_min"],
-                                "candidates_per_min_in_kernel": entries["in_kernel"]["candidates_per_min"],
-                                "candidates_per_min_side_stream": entries["side_stream"]["candidates_per_min"],
-                                "compile_s_per_candidate": entries["in_kernel"]["median_compile_s"],
-                                **({"candidates_per_min_in_kernel_evolved": entries["in_kernel_evolved"]["candidates_per_min"],
-                                    "compile_s_per_candidate_evolved": entries["in_kernel_evolved"]["median_compile_s"],
-                                    "evolved_configs": len(configs),
+                                "kinds": kinds,
+                                **_per_kind(entries),
+                                **({"evolved_configs": len(configs),
                                     "evolved_configs_warmed": bool(a.warm_configs)} if configs else {}),
                                 "whole_program": os.environ.get("CUCO_WHOLE_PROGRAM", "") not in ("", "0"),
                                 "cpu_cores": os.cpu_count(),
                                 "timing_batch": a.timing_batch,
+                                "check_batch": a.check_batch,
                                 "verification_overhead": round(verify_s / local_s, 4),
                                 "verify_s": round(verify_s, 2),
                                 "backends": entries})

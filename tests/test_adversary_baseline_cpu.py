@@ -34,7 +34,8 @@ def res(ms: float | None, correct: bool = True, verified: bool = True) -> Progra
 
 
 def checked(name: str = "candidate") -> _Checked:
-    return _Checked(Candidate(D), VariantSpec(name, D.to_json(), "unused.cubin"), 0.0, 0.0, 0.0, 0.0, 0.0, {})
+    spec = VariantSpec(name, D.to_json(), "unused.cubin")
+    return _Checked(Candidate(D), rs_evaluator().small_problem(), spec, spec, 0.0, 0.0, 0.0)
 
 
 def rs_evaluator(**kw) -> Evaluator:

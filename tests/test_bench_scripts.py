@@ -357,3 +357,30 @@ def test_link_vs_whole_compares_each_point_and_each_cases_best(tmp_path):
     assert bench.main([str(tmp_path / "s.json"), str(tmp_path / "w.json"), "--out-dir", str(tmp_path)]) == 0
     out = json.loads((tmp_path / "gemm_link_vs_whole.json").read_text())
     assert out["commit"] == "abc1234" and out["summary"]["points"] == 2
+
+
+def test_evaluator_bench_runs_only_the_named_batches(capsys):
+    """``--kinds side_stream`` (issue #39's figure alone, less GPU time): the result file's
+    top-level figures are those of the batches that ran; an unknown batch is refused before
+    anything starts."""
+    bench = load("evaluator")
+    entry = {"candidates_per_min": 120.0, "median_compile_s": 4.0}
+    assert bench._per_kind({"side_stream": entry}) == {"candidates_per_min_side_stream": 120.0,
+                                                      "compile_s_per_candidate_side_stream": 4.0}
+    assert set(bench._per_kind({k: entry for k in bench.KINDS})) >= {
+        "candidates_per_min_in_kernel", "compile_s_per_candidate", "candidates_per_min_in_kernel_evolved"}
+    with pytest.raises(SystemExit):
+        bench.main(["--kinds", "side_stream,bogus"])
+    assert "--kinds" in capsys.readouterr().err
+
+
+def test_schedule_overhead_bench_times_the_python_of_each_job(tmp_path):
+    """bench/schedule_overhead.py (no GPU): every job of a batch, alone and shared; a shared
+    job's draws and tallies cost a candidate less than a job of its own."""
+    import json
+    bench = load("schedule_overhead")
+    assert bench.main(["--reps", "2", "--candidates", "8", "--out-dir", str(tmp_path)]) == 0
+    rows = {r["case"]: r for r in json.loads((tmp_path / "schedule_overhead.json").read_text())["rows"]}
+    assert set(rows) == {f"{kind}/{k}_candidates" for kind in ("small", "full", "timing") for k in (1, 8)}
+    assert rows["full/1_candidates"]["calls"] == 12 and rows["timing/8_candidates"]["calls"] == 14 * 35
+    assert rows["timing/8_candidates"]["ms_per_candidate"] < rows["timing/1_candidates"]["ms_per_candidate"]

@@ -152,25 +152,57 @@ def test_a_search_reports_where_each_generation_spent_its_time(ev):
     assert sum(s["gpu_s"] for s in seen) == 0  # no worker group: no GPU job ran
 
 
+def _sleeps(pool, *seconds: float):
+    """Futures of real processes of these lengths (stand-ins for a candidate's builds)."""
+    import subprocess
+
+    def build(s: float) -> float:
+        subprocess.run(["sleep", str(s)], check=True)
+        return s
+    return tuple(pool.submit(build, s) for s in seconds)
+
+
 def test_a_batch_is_judged_in_the_order_its_builds_finish():
     """evaluate_many's order: candidates with nothing to build first, then each as soon as
-    both its builds are done (real processes of different lengths stand in for builds)."""
-    import subprocess
+    both its builds are done."""
     from concurrent.futures import ThreadPoolExecutor
-    from cuco.evaluate.evaluator import in_build_order
-
-    def build(seconds: float) -> float:
-        subprocess.run(["sleep", str(seconds)], check=True)
-        return seconds
+    from cuco.evaluate.batching import in_build_batches
 
     with ThreadPoolExecutor(max_workers=6) as pool:
-        pending = [(pool.submit(build, 1.2), pool.submit(build, 0.1)),   # slow: waits on its slow half
-                   None,                                                  # failed before building
-                   (pool.submit(build, 0.1), pool.submit(build, 0.2)),   # fast
-                   (pool.submit(build, 0.6), pool.submit(build, 0.1))]
-        order = list(in_build_order(pending))
+        pending = [_sleeps(pool, 1.2, 0.1),   # slow: waits on its slow half
+                   None,                      # failed before building
+                   _sleeps(pool, 0.1, 0.2),   # fast
+                   _sleeps(pool, 0.6, 0.1)]
+        order = [i for batch in in_build_batches(pending, 1) for i in batch]
         assert order == [1, 2, 3, 0]
         assert all(f.done() for p in pending if p for f in p)
+
+
+def test_what_is_built_when_the_gpus_are_free_is_checked_together():
+    """Each time the caller comes back from the GPUs, every candidate built meanwhile comes
+    in one group (at most ``most``); while none is built, it waits for the first."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from cuco.evaluate.batching import in_build_batches
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        pending = [_sleeps(pool, 2.0), None, _sleeps(pool, 0.1, 0.2), _sleeps(pool, 0.4), _sleeps(pool, 0.3)]
+        batches = []
+        for batch in in_build_batches(pending, 2):
+            batches.append(batch)
+            if len(batches) == 1:
+                time.sleep(1.0)  # the GPUs busy with the first group: three builds finish
+        assert batches == [[1], [2, 3], [4], [0]]
+
+
+def test_shared_jobs_name_each_candidate_and_scale_their_timeout():
+    from cuco.evaluate.batching import shared_names, shared_timeout
+    from cuco.evaluate.jobs import VariantSpec
+    specs = [VariantSpec("x", D.to_json(), f"{j}.cubin") for j in range(3)]
+    assert [s.name for s in shared_names(specs[:1])] == ["candidate"]
+    assert [(s.name, s.cubin) for s in shared_names(specs)] == [
+        ("candidate0", "0.cubin"), ("candidate1", "1.cubin"), ("candidate2", "2.cubin")]
+    assert shared_timeout(60.0, 1) == 60.0 and shared_timeout(60.0, 3) == 120.0
 
 
 def test_only_timing_jobs_carry_the_other_host_programs(ev):
@@ -214,21 +246,38 @@ def test_the_full_stage_checks_both_fresh_seeds_in_one_job(ev):
 class _StandInJob:
     """What a GPU stage job returns, from a CPU worker: every program right and timed,
     except the candidate named ``wrong_together``, whose timed calls go wrong only when it
-    shares its timing job with other candidates (as one that disturbed the others would)."""
+    shares its timing job with other candidates (as one that disturbed the others would);
+    in check-only jobs (the candidates told by ``comm_ctas``: the small stage's directives are
+    cut to fit), ``wrong_checked_together``'s is wrong only beside other candidates,
+    ``wrong_checked``'s always, and a full-stage job (``full``) that ``fail_shared_full``'s
+    shares with others fails as a whole."""
 
-    def __init__(self, specs, time_it: bool, wrong_together: str):
+    def __init__(self, specs, time_it: bool, wrong_together: str, wrong_checked_together: int = 0,
+                 wrong_checked: int = 0, full: bool = False, fail_shared_full: int = 0):
         self.names = [s.name for s in specs]
         self.directives = [s.directives for s in specs]
         self.time_it, self.wrong_together = time_it, wrong_together
+        self.wrong_checked_together, self.wrong_checked, self.full = wrong_checked_together, wrong_checked, full
+        self.fail_shared_full = fail_shared_full
+
+    def wrong(self, d: str) -> bool:
+        shared = len(self.names) > 1
+        if self.time_it:
+            return shared and d == self.wrong_together
+        ctas = Directives.from_json(d).comm_ctas
+        return (shared and ctas == self.wrong_checked_together) or ctas == self.wrong_checked
 
     def __call__(self, ctx):
         import time
         time.sleep(0.05)
         from cuco.runtime.records import ProgramRecord, RankResult
+        ctas = [Directives.from_json(d).comm_ctas for d in self.directives]
+        if self.full and len(ctas) > 1 and self.fail_shared_full in ctas:
+            raise RuntimeError("stand-in: the shared job failed")
         out = {"host_nccl": ProgramRecord(rel_l2_error=1e-3),
                "host_nccl_default": ProgramRecord(rel_l2_error=1e-3)}
         for name, d in zip(self.names, self.directives):
-            wrong = self.time_it and len(self.names) > 1 and d == self.wrong_together
+            wrong = self.wrong(d)
             out[name] = ProgramRecord(correct=not wrong, rel_l2_error=1e-3, bad_elements=7 * wrong,
                                       calls_verified=12)
         if self.time_it:
@@ -271,6 +320,74 @@ def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp
     assert [r.extra["timed_with"] for r in results] == [4, 1, 4, 4]
     assert all(r.speedup and r.speedup > 1 and "timing" in r.extra["stage_s"] for r in results)
     assert len(db.evaluations()) == 4  # each verdict stored once
+
+
+def _batch_of_stand_ins(tmp_path, monkeypatch, cands, **stand_in):
+    """``evaluate_many(cands)`` with every build done before the GPUs ask (one group), CPU
+    workers running stand-in jobs (``stand_in``: :class:`_StandInJob`'s check-stage knobs); the builds
+    are real nvcc runs. Returns the jobs, as (stage, candidates), and the verdicts."""
+    import sys
+    import cloudpickle
+    from cuco.evaluate import evaluator as evaluator_module
+    from cuco.evaluate.batching import in_build_batches
+    from cuco.runtime import WorkerGroup
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    def all_built_first(pending, most):
+        for futures in pending:
+            for f in futures or ():
+                f.result()
+        yield from in_build_batches(pending, most)
+    monkeypatch.setattr(evaluator_module, "in_build_batches", all_built_first)
+    jobs: list[tuple[str, int]] = []
+
+    class StandInEvaluator(Evaluator):
+        def warm_up(self):
+            self.warm, self._respawns = True, self.group.respawns
+
+        def case(self, problem, spec, *, seed, time_it):
+            specs = spec if isinstance(spec, list) else [spec]
+            full = problem == self.problem and not time_it
+            jobs.append(("timing" if time_it else "full" if full else "small", len(specs)))
+            return _StandInJob(specs, time_it, "", full=full, **stand_in)
+
+    with WorkerGroup(1, gpu=False) as group:
+        ev = StandInEvaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=1), group=group,
+                              db=CandidateDB(tmp_path / "c.db"), timing_batch=8, check_batch=8,
+                              compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
+        results = ev.evaluate_many(cands)
+    assert len(ev.db.evaluations()) == len(cands)  # each verdict stored once
+    return jobs, results
+
+
+SHY = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=1 << 20)
+BAD = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=4, chunk_bytes=1 << 20)
+
+
+def test_a_batch_checks_what_is_built_together_and_wrong_ones_alone_only_beside_others(tmp_path, monkeypatch):
+    """Candidates built by the time the GPUs are free share each check stage's job. In the
+    small job two are wrong, so either may owe it to the other: both are checked again alone,
+    and ``shy`` (wrong only beside others) passes there while ``bad`` fails. In the full job
+    ``shy`` is the only one wrong among right neighbours: that is its verdict, with no second
+    try (alone it would have had one). Each candidate's stage seconds are its share of the
+    jobs it was in, and its own jobs."""
+    jobs, results = _batch_of_stand_ins(tmp_path, monkeypatch, [D, SHY, D, BAD, D],
+                                        wrong_checked_together=SHY.comm_ctas, wrong_checked=BAD.comm_ctas)
+    assert jobs == [("small", 5), ("small", 1), ("small", 1), ("full", 4), ("timing", 3)], jobs
+    assert [(r.status, r.stage_reached) for r in results] == [
+        ("ok", "scored"), ("wrong", "full"), ("ok", "scored"), ("wrong", "small"), ("ok", "scored")]
+    s_ok, s_shy = results[0].extra["stage_s"], results[1].extra["stage_s"]
+    assert 0 < s_ok["small"] < s_shy["small"]  # shy's job alone too
+    assert s_ok["full"] == pytest.approx(s_shy["full"], abs=2e-3)  # one share each, no job alone
+    assert all(r.extra["timed_with"] == 3 for r in results if r.status == "ok")
+
+
+def test_every_candidate_of_a_failed_shared_check_job_is_checked_alone(tmp_path, monkeypatch):
+    """A shared job that fails (here an exception in the worker) says nothing of whose it was:
+    each of its candidates is checked again alone, and that verdict is its own."""
+    jobs, results = _batch_of_stand_ins(tmp_path, monkeypatch, [D, SHY, D], fail_shared_full=SHY.comm_ctas)
+    assert jobs == [("small", 3), ("full", 3), ("full", 1), ("full", 1), ("full", 1), ("timing", 3)], jobs
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
 
 
 def test_only_a_real_worlds_timing_job_measures_the_floor():

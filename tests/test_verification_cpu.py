@@ -117,7 +117,8 @@ def test_poison_varies_and_its_nans_are_nans(dtype, width, exp, mant):
         assert bits >> width == 0 and bits & exp == exp and bits & mant  # NaN, never infinity
     # the NaN's width: a buffer of other elements (int32 counts, fp32 scores) gets bytes
     assert {p.width for p in drawn if p.kind == "nan"} == {width // 8}
-    assert len({p.seed for p in drawn if p.kind == "bytes"}) > 20
+    keys = [p.key for p in drawn if p.kind == "bytes"]
+    assert len(set(keys)) == len(keys) and max(keys) >= 1 << 100  # 128-bit keys, none repeated
 
 
 def test_stress_is_drawn_within_its_ranges():
@@ -277,6 +278,55 @@ int main() {
     host_values += [int(v) for s in salts for v in mix_host(idx, s)]
     host_values += [int(siphash_host([idx[:4]], k)[0]) for k in keys]  # the tally tags
     assert host_values == device
+
+
+@needs_nvcc
+def test_the_keyed_bytes_poison_is_what_the_host_computes(tmp_path):
+    """A bytes poison (``cuco_keyed_word``, the device function's own text compiled as host
+    code) writes :func:`keyed_bytes_host`'s bytes, from an aligned or an unaligned start, for
+    lengths that are and are not whole 8-byte words, and not a byte past the end."""
+    import subprocess
+    from cuco.runtime.sealed import KEYED_BYTES_SRC, SEAL_SRC, key_words, keyed_bytes_host
+    key = (0xFFFFFFFFFFFFFFFF << 64) | 0x0123456789ABCDEF
+    k0, k1 = key_words(key)
+    host = (SEAL_SRC + KEYED_BYTES_SRC).replace("__device__ __forceinline__", "static inline")
+    (tmp_path / "poison.cu").write_text(host + r"""
+#include <cstdio>
+#include <cstring>
+int main() {
+  alignas(8) unsigned char buf[64];
+  const int starts[] = {0, 3}, lengths[] = {40, 37, 5};
+  for (int s : starts) for (int n : lengths) {
+    memset(buf, 0xA5, sizeof buf);
+    for (unsigned long long j = 0; j < (n + 7) / 8ull; ++j)
+      cuco_keyed_word(buf + s, n, j, K0ull, K1ull);
+    for (int i = 0; i < n + 8; ++i) printf("%u\n", buf[s + i]);
+  }
+}
+""".replace("K0", str(k0)).replace("K1", str(k1)))
+    exe = tmp_path / "poison"
+    done = subprocess.run(["nvcc", "-o", str(exe), str(tmp_path / "poison.cu")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    device = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
+    expected = []
+    for _start in (0, 3):
+        for n in (40, 37, 5):
+            expected += [int(b) for b in keyed_bytes_host(n, key)] + [0xA5] * 8  # nothing past the end
+    assert device == expected
+
+
+def test_keyed_bytes_differ_per_key_and_look_random():
+    """Each poison's bytes are its key's: another key (any of its 128 bits) gives other bytes,
+    and every byte value turns up about as often."""
+    import numpy
+    from cuco.runtime.sealed import keyed_bytes_host
+    key = random.Random(4).getrandbits(128)
+    base = keyed_bytes_host(1 << 16, key)
+    counts = numpy.bincount(base, minlength=256)
+    assert counts.min() > 0.7 * 256 and counts.max() < 1.3 * 256
+    for bit in (0, 63, 64, 127):
+        assert (keyed_bytes_host(1 << 16, key ^ (1 << bit)) != base).mean() > 0.99
+    assert list(keyed_bytes_host(13, key)) == list(base[:13])  # a prefix of a longer buffer's
 
 
 def test_the_seal_is_siphash_under_a_128_bit_key():

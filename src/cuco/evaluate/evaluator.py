@@ -15,11 +15,12 @@ before every call with a pattern drawn for it; checked calls (stressed from outs
 kernel, compared on the host, guard pages read) sit at random places among the timed ones; the first
 epoch of a job is random; the kernel's arguments are the same in checked and timed
 calls. A time below the physical floor (:mod:`cuco.runtime.peaks`) is ``suspect``
-and scores nothing. In a batch (:meth:`Evaluator.evaluate_many`) up to
-:data:`TIMING_BATCH` candidates that passed their checks share one timing job: the host
+and scores nothing. In a batch (:meth:`Evaluator.evaluate_many`) the candidates built by
+the time the GPUs are free (up to :data:`CHECK_BATCH`) share each check stage's job, and up
+to :data:`TIMING_BATCH` candidates that passed their checks share one timing job: the host
 programs and the halves of the bound are timed once for all of them, interleaved with them
-(the same run); a candidate found wrong there, or every candidate of a job that failed, is
-timed again alone, so no verdict rests on another candidate. A hang or a crash costs a respawn of the worker group, never
+(the same run); a candidate found wrong in a shared job, or every candidate of a shared job
+that failed, is checked or timed again alone, so no verdict rests on another candidate. A hang or a crash costs a respawn of the worker group, never
 the search.
 
 Two places to extend. The *workload* (any :class:`cuco.workloads.Workload`: the six
@@ -38,14 +39,14 @@ import os
 import platform
 import secrets
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cuco.db import CandidateDB
 from cuco.design import Backend, Directives, Problem
 from cuco.errors import CompileError, DirectiveError
+from cuco.evaluate.batching import in_build_batches, shared_names, shared_timeout
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
 from cuco.kernels import evolve, macros
@@ -57,6 +58,11 @@ from cuco.workloads.base import for_problem
 from cuco.evaluate.jobs import ACCURACY_SLACK, Case, VariantSpec
 from cuco.evaluate.verification import HOST
 
+
+#: Candidates of a batch checked in one job per check stage (small, full): those whose builds
+#: are done when the GPUs are free, up to this many (the host program's calls, the job's
+#: dispatch, input sets and fingerprints once for all of them).
+CHECK_BATCH = 8
 
 #: Candidates of a batch timed in one job (the timing stage is most of a candidate's GPU time,
 #: and much of it times the host programs and the bound, the same for every candidate). 8
@@ -107,17 +113,27 @@ class Candidate:
 
 @dataclass
 class _Checked:
-    """A candidate that passed every check, waiting for its timing: what it is, its build,
-    its worst check error, and where its time went so far."""
+    """A built candidate on its way through the checks, then waiting for its timing: what it
+    is, its builds (``small``: the small shape's), its worst check error, and where its time
+    went so far (``seconds``: collecting its builds and its shares of the GPU jobs)."""
 
     cand: Candidate
+    small_problem: Problem
+    small: VariantSpec
     spec: VariantSpec
-    worst: float
     compile_s: float
     seconds: float
-    gpu_s: float
     build_wait_s: float
-    stage_s: dict[str, float]
+    stage_s: dict[str, float] = field(default_factory=dict)
+    worst: float = 0.0
+
+    @property
+    def gpu_s(self) -> float:
+        return sum(self.stage_s.values())
+
+    def spent(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "gpu_s": self.gpu_s, "build_wait_s": self.build_wait_s,
+                "stage_s": dict(self.stage_s)}
 
 
 def one_build(prepared: dict[str, Any]) -> bool:
@@ -137,7 +153,8 @@ class Evaluator:
     def __init__(self, workload: Workload, *, group=None, db: CandidateDB | None = None,
                  compiler: Compiler | None = None, seeds: tuple[int, int] | None = None,
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
-                 run_id: int | None = None, timing_batch: int = TIMING_BATCH, peers: bool = True):
+                 run_id: int | None = None, timing_batch: int = TIMING_BATCH, peers: bool = True,
+                 check_batch: int = CHECK_BATCH):
         self.workload = workload
         self.problem = workload.problem
         self.group = group
@@ -149,6 +166,7 @@ class Evaluator:
         self.timeouts = timeouts or StageTimeouts()
         self.timing_iters = timing_iters
         self.timing_batch = max(1, timing_batch)
+        self.check_batch = max(1, check_batch)
         #: Other libraries' fused ops (torch's, where torch runs in the workers) join every
         #: timing job as verified programs, and the fastest correct one can be the baseline a
         #: candidate is scored against (:meth:`Workload.strongest_host`). Not in an emulated
@@ -166,8 +184,6 @@ class Evaluator:
         #: background (``evaluate_many``), over this evaluator's life.
         self.gpu_s = 0.0
         self.build_wait_s = 0.0
-        #: Seconds of each GPU stage (``small``, ``full``, ``timing``) of the candidate being judged.
-        self.stage_s: dict[str, float] = {}
 
     # ---- hooks ------------------------------------------------------------------------
     def workload_at(self, problem: Problem) -> Workload:
@@ -279,9 +295,7 @@ class Evaluator:
             self.warm_up()
         t0 = time.perf_counter()
         res = self.group.run(job, timeout=timeout)
-        seconds = time.perf_counter() - t0
-        self.gpu_s += seconds
-        self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
+        self.gpu_s += time.perf_counter() - t0
         if res.ok:
             self.verify_s += max(r.verify_s for r in res.results)
         if res.status in ("hang", "crash"):
@@ -325,15 +339,16 @@ class Evaluator:
 
     def _evaluate(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
                   pending: tuple[Future, Future] | None = None) -> EvalResult:
-        """The whole cascade for one candidate, its timing job its own (not stored)."""
-        fail, checked = self._checked(cand, prepared, pending)
+        """The whole cascade for one candidate, its jobs its own (not stored)."""
+        fail, checked = self._checked_many([(cand, prepared, pending)])[0]
         return fail if fail is not None else self._timed([checked])[0]
 
     def evaluate_many(self, cands: list[Candidate | Directives]) -> list[EvalResult]:
         """Batch: every candidate compiles in the background on all cores while the
-        GPUs check the ones already built, in the order their builds finish; those that
-        pass are timed :attr:`timing_batch` at a time in one job (results come back in the
-        order of ``cands``)."""
+        GPUs check the ones already built, as their builds finish: whatever is built when
+        the GPUs are free (up to :attr:`check_batch`) shares each check stage's job; those
+        that pass are timed :attr:`timing_batch` at a time in one job (results come back in
+        the order of ``cands``)."""
         cands = [c if isinstance(c, Candidate) else Candidate(c) for c in cands]
         prepared = [self.prepare(c) for c in cands]
         comp = self._compiler()
@@ -350,24 +365,25 @@ class Evaluator:
             results: list[EvalResult | None] = [None] * len(cands)
             waiting: list[tuple[int, _Checked]] = []
 
+            def settle(i: int, r: EvalResult) -> None:
+                results[i] = r
+                self._store(cands[i], r)
+
             def time_waiting() -> None:
-                if not waiting:
-                    return
-                for (i, _), r in zip(waiting, self._timed([c for _, c in waiting])):
-                    results[i] = r
-                    self._store(cands[i], r)
+                for (i, _), r in zip(waiting, self._timed([c for _, c in waiting]) if waiting else []):
+                    settle(i, r)
                 waiting.clear()
 
             try:
-                for i in in_build_order(pending):
-                    fail, checked = self._checked(cands[i], prepared[i], pending[i])
-                    if fail is not None:
-                        results[i] = fail
-                        self._store(cands[i], fail)
-                        continue
-                    waiting.append((i, checked))
-                    if len(waiting) >= self.timing_batch:
-                        time_waiting()
+                for ready in in_build_batches(pending, self.check_batch):
+                    items = [(cands[i], prepared[i], pending[i]) for i in ready]
+                    for i, (fail, checked) in zip(ready, self._checked_many(items)):
+                        if fail is not None:
+                            settle(i, fail)
+                            continue
+                        waiting.append((i, checked))
+                        if len(waiting) >= self.timing_batch:
+                            time_waiting()
                 time_waiting()
                 return results  # type: ignore[return-value]
             finally:
@@ -378,61 +394,85 @@ class Evaluator:
     def _name(self, cand: Candidate) -> str:
         return f"{self.problem.workload}.{cand.directives.full_name}"
 
-    def _checked(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
-                 pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, _Checked | None]:
-        """Every stage before timing: a failure (with where its time went; not stored), or
-        the candidate ready to be timed."""
-        t0, gpu0, wait0 = time.perf_counter(), self.gpu_s, self.build_wait_s
-        self.stage_s = {}
-        fail, checked = self._checks(cand, prepared, pending)
-        spent = {"seconds": time.perf_counter() - t0, "gpu_s": self.gpu_s - gpu0,
-                 "build_wait_s": self.build_wait_s - wait0, "stage_s": dict(self.stage_s)}
-        if fail is not None:
-            self._spent(fail, spent)
-            return fail, None
-        spec, worst, compile_s = checked
-        return None, _Checked(cand, spec, worst, compile_s, **spent)
+    def _checked_many(self, items: list[tuple[Candidate, tuple[EvalResult | None, dict[str, Any]],
+                                              tuple[Future, Future] | None]]
+                      ) -> list[tuple[EvalResult | None, _Checked | None]]:
+        """Every stage before timing, for candidates whose builds are done (or failed): each
+        check stage one job for all that reached it (:meth:`_check_stage`). Per candidate, a
+        failure (with where its time went; not stored) or the candidate ready to be timed."""
+        out = [self._built(*item) for item in items]
+        live = [(j, c) for j, (_, c) in enumerate(out) if c is not None]
+        if any(c.small_problem != live[0][1].small_problem for _, c in live):
+            raise ValueError("small_problem() gave the candidates of one batch different shapes")
+        stages = (("small", live[0][1].small_problem if live else None, self.seeds[0], self.timeouts.small),
+                  ("full", self.problem, self.seeds, self.timeouts.full))
+        for stage, problem, seed, timeout in stages:
+            if not live:
+                break
+            specs = [c.small if stage == "small" else c.spec for _, c in live]
+            verdicts = self._check_stage(stage, problem, specs, seed, timeout)
+            for (j, c), (fail, worst, seconds) in zip(live, verdicts):
+                c.stage_s[stage] = seconds
+                c.seconds += seconds
+                c.worst = worst
+                if fail is not None:
+                    self._spent(fail, c.spent())
+                    out[j] = (fail, None)
+            live = [(j, c) for j, c in live if out[j][1] is not None]
+        return out
 
-    def _checks(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
-                pending: tuple[Future, Future] | None) -> tuple[EvalResult | None, tuple | None]:
-        """The stages before timing: a failure, or (spec, worst check error, compile seconds)."""
+    def _built(self, cand: Candidate, prepared: tuple[EvalResult | None, dict[str, Any]],
+               pending: tuple[Future, Future] | None) -> tuple[EvalResult | None, _Checked | None]:
+        """``static`` and ``compile``: a failure (with where its time went), or the candidate
+        with its builds, for the check stages."""
+        t0, wait0 = time.perf_counter(), self.build_wait_s
         fail, prep = prepared
-        if fail:
-            return fail, None
-        fail, built = self.compile(self._name(cand), prep, pending)
-        if fail:
-            return fail, None
-        if self.group is None:
-            return EvalResult("error", "compile", "no worker group: GPU stages need one "
+        if fail is None:
+            fail, built = self.compile(self._name(cand), prep, pending)
+        if fail is None and self.group is None:
+            fail = EvalResult("error", "compile", "no worker group: GPU stages need one "
                               "(Evaluator(..., group=WorkerGroup(world_size)))",
-                              extra={"compile_s": built["compile_s"]}), None
-        d = cand.directives
-        spec_small = VariantSpec("candidate",
-                                 self.small_directives(d, prep["small_problem"]).to_json(),
-                                 built["small_cubin"])
-        spec = VariantSpec("candidate", d.to_json(), built["cubin"])
-        fail, merged = self._run(self.case(prep["small_problem"], spec_small, seed=self.seeds[0],
-                                           time_it=False), self.timeouts.small, "small")
-        if fail or (fail := self._check(merged, "candidate", "small")):
+                              extra={"compile_s": built["compile_s"]})
+        seconds, wait_s = time.perf_counter() - t0, self.build_wait_s - wait0
+        if fail is not None:
+            self._spent(fail, {"seconds": seconds, "gpu_s": 0.0, "build_wait_s": wait_s, "stage_s": {}})
             return fail, None
-        # both fresh seeds in one job: the same checked calls as a job per seed, one job fewer
-        fail, merged = self._run(self.case(self.problem, spec, seed=self.seeds, time_it=False),
-                                 self.timeouts.full, "full")
-        if fail or (fail := self._check(merged, "candidate", "full")):
-            return fail, None
-        worst = merged["candidate"].rel_l2_error
-        return None, (spec, worst, built["compile_s"])
+        d, small_p = cand.directives, prep["small_problem"]
+        small = VariantSpec("candidate", self.small_directives(d, small_p).to_json(), built["small_cubin"])
+        return None, _Checked(cand, small_p, small, VariantSpec("candidate", d.to_json(), built["cubin"]),
+                              built["compile_s"], seconds, wait_s)
+
+    def _check_stage(self, stage: str, problem: Problem, specs: list[VariantSpec],
+                     seed: int | tuple[int, ...], timeout: float) -> list[tuple[EvalResult | None, float, float]]:
+        """One check-only job of ``stage`` for every candidate of ``specs``; per candidate its
+        failure (or None), its worst error and its seconds (its share of the job). A candidate
+        wrong in a job it shared is checked again alone (that verdict its own) only where the
+        job points beyond it (:func:`neighbours_suspect`); the only one wrong among right
+        neighbours and a right host program keeps its verdict: alone, too, it had one try."""
+        named = shared_names(specs)
+        gpu0 = self.gpu_s
+        fail, merged = self._run(self.case(problem, named, seed=seed, time_it=False),
+                                 shared_timeout(timeout, len(specs)), stage)
+        share = (self.gpu_s - gpu0) / len(specs)
+        wrong = [fail or self._check(merged, n.name, stage) for n in named]
+        again = len(specs) > 1 and neighbours_suspect(fail, merged, wrong)
+        out = []
+        for spec, n, w in zip(specs, named, wrong):
+            if w is not None and again:
+                alone, worst, seconds = self._check_stage(stage, problem, [spec], seed, timeout)[0]
+                out.append((alone, worst, share + seconds))
+            else:
+                out.append((w, merged[n.name].rel_l2_error if w is None else 0.0, share))
+        return out
 
     def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
         """Time the candidates in one job (each a variant of its own name, interleaved with
         the host programs and the halves of the bound) and score each (not stored); a job
         that fails, or a candidate wrong in it, is timed again alone when the job held others."""
-        names = [f"candidate{j}" if len(checked) > 1 else "candidate" for j in range(len(checked))]
-        specs = [VariantSpec(n, c.spec.directives, c.spec.cubin) for n, c in zip(names, checked)]
-        timeout = self.timeouts.timing * (1 + (len(checked) - 1) / 2)
+        specs = shared_names([c.spec for c in checked])
         gpu0 = self.gpu_s
         fail, merged = self._run(self.case(self.problem, specs, seed=self.seeds[-1] + 1, time_it=True),
-                                 timeout, "timing")
+                                 shared_timeout(self.timeouts.timing, len(checked)), "timing")
         disturbed = self.disturbed_baselines(merged) if fail is None else []
         if disturbed and len(checked) == 1:
             fail = EvalResult("wrong", "timing", f"{', '.join(disturbed)} gave wrong output in the timing "
@@ -443,12 +483,12 @@ class Evaluator:
         if (fail is not None or disturbed) and len(checked) > 1:
             return [self._timed([c])[0] for c in checked]
         results = []
-        for name, c in zip(names, checked):
-            r = fail or self._check(merged, name, "timing")
+        for spec, c in zip(specs, checked):
+            r = fail or self._check(merged, spec.name, "timing")
             if r is not None and len(checked) > 1:
                 results.append(self._timed([c])[0])  # its verdict from a job of its own
                 continue
-            r = r or self._score(c, merged, name)
+            r = r or self._score(c, merged, spec.name)
             r.extra.setdefault("timed_with", len(checked))
             self._spent(r, {"seconds": c.seconds + share, "gpu_s": c.gpu_s + share,
                             "build_wait_s": c.build_wait_s, "stage_s": {**c.stage_s, "timing": share}})
@@ -550,24 +590,17 @@ def emulated_verdict(result: EvalResult, d: Directives | None = None) -> EvalRes
     return EvalResult("ok", "checked", None, max_error=result.max_error, extra=extra)
 
 
-def in_build_order(pending: Sequence[Sequence[Future] | None]) -> Iterator[int]:
-    """Indices of ``pending`` (each a candidate's build futures, or None: nothing to build)
-    as their builds finish, the unbuilt first: the GPUs judge whatever is ready instead of
-    idling on the slowest build of a batch (a CUTLASS build beside side-stream ones)."""
-    waiting = {}
-    for i, futures in enumerate(pending):
-        if futures is None:
-            yield i
-        else:
-            waiting[i] = futures
-    while waiting:
-        done = [i for i, futures in waiting.items() if all(f.done() for f in futures)]
-        if not done:
-            wait([f for futures in waiting.values() for f in futures], return_when=FIRST_COMPLETED)
-            continue
-        for i in done:
-            del waiting[i]
-            yield i
+def neighbours_suspect(fail: EvalResult | None, merged: dict[str, ProgramResult] | None,
+                       wrong: list[EvalResult | None]) -> bool:
+    """Whether a shared check job's wrong candidates may owe it to another program of the job:
+    the job failed (a hang, a crash: whose, it does not say), more than one candidate was
+    wrong, the host program was wrong, or the inputs changed (which fails every program).
+    Otherwise one candidate wrong among right ones is wrong by its own doing."""
+    if fail is not None:
+        return True
+    assert merged is not None
+    return (sum(w is not None for w in wrong) > 1 or not merged[HOST].correct
+            or any(not r.inputs_intact for r in merged.values()))
 
 
 def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,

@@ -54,24 +54,28 @@ _NAN_LAYOUT = {"bf16": (0x7F80, 7), "fp16": (0x7C00, 10), "fp32": (0x7F800000, 2
 
 @dataclass(frozen=True)
 class Poison:
-    """One call's poison: a NaN of random sign and payload, or random bytes.
+    """One call's poison: a NaN of random sign and payload, or keyed random bytes.
 
     Every verified call draws a new one, so a kernel cannot tell a checked call by
     recognising a fixed pattern in its outputs (NaN, or one bit pattern): with random
-    bytes the outputs hold ordinary numbers that are simply wrong. A buffer whose elements
-    are not as wide as the dtype the NaN was drawn for (a host program's int32 counts, its
-    fp32 scores beside bf16 data) gets random bytes seeded by the NaN's bits instead.
+    bytes the outputs hold ordinary numbers that are simply wrong. The bytes are keyed
+    noise under a 128-bit key drawn per call (:func:`cuco.runtime.sealed.fill_keyed_bytes`):
+    one kernel per buffer, on the caller's stream, that allocates nothing and never waits
+    (the former bytes poison made a cuRAND generator per call, with its state, and drew 4
+    bytes per byte; ``bench/poison.py`` times both and tells whether each waits for the device).
+    A buffer whose elements are not as wide as the dtype the NaN was drawn for (a host
+    program's int32 counts, its fp32 scores beside bf16 data) gets keyed bytes instead.
     """
 
     kind: str  # "nan" | "bytes"
     bits: int = 0  # the NaN's bit pattern ("nan")
-    seed: int = 0  # the bytes' seed ("bytes")
+    key: int = 0  # the bytes' 128-bit key ("bytes")
     width: int = 0  # bytes of the dtype the NaN was drawn for ("nan")
 
     @classmethod
     def draw(cls, rng, dtype: str) -> "Poison":
         if rng.random() < 0.5:
-            return cls("bytes", seed=rng.randrange(1 << 31))
+            return cls("bytes", key=rng.getrandbits(128))
         exp, mant_bits = _NAN_LAYOUT[dtype]
         payload = rng.randrange(1, 1 << mant_bits)  # non-zero: NaN, never infinity
         sign = (1 << (8 * ITEMSIZE[dtype] - 1)) if rng.random() < 0.5 else 0
@@ -79,9 +83,8 @@ class Poison:
 
     def apply(self, x) -> None:
         """Overwrite every element of the C-contiguous CuPy array ``x`` (any dtype, any
-        shape): the NaN where its elements are ``width`` bytes wide, random bytes otherwise.
-        The kernels are those of both kinds on a flat array, whatever ``x`` holds (the job
-        loads them before its schedule: :func:`cuco.evaluate.verification.load_check_kernels`)."""
+        shape) on the current stream: the NaN where its elements are ``width`` bytes wide,
+        keyed bytes otherwise (for a NaN poison, keyed by its bits)."""
         import cupy
         if not x.flags.c_contiguous:  # reshape would copy: the poison would land in the copy
             raise ValueError(f"poison needs a C-contiguous buffer (got strides {x.strides})")
@@ -89,6 +92,5 @@ class Poison:
         if self.kind == "nan" and x.itemsize == self.width:
             flat.view(cupy.uint16 if self.width == 2 else cupy.uint32).fill(self.bits)
         else:
-            seed = self.seed if self.kind == "bytes" else self.bits
-            flat.view(cupy.uint8)[...] = cupy.random.RandomState(seed).randint(
-                0, 256, size=x.nbytes, dtype=cupy.uint8)
+            from cuco.runtime.sealed import fill_keyed_bytes
+            fill_keyed_bytes(flat, self.key if self.kind == "bytes" else self.bits)

@@ -13,6 +13,9 @@ check without computing anything. Two measures close that path:
 * :func:`scrubbed_allocations`: buffers made while inputs and references are computed
   come from an allocator that zeroes each one before giving it back to the driver, so the
   reference's temporaries (the unsealed result, partial sums) leave no copy in free memory.
+
+The same keyed hash makes the verifier's bytes poison (:func:`fill_keyed_bytes`): noise under
+a key drawn per call, which no kernel can predict or tell from random bytes.
 """
 
 from __future__ import annotations
@@ -72,16 +75,46 @@ __device__ __forceinline__ unsigned cuco_keystream(unsigned long long i, unsigne
 }
 """
 
-_SEAL_SRC = SEAL_SRC + r"""
+#: Keyed noise: bytes ``8j .. 8j+7`` of an ``n``-byte buffer are SipHash-2-4 of ``j`` under the
+#: 128-bit key, little-endian (:func:`keyed_bytes_host` on the host); 8-byte stores where the
+#: buffer is aligned, byte stores elsewhere and in a short last word.
+KEYED_BYTES_SRC = r"""
+__device__ __forceinline__ void cuco_keyed_word(unsigned char* p, unsigned long long n, unsigned long long j,
+                                                unsigned long long k0, unsigned long long k1) {
+  const unsigned long long h = cuco_siphash(&j, 1, k0, k1);
+  if (((unsigned long long)p & 7ull) == 0 && 8 * j + 8 <= n) {
+    *(unsigned long long*)(p + 8 * j) = h;
+  } else {
+    for (int b = 0; b < 8 && 8 * j + b < n; ++b) p[8 * j + b] = (unsigned char)(h >> (8 * b));
+  }
+}
+"""
+
+_SEAL_SRC = SEAL_SRC + KEYED_BYTES_SRC + r"""
 extern "C" __global__ void cuco_seal(unsigned* bits, unsigned long long n, unsigned long long k0,
                                      unsigned long long k1) {
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x)
     bits[i] ^= cuco_keystream(i, k0, k1);
 }
+
+extern "C" __global__ void cuco_keyed_bytes(unsigned char* p, unsigned long long n, unsigned long long k0,
+                                            unsigned long long k1) {
+  for (unsigned long long j = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; j < (n + 7) / 8;
+       j += (unsigned long long)gridDim.x * blockDim.x)
+    cuco_keyed_word(p, n, j, k0, k1);
+}
 """
 _seal_module = None
 KEY_BITS = 128
+
+
+def _seal_kernels():
+    import cupy
+    global _seal_module
+    if _seal_module is None:
+        _seal_module = cupy.RawModule(code=_SEAL_SRC, options=("--std=c++17",))
+    return _seal_module
 
 
 def mix_host(index, key: int) -> numpy.ndarray:
@@ -147,6 +180,32 @@ def siphash_host(words, key: int) -> numpy.ndarray:
         return v0 ^ v1 ^ v2 ^ v3
 
 
+def keyed_bytes_host(n: int, key: int) -> numpy.ndarray:
+    """The ``n`` bytes :func:`fill_keyed_bytes` writes under the 128-bit ``key``, on the host."""
+    words = siphash_host(numpy.arange(-(-n // 8), dtype=numpy.uint64).reshape(-1, 1), key)
+    return words.astype("<u8").view(numpy.uint8)[:n]
+
+
+def fill_keyed_bytes(x, key: int) -> None:
+    """Overwrite the CuPy array ``x`` with keyed noise (:func:`keyed_bytes_host`'s bytes, in
+    ``x``'s C order) on the current stream: for a C-contiguous ``x`` one kernel, no allocation,
+    no host wait. Without the 128-bit ``key``, which stays in this process and the launch's
+    arguments, the bytes cannot be told from random ones nor predicted."""
+    import cupy
+    if not x.flags.c_contiguous:  # a strided view: through a contiguous buffer of its shape
+        tmp = cupy.empty(x.shape, dtype=x.dtype)
+        fill_keyed_bytes(tmp, key)
+        x[...] = tmp
+        return
+    n = int(x.nbytes)
+    if n == 0:
+        return
+    blocks, threads = grid(-(-n // 8))
+    k0, k1 = key_words(key)
+    _seal_kernels().get_function("cuco_keyed_bytes")((blocks,), (threads,), (
+        x.view(cupy.uint8), numpy.uint64(n), numpy.uint64(k0), numpy.uint64(k1)))
+
+
 def grid(n: int) -> tuple[int, int]:
     """Blocks and threads of a grid-stride pass over ``n`` elements."""
     return max(1, min(4096, -(-n // 1024))), 256
@@ -170,17 +229,14 @@ class SealedReference:
     def seal(cls, ref) -> "SealedReference":
         """Seal ``ref`` (an fp32 CuPy array) in place, with a fresh key."""
         import cupy
-        global _seal_module
         if ref.dtype != cupy.float32 or not ref.flags.c_contiguous:
             raise ValueError("a reference is a C-contiguous float32 array")
         amax = float(cupy.abs(ref).max()) if ref.size else 0.0
         key = secrets.randbits(KEY_BITS) | 1
-        if _seal_module is None:
-            _seal_module = cupy.RawModule(code=_SEAL_SRC, options=("--std=c++17",))
         bits = ref.view(cupy.uint32)
         n = int(bits.size)
         k0, k1 = key_words(key)
-        _seal_module.get_function("cuco_seal")(grid(n)[:1], grid(n)[1:], (
+        _seal_kernels().get_function("cuco_seal")(grid(n)[:1], grid(n)[1:], (
             bits, numpy.uint64(n), numpy.uint64(k0), numpy.uint64(k1)))
         return cls(bits, key, amax)
 
