@@ -107,6 +107,10 @@ step_command() {
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
     # issue #39's file: one GPU, the evolved batch at steady state (its configurations built first)
     evaluator_w1)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1 --candidates 24 --warm-configs $R" ;;
+    # issue #39's batches one at a time (side-stream alone; the evolved in-kernel steady state)
+    evaluator_w1_side)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1_side --candidates 40 --kinds side_stream $R" ;;
+    evaluator_w1_evolved) echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1_evolved --candidates 40 --kinds in_kernel_evolved --warm-configs $R" ;;
+    poison)          echo "python3 bench/poison.py $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;
     tp_block)        echo "python3 bench/tp_block.py --budget 4 $R" ;;
