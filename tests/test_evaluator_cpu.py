@@ -288,10 +288,12 @@ class _StandInJob:
         return RankResult(ctx.rank, out)
 
 
-def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp_path):
+def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone_only_beside_others(tmp_path):
     """evaluate_many times up to ``timing_batch`` candidates that passed their checks in one
-    job; a candidate wrong in a shared job is timed again alone and its own verdict counts.
-    CPU worker processes run stand-ins for the GPU jobs; the builds are real nvcc runs."""
+    job. The only candidate wrong there among right neighbours keeps that verdict (alone it
+    would have had one try too); two wrong in one job may owe it to each other, so each is
+    timed again alone and that verdict counts. CPU worker processes run stand-ins for the
+    GPU jobs; the builds are real nvcc runs."""
     import sys
     import cloudpickle
     from cuco.runtime import WorkerGroup
@@ -314,12 +316,20 @@ def test_a_batch_times_its_checked_candidates_together_and_a_wrong_one_alone(tmp
         ev = StandInEvaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=1), group=group, db=db, timing_batch=4,
                               compiler=Compiler(arch="sm_90a", cache_dir=tmp_path / "k"))
         results = ev.evaluate_many([D, shy, D, D])
+        timing = [n for n, timed in jobs if timed]
+        assert timing == [4], jobs  # all four together; shy, alone wrong there, not again
+        assert [r.status for r in results] == ["ok", "wrong", "ok", "ok"], [r.error for r in results]
+        assert results[1].stage_reached == "timing" and results[1].score == 0.0
+        assert [r.extra["timed_with"] for r in results] == [4, 4, 4, 4]
+        assert all(r.speedup and r.speedup > 1 and "timing" in r.extra["stage_s"]
+                   for r in results if r.status == "ok")
+        assert len(db.evaluations()) == 4  # each verdict stored once
+        jobs.clear()
+        results = ev.evaluate_many([D, shy, shy, D])
     timing = [n for n, timed in jobs if timed]
-    assert timing == [4, 1], jobs  # all four together, then shy again alone
+    assert timing == [4, 1, 1], jobs  # two wrong together: each timed again alone
     assert [r.status for r in results] == ["ok"] * 4, [r.error for r in results]
-    assert [r.extra["timed_with"] for r in results] == [4, 1, 4, 4]
-    assert all(r.speedup and r.speedup > 1 and "timing" in r.extra["stage_s"] for r in results)
-    assert len(db.evaluations()) == 4  # each verdict stored once
+    assert [r.extra["timed_with"] for r in results] == [4, 1, 1, 4]
 
 
 def _batch_of_stand_ins(tmp_path, monkeypatch, cands, **stand_in):

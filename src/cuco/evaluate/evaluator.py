@@ -19,8 +19,10 @@ and scores nothing. In a batch (:meth:`Evaluator.evaluate_many`) the candidates 
 the time the GPUs are free (up to :data:`CHECK_BATCH`) share each check stage's job, and up
 to :data:`TIMING_BATCH` candidates that passed their checks share one timing job: the host
 programs and the halves of the bound are timed once for all of them, interleaved with them
-(the same run); a candidate found wrong in a shared job, or every candidate of a shared job
-that failed, is checked or timed again alone, so no verdict rests on another candidate. A hang or a crash costs a respawn of the worker group, never
+(the same run); every candidate of a shared job that failed is checked or timed again
+alone, and so is a candidate found wrong in a shared job that points beyond it (another
+candidate or the host program wrong too, the inputs changed); the only one wrong among
+right neighbours keeps that verdict, as it would alone, so no kernel gets a second try. A hang or a crash costs a respawn of the worker group, never
 the search.
 
 Two places to extend. The *workload* (any :class:`cuco.workloads.Workload`: the six
@@ -467,8 +469,11 @@ class Evaluator:
 
     def _timed(self, checked: list[_Checked]) -> list[EvalResult]:
         """Time the candidates in one job (each a variant of its own name, interleaved with
-        the host programs and the halves of the bound) and score each (not stored); a job
-        that fails, or a candidate wrong in it, is timed again alone when the job held others."""
+        the host programs and the halves of the bound) and score each (not stored). Where
+        the job held others, every candidate is timed again alone when the job failed or
+        disturbed a baseline, and a wrong one is when the job points beyond it
+        (:func:`neighbours_suspect`); the only one wrong among right neighbours and a right
+        host program keeps that verdict, as it would alone: no second try."""
         specs = shared_names([c.spec for c in checked])
         gpu0 = self.gpu_s
         fail, merged = self._run(self.case(self.problem, specs, seed=self.seeds[-1] + 1, time_it=True),
@@ -482,10 +487,11 @@ class Evaluator:
         share = (self.gpu_s - gpu0) / len(checked)
         if (fail is not None or disturbed) and len(checked) > 1:
             return [self._timed([c])[0] for c in checked]
+        wrong = [fail or self._check(merged, spec.name, "timing") for spec in specs]
+        again = len(checked) > 1 and neighbours_suspect(fail, merged, wrong)
         results = []
-        for spec, c in zip(specs, checked):
-            r = fail or self._check(merged, spec.name, "timing")
-            if r is not None and len(checked) > 1:
+        for spec, c, r in zip(specs, checked, wrong):
+            if r is not None and again:
                 results.append(self._timed([c])[0])  # its verdict from a job of its own
                 continue
             r = r or self._score(c, merged, spec.name)
