@@ -21,7 +21,8 @@ from cuco.errors import DirectiveError
 
 #: A shape whose M is a multiple of this (the smallest tile_m: every shape the tile rules
 #: accepted before ragged plans existed) is cut into equal chunks that divide each block, as
-#: it always was, so its kernels stay byte-identical; any other M gets a ragged plan.
+#: it always was, and renders the equal-chunk kernel bodies; any other M gets a ragged plan
+#: (the general bodies). The two are the one compile-time difference of side-stream plans.
 EQUAL_CHUNKS_M = 64
 
 
