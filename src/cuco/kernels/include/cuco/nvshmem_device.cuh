@@ -2,11 +2,11 @@
 // quiet, my_pe/n_pes), without the collectives and the tile API that <nvshmem.h> and
 // <nvshmemx.h> also pull in: those two headers cost about 3 s of every NVSHMEM build's
 // front end and change no instruction of a kernel that calls none of them
-// (tests/test_nvshmem_headers.py compares the SASS). A tree laid out otherwise, or a build
-// with CUCO_NVSHMEM_FULL_HEADERS defined (that test's), gets the whole headers.
+// (tests/test_light_headers.py compares the SASS). A tree laid out otherwise, or a build
+// with CUCO_FULL_HEADERS defined (that test's), gets the whole headers.
 #pragma once
 
-#if !defined(CUCO_NVSHMEM_FULL_HEADERS) && __has_include(<device/nvshmem_defines.h>) && __has_include(<device/nvshmemx_defines.h>) && \
+#if !defined(CUCO_FULL_HEADERS) && __has_include(<device/nvshmem_defines.h>) && __has_include(<device/nvshmemx_defines.h>) && \
     __has_include(<non_abi/nvshmem_build_options.h>)
 #include <non_abi/nvshmem_build_options.h>
 #if !defined __CUDACC_RTC__
