@@ -260,7 +260,8 @@ class Evaluator:
         fits = [i["persistent_sms"] for i in infos if "persistent_sms" in i]
         if d.placement.in_kernel or not fits:
             return None
-        return spinning_grid_refusal(d.comm_ctas, min(fits), len(infos), bool(self.group.emulated))
+        emulated = bool(getattr(self.group, "emulated", False))
+        return spinning_grid_refusal(d.comm_ctas, min(fits), len(infos), emulated)
 
     def compile(self, name: str, prepared: dict[str, Any],
                 pending: tuple[Future, Future] | None = None) -> tuple[EvalResult | None, dict]:

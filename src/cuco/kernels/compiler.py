@@ -170,6 +170,10 @@ _ELF_MAGIC = b"\x7fELF\x02\x01"
 #: of relocatable (-rdc, NVSHMEM) builds, alike; the second hash only after long file
 #: names): names of a file's internal symbols and anonymous namespaces.
 _INTERNAL = re.compile(rb"(_INTERNAL_|_GLOBAL__N__|__nv_static_\d+__)[0-9a-f]{8}_(\d+_[A-Za-z0-9_]*?_cu)(?:_[0-9a-f]{8})?")
+#: ``..._cu__<n>`` in the names of a file's internal objects (libcu++'s customisation-point
+#: objects, ``cuda::std::ignore``): ``<n>`` follows where the object sits in the
+#: preprocessed file, so headers that add lines before it change the name and nothing else.
+_TU_POSITION = re.compile(rb"(_cu__)\d+(?=[A-Za-z_])")
 _EM_CUDA = 190
 
 
@@ -188,7 +192,8 @@ def _cuda_elf_sections(binary: bytes, start: int) -> dict[str, bytes]:
     for name_at, kind, flags, _, offset, size, _, info, _, _ in headers:
         name = binary[names + name_at:binary.index(b"\0", names + name_at)].decode()
         body = b"" if kind == 8 else binary[start + offset:start + offset + size]  # 8: SHT_NOBITS
-        out[name] = struct.pack("<IQIQ", kind, flags, info, size) + _INTERNAL.sub(rb"\1\2_", body)
+        body = _TU_POSITION.sub(rb"\1", _INTERNAL.sub(rb"\1\2_", body))
+        out[name] = struct.pack("<IQIQ", kind, flags, info, size) + body
     return out
 
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda/atomic>
-#include <nccl_device.h>
+#include <cuco/nccl_lsa.cuh>
 
 namespace cuco {
 

@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda/atomic>
-#include <nccl_device.h>
+#include <cuco/nccl_lsa.cuh>
 
 #include <cuco/arena/emulated.cuh>
 

@@ -5,8 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <nvshmem.h>
-#include <nvshmemx.h>
+#include <cuco/nvshmem_device.cuh>
 
 #include <cuco/issuer.cuh>
 

@@ -1,0 +1,59 @@
+"""NVSHMEM and NCCL-LSA builds include only the device API their kernels call
+(``cuco/nvshmem_device.cuh``: no collectives or tile API; ``cuco/nccl_lsa.cuh``: no GIN,
+LL all-to-all or reduce-copy). One kernel of every template that needs either library must
+build to the same SASS, resources and launch attributes as with the whole library headers
+(``-DCUCO_FULL_HEADERS``), so the lighter headers change build time only (issue #39). Real
+nvcc builds, no GPU; the CUTLASS ones are slow."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cuco.kernels import Compiler
+from cuco.kernels.catalog import template_of
+from cuco.kernels.compiler import device_code
+from cuco.workloads.catalog import everything
+
+FULL = "-DCUCO_FULL_HEADERS"
+
+
+def _sources(cutlass: bool):
+    """One kernel of the catalog per template and library (NVSHMEM or NCCL) it needs, with
+    or without CUTLASS."""
+    picked = {}
+    for s in everything():
+        if {"nvshmem", "nccl"} & set(s.needs) and ("cutlass" in s.needs) == cutlass:
+            picked.setdefault((template_of(s), tuple(sorted(s.needs))), s)
+    return list(picked.values())
+
+
+def _same_device_code(sources, tmp_path) -> tuple[float, float]:
+    light = Compiler(arch="sm_90a", cache_dir=tmp_path / "light")
+    full = Compiler(arch="sm_90a", cache_dir=tmp_path / "full", extra_flags=(FULL,))
+    seconds = [0.0, 0.0]
+    for src in sources:
+        built = []
+        for i, comp in enumerate((light, full)):
+            t0 = time.perf_counter()
+            built.append(comp.compile(src.source, needs=src.needs, name=src.name))
+            seconds[i] += time.perf_counter() - t0
+        a, b = (device_code(k.path.read_bytes()) for k in built)
+        assert a and a == b, f"{src.name} ({template_of(src)}): the light headers changed its device code"
+    return seconds[0], seconds[1]
+
+
+def test_every_light_header_kernel_builds_the_same_sass_as_with_the_whole_headers(tmp_path):
+    sources = _sources(cutlass=False)
+    templates = {template_of(s) for s in sources}
+    assert {"collectives_nvshmem.cu.j2", "collectives_lsa.cu.j2", "tp_side_stream.cu.j2"} <= templates
+    light_s, full_s = _same_device_code(sources, tmp_path)
+    assert light_s < full_s, (light_s, full_s)
+
+
+@pytest.mark.slow
+def test_every_cutlass_kernel_with_a_light_header_builds_the_same_sass(tmp_path):
+    sources = _sources(cutlass=True)
+    assert sources
+    _same_device_code(sources, tmp_path)
