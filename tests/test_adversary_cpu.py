@@ -169,6 +169,9 @@ GLOBALTIMER_ASM = 'unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer
 USES_T = "      uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;\n"
 
 SIDE_NVSHMEM = adv.SIDE.replace(backend="nvshmem")
+SIDE_GIN = adv.SIDE.replace(backend="gin")
+#: the first line of the GIN AllReduce's chunk_reduce block
+GIN_REDUCE_HEAD = "for (size_t i = threadIdx.x; i < slice / 16; i += blockDim.x)"
 
 GATE_BYPASSES = {
     # name: (workload, block, text replaced, replacement, what the refusal must name[, directives])
@@ -188,12 +191,13 @@ GATE_BYPASSES = {
         AR_TAIL + "    // the frozen loop ends here \\\n    { no_such_function();\n  }();\n"
         "  if (me >= 0) [&] {\n    // and this lambda takes the frozen closing brace \\\n"
         "    } no_such_function();\n", "line continuation"),
-    # NCCL's device headers (nccl_device.h -> GIN -> DOCA) bring a %globaltimer reader whose
-    # name is no forbidden word
-    "library_globaltimer_reader": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
+    # NCCL's whole device header (nccl_device.h -> GIN -> DOCA), which GIN kernels include
+    # (LSA ones take cuco/nccl_lsa.cuh, without it), brings a %globaltimer reader whose name
+    # is no forbidden word
+    "library_globaltimer_reader": ("GemmAllReduce", "chunk_reduce", GIN_REDUCE_HEAD,
                                    "const unsigned long long t = doca_gpu_dev_verbs_query_globaltimer(); "
-                                   "uint4 v = reduce_peers(a, p_off, byte); if (t == 0) v.x = 0u;",
-                                   "doca_gpu_dev_verbs_query_globaltimer"),
+                                   "if (t == 0) __syncthreads();\n    " + GIN_REDUCE_HEAD,
+                                   "doca_gpu_dev_verbs_query_globaltimer", SIDE_GIN),
     # device-side new/delete: the malloc the static rule refuses, and a heap that outlives a call
     "device_heap_new": ("GemmAllReduce", "chunk_allreduce", adv.AR_REDUCE,
                         "unsigned* box = new unsigned[4]; const uint4 v = reduce_peers(a, p_off, byte); "
@@ -209,6 +213,10 @@ GATE_BYPASSES = {
 def _gate_bypass(name: str):
     kind, block, old, new, _, *d = GATE_BYPASSES[name]
     ev, d = _ev(kind, 2), (d or [adv.SIDE])[0]
+    if d.backend.value == "gin":  # GIN needs ranks on different hosts
+        from cuco.evaluate import Evaluator
+        from cuco.workloads.base import for_problem
+        ev = Evaluator(for_problem(ev.problem.model_copy(update={"has_network": True})), compiler=ev.compiler)
     src, body = adv._block(ev, d, block)
     return ev, d, src, evolve.splice(src, {block: adv._replace(body, old, new)})
 

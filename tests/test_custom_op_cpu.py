@@ -107,7 +107,7 @@ def test_a_template_whose_blocks_are_no_scopes_is_told_how_to_write_them(op, tmp
 def test_render_looks_in_a_users_dirs_first_then_cucos(tmp_path):
     (tmp_path / "mine.cu.j2").write_text('{% include "_headers.cu.j2" %}\n// mine {{ x }}\n')
     text = render("mine.cu.j2", template_dirs=[tmp_path], backend="lsa", x=3)
-    assert "#include <nccl_device.h>" in text and text.endswith("// mine 3\n")
+    assert "#include <cuco/nccl_lsa.cuh>" in text and text.endswith("// mine 3\n")
     (tmp_path / "_headers.cu.j2").write_text("// my headers\n")  # a user's partial wins
     other = tmp_path / "again"
     other.mkdir()
