@@ -598,3 +598,32 @@ def test_constant_macros_may_be_named_and_others_not():
     assert [v.split(":")[0] for v in macros.violations(table, "UINT64_C(1); assert(1); __forceinline__")] == [
         "'UINT64_C' is a macro that takes arguments", "'__forceinline__' is a macro that spells '__attribute__'",
         "'assert' is a macro that takes arguments"]
+
+
+# ---- shared jobs (fourth pass): each plant must build, or its GPU verdict is a typo -----------
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", list(adv.SHARED_PLANTS))
+def test_shared_job_plant_is_buildable(name, world):
+    """Each shared-job plant (and the healer its test runs after it) passes the edit and static
+    rules and compiles for sm_90a through the evaluator's cascade, at both world sizes."""
+    kind, d, build = adv.SHARED_PLANTS[name]
+    ev = _ev(kind, world)
+    source = build(ev)
+    _passes_cascade_until_gpu(ev, d, source)
+    if name != "flag_healer":  # the plant is the template's body plus a forge of slots past kChunks
+        assert "flag_set(a, flag_off + (r * kFlagStride + idx) * 8, me," in evolve.blocks(source)["chunk_allreduce"]
+
+
+def test_the_forged_slots_are_the_neighbours_not_the_forgers():
+    """The forge is free for the forger and hits its neighbour: at the GPU tests' shape the
+    forger (SIDE) waits on flag slots [0, kChunks) only and the neighbour (SIDE_FINE) on more,
+    all below FORGE_SLOTS, with the same flag stride (one flag area)."""
+    ev = _ev("GemmAllReduce", 2)
+    consts = {}
+    for key, d in (("forger", adv.SIDE), ("neighbour", adv.SIDE_FINE)):
+        src, _ = ev.template(ev.problem, d)
+        consts[key] = {m.group(1): int(m.group(2)) for m in
+                       re.finditer(r"^constexpr \w+ (kChunks|kFlagStride) = (\d+);", src, re.M)}
+    f, n = consts["forger"], consts["neighbour"]
+    assert f["kFlagStride"] == n["kFlagStride"]
+    assert f["kChunks"] < n["kChunks"] <= adv.FORGE_SLOTS < f["kFlagStride"] - 24

@@ -661,3 +661,180 @@ def test_isolation_plant_scores_nothing(iso_ev, name, route, record_property):
     if honest is not None and honest.status != "ok":
         raise PlantBroken(f"{detail}: the honest candidate beside it did not pass: {honest.status} {honest.error}")
     assert r.status != "ok" and r.score == 0.0, detail
+
+
+# ==== Shared jobs: one arena and one flag area for every variant of a backend ================
+# (fourth red-team pass, from the public surface only: README, evaluator-attacks.md, templates,
+# headers, evolve.py, static.py.) Candidates whose builds are done together share a small-check,
+# a full-check and a timing job; variants of one backend share one symmetric arena and its flag
+# area there, and each call advances the arena's epoch. A candidate wrong in a shared job is
+# judged again alone only where the job points beyond it (another candidate or the host program
+# wrong too, the job failed, the inputs changed); the only one wrong among right neighbours
+# keeps its verdict. The side-stream AllReduce's flag slot [src][c] holds the epoch of the last
+# call that raised it, and a chunk's wait passes once it is >= the call's epoch: a slot set
+# AHEAD of the epoch makes the next caller that waits on it read its partials before its GEMM
+# wrote them (poison). A variant never waits on slots past its own kChunks, so it can forge
+# those for free; a neighbour with finer chunks (more of them) waits on them.
+
+#: A neighbour's directives: 64 KiB chunks, 4x the chunks of SIDE (32 against 8 at SHAPE), so
+#: it waits on flag slots that SIDE never does.
+SIDE_FINE = SIDE.replace(chunk_bytes=64 << 10)
+#: Slots [kChunks, FORGE_SLOTS) of every source row are forged: chunk counts up to 256.
+FORGE_SLOTS = 256
+#: The honest AllReduce body's tail (the block's last line): a forge goes after it.
+AR_BODY_END = "    });\n"
+
+
+def _forge(value: str) -> str:
+    """At the call's last chunk, this rank's copy of flag slots [kChunks, FORGE_SLOTS) of every
+    source row set to ``value``: slots this variant never waits on (no effect on itself)."""
+    return f"""    if (c == kChunks - 1) {{
+      const size_t lo = (size_t)kChunks, hi = lo < {FORGE_SLOTS} ? (size_t){FORGE_SLOTS} : lo;
+      for (size_t s = cuco::global_thread(); s < (size_t)W * (hi - lo); s += cuco::global_stride()) {{
+        const size_t r = s / (hi - lo), idx = lo + s % (hi - lo);
+        flag_set(a, flag_off + (r * kFlagStride + idx) * 8, me, {value});
+      }}
+    }}
+"""
+
+
+def _with_forge(ev, value: str, body_edit=None) -> str:
+    src, body = _block(ev, SIDE, "chunk_allreduce")
+    assert body.endswith(AR_BODY_END), body
+    if body_edit is not None:
+        body = body_edit(body)
+    return evolve.splice(src, {"chunk_allreduce": body + _forge(value)})
+
+
+# ---- 11. a right candidate that makes its neighbour the lone wrong one ------------------------
+# Itself exact on every call, it forges the neighbour-only slots to `epoch + 64` after each call:
+# every arena call in the next 64 epochs (the neighbours of this round) passes its waits on
+# those chunks at once and reduces poisoned partials. The neighbour is then the only one wrong
+# among right neighbours and a right host program, so it keeps `wrong` (and, by the source-hash
+# rule of CandidateDB.disqualified, so does every later candidate with its source: the unedited
+# template here). Epoch-relative, so it stays inside the job. In a search this loses the
+# competitors of each batch: the forger wins its batch at its honest speed.
+def neighbour_flag_forgery(ev) -> str:
+    return _with_forge(ev, "epoch + 64")
+
+
+# ---- 12. a second try on demand: wrong in every shared job, judged alone ---------------------
+# The epoch gap between its own calls (a flag-slack slot keeps its last epoch) tells a shared
+# job (gap 2..64: other variants' calls in between) from a job alone (gap 1) or a new job (a
+# jump). In a shared job it is wrong on every call (WRONG_LATE) and forges as 11 does, so a
+# neighbour is wrong too: the job "points beyond it", both are judged again alone, and alone it
+# is exact. A racy kernel that always forges gets the same second try whenever it loses its
+# race beside others (1 - p^2 a stage), and costs a neighbour its verdict when it wins.
+GAP_TELL = """    volatile unsigned long long* last = (volatile unsigned long long*)a.at(flag_off + (kFlagStride - 24) * 8, me);
+    const unsigned long long gap = epoch - *last;
+    const bool shared = gap >= 2 && gap <= 64;
+"""
+GAP_KEEP = """    if (c == kChunks - 1 && cuco::global_thread() == 0) {
+      *last = epoch;
+      __threadfence();
+    }
+"""
+
+
+def second_try_on_demand(ev) -> str:
+    def edit(body: str) -> str:
+        body = _replace(body, AR_BASE, AR_BASE + "\n" + GAP_TELL)
+        body = _replace(body, AR_REDUCE, "uint4 v = reduce_peers(a, p_off, byte); if (shared) { " + WRONG_LATE + " }")
+        return body + GAP_KEEP
+    return _with_forge(ev, "epoch + 64", edit)
+
+
+# ---- 13. forged flags that outlive the job -----------------------------------------------------
+# The same forge to 2^63 - 1, above any epoch: if a job's start re-seeds only the slots its variants
+# use (or nothing, with first epochs drawn above the last), the forged slots reach every later
+# job on this arena, and a finer-chunked candidate is wrong even in a job alone, where no rule
+# gives it a second try. The forger is exact and scores. FLAG_HEALER (the same forge to 0) is
+# run after the test so that a gap that is open does not break the tests after it.
+def persistent_flag_forgery(ev) -> str:
+    return _with_forge(ev, "~0ull >> 1")
+
+
+def flag_healer(ev) -> str:
+    return _with_forge(ev, "0ull")
+
+
+#: name: (workload class name, directives, builder); each compiles on the CPU
+#: (tests/test_adversary_cpu.py::test_shared_job_plant_is_buildable)
+SHARED_PLANTS = {
+    "neighbour_flag_forgery": ("GemmAllReduce", SIDE, neighbour_flag_forgery),
+    "second_try_on_demand": ("GemmAllReduce", SIDE, second_try_on_demand),
+    "persistent_flag_forgery": ("GemmAllReduce", SIDE, persistent_flag_forgery),
+    "flag_healer": ("GemmAllReduce", SIDE, flag_healer),
+}
+
+#: What the README already admits for 11 and 12 (a right neighbour that disturbs a candidate
+#: through the shared arena costs it its verdict; a second try where another candidate is wrong
+#: too): these plants make both happen on purpose. Not GPU-run.
+SHARED_OPEN = {
+    "neighbour_flag_forgery": "README 'Not guaranteed': a right neighbour that disturbs a candidate "
+                              "through the shared arena costs it its verdict (here on purpose)",
+    "second_try_on_demand": "README 'Not guaranteed': a second try where another candidate of the job "
+                            "is wrong too (here made by the candidate itself)",
+}
+
+
+def _verdict(r) -> tuple:
+    return (r.status, r.stage_reached, r.error, r.extra.get("failed_call"))
+
+
+def _honest_alone(ev):
+    """The neighbour's directives alone: they must score, or a verdict beside a plant says
+    nothing of the plant."""
+    alone = ev.evaluate(SIDE_FINE)
+    if alone.status != "ok":
+        raise PlantBroken(f"the neighbour's directives alone did not pass: {_verdict(alone)}")
+    return alone
+
+
+@pytest.mark.xfail(reason=SHARED_OPEN["neighbour_flag_forgery"], strict=False)
+def test_a_forger_cannot_make_its_neighbour_the_lone_wrong_one(evs, record_property):
+    """Plant 11 beside the honest SIDE_FINE in one batch (shared jobs): the sabotage fails if
+    the forger scores nothing or its neighbour keeps its ok."""
+    from cuco.evaluate import Candidate
+    ev = evs["GemmAllReduce"]
+    _honest_alone(ev)
+    forger, honest = ev.evaluate_many([Candidate(SIDE, neighbour_flag_forgery(ev)), Candidate(SIDE_FINE)])
+    how = f"forger {forger.status} (score {forger.score}), neighbour {honest.status}: {honest.error}"
+    record_property("route", how)
+    print(f"neighbour_flag_forgery at W={TEST_WORLD}: {how}")
+    assert forger.status != "ok" or honest.status == "ok", (_verdict(forger), _verdict(honest))
+
+
+@pytest.mark.xfail(reason=SHARED_OPEN["second_try_on_demand"], strict=False)
+def test_a_candidate_wrong_in_every_shared_job_scores_nothing(evs, record_property):
+    """Plant 12 beside the honest SIDE_FINE: wrong on every call it shares, it must not score
+    from the jobs alone its own forgery sends it to."""
+    from cuco.evaluate import Candidate
+    ev = evs["GemmAllReduce"]
+    _honest_alone(ev)
+    plant, honest = ev.evaluate_many([Candidate(SIDE, second_try_on_demand(ev)), Candidate(SIDE_FINE)])
+    how = (f"plant {plant.status} at {plant.stage_reached} (score {plant.score}, failed_call "
+           f"{plant.extra.get('failed_call')}), neighbour {honest.status}")
+    record_property("route", how)
+    print(f"second_try_on_demand at W={TEST_WORLD}: {how}")
+    if plant.status == "ok" and not plant.speedup:
+        pytest.fail(f"scored ok without a time: {how}")
+    assert plant.status != "ok" and plant.score == 0.0, (_verdict(plant), _verdict(honest))
+
+
+def test_forged_flags_do_not_outlive_a_job(evs, record_property):
+    """Plant 13 alone, then the honest SIDE_FINE alone in the next job: the forger is exact, so
+    the attack fails only if the forgery is caught or the next job does not see it. Runs last
+    in this module; the healer runs whatever happens."""
+    ev = evs["GemmAllReduce"]
+    _honest_alone(ev)
+    try:
+        forger = ev.evaluate(SIDE, persistent_flag_forgery(ev))
+        victim = ev.evaluate(SIDE_FINE)
+    finally:
+        healed = ev.evaluate(SIDE, flag_healer(ev))
+        print(f"flag_healer: {healed.status}")
+    how = f"forger {forger.status} (score {forger.score}), next job's honest variant {victim.status}: {victim.error}"
+    record_property("route", how)
+    print(f"persistent_flag_forgery at W={TEST_WORLD}: {how}")
+    assert forger.status != "ok" or victim.status == "ok", (_verdict(forger), _verdict(victim))

@@ -24,8 +24,11 @@ def _sources(cutlass: bool):
     or without CUTLASS."""
     picked = {}
     for s in everything():
-        if {"nvshmem", "nccl"} & set(s.needs) and ("cutlass" in s.needs) == cutlass:
-            picked.setdefault((template_of(s), tuple(sorted(s.needs))), s)
+        if not {"nvshmem", "nccl"} & set(s.needs) or ("cutlass" in s.needs) != cutlass:
+            continue
+        if cutlass and "nccl" not in s.needs:
+            continue  # in-kernel NVSHMEM kernels reach peers through pointers: no NVSHMEM header
+        picked.setdefault((template_of(s), tuple(sorted(s.needs))), s)
     return list(picked.values())
 
 
