@@ -791,14 +791,20 @@ def _honest_alone(ev):
     return alone
 
 
+def _beside_the_honest_neighbour(evs, plant):
+    """The verdicts of ``plant``'s candidate and of the honest SIDE_FINE, evaluated in one
+    batch (shared jobs), once SIDE_FINE has scored alone."""
+    from cuco.evaluate import Candidate
+    ev = evs["GemmAllReduce"]
+    _honest_alone(ev)
+    return ev.evaluate_many([Candidate(SIDE, plant(ev)), Candidate(SIDE_FINE)])
+
+
 @pytest.mark.xfail(reason=SHARED_OPEN["neighbour_flag_forgery"], strict=False)
 def test_a_forger_cannot_make_its_neighbour_the_lone_wrong_one(evs, record_property):
     """Plant 11 beside the honest SIDE_FINE in one batch (shared jobs): the sabotage fails if
     the forger scores nothing or its neighbour keeps its ok."""
-    from cuco.evaluate import Candidate
-    ev = evs["GemmAllReduce"]
-    _honest_alone(ev)
-    forger, honest = ev.evaluate_many([Candidate(SIDE, neighbour_flag_forgery(ev)), Candidate(SIDE_FINE)])
+    forger, honest = _beside_the_honest_neighbour(evs, neighbour_flag_forgery)
     how = f"forger {forger.status} (score {forger.score}), neighbour {honest.status}: {honest.error}"
     record_property("route", how)
     print(f"neighbour_flag_forgery at W={TEST_WORLD}: {how}")
@@ -809,10 +815,7 @@ def test_a_forger_cannot_make_its_neighbour_the_lone_wrong_one(evs, record_prope
 def test_a_candidate_wrong_in_every_shared_job_scores_nothing(evs, record_property):
     """Plant 12 beside the honest SIDE_FINE: wrong on every call it shares, it must not score
     from the jobs alone its own forgery sends it to."""
-    from cuco.evaluate import Candidate
-    ev = evs["GemmAllReduce"]
-    _honest_alone(ev)
-    plant, honest = ev.evaluate_many([Candidate(SIDE, second_try_on_demand(ev)), Candidate(SIDE_FINE)])
+    plant, honest = _beside_the_honest_neighbour(evs, second_try_on_demand)
     how = (f"plant {plant.status} at {plant.stage_reached} (score {plant.score}, failed_call "
            f"{plant.extra.get('failed_call')}), neighbour {honest.status}")
     record_property("route", how)
