@@ -1,9 +1,12 @@
 """Checks the nvcc tests of several mainloop files share: labelled points render and compile
-for sm_90a in one build path, with no performance warning in the build log."""
+for sm_90a in one build path, with no performance warning in the build log; a host program
+made of a kernel's own device helpers, built by nvcc and run, whose printed rows a test reads."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +25,17 @@ def assert_points_compile(points: Sequence[tuple], *, whole_program: bool | None
     for (label, _), b in zip(srcs, built):
         assert hasattr(b, "path"), f"{label}: {b}"
         assert not performance_losses(b.log or ""), label
+
+
+def host_rows(tmp_path: Path, harness: str, name: str, **values) -> list[tuple[int, ...]]:
+    """Render the Jinja ``harness`` (a ``main`` that includes a kernel's partials) with
+    ``values``, build it with nvcc for the host, run it, and return each printed line as a
+    tuple of ints."""
+    from cuco.kernels import toolchain
+    from cuco.kernels.render import environment
+    src = tmp_path / f"{name}.cu"
+    src.write_text(environment().from_string(harness).render(**values))
+    subprocess.run([str(toolchain.find_nvcc()), "-std=c++17", str(src), "-o", str(tmp_path / name)],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(tmp_path / name)], check=True, capture_output=True, text=True).stdout
+    return [tuple(map(int, ln.split())) for ln in out.split("\n") if ln]
