@@ -39,3 +39,16 @@ def host_rows(tmp_path: Path, harness: str, name: str, **values) -> list[tuple[i
                    check=True, capture_output=True)
     out = subprocess.run([str(tmp_path / name)], check=True, capture_output=True, text=True).stdout
     return [tuple(map(int, ln.split())) for ln in out.split("\n") if ln]
+
+
+#: The end of a tile-order harness's ``main``, after it made ``s`` (the kernel's tile
+#: geometry): every rank's ``tile_of`` for every slot, one ``me i block m-tile n-tile`` line
+#: each (what :func:`host_rows` reads back).
+PRINT_TILES = """  for (int me = 0; me < kW; ++me)
+    for (int i = 0; i < kW * s.block_tiles; ++i) {
+      int blk, mt, nt;
+      tile_of(s, i, me, blk, mt, nt);
+      std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
+    }
+}
+"""

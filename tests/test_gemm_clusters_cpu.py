@@ -10,7 +10,7 @@ import pytest
 from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
 from cuco.kernels.tp import CLUSTER_MAINLOOPS, MAINLOOPS, Mainloop, in_kernel, render_tp, with_mainloop
-from build_checks import assert_points_compile, host_rows
+from build_checks import PRINT_TILES, assert_points_compile, host_rows
 
 
 def test_cluster_m_is_an_in_kernel_directive_with_named_refusals():
@@ -77,14 +77,7 @@ constexpr int kClusterM = 2;
 {% include "_raster.cu.j2" %}
 int main() {
   const Slots s = cluster_slots({{ bmt }}, {{ nt }}, {{ group }});
-  for (int me = 0; me < kW; ++me)
-    for (int i = 0; i < kW * s.block_tiles; ++i) {
-      int blk, mt, nt;
-      tile_of(s, i, me, blk, mt, nt);
-      std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
-    }
-}
-"""
+""" + PRINT_TILES
 
 
 @pytest.mark.slow
