@@ -4,13 +4,11 @@ whole ones -> bench/results/light_headers.json (issue #39; no GPU needed).
     python bench/light_headers.py                   # 6 candidates a backend, interleaved A/B
     python bench/light_headers.py --candidates 10 --jobs 16
 
-``cuco/nccl_lsa.cuh`` and ``cuco/nvshmem_device.cuh`` include only the device API the kernels
-call; ``-DCUCO_FULL_HEADERS`` takes ``<nccl_device.h>`` and ``<nvshmem.h>``/``<nvshmemx.h>``
-whole. Each candidate is a distinct side-stream point of GEMM+AllReduce 8192^3 (the
+The builds are :func:`cuco.benchmarks.light_headers.build_both`'s. Each candidate is a distinct side-stream point of GEMM+AllReduce 8192^3 (the
 evaluator bench's workload), built from an empty cache both ways, the order of the two
 alternating from one candidate to the next; ``--jobs`` builds run at once (a search's
-batch compiles on every core). Every pair's device code is compared
-(:func:`cuco.kernels.compiler.device_code`): the headers change build time only.
+batch compiles on every core). Every pair's device code is compared: the headers change
+build time only.
 """
 
 from __future__ import annotations
@@ -20,18 +18,14 @@ import os
 import random
 import statistics
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cuco import results
 from cuco.agents.api import gpu_space
 from cuco.errors import run_script
-from cuco.kernels import Compiler
-from cuco.kernels.compiler import device_code
+from cuco.benchmarks.light_headers import build_both
 from cuco.workloads import get
-
-FULL = "-DCUCO_FULL_HEADERS"
 
 
 def _points(per_backend: int, seed: int):
@@ -45,18 +39,10 @@ def _points(per_backend: int, seed: int):
 
 
 def _build(i: int, wl, d, root: Path, arch: str) -> dict:
-    src = wl.render(d)
-    seconds, code = {}, {}
-    order = ("light", "full") if i % 2 == 0 else ("full", "light")
-    for kind in order:
-        comp = Compiler(arch=arch, cache_dir=root / f"{kind}{i}", extra_flags=(FULL,) if kind == "full" else ())
-        t0 = time.perf_counter()
-        built = comp.compile(src.source, needs=src.needs, name=src.name)
-        seconds[kind] = time.perf_counter() - t0
-        code[kind] = device_code(built.path.read_bytes())
+    b = build_both(wl.render(d), root / str(i), arch, full_first=i % 2 == 1)
     return {"case": wl.problem.label, "variant": d.full_name, "backend": d.backend.value,
-            "light_s": round(seconds["light"], 3), "full_s": round(seconds["full"], 3),
-            "same_device_code": code["light"] == code["full"]}
+            "light_s": round(b.light_s, 3), "full_s": round(b.full_s, 3),
+            "same_device_code": b.same_device_code}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,12 @@
 """Checks the nvcc tests of several mainloop files share: labelled points render and compile
-for sm_90a in one build path, with no performance warning in the build log."""
+for sm_90a in one build path, with no performance warning in the build log; a host program
+made of a kernel's own device helpers, built by nvcc and run, whose printed rows a test reads."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +25,30 @@ def assert_points_compile(points: Sequence[tuple], *, whole_program: bool | None
     for (label, _), b in zip(srcs, built):
         assert hasattr(b, "path"), f"{label}: {b}"
         assert not performance_losses(b.log or ""), label
+
+
+def host_rows(tmp_path: Path, harness: str, name: str, **values) -> list[tuple[int, ...]]:
+    """Render the Jinja ``harness`` (a ``main`` that includes a kernel's partials) with
+    ``values``, build it with nvcc for the host, run it, and return each printed line as a
+    tuple of ints."""
+    from cuco.kernels import toolchain
+    from cuco.kernels.render import environment
+    src = tmp_path / f"{name}.cu"
+    src.write_text(environment().from_string(harness).render(**values))
+    subprocess.run([str(toolchain.find_nvcc()), "-std=c++17", str(src), "-o", str(tmp_path / name)],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(tmp_path / name)], check=True, capture_output=True, text=True).stdout
+    return [tuple(map(int, ln.split())) for ln in out.split("\n") if ln]
+
+
+#: The end of a tile-order harness's ``main``, after it made ``s`` (the kernel's tile
+#: geometry): every rank's ``tile_of`` for every slot, one ``me i block m-tile n-tile`` line
+#: each (what :func:`host_rows` reads back).
+PRINT_TILES = """  for (int me = 0; me < kW; ++me)
+    for (int i = 0; i < kW * s.block_tiles; ++i) {
+      int blk, mt, nt;
+      tile_of(s, i, me, blk, mt, nt);
+      std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
+    }
+}
+"""

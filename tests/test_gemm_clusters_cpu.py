@@ -5,14 +5,12 @@ for the host and run for every slot; the nvcc builds, in both build paths, are m
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
 from cuco.kernels.tp import CLUSTER_MAINLOOPS, MAINLOOPS, Mainloop, in_kernel, render_tp, with_mainloop
-from build_checks import assert_points_compile
+from build_checks import PRINT_TILES, assert_points_compile, host_rows
 
 
 def test_cluster_m_is_an_in_kernel_directive_with_named_refusals():
@@ -79,14 +77,7 @@ constexpr int kClusterM = 2;
 {% include "_raster.cu.j2" %}
 int main() {
   const Slots s = cluster_slots({{ bmt }}, {{ nt }}, {{ group }});
-  for (int me = 0; me < kW; ++me)
-    for (int i = 0; i < kW * s.block_tiles; ++i) {
-      int blk, mt, nt;
-      tile_of(s, i, me, blk, mt, nt);
-      std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
-    }
-}
-"""
+""" + PRINT_TILES
 
 
 @pytest.mark.slow
@@ -98,14 +89,7 @@ def test_cluster_slots_pair_adjacent_m_tiles_and_cover_each_tile_once(tmp_path, 
     2q+1 (what a cluster's two CTAs take together) are m-tiles 2p and 2p+1 of one n-tile of
     one block; every real tile comes once; a phantom only past an odd block's last m-tile;
     blocks in the pattern's order."""
-    from cuco.kernels import toolchain
-    from cuco.kernels.render import environment
-    src = environment().from_string(HARNESS).render(w=w, bmt=bmt, nt=nt, workload=workload, group=group)
-    (tmp_path / "slots.cu").write_text(src)
-    subprocess.run([str(toolchain.find_nvcc()), "-std=c++17", str(tmp_path / "slots.cu"), "-o",
-                    str(tmp_path / "slots")], check=True, capture_output=True)
-    lines = subprocess.run([str(tmp_path / "slots")], check=True, capture_output=True, text=True).stdout.split("\n")
-    rows = [tuple(map(int, ln.split())) for ln in lines if ln]
+    rows = host_rows(tmp_path, HARNESS, "slots", w=w, bmt=bmt, nt=nt, workload=workload, group=group)
     padded = bmt + bmt % 2
     for me in range(w):
         mine = [r[2:] for r in rows if r[0] == me]

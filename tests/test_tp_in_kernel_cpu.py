@@ -9,6 +9,7 @@ from cuco.design import Directives, GemmProblem
 from cuco.errors import DirectiveError
 from cuco.kernels import evolve
 from cuco.kernels.tp import IN_KERNEL, in_kernel, local_gemm, render_tp
+from build_checks import PRINT_TILES, host_rows
 
 FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
 
@@ -123,14 +124,7 @@ struct Dims { int block_mt, nt, block_tiles, group_m; };
 {% include "_raster.cu.j2" %}
 int main() {
   const Dims s{ {{ bmt }}, {{ nt }}, {{ bmt }} * {{ nt }}, {{ group }} < {{ bmt }} ? {{ group }} : {{ bmt }} };
-  for (int me = 0; me < kW; ++me)
-    for (int i = 0; i < kW * s.block_tiles; ++i) {
-      int blk, mt, nt;
-      tile_of(s, i, me, blk, mt, nt);
-      std::printf("%d %d %d %d %d\\n", me, i, blk, mt, nt);
-    }
-}
-"""
+""" + PRINT_TILES
 
 
 @pytest.mark.slow
@@ -138,18 +132,7 @@ int main() {
 @pytest.mark.parametrize("w,bmt,nt,group", [(2, 16, 112, 8), (4, 5, 3, 4), (8, 2, 7, 16), (2, 3, 4, 1)])
 def test_tile_order_is_a_bijection_in_block_order(tmp_path, workload, w, bmt, nt, group):
     """The kernel's own tile_of, compiled by nvcc for the host and run for every tile."""
-    import subprocess
-
-    from cuco.kernels import toolchain
-    from cuco.kernels.render import environment
-    src = environment().from_string(HARNESS).render(w=w, bmt=bmt, nt=nt, workload=workload,
-                                                    group=group)
-    (tmp_path / "order.cu").write_text(src)
-    subprocess.run([str(toolchain.find_nvcc()), "-std=c++17", str(tmp_path / "order.cu"), "-o",
-                    str(tmp_path / "order")], check=True, capture_output=True)
-    lines = subprocess.run([str(tmp_path / "order")], check=True, capture_output=True,
-                           text=True).stdout.split("\n")
-    rows = [tuple(map(int, ln.split())) for ln in lines if ln]
+    rows = host_rows(tmp_path, HARNESS, "order", w=w, bmt=bmt, nt=nt, workload=workload, group=group)
     per_tile = bmt * nt
     g = min(group, bmt)
     for me in range(w):

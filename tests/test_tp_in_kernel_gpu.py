@@ -56,25 +56,33 @@ def build(problem, points, edit=None):
     return [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
 
 
+def right_on_two_seeds(world_group, problem, specs, timeout: float = 180) -> list[dict]:
+    """A check-only job of ``specs`` on each of two fresh seeds: the job runs, and every
+    program of it (the host programs too) is right on every element. Each seed's records."""
+    from cuco.evaluate.jobs import Case
+    from cuco.runtime.records import merge_ranks
+    from cuco.workloads import for_problem
+    out = []
+    for seed in (5, 6):
+        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
+                              timeout=timeout)
+        assert res.ok, res.error_text()
+        merged = merge_ranks(res.results)
+        for name, rec in merged.items():
+            assert rec.correct, f"{problem.label} seed {seed} {name}: {rec}"
+        out.append(merged)
+    return out
+
+
 @pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES, RAGGED)])
 def test_in_kernel_grid_is_correct(world_group, family, shape):
-    from cuco.runtime.records import merge_ranks
-    from cuco.evaluate.jobs import Case
-    from cuco.workloads import for_problem
-
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = grid() if shape != MANY_TILES else [in_kernel("epilogue", "lsa", "cta", comm_warps=3,
                                                            raster_group=8), *pingpong()]
     specs = build(problem, points)
-    for seed in (5, 6):
-        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
-                            timeout=120)
-        assert res.ok, res.error_text()
-        merged = merge_ranks(res.results)
+    for merged in right_on_two_seeds(world_group, problem, specs, timeout=120):
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
-        for name, rec in merged.items():
-            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
 
 
 def split_and_64_rows():
@@ -99,22 +107,13 @@ def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
     """Each new mainloop that renders at the shape (a split-K point needs a k-tile per slice)
     is correct on two fresh seeds: every slice of every tile summed once, and only finished
     tiles communicated (a decode-like M of 136, a ragged shape, a deep K)."""
-    from cuco.runtime.records import merge_ranks
-    from cuco.evaluate.jobs import Case
     from cuco.kernels.tp import supported
-    from cuco.workloads import for_problem
 
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in split_and_64_rows() if not supported(problem, d)]
     assert any(d.split_k > 1 for d in points) and any(d.tile_m == 64 for d in points)
-    specs = build(problem, points)
-    for seed in (5, 6):
-        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
-                              timeout=180)
-        assert res.ok, res.error_text()
-        for name, rec in merge_ranks(res.results).items():
-            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+    right_on_two_seeds(world_group, problem, build(problem, points))
 
 
 def wave_tiles():
@@ -136,22 +135,13 @@ def test_wave_tiles_are_correct(world_group, family, shape):
     """Each 192- or 64-wide tile is correct on two fresh seeds, every element against the fp32
     reference: a short last n-tile of 192 columns (1040 = 5 x 192 + 80), ragged M, many tiles
     per CTA (both pingpong warpgroups), a decode-like M of 136."""
-    from cuco.runtime.records import merge_ranks
-    from cuco.evaluate.jobs import Case
     from cuco.kernels.tp import supported
-    from cuco.workloads import for_problem
 
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in wave_tiles() if not supported(problem, d)]
     assert {d.tile_n for d in points} == {64, 192}
-    specs = build(problem, points)
-    for seed in (5, 6):
-        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
-                              timeout=180)
-        assert res.ok, res.error_text()
-        for name, rec in merge_ranks(res.results).items():
-            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+    right_on_two_seeds(world_group, problem, build(problem, points))
 
 
 def clusters():
@@ -177,22 +167,13 @@ def test_clusters_are_correct(world_group, family, shape):
     phantom (384 rows on one rank: 3; 300 on one rank: 3, the last short; 136 on two ranks:
     1 each), an even number with a short last one (RAGGED, 300 on two ranks), many tiles per
     CTA, every tile order."""
-    from cuco.runtime.records import merge_ranks
-    from cuco.evaluate.jobs import Case
     from cuco.kernels.tp import supported
-    from cuco.workloads import for_problem
 
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in clusters() if not supported(problem, d)]
     assert len(points) == len(clusters())
-    specs = build(problem, points)
-    for seed in (5, 6):
-        res = world_group.run(Case(for_problem(problem), variants=specs, seed=seed, time=False),
-                              timeout=180)
-        assert res.ok, res.error_text()
-        for name, rec in merge_ranks(res.results).items():
-            assert rec.correct, f"{family} {shape} seed {seed} {name}: {rec}"
+    right_on_two_seeds(world_group, problem, build(problem, points))
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
