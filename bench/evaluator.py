@@ -17,8 +17,9 @@ a CUTLASS build each, the GEMM's shape a launch argument, so the small-shape che
 the same binary) and side-stream ones (light cubins); ``compile_s_per_candidate`` is the
 median nvcc seconds of an in-kernel candidate inside its batch (all cores busy).
 ``--kinds`` runs only the named batches (the others' figures are then absent).
-Every candidate is a distinct directive point compiled from scratch (an empty
-compile cache for its own source; a configuration's host part is built once), then
+Every candidate is a directive point of a build of its own compiled from scratch (an empty
+compile cache for its own source; a configuration's host part is built once; a space with
+fewer builds than ``--candidates`` gives fewer candidates, said on the console), then
 checked (small shape, two seeds at full shape) and timed against the host-driven
 program in the same run. Every call of every stage is verified
 (timed calls on the device, after their closing event); ``verification_overhead`` is
@@ -50,12 +51,19 @@ from cuco.errors import run_script
 
 
 def _candidates(problem, n: int, seed: int) -> dict[str, list]:
-    """``n`` distinct points of each kind (shuffled), and one more to warm a fresh group up
-    (not counted)."""
+    """Up to ``n`` points of each kind (shuffled), no two of one build, and one more to warm a
+    fresh group up (not counted, nor any point of its build). Points that differ only in what
+    their kernels take per launch (:meth:`~cuco.design.Directives.build_point`: an in-kernel
+    tile order, a side-stream chunk size) render one source, so a second would be a cache
+    hit: each kind keeps one point per build, and every candidate is built from scratch."""
     points = list(gpu_space(problem).enumerate())
     random.Random(seed).shuffle(points)
-    in_kernel = [d for d in points if d.placement.in_kernel]
-    side = [d for d in points if not d.placement.in_kernel]
+    builds: dict[str, object] = {}
+    for d in points:
+        builds.setdefault(d.build_point().full_name, d)
+    distinct = list(builds.values())
+    in_kernel = [d for d in distinct if d.placement.in_kernel]
+    side = [d for d in distinct if not d.placement.in_kernel]
     return {"warm_up": side[:1], "in_kernel": in_kernel, "side_stream": side[1:n + 1]}
 
 
@@ -151,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="cuco-evalbench-"))
     wl = get(a.family)(m=m, n=n, k=k, world_size=w)
     batches = _candidates(wl.problem, a.candidates, a.seed)
+    for kind in ("in_kernel", "side_stream"):
+        if kind in kinds and len(batches[kind]) < a.candidates:
+            print(f"{kind}: {len(batches[kind])} candidates, one a build: the space has no more builds")
     db = CandidateDB(workdir / "bench.db")
     make = _make_evaluator(a.family, m, n, k, w, workdir / "cache-local", a.timing_batch, a.check_batch)
     ev = make()

@@ -32,7 +32,9 @@ def _passes_cascade_until_gpu(ev, d, source):
     r = ev.evaluate(d, source)
     # static and compile passed; only the GPU stages are missing
     assert r.stage_reached == "compile" and "no worker group" in (r.error or ""), (r.status, r.stage_reached, r.error)
-    assert r.extra.get("compile_s", 0) > 0
+    # built here or found built: a side-stream source is the same at every world size and
+    # shape (its chunk plan is a launch argument), so an earlier test may have built it
+    assert r.extra.get("compile_s", -1) >= 0
     return r
 
 

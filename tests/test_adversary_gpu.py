@@ -292,7 +292,7 @@ HONEST_OR_MARK = """      for_units(kChunkUnits, [&](size_t i) {
       });
 """.replace("MISS_UNITS", "3")  # 3 units of 8 bf16 = MISS_ELEMS
 
-RS_HEAD = """    const size_t row0 = (size_t)me * kBlockChunks * kChunkElems / kRowElems + (size_t)local * (kChunkElems / kRowElems);
+RS_HEAD = """    const size_t row0 = ((size_t)me * kBlockChunks + local) * kChunkRows;
     const size_t src = row0 * kRowElems * sizeof(T);
     const size_t dst = (size_t)local * kChunkElems * sizeof(T);
 """

@@ -314,6 +314,22 @@ def test_cp_kernel_rows_and_summary(cpk, tmp_path, monkeypatch):
     assert doc["commit"] == "abc1234" and doc["summary"]["met"] is True and doc["rows"] == rows
 
 
+def test_evaluator_bench_directive_candidates_are_each_a_build_of_their_own():
+    """bench/evaluator.py's directive batches (#39): no two candidates, nor a candidate and the
+    warm-up point, render one source (a side-stream chunk size or an in-kernel tile order is
+    a launch argument), so every candidate is built from scratch; a space with fewer builds
+    than asked gives fewer candidates."""
+    from cuco.kernels.tp import render_tp
+    from cuco.workloads import get
+    bench = load("evaluator")
+    wl = get("gemm_allreduce")(m=8192, n=8192, k=8192, world_size=1)
+    batches = bench._candidates(wl.problem, 40, seed=0)
+    side = batches["warm_up"] + batches["side_stream"]
+    assert 0 < len(batches["side_stream"]) < 40
+    assert len({render_tp(wl.problem, d)[0].source for d in side}) == len(side)
+    assert len({d.build_point() for d in batches["in_kernel"][:40]}) == 40
+
+
 def test_evaluator_bench_evolved_candidates_are_distinct_edits_that_pass_the_static_stage():
     """bench/evaluator.py's evolved batch (#39): each candidate is its configuration's template
     with one block body edited, a source of its own (no cache hit), which the evaluator's

@@ -199,7 +199,9 @@ def test_points_that_differ_only_in_launch_time_values_render_one_source():
     d = in_kernel("dedicated_ctas", raster_group=8, comm_ctas=8)
     assert d.build_point() == in_kernel("dedicated_ctas", comm_ctas=8)
     side = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8)
-    assert side.build_point() == side  # a side-stream kernel takes nothing per launch
+    # a side-stream kernel takes its chunk plan per launch, the chunk size with it
+    assert side.replace(chunk_bytes=1 << 20).build_point() == side.replace(chunk_bytes=4 << 20).build_point()
+    assert side.replace(comm_ctas=16).build_point() != side.build_point()
 
 
 def test_a_build_serves_every_name_of_its_source(tmp_path):

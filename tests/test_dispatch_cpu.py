@@ -262,9 +262,9 @@ def test_a_cuco_entry_runs_its_kernel_where_it_takes_m_and_the_fallback_elsewher
     e = cuco_buckets[-1]
     at = T.route(GEMM_ALLREDUCE, "bf16", 2, (e.m, 2048), (2048, 4096))
     assert at.kind == CUCO and at.kernel.artifact.path == table.artifact_path(e)
-    # a side-stream kernel bakes M in: another M of its bucket runs the bucket's fallback
+    # a side-stream kernel serves its tuned M alone: another M of its bucket runs the bucket's fallback
     below = T.route(GEMM_ALLREDUCE, "bf16", 2, (e.m - 8, 2048), (2048, 4096))
-    assert (below.kind, below.bucket) == (e.fallback, e.m) and "bakes M=" in below.why
+    assert (below.kind, below.bucket) == (e.fallback, e.m) and "serves M=" in below.why
 
 
 def test_an_unknown_shape_falls_back_with_one_warning_naming_the_tune_command(torch, T, group, fresh):

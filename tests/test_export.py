@@ -73,6 +73,22 @@ def test_every_mismatch_is_named(searched):
         load(tmp)
 
 
+def test_a_side_stream_artifact_from_before_its_plan_was_a_launch_argument_is_refused(searched):
+    """Version 2 side-stream cubins take no ``cuco::ChunkGeom``: re-export them; a version-2
+    in-kernel artifact is the kernel this cuco builds and still loads."""
+    db, res, tmp = searched
+    art = export(db, res.best.candidate_id, tmp / "v2", arch="sm_90a")
+    mf = json.loads((art.path / "manifest.json").read_text())
+    mf["artifact_version"] = 2
+    (art.path / "manifest.json").write_text(json.dumps(mf))
+    with pytest.raises(ArtifactMismatch, match="artifact version 2, this cuco reads 3; re-export it"):
+        load(art.path, arch="sm_90a")
+    from cuco.kernels.tp import in_kernel
+    mf["directives"] = json.loads(in_kernel("epilogue").to_json())
+    (art.path / "manifest.json").write_text(json.dumps(mf))
+    assert load(art.path, arch="sm_90a").directives.placement.value == "epilogue"
+
+
 def test_unscored_candidates_are_not_exported(searched):
     db, res, tmp = searched
     cid = db.add_candidate("gemm_allreduce", directives=res.best.directives, run_id=res.run_id)

@@ -11,7 +11,8 @@ The bucket of a call's M is the smallest tuned bucket >= M; an M above the large
 is in no bucket (the op then falls back by its policy). Choices are ``host``,
 ``torch_fused`` or ``cuco`` (an exported artifact). Each entry also keeps its *fallback*:
 the faster correct one of ``host`` and ``torch_fused``, what the op runs where the cuco
-kernel cannot take the call's M (a kernel that bakes M in, or an M its tiles do not fit).
+kernel cannot take the call's M (a side-stream kernel, which serves its tuned M alone, or
+an M its tiles do not fit).
 
 Honest tables: every entry keeps every measured time and whether it was correct; a table
 records where it was made (commit, device, world size, library versions, NCCL included)

@@ -37,8 +37,11 @@ from cuco.kernels import Compiler, toolchain
 from cuco.kernels.launcher_source import is_launcher
 
 #: 2: the in-kernel launcher lost its check-only stress argument (an artifact of version 1 would
-#: read garbage for it)
-ARTIFACT_VERSION = 2
+#: read garbage for it). 3: a side-stream kernel takes its chunk plan as a launch argument
+#: (``cuco::ChunkGeom``), which a version-2 side-stream cubin does not; a version-2 in-kernel
+#: artifact is the kernel version 3 builds and still loads (:data:`IN_KERNEL_SINCE`).
+ARTIFACT_VERSION = 3
+IN_KERNEL_SINCE = 2
 
 
 class ArtifactMismatch(CucoError):
@@ -175,10 +178,11 @@ def load(path: str | Path, *, world_size: int | None = None,
         raise ArtifactMismatch(f"{path} is not a cuco artifact (no manifest.json); create one "
                                "with `cuco export`")
     manifest = json.loads(mf.read_text())
-    if manifest.get("artifact_version") != ARTIFACT_VERSION:
-        raise ArtifactMismatch(f"{path} has artifact version {manifest.get('artifact_version')}, "
-                               f"this cuco reads {ARTIFACT_VERSION}; re-export it")
     art = Artifact(path, manifest)
+    version = manifest.get("artifact_version")
+    if version != ARTIFACT_VERSION and not (version == IN_KERNEL_SINCE and art.directives.placement.in_kernel):
+        raise ArtifactMismatch(f"{path} has artifact version {version}, this cuco reads "
+                               f"{ARTIFACT_VERSION}; re-export it")
     problems = []
     want_arch = arch or _current_arch()
     if want_arch and want_arch != manifest["arch"]:
@@ -192,7 +196,7 @@ def load(path: str | Path, *, world_size: int | None = None,
         want = make_problem(have.workload, shape, world_size=have.world_size, dtype=have.dtype)
         if want.shape != have.shape:
             problems.append(f"shape: built for {have.shape_text}, called with {want.shape_text}; "
-                            "kernels bake their chunk plan in, so tune this shape")
+                            "an artifact serves the shape it was tuned and checked at, so tune this shape")
     if check_versions:
         installed = toolchain.library_versions()
         for lib in (n for n in manifest["needs"] if n in ("nccl", "nvshmem")):  # CUTLASS: headers, built in

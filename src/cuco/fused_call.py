@@ -216,7 +216,8 @@ def runs_at(artifact, problem: GemmProblem) -> str | None:
     """Why ``artifact`` cannot run ``problem`` (None: it can). A kernel of an in-kernel
     placement (``epilogue``, ``dedicated_ctas``) takes its shape per launch: it runs every
     problem of its workload, N, K, dtype and world size that its tiles fit; a side-stream
-    kernel bakes its chunk plan in, so it runs its own shape alone."""
+    kernel runs its own shape alone (its build takes the chunk plan per launch, but it was
+    tuned and checked at that shape only)."""
     have = artifact.problem
     same = ("workload", "n", "k", "dtype", "world_size")
     if any(getattr(have, f) != getattr(problem, f) for f in same):
@@ -225,8 +226,9 @@ def runs_at(artifact, problem: GemmProblem) -> str | None:
     d = artifact.directives
     if not d.placement.in_kernel:
         return None if problem.m == have.m else (
-            f"placement {d.placement.value} bakes M={have.m} in; M={problem.m} needs its own "
-            "kernel (or an epilogue/dedicated_ctas one, which takes M per launch)")
+            f"placement {d.placement.value} serves M={have.m} alone (the M it was tuned and "
+            f"checked at); M={problem.m} needs its own kernel (or an epilogue/dedicated_ctas "
+            "one, which serves every M its tiles fit)")
     from cuco.kernels.tp import supported
     bad = supported(problem, d)
     return f"M={problem.m}: " + "; ".join(bad) if bad else None

@@ -16,7 +16,7 @@ its M (tokens), so one registration serves every token count:
 2. else a kernel registered with ``cuco.load(path).as_torch_op()`` (or :func:`register`):
    a kernel of an in-kernel placement (``epilogue``, ``dedicated_ctas``) takes its shape per
    launch and serves every M its tiles fit (M divisible by the world size); a side-stream
-   kernel bakes M in and serves that M alone;
+   kernel serves the M it was tuned and checked at alone;
 3. else the policy (:func:`set_policy`): ``"fallback"`` (the default) runs the host program
    and warns once per layer with the exact ``cuco tune`` command; ``"strict"`` refuses
    (:class:`NoArtifactError`).
@@ -212,8 +212,8 @@ class TorchOp:
         from cuco.design import make_problem
         if not self.runtime_shape:
             return None if m == self.artifact.problem.m else (
-                f"placement {self.artifact.directives.placement.value} bakes "
-                f"M={self.artifact.problem.m} in")
+                f"placement {self.artifact.directives.placement.value} serves "
+                f"M={self.artifact.problem.m} alone (the M it was tuned and checked at)")
         bad = self.layer.takes_m(m)
         if bad:
             return bad
@@ -608,7 +608,7 @@ def _missing(key: tuple, group_name: str) -> TorchOpError:
                      f"B{list(o.b_shape)} {o.dtype}" for o in mine if o.world_size == world) or "none"
     return NoArtifactError(f"{op}: no kernel registered for A{list(a_shape)} B{list(b_shape)} "
                            f"{dtype} over {world} ranks (registered: {have}), and the policy is "
-                           f"strict; side-stream kernels bake their shape in: tune and register "
+                           f"strict; a side-stream kernel serves its tuned shape alone: tune and register "
                            f"this one ({tune})")
 
 

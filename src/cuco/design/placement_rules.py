@@ -22,12 +22,16 @@ MAX_DEDICATED_CTAS = 32
 #: Directives an in-kernel kernel takes per launch, not per build (with the GEMM's shape):
 #: points that differ only in these share one build.
 IN_KERNEL_LAUNCH_TIME = ("raster_group",)
+#: What a tensor-parallel side-stream kernel takes per launch (with the shape): its chunk plan
+#: (``cuco::ChunkGeom``), hence the chunk size. (The MoE, KV and CP side-stream templates
+#: still compile their chunks in; nothing asks for their build point.)
+SIDE_STREAM_LAUNCH_TIME = ("chunk_bytes",)
 
 
 def launch_time_fields(placement: Placement) -> tuple[str, ...]:
     """The directives a kernel of ``placement`` reads from its launch arguments, so that a
     sweep over them reuses one build (:meth:`cuco.design.Directives.build_point`)."""
-    return IN_KERNEL_LAUNCH_TIME if placement.in_kernel else ()
+    return IN_KERNEL_LAUNCH_TIME if placement.in_kernel else SIDE_STREAM_LAUNCH_TIME
 
 
 def _v(x: Any) -> Any:

@@ -1,13 +1,15 @@
 """Chunk arithmetic shared by the kernel templates and the Python launcher.
 
 How a workload's rows are cut into communication chunks, in which order they
-are produced, and who owns each one. The kernels receive these numbers as
-compile-time constants; the launcher uses the same object, so the two can never
-disagree. Pure Python, unit-tested on the CPU.
+are produced, and who owns each one. The side-stream kernels receive these numbers at
+every launch (:func:`pack_chunk_geom`: ``cuco::ChunkGeom``, ``cuco/chunks.cuh``), packed
+from the same object the launcher walks, so the two can never disagree; only whether a
+plan is ``ragged`` is compiled in. Pure Python, unit-tested on the CPU.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,7 +21,8 @@ from cuco.errors import DirectiveError
 
 #: A shape whose M is a multiple of this (the smallest tile_m: every shape the tile rules
 #: accepted before ragged plans existed) is cut into equal chunks that divide each block, as
-#: it always was, so its kernels stay byte-identical; any other M gets a ragged plan.
+#: it always was, and renders the equal-chunk kernel bodies; any other M gets a ragged plan
+#: (the general bodies). The two are the one compile-time difference of side-stream plans.
 EQUAL_CHUNKS_M = 64
 
 
@@ -125,6 +128,20 @@ class ChunkPlan:
         rows = -(-unit // chunks)
         rows = -(-rows // ROW_ALIGN) * ROW_ALIGN  # <= cap, so (chunks - 1) * rows < unit
         return cls(pattern, w, rows, chunks, blocks, row_elems, esz, unit - (chunks - 1) * rows, True)
+
+
+#: ``cuco::ChunkGeom`` (``cuco/chunks.cuh``): five 64-bit counts, then two 32-bit ones, 48
+#: bytes with no padding (tests/test_tiles_and_tp_render.py reads nvcc's layout back).
+CHUNK_GEOM_FORMAT = "<5Q2i"
+CHUNK_GEOM_BYTES = struct.calcsize(CHUNK_GEOM_FORMAT)
+
+
+def pack_chunk_geom(plan: ChunkPlan) -> bytes:
+    """``plan`` as the side-stream kernels take it, by value (``cuco::ChunkGeom``): the counts
+    their index math needs, rows per chunk and per block included, computed here once rather
+    than divided out on the device."""
+    return struct.pack(CHUNK_GEOM_FORMAT, plan.chunk_elems, plan.row_elems, plan.rows, plan.last_rows,
+                       plan.block_rows, plan.n_chunks, plan.chunks_per_block)
 
 
 def _too_small(d: Directives, unit: int, row_bytes: int) -> str:

@@ -3,7 +3,8 @@
 Three templates:
 
 * ``placement=side_stream`` (``tp_side_stream.cu.j2``; GIN in ``tp_side_stream_gin.cu.j2``):
-  vendor GEMM per chunk on one stream, a persistent communication kernel on another.
+  vendor GEMM per chunk on one stream, a persistent communication kernel on another; the
+  chunk plan is a launch argument (:func:`side_stream_context`).
 * ``placement=epilogue`` and ``dedicated_ctas`` (``tp_fused.cu.j2``): ONE persistent kernel
   whose GEMM mainloop is CUTLASS's Hopper collective (TMA + wgmma); each output tile is
   moved by the compute CTA itself (epilogue) or by CTAs of the same kernel reserved for
@@ -410,16 +411,24 @@ def render_tp(problem: GemmProblem, d: Directives, *, gemm_only: bool = False
     return render_side_stream(problem, d)
 
 
+def side_stream_context(problem: GemmProblem, d: Directives, plan: ChunkPlan) -> dict[str, Any]:
+    """What the side-stream templates are rendered with: no shape and no chunk size, which
+    each launch passes (``cuco::ChunkGeom``: :func:`cuco.design.tiles.pack_chunk_geom`), only
+    whether ``plan`` is ragged (its kernel bodies differ). So every chunk size and every shape
+    of one workload, dtype and world size whose plan is as ragged renders the same source and
+    builds once: the evaluator's small shape (which keeps M's residue mod 64) among them."""
+    return dict(workload=plan.pattern.name, backend=d.backend.value, issuer=d.issuer.value,
+                ctype=CTYPES[problem.dtype], ragged=plan.ragged, comm_ctas=d.comm_ctas, threads=THREADS,
+                max_ranks=MAX_RANKS, flag_stride=FLAG_STRIDE, name=d.build_point().full_name)
+
+
 def render_side_stream(problem: GemmProblem, d: Directives) -> tuple[KernelSource, ChunkPlan]:
     """The side-stream kernels of ``d`` and their chunk plan, for a point the design rules
     accepted (:func:`render_tp` checks them first); :class:`DirectiveError` when the plan
     does not fit the templates."""
     plan = side_stream_plan(problem, d)
     template = "tp_side_stream_gin.cu.j2" if d.backend.value == "gin" else "tp_side_stream.cu.j2"
-    src = render(template, workload=plan.pattern.name, backend=d.backend.value,
-                 issuer=d.issuer.value, ctype=CTYPES[problem.dtype], plan=plan,
-                 comm_ctas=d.comm_ctas, threads=THREADS, max_ranks=MAX_RANKS,
-                 flag_stride=FLAG_STRIDE, name=d.full_name)
+    src = render(template, **side_stream_context(problem, d, plan))
     needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
     return KernelSource(problem.kernel_name(d.full_name), src, needs,
                         ("comm_kernel", "signal_chunk", "wait_chunk")), plan

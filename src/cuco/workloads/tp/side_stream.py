@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cuco.design import Backend, Directives
-from cuco.design.tiles import ChunkPlan
+from cuco.design.tiles import CHUNK_GEOM_BYTES, ChunkPlan, pack_chunk_geom
 from cuco.kernels.tp import THREADS
 from cuco.runtime.arena import Arena, arena_view
 from cuco.runtime.cublas import gemm
@@ -39,6 +39,9 @@ class SideStreamRunner:
         import cupy
         self.ctx, self.wl, self.d, self.arena = ctx, wl, d, arena
         self.plan = ChunkPlan.for_problem(wl.pattern_problem, d)
+        #: the plan as the kernels take it, by value (``cuco::ChunkGeom``): CuPy passes a
+        #: host array of one element by value, its bytes the struct's
+        self.geom = np.frombuffer(pack_chunk_geom(self.plan), dtype=np.dtype((np.void, CHUNK_GEOM_BYTES)))
         self.pattern = wl.tp
         #: > 0 during correctness runs: the compute stream sleeps this long before
         #: each chunk's GEMM, so a consumer that reads a chunk before its flag says
@@ -103,7 +106,7 @@ class SideStreamRunner:
         if not self.pattern.gathers_input:
             # the reduced result goes to the arena's O (all-reduce) or this rank's `out`
             dest = u64(lay.data["o"]) if self.pattern.output_in_arena else self.out
-            self.comm(grid, block, (*a.args(ctx), u64(lay.data["p"]), dest, u64(lay.flags),
+            self.comm(grid, block, (*a.args(ctx), self.geom, u64(lay.data["p"]), dest, u64(lay.flags),
                                     u64(self.sync_off), e), stream=cs)
             for chunk in plan.order():
                 if self.stress_us:
@@ -114,7 +117,7 @@ class SideStreamRunner:
                 self.signal((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(chunk.index), e),
                             stream=s)
         else:  # allgather_gemm: own shard first from X itself, then peers' as they arrive
-            self.comm(grid, block, (*a.args(ctx), self.inputs["x"], u64(lay.data["xf"]),
+            self.comm(grid, block, (*a.args(ctx), self.geom, self.inputs["x"], u64(lay.data["xf"]),
                                     u64(lay.flags), u64(self.sync_off), e), stream=cs)
             a.counts[: plan.chunks_per_block] += self.d.comm_ctas
             me, W = ctx.rank, ctx.world_size
@@ -128,7 +131,7 @@ class SideStreamRunner:
                     if src == me:
                         a_ptr = x + c * plan.rows * k * esz
                     else:
-                        self.wait((1,), (1,), (*a.args(ctx), u64(lay.flags), np.int32(src),
+                        self.wait((1,), (1,), (*a.args(ctx), self.geom, u64(lay.flags), np.int32(src),
                                                np.int32(c), u64(int(a.counts[c]))), stream=s)
                         a_ptr = base + lay.data["xf"] + row * k * esz
                     gemm(a_ptr, w, o + row * n * esz, rows, n, k, wl.dtype, s)
