@@ -16,7 +16,9 @@ ranks start together, then :meth:`~Verification.checked_call` or
 :meth:`~Verification.timed_call`), then :meth:`~Verification.tally` (the device counts),
 :meth:`~Verification.first_failures`, :meth:`~Verification.accuracy_rule` and
 :meth:`~Verification.inputs_rule`, and returns a typed
-:class:`~cuco.runtime.records.RankResult`.
+:class:`~cuco.runtime.records.RankResult`. The comparisons themselves run where the job's
+checker puts them (:mod:`cuco.evaluate.checkers`): in the rank's verifier process by default,
+out of the candidate's reach, or in this worker (``inline``).
 """
 
 from __future__ import annotations

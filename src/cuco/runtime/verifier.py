@@ -46,7 +46,10 @@ class VerifierState:
         self.mapped: dict[bytes, int] = {}  # allocation handle -> base pointer here
         self.outputs: dict[int, tuple[int, int, str]] = {}  # out_id -> (pointer, elements, dtype)
         self.done: list[int] = []  # the worker's "call done" events, opened here
-        self.checked: list[Any] = []  # ours, which the worker waits on
+        # ours, which the worker waits on; a finished job's are kept until the next begins
+        # (the worker closes its copies after finish: an event must outlive its importers)
+        self.retired: list[Any] = getattr(self, "checked", [])
+        self.checked: list[Any] = []
         self.counts = self.sums = self.tags = None
         self.tally_key = 0
         self.calls = 0
