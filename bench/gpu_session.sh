@@ -74,6 +74,9 @@ step_command() {
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
     tests_adversary) echo "$PT tests/test_adversary_gpu.py" ;;
+    # the verifier in its own process (issue #36); verifier_smoke first: it prints each stage
+    tests_verifier)  echo "$PT tests/test_verifier_process_gpu.py" ;;
+    verifier_smoke)  echo "python3 bench/verifier_smoke.py" ;;
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;

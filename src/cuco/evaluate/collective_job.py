@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from cuco.design.patterns import Collective
 from cuco.errors import InputError
 from cuco.evaluate.jobs import N_CHECKED, STRESS_US, fresh_seed
+from cuco.evaluate.checkers import job_verifier
 from cuco.evaluate.programs import InputSet, Program, guarded_output, host_program, input_sets
 from cuco.evaluate.verification import HOST, judge
 from cuco.runtime.collective_launch import (KERNEL_VARIANTS, CollectiveInputs, CollectiveOp, collective_op,
@@ -67,6 +68,8 @@ class CollectiveCase:
     busy_us: float = 40.0
     stress_us: float = STRESS_US
     schedule_seed: int = field(default_factory=fresh_seed)
+    #: where the checks run (:attr:`cuco.evaluate.jobs.Case.verifier`)
+    verifier: str | None = None
 
     def __post_init__(self) -> None:
         has = (HOST, *collective_op(self.op).kernels)
@@ -106,10 +109,11 @@ class CollectiveCase:
         data, w = self.data, ctx.world_size
         data.op.check_split(data.elems, w)
         rtol, atol_factor = tolerance(data.op, self.dtype, w)
+        client = job_verifier(ctx, self.verifier)
         with ctx.stream:  # made on the job's stream, ordered with every call
-            sets = input_sets(ctx, data, CollectiveInputs, self.seed, atol_factor)
+            sets = input_sets(ctx, data, CollectiveInputs, self.seed, atol_factor, client)
             programs = self.programs(ctx, sets)
-        return judge(ctx, self, programs, {}, sets, rtol, self.dtype, None)
+        return judge(ctx, self, programs, {}, sets, rtol, self.dtype, None, verifier=client)
 
     def programs(self, ctx, sets: list[InputSet]) -> dict[str, Program]:
         """Host NCCL on its own guarded output, and every kernel variant at every CTA count on

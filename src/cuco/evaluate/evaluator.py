@@ -47,7 +47,7 @@ from typing import Any
 
 from cuco.db import CandidateDB
 from cuco.design import Backend, Directives, Problem
-from cuco.errors import CompileError, DirectiveError
+from cuco.errors import CompileError, DirectiveError, EnvironmentProblem
 from cuco.evaluate.batching import in_build_batches, shared_names, shared_timeout
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
@@ -55,6 +55,7 @@ from cuco.kernels import evolve, macros
 from cuco.runtime.emulated import spinning_grid_refusal
 from cuco.runtime.records import ProgramResult, merge_ranks
 from cuco.runtime.peaks import below_floor
+from cuco.runtime.verifier_mode import PROCESS, verifier_mode
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
 from cuco.evaluate.jobs import ACCURACY_SLACK, Case, VariantSpec
@@ -156,8 +157,16 @@ class Evaluator:
                  compiler: Compiler | None = None, seeds: tuple[int, int] | None = None,
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
                  run_id: int | None = None, timing_batch: int = TIMING_BATCH, peers: bool = True,
-                 check_batch: int = CHECK_BATCH):
+                 check_batch: int = CHECK_BATCH, verifier: str | None = None):
         self.workload = workload
+        #: where the checks run (None: the worker group's choice, its verifier process by
+        #: default; ``"inline"``: in the workers): :mod:`cuco.runtime.verifier_mode`
+        self.verifier = None if verifier is None else verifier_mode(verifier)
+        if self.verifier == PROCESS and getattr(group, "verifier", PROCESS) != PROCESS:
+            raise ValueError("Evaluator(verifier='process') needs a worker group that starts verifier "
+                             "processes: WorkerGroup(..., verifier='process') (the default)")
+        #: where the last job's checks ran, as its ranks reported (every verdict's extra["verifier"])
+        self.verifier_used: str | None = None
         self.problem = workload.problem
         self.group = group
         self.db = db
@@ -218,7 +227,8 @@ class Evaluator:
         specs = spec if isinstance(spec, list) else [spec]
         return Case(self.workload_at(problem), variants=specs, seed=seed, time=time_it,
                     iters=self.timing_iters, baselines=time_it,
-                    peers=time_it and self.peers and not getattr(self.group, "emulated", False))
+                    peers=time_it and self.peers and not getattr(self.group, "emulated", False),
+                    verifier=self.verifier)
 
     # ---- the cascade --------------------------------------------------------------------
     def _compiler(self) -> Compiler:
@@ -287,7 +297,8 @@ class Evaluator:
         """First use of a fresh group loads cuBLAS, creates the device communicator and
         allocates arenas; that is not the candidate's time, so it gets its own generous
         timeout before any stage timeout applies."""
-        job = Case(self.workload_at(self.small_problem()), variants=[], seed=1, time=False)
+        job = Case(self.workload_at(self.small_problem()), variants=[], seed=1, time=False,
+                   verifier=self.verifier)
         res = self.group.run(job, timeout=self.warmup_timeout_s)
         if not res.ok:
             raise RuntimeError(f"the worker group cannot run the host reference:\n{res.error_text()}")
@@ -299,8 +310,11 @@ class Evaluator:
         t0 = time.perf_counter()
         res = self.group.run(job, timeout=timeout)
         self.gpu_s += time.perf_counter() - t0
+        if res.status == "environment":  # a verifier process died: no verdict on anyone
+            raise EnvironmentProblem(next(e for e in res.errors if e).splitlines()[0])
         if res.ok:
             self.verify_s += max(r.verify_s for r in res.results)
+            self.verifier_used = "+".join(sorted({r.verifier for r in res.results}))
         if res.status in ("hang", "crash"):
             return EvalResult(res.status, stage, res.error_text()[-4000:],
                               extra={"respawn_s": res.respawn_s}), None
@@ -580,6 +594,8 @@ class Evaluator:
         result.extra.setdefault("stage_s", {k: round(v, 3) for k, v in spent["stage_s"].items()})
 
     def _store(self, cand: Candidate, r: EvalResult) -> None:
+        if self.verifier_used is not None:  # "process": the checks ran out of the candidate's process
+            r.extra.setdefault("verifier", self.verifier_used)
         if self.db is not None:
             store_result(self.db, self.problem.workload, cand, r, self.run_id)
 

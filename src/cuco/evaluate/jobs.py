@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cuco.design import Directives
+from cuco.evaluate.checkers import job_verifier
 from cuco.evaluate.programs import (
     InputSet, Program, host_program, input_sets, peer_programs, trusted_program, variant_program,
 )
@@ -85,6 +86,9 @@ class Case:
     #: evaluator's check-only stages leave them out (they matter where they are timed:
     #: the baseline is the fastest), keeping ``host_nccl``, the accuracy bar
     baselines: bool = True
+    #: where the checks run: None, the worker group's choice (its verifier process where it
+    #: started one); ``"inline"`` in the worker; ``"process"`` (refused where there is none)
+    verifier: str | None = None
 
     def __call__(self, ctx) -> RankResult:
         wl = self.workload
@@ -94,12 +98,15 @@ class Case:
         rtol, atol_f = wl.tolerance()
         seeds = (self.seed,) if isinstance(self.seed, int) else tuple(self.seed)
         layout = wl.layout()
+        client = job_verifier(ctx, self.verifier)
         with ctx.stream:  # made on the job's stream, ordered with every call
-            sets = [st for seed in seeds for st in input_sets(ctx, wl, type(wl), seed, atol_f)]
+            # every reference before any candidate kernel of the job: handed to the verifier
+            sets = [st for seed in seeds for st in input_sets(ctx, wl, type(wl), seed, atol_f, client)]
             gaps = wl.peer_gaps(ctx) if self.peers else {}  # asked before any peer is made
             programs = self.programs(ctx, sets, layout)
         floor = self.floor_ms(ctx)
-        result = judge(ctx, self, programs, self.timed_alone(ctx, sets), sets, rtol, wl.dtype, layout, floor)
+        result = judge(ctx, self, programs, self.timed_alone(ctx, sets), sets, rtol, wl.dtype, layout, floor,
+                       verifier=client)
         notes = wl.host_notes(ctx)
         if self.peers:
             notes["peers_skipped"] = gaps

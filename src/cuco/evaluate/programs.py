@@ -22,6 +22,7 @@ from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES
 from cuco.runtime.checking import fingerprint
 from cuco.runtime.sealed import SealedReference, scrubbed_allocations
+from cuco.runtime.verifier_client import RemoteReference, VerifierClient, hand_over
 from cuco.workloads.base import Buffers, Workload, check_scratch
 
 #: Seeds whose inputs and reference a worker keeps (three jobs of N_SETS sets, and more).
@@ -52,22 +53,53 @@ class InputSource(Protocol):
     def reference(self, ctx, inputs: Buffers) -> Any: ...
 
 
-def inputs_and_reference(ctx, wl: InputSource, cls: type, seed: int):
-    """``(inputs, sealed fp32 reference, fingerprints of both)`` of ``seed``, made once per
-    worker. The reference is sealed (:class:`~cuco.runtime.sealed.SealedReference`) and its
-    temporaries scrubbed, so no kernel finds the answer in device memory."""
+def inputs_and_reference(ctx, wl: InputSource, cls: type, seed: int, verifier: VerifierClient | None = None):
+    """``(inputs, fp32 reference, fingerprints of both)`` of ``seed``, made once per worker,
+    the reference's temporaries scrubbed. With a ``verifier`` process the reference is made
+    with the device idle (no candidate kernel running), handed to the verifier (sealed
+    there) and overwritten here: the worker keeps a :class:`RemoteReference`. Without one it
+    is sealed here (:class:`~cuco.runtime.sealed.SealedReference`)."""
+    import cupy
     cache = ctx.scratch.setdefault("references", {})
-    key = (_class_key(cls), wl.label, ctx.world_size, seed)
+    key = (_class_key(cls), wl.label, ctx.world_size, seed, verifier is not None)
     hit = cache.pop(key, None)
     if hit is None:
         with scrubbed_allocations():
+            if verifier is not None:
+                cupy.cuda.runtime.deviceSynchronize()  # every earlier kernel (a candidate's) ended
             inputs = wl.make_inputs(ctx, seed)
-            ref = SealedReference.seal(_fp32(wl.reference(ctx, inputs)))
-        hit = (inputs, ref, fingerprint_of(inputs), fingerprint_of({"ref": ref.bits}))
+            plain = _fp32(wl.reference(ctx, inputs))
+            ref = hand_over(verifier, plain) if verifier is not None else SealedReference.seal(plain)
+            del plain
+        hit = (inputs, ref, fingerprint_of(inputs), ref_fingerprint(ref))
         while len(cache) >= CACHED_SEEDS:
-            cache.pop(next(iter(cache)))
+            _forget(ctx, cache.pop(next(iter(cache)))[1])
     cache[key] = hit  # most recent last
     return hit
+
+
+def ref_fingerprint(ref) -> tuple:
+    """A sealed reference's fingerprint (a held one's is out of every kernel's reach: none)."""
+    return () if isinstance(ref, RemoteReference) else fingerprint_of({"ref": ref.bits})
+
+
+def ref_intact(st: "InputSet") -> bool:
+    """Whether ``st``'s reference is as it was made (a held one: always)."""
+    return ref_fingerprint(st.ref) == st.ref_fingerprint
+
+
+def _forget(ctx, ref) -> None:
+    client = getattr(ctx, "verifier", None)
+    if isinstance(ref, RemoteReference) and client is not None and client.alive:
+        client.request("drop", ref_ids=[ref.ref_id], all=False)
+
+
+def drop_references(ctx) -> None:
+    """Every cached input set and reference dropped (an input set was written)."""
+    ctx.scratch.get("references", {}).clear()
+    client = getattr(ctx, "verifier", None)
+    if client is not None and client.alive:
+        client.request("drop", ref_ids=[], all=True)
 
 
 def _fp32(ref):
@@ -93,22 +125,25 @@ def guarded_output(n: int, dtype: str):
 
 @dataclass
 class InputSet:
-    """One of a job's input sets on this rank: inputs, sealed fp32 reference, fingerprint
-    and the absolute tolerance (``atol_factor * max|ref|``)."""
+    """One of a job's input sets on this rank: inputs, fp32 reference (sealed here, or held
+    by the verifier process), fingerprint and the absolute tolerance
+    (``atol_factor * max|ref|``)."""
 
     inputs: Buffers
-    ref: SealedReference
+    ref: SealedReference | RemoteReference
     fingerprint: tuple
     atol: float
     ref_fingerprint: tuple
 
 
-def input_sets(ctx, wl: InputSource, cls: type, seed: int, atol_factor: float) -> list[InputSet]:
+def input_sets(ctx, wl: InputSource, cls: type, seed: int, atol_factor: float,
+               verifier: VerifierClient | None = None) -> list[InputSet]:
     """The job's :data:`~cuco.evaluate.schedule.N_SETS` input sets, each with its own seed
-    and buffers (cached per worker like any seed)."""
+    and buffers (cached per worker like any seed); their references held by ``verifier``
+    where given (:func:`inputs_and_reference`)."""
     out = []
     for j in range(N_SETS):
-        inputs, ref, fp, ref_fp = inputs_and_reference(ctx, wl, cls, set_seed(seed, j))
+        inputs, ref, fp, ref_fp = inputs_and_reference(ctx, wl, cls, set_seed(seed, j), verifier)
         out.append(InputSet(inputs, ref, fp, atol_factor * ref.amax, ref_fp))
     return out
 

@@ -16,7 +16,9 @@ ranks start together, then :meth:`~Verification.checked_call` or
 :meth:`~Verification.timed_call`), then :meth:`~Verification.tally` (the device counts),
 :meth:`~Verification.first_failures`, :meth:`~Verification.accuracy_rule` and
 :meth:`~Verification.inputs_rule`, and returns a typed
-:class:`~cuco.runtime.records.RankResult`.
+:class:`~cuco.runtime.records.RankResult`. The comparisons themselves run where the job's
+checker puts them (:mod:`cuco.evaluate.checkers`): in the rank's verifier process by default,
+out of the candidate's reach, or in this worker (``inline``).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from cuco.evaluate.programs import InputSet, Program, fingerprint_of
+from cuco.evaluate.checkers import Checker, make_checker
+from cuco.evaluate.programs import InputSet, Program, drop_references, fingerprint_of, ref_intact
 from cuco.evaluate.schedule import Call, make_schedule
 from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
 from cuco.runtime.checking import compare, rel_l2
 from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
-from cuco.runtime.sealed import KEY_BITS
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, scratch_of
 
@@ -164,11 +166,12 @@ class Verification:
 
     ``rtol`` and each set's ``atol``: the element-wise tolerance; ``layout``: the arena's
     (poisoned before each call of a variant that has one, its guards read after each
-    checked call); ``floor_ms``: the physical floor of one call, reported with every program.
+    checked call); ``floor_ms``: the physical floor of one call, reported with every program;
+    ``checker``: who compares (:mod:`cuco.evaluate.checkers`; default: in the worker).
     """
 
     def __init__(self, ctx, job: ScheduledJob, programs: dict[str, Program], sets: list[InputSet], rtol: float,
-                 dtype: str, layout, floor_ms: float, hog_stream) -> None:
+                 dtype: str, layout, floor_ms: float, hog_stream, checker: Checker | None = None) -> None:
         self.ctx, self.job, self.programs, self.sets = ctx, job, programs, sets
         self.rtol, self.dtype, self.layout, self.hog_stream = rtol, dtype, layout, hog_stream
         self.records = {n: ProgramRecord(floor_ms=floor_ms) for n in programs}
@@ -179,9 +182,13 @@ class Verification:
         #: an input set found changed before a trusted program's checked call (see
         #: :meth:`checked_call`): the job's inputs rule then fails every program
         self.inputs_changed = False
-        #: the key of this job's tally tags: a kernel argument of each tag kernel, nowhere in
-        #: device memory (:func:`cuco.runtime.checking.tag_tally_async`)
-        self.tally_key = secrets.randbits(KEY_BITS)
+        self.checker = checker if checker is not None else make_checker(ctx, None)
+        self.begun = False
+
+    def begin(self, calls: int) -> None:
+        """The checker's job of ``calls`` schedule calls starts (before any call is made)."""
+        self.checker.begin(calls)
+        self.begun = True
 
     def first_launches(self) -> None:
         """Each verified program's first launch alone (:func:`first_launches_alone`'s reasons:
@@ -206,7 +213,7 @@ class Verification:
                 if prog.settle:
                     prog.settle[0]()
                 s.synchronize()
-                got = compare(prog.outputs[0], st.ref, self.dtype, self.rtol, st.atol)
+                got = self.checker.full(prog.outputs[0], st, self.dtype, self.rtol)
                 if not got["correct"]:
                     self.failures.setdefault(name, []).append((-1, call, got["bad_elements"]))
                 self.scrub(call, prog)
@@ -217,10 +224,9 @@ class Verification:
         calls not checked on the host are read at the end (:meth:`tally`)."""
         import cupy
         s = self.ctx.stream
-        with s:  # on the job's stream: zeroed before any count lands
-            self.counts = cupy.zeros(len(schedule), dtype=cupy.uint64)
-            self.sums = cupy.zeros((len(schedule), 2), dtype=cupy.float64)  # each call's L2 sums
-            self.tags = cupy.zeros(len(schedule), dtype=cupy.uint64)  # each call's count and sums, tagged
+        if not self.begun:
+            self.begin(len(schedule))
+        with s:
             tick = cupy.zeros(1, dtype=cupy.float32)
             p = int(tick.data.ptr)
             for idx, call in enumerate(schedule):
@@ -262,7 +268,7 @@ class Verification:
         if prog.settle:
             prog.settle[call.input_set]()
         _set_stress(runner, 0.0)
-        got = compare(out, st.ref, self.dtype, self.rtol, st.atol)
+        got = self.checker.full(out, st, self.dtype, self.rtol)
         intact = all(bool((g == CANARY).all()) for g in prog.guards)
         if prog.arena is not None:
             intact = intact and guards_intact(prog.arena, self.layout)
@@ -307,19 +313,12 @@ class Verification:
         """The device's count of a call's elements out of tolerance (and its L2 sums), never
         waited on; a host or peer program's output is scrubbed right after."""
         import cupy
-        from cuco.runtime.checking import count_bad_async, tag_tally_async
         s, st = self.ctx.stream, self.sets[call.input_set]
         v0, v1 = cupy.cuda.Event(), cupy.cuda.Event()
         v0.record(s)
         if prog.settle:
             prog.settle[call.input_set]()
-        # zeroed here, after the call: a count seeded earlier (say, minus the elements a call
-        # will get wrong) is gone before the check adds to it; the tag then seals what it wrote
-        slot, sums = self.counts[idx:idx + 1], self.sums[idx]
-        slot.fill(0)
-        sums.fill(0)
-        count_bad_async(prog.outputs[call.input_set], st.ref, self.dtype, self.rtol, st.atol, slot, s, stats=sums)
-        tag_tally_async(slot, sums, idx, self.tally_key, self.tags[idx:idx + 1], s)
+        self.checker.count(idx, prog.outputs[call.input_set], st, self.dtype, self.rtol)
         self.scrub(call, prog)
         v1.record(s)
         self.verify_marks.append((v0, v1))
@@ -338,9 +337,7 @@ class Verification:
     def tally(self, schedule: list[Call]) -> None:
         """The device counts of every call not checked on the host, into the records; a call
         whose count or sums no longer match their tag was tampered with (wrong)."""
-        from cuco.runtime.checking import untampered
-        counts, sums, tags = self.counts.get(), self.sums.get(), self.tags.get()
-        intact = untampered(range(len(schedule)), counts, sums, tags, self.tally_key)  # checked calls' rows unread
+        counts, sums, intact = self.checker.tally(len(schedule))  # checked calls' rows unread
         tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
 
     def first_failures(self) -> None:
@@ -353,10 +350,9 @@ class Verification:
 
     def inputs_rule(self) -> None:
         """Inputs or references written: nobody passes, and the cached sets are dropped."""
-        if self.inputs_changed or any(fingerprint_of(st.inputs) != st.fingerprint
-                                      or fingerprint_of({"ref": st.ref.bits}) != st.ref_fingerprint
+        if self.inputs_changed or any(fingerprint_of(st.inputs) != st.fingerprint or not ref_intact(st)
                                       for st in self.sets):
-            self.ctx.scratch["references"].clear()
+            drop_references(self.ctx)
             for rec in self.records.values():
                 rec.correct, rec.inputs_intact = False, False
 
@@ -369,7 +365,7 @@ class Verification:
             rec.median_ms = median([cupy.cuda.get_elapsed_time(a, b) for a, b in ms])
             rec.samples = len(ms)
         verify_s = self.check_s + sum(cupy.cuda.get_elapsed_time(a, b) for a, b in self.verify_marks) / 1e3
-        return RankResult(self.ctx.rank, self.records, verify_s)
+        return RankResult(self.ctx.rank, self.records, verify_s, verifier=self.checker.kind)
 
 
 def _set_stress(runner, stress_us: float) -> None:
@@ -429,22 +425,30 @@ def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str) -> None:
 
 
 def judge(ctx, job: ScheduledJob, programs: dict[str, Program], extras: dict[str, Callable[[], Callable[[], None]]],
-          sets: list[InputSet], rtol: float, dtype: str, layout, floor_ms: float = 0.0) -> RankResult:
+          sets: list[InputSet], rtol: float, dtype: str, layout, floor_ms: float = 0.0,
+          verifier=None) -> RankResult:
     """Verify and time every program of a job on this rank, in the order of one schedule
     (the module's docstring says how). ``extras``: makers of the halves of the bound, only
     timed. ``floor_ms``: the physical floor of one call
-    (:func:`cuco.runtime.peaks.physical_floor_ms`), reported with every program."""
+    (:func:`cuco.runtime.peaks.physical_floor_ms`), reported with every program.
+    ``verifier``: the rank's verifier process the checks go to (None: in this worker; the
+    input sets' references must have been handed to the same one)."""
     import cupy
     hog_stream = check_streams(ctx, dtype)
     fns = bound_halves(ctx, job, extras)
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     schedule = job_schedule(job, {n: p.shares for n, p in programs.items()}, list(fns),
                             world_size=ctx.world_size, sms=sms, dtype=dtype, n_sets=len(sets))
-    v = Verification(ctx, job, programs, sets, rtol, dtype, layout, floor_ms, hog_stream)
-    if job.time:  # a check-only schedule waits after every call: no launch needs to go first
-        v.first_launches()
-    v.run(schedule, fns)
-    v.tally(schedule)
+    v = Verification(ctx, job, programs, sets, rtol, dtype, layout, floor_ms, hog_stream,
+                     make_checker(ctx, verifier))
+    try:
+        v.begin(len(schedule))
+        if job.time:  # a check-only schedule waits after every call: no launch needs to go first
+            v.first_launches()
+        v.run(schedule, fns)
+        v.tally(schedule)
+    finally:
+        v.checker.end()
     v.first_failures()
     v.accuracy_rule()
     v.inputs_rule()

@@ -106,6 +106,23 @@ def _module():
     return _check_module
 
 
+def load_kernels() -> None:
+    """Load the check kernels now (a module loads on its first launch, and a load waits for
+    the device's running kernels: a process whose first check runs beside a spinning
+    candidate kernel must not load it then): one check of each dtype on a few elements."""
+    import cupy
+
+    from cuco.runtime import dtypes
+    ref = SealedReference.seal(cupy.ones(256, dtype=cupy.float32))
+    for dtype in dtypes.STORAGE:
+        got = dtypes.from_float32(cupy.ones(256, dtype=cupy.float32), dtype)
+        compare(got, ref, dtype, 1e-3, 1e-3)
+        slot, sums, tag = cupy.zeros(1, dtype=cupy.uint64), cupy.zeros(2, dtype=cupy.float64), cupy.zeros(1, dtype=cupy.uint64)
+        count_bad_async(got, ref, dtype, 1e-3, 1e-3, slot, cupy.cuda.get_current_stream(), stats=sums)
+        tag_tally_async(slot, sums, 0, 1, tag, cupy.cuda.get_current_stream())
+    cupy.cuda.get_current_stream().synchronize()
+
+
 def _launch(got_storage, ref, dtype: str, rtol: float, atol: float, bad, stats, max_bits, stream) -> None:
     sealed = ref if isinstance(ref, SealedReference) else SealedReference.plain(ref)
     n = int(got_storage.size)

@@ -36,7 +36,7 @@ ERROR_GRACE_S = 3.0
 class GroupResult:
     """The outcome of one call on every rank."""
 
-    status: str  # ok | error | hang | crash
+    status: str  # ok | error | hang | crash | environment (a verifier process died: no verdict)
     results: list[Any]
     errors: list[str | None]
     seconds: float
@@ -113,6 +113,10 @@ class WorkerGroup:
     #: every rank on one GPU under MPS (:mod:`cuco.runtime.emulated`): checks and protocol,
     #: never timings. None: when ``CUCO_EMULATE`` is set or ``devices`` repeats a GPU
     emulate: bool | None = None
+    #: where jobs' checks run (:mod:`cuco.runtime.verifier_mode`): ``process``, a verifier
+    #: process beside each worker (the default); ``inline``, in the workers. None:
+    #: ``CUCO_VERIFIER``, else ``process``. CPU-only groups check nothing: ``inline``
+    verifier: str | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -130,6 +134,8 @@ class WorkerGroup:
             self.emulate = self.gpu and self.world_size > 1 and (repeats or emulated.requested() > 0)
         if self.emulate and not self.gpu:
             raise ValueError("emulate=True needs gpu=True (an emulated world is ranks sharing a GPU)")
+        from cuco.runtime.verifier_mode import INLINE, verifier_mode
+        self.verifier = verifier_mode(self.verifier) if self.gpu else INLINE
         self._mps = None
         self._procs: list[_Proc] = []
         self._conns: list[Connection] = []
@@ -165,7 +171,7 @@ class WorkerGroup:
         apply_safe_env()
         opts = WorkerOptions(gpu=self.gpu, nccl=bool(self.nccl), nvshmem=self.nvshmem,
                              arch=self.arch, lsa_barriers=self.lsa_barriers, torch=bool(self.torch),
-                             env=env, emulated=bool(self.emulate))
+                             env=env, emulated=bool(self.emulate), verifier=self.verifier)
         child_env = dict(os.environ)
         child_env.update(env)
         # the workers import what this process can import (tests, notebooks, src layouts)
@@ -236,7 +242,8 @@ class WorkerGroup:
         for rank in range(self.world_size):
             tag, info = self._recv(rank, deadline)
             if tag != "ready":
-                raise EnvironmentProblem(f"worker {rank} failed to start:\n{info}")
+                sep = " " if "\n" not in str(info).strip() else "\n"  # a one-line refusal stays one line
+                raise EnvironmentProblem(f"worker {rank} failed to start:{sep}{info}")
             infos.append(info)
         self.infos = infos
 
@@ -266,7 +273,9 @@ class WorkerGroup:
 
     def _kill(self) -> None:
         if self._mps is not None:  # before the processes go: their kernels stay otherwise
-            self._mps.terminate([p.popen.pid for p in self._procs if p.is_alive()])
+            pids = [p.popen.pid for p in self._procs if p.is_alive()]
+            pids += [i["verifier_pid"] for i in self.infos if "verifier_pid" in i]  # end with their worker
+            self._mps.terminate(pids)
         for p in self._procs:
             p.kill()
         for p in self._procs:
@@ -333,7 +342,7 @@ class WorkerGroup:
                 states[rank], errors[rank] = "crash", f"worker unreachable: {exc}"
         deadline = t0 + timeout
         while any(s is None for s in states):
-            if any(s in ("error", "crash") for s in states):
+            if any(s in ("error", "crash", "environment") for s in states):
                 deadline = min(deadline, time.perf_counter() + ERROR_GRACE_S)
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -372,14 +381,16 @@ class WorkerGroup:
             errors[rank] = errors[rank] or f"no reply within {timeout:.1f} s"
             if stacks.get(rank):
                 errors[rank] += f"; where it was:\n{stacks[rank]}"
-        if "crash" in states:
+        if "environment" in states:
+            status = "environment"
+        elif "crash" in states:
             status = "crash"
         elif any(s is None for s in states):
             status = "error" if "error" in states else "hang"
         else:
             status = "error"
         respawn_s = None
-        if status in ("crash", "hang") or any(s is None for s in states):
+        if status in ("crash", "hang", "environment") or any(s is None for s in states):
             respawn_s = self.respawn()
         return GroupResult(status, results, errors, elapsed, respawn_s)
 

@@ -78,6 +78,9 @@ class RankResult:
     rank: int
     programs: dict[str, ProgramRecord]
     verify_s: float = 0.0
+    #: where the checks ran: ``process`` (the rank's verifier process) or ``inline`` (in the
+    #: worker, the candidate's own process)
+    verifier: str = "inline"
 
 
 @dataclass

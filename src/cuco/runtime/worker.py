@@ -37,6 +37,9 @@ class WorkerOptions:
     #: every rank on one GPU (:mod:`cuco.runtime.emulated`): a NCCL host id per rank, LSA
     #: windows and barriers through CUDA IPC
     emulated: bool = False
+    #: ``process``: start a verifier process beside this worker (:mod:`cuco.runtime.verifier`),
+    #: where jobs' checks run; ``inline``: none, jobs check in the worker
+    verifier: str = "inline"
 
 
 @dataclass
@@ -51,6 +54,7 @@ class WorkerContext:
     nvshmem: Any = None  # cuco.runtime.nvshmem.Nvshmem
     stream: Any = None  # cupy.cuda.Stream
     torch_port: int | None = None  # rank 0's TCPStore for a torch process group (None: no torch)
+    verifier: Any = None  # cuco.runtime.verifier_client.VerifierClient (None: checks in this process)
     scratch: dict[str, Any] = field(default_factory=dict)
     _devcomm: Any = None
     _gin: Any = None
@@ -212,10 +216,19 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             if options.nvshmem:
                 from cuco.runtime.nvshmem import Nvshmem
                 ctx.nvshmem = Nvshmem(ids["nvshmem"], rank, world_size, options.arch)
+        info["verifier"] = "inline"
+        if options.gpu and options.verifier == "process":
+            from cuco.runtime.verifier_client import VerifierClient
+            ctx.verifier = VerifierClient(device)  # this process's environment: its MPS client too
+            info["verifier"], info["verifier_pid"] = "process", ctx.verifier.pid
         info["init_s"] = time.perf_counter() - t0
         conn.send(("ready", info))
     except BaseException as exc:  # report, then die: the group decides what to do
-        conn.send(("init_failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+        from cuco.runtime.verifier_client import VerifierUnavailable
+        if isinstance(exc, VerifierUnavailable):  # one line: what to change is in it
+            conn.send(("init_failed", str(exc)))
+        else:
+            conn.send(("init_failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
         conn.close()
         os._exit(2)
 
@@ -247,6 +260,13 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
             conn.send((job_id, "ok", result))
         except BaseException as exc:  # noqa: BLE001 - everything is reported
             text = f"{type(exc).__name__}: {exc}"
+            from cuco.runtime.verifier_client import VerifierDied
+            if isinstance(exc, VerifierDied):  # no verdict: the machine failed, not the candidate
+                conn.send((job_id, "environment", str(exc)))
+                conn.close()
+                if ctx.verifier is not None:
+                    ctx.verifier.kill()
+                os._exit(4)
             if _is_cuda_error(exc):
                 conn.send((job_id, "crash", text))
                 conn.close()
@@ -257,6 +277,8 @@ def worker_main(rank: int, world_size: int, device: int, conn, options: WorkerOp
 
 def _shutdown(ctx: WorkerContext) -> None:
     try:
+        if ctx.verifier is not None:
+            ctx.verifier.close()
         if "torch_group" in ctx.scratch:
             import torch.distributed as dist
             dist.destroy_process_group()

@@ -1,0 +1,243 @@
+"""Who compares a job's outputs with their references: the worker itself
+(:class:`InlineChecker`) or the rank's verifier process (:class:`ProcessChecker`, the
+default where the worker group started one: :mod:`cuco.runtime.verifier`).
+
+Both serve :class:`cuco.evaluate.verification.Verification` the same four steps: ``begin``
+a job of ``calls`` calls, ``full`` (a checked call's comparison, its answer back now),
+``count`` (a timed call's count, enqueued after it and read at the end) and ``tally``
+(every count, with whether its tag still matches). Both keep the GPU's order: a check
+starts after its call and finishes before anything overwrites that output.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Protocol
+
+import numpy
+
+from cuco.runtime.sealed import KEY_BITS, SealedReference
+from cuco.runtime.verifier_client import (
+    RemoteReference, VerifierClient, VerifierRefused, export_handle,
+)
+from cuco.runtime.verifier_mode import INLINE, PROCESS, verifier_mode
+
+#: IPC event pairs a process checker cycles through (one call in flight at a time needs one;
+#: two keep a re-record from ever meeting a wait not yet issued)
+SLOTS = 2
+
+
+class Checker(Protocol):
+    kind: str
+
+    def begin(self, calls: int) -> None: ...
+
+    def full(self, out, st, dtype: str, rtol: float) -> dict[str, Any]: ...
+
+    def count(self, idx: int, out, st, dtype: str, rtol: float) -> None: ...
+
+    def tally(self, calls: int) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]: ...
+
+    def end(self) -> None: ...
+
+
+def job_verifier(ctx, asked: str | None = None) -> VerifierClient | None:
+    """The verifier process a job's checks go to, or None (checked in the worker): the
+    worker's, unless the job asks for ``inline``. A job that asks for ``process`` on a
+    worker that has none is refused with one line."""
+    client = getattr(ctx, "verifier", None)
+    mode = verifier_mode(asked) if asked is not None else (PROCESS if client is not None else INLINE)
+    if mode == INLINE:
+        return None
+    if client is None:
+        from cuco.errors import EnvironmentProblem
+        raise EnvironmentProblem("this job asks for the verifier process, but its worker group "
+                                 "started none (WorkerGroup(verifier='inline') or CUCO_VERIFIER=inline)")
+    return client
+
+
+def make_checker(ctx, client: VerifierClient | None) -> Checker:
+    return InlineChecker(ctx) if client is None else ProcessChecker(ctx, client)
+
+
+class InlineChecker:
+    """The checks in the worker, on the job's stream: sealed references, counts, sums and
+    tags in the worker's device memory (hardened, not out of reach: the README's "Not
+    guaranteed")."""
+
+    kind = INLINE
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        #: the key of this job's tally tags: a kernel argument of each tag kernel, nowhere in
+        #: device memory (:func:`cuco.runtime.checking.tag_tally_async`)
+        self.tally_key = secrets.randbits(KEY_BITS)
+
+    def begin(self, calls: int) -> None:
+        import cupy
+        with self.ctx.stream:  # on the job's stream: zeroed before any count lands
+            self.counts = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
+            self.sums = cupy.zeros((max(calls, 1), 2), dtype=cupy.float64)  # each call's L2 sums
+            self.tags = cupy.zeros(max(calls, 1), dtype=cupy.uint64)  # each call's count and sums, tagged
+
+    def full(self, out, st, dtype: str, rtol: float) -> dict[str, Any]:
+        from cuco.runtime.checking import compare
+        return compare(out, _sealed(st.ref), dtype, rtol, st.atol)
+
+    def count(self, idx: int, out, st, dtype: str, rtol: float) -> None:
+        from cuco.runtime.checking import count_bad_async, tag_tally_async
+        s = self.ctx.stream
+        # zeroed here, after the call: a count seeded earlier (say, minus the elements a call
+        # will get wrong) is gone before the check adds to it; the tag then seals what it wrote
+        slot, sums = self.counts[idx:idx + 1], self.sums[idx]
+        slot.fill(0)
+        sums.fill(0)
+        count_bad_async(out, _sealed(st.ref), dtype, rtol, st.atol, slot, s, stats=sums)
+        tag_tally_async(slot, sums, idx, self.tally_key, self.tags[idx:idx + 1], s)
+
+    def tally(self, calls: int):
+        from cuco.runtime.checking import untampered
+        counts, sums, tags = self.counts.get()[:calls], self.sums.get()[:calls], self.tags.get()[:calls]
+        return counts, sums, untampered(range(calls), counts, sums, tags, self.tally_key)
+
+    def end(self) -> None:
+        pass
+
+
+def _sealed(ref) -> SealedReference:
+    if not isinstance(ref, SealedReference):
+        raise TypeError("this input set's reference is held by the verifier process; the inline "
+                        "checker needs one sealed in the worker (a job mixing the two)")
+    return ref
+
+
+class ProcessChecker:
+    """The checks in the rank's verifier process. Per verified call: the worker records its
+    "done" IPC event after the call and sends the call; the verifier waits for that event,
+    checks the output it mapped, records its own event and answers; the worker's stream
+    waits for that event before anything else is enqueued (the scrub, the next poison, the
+    next call). Outputs the verifier cannot map (memory of ``cuMemCreate``, an NCCL window)
+    are copied after the call into a buffer of the worker's own ``cudaMalloc`` (staged)."""
+
+    kind = PROCESS
+
+    def __init__(self, ctx, client: VerifierClient):
+        self.ctx, self.client = ctx, client
+        self.outs: dict[tuple[int, int, str], tuple[int, int | None]] = {}  # (ptr, n, dtype) -> (id, stage)
+        self.theirs: list[int] = []
+        self.next_slot = 0
+        self.finished = True
+
+    def _done_events(self) -> list[Any]:
+        import cupy
+        key = "verifier_done_events"
+        if key not in self.ctx.scratch:  # made once per worker, exported to each job
+            self.ctx.scratch[key] = [cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
+                                     for _ in range(SLOTS)]
+        return self.ctx.scratch[key]
+
+    def begin(self, calls: int) -> None:
+        import cupy
+        rt = cupy.cuda.runtime
+        mine = self._done_events()
+        reply = self.client.request("begin", calls=calls,
+                                    done_events=[bytes(rt.ipcGetEventHandle(e.ptr)) for e in mine])
+        self.theirs = [int(rt.ipcOpenEventHandle(bytes.fromhex(h))) for h in reply["events"]]
+        self.finished = False
+
+    def _output(self, out, dtype: str) -> tuple[int, int | None]:
+        """The verifier's id of ``out`` (exported on first use in the job), and the staging
+        buffer it is copied into first (None: mapped directly)."""
+        import cupy
+        from cuco.runtime.dtypes import ITEMSIZE
+        n, ptr = int(out.size), int(out.data.ptr)
+        key = (ptr, n, dtype)
+        if key in self.outs:
+            return self.outs[key]
+        out_id = len(self.outs)
+        stage = None
+        mapped = False
+        if out.flags.c_contiguous:
+            try:
+                handle, offset = export_handle(ptr)
+                mapped = self.client.request("output", out_id=out_id, handle=handle, offset=offset, n=n,
+                                             dtype=dtype).get("mapped", False)
+            except (RuntimeError, VerifierRefused):
+                mapped = False
+        if not mapped:
+            stage = int(cupy.cuda.runtime.malloc(max(1, n * ITEMSIZE[dtype])))  # its own allocation
+            handle, offset = export_handle(stage)
+            reply = self.client.request("output", out_id=out_id, handle=handle, offset=offset, n=n, dtype=dtype)
+            if not reply.get("mapped"):
+                cupy.cuda.runtime.free(stage)
+                raise VerifierRefused(f"cuco verifier: cannot map even a staging buffer: {reply.get('why')}")
+        self.outs[key] = (out_id, stage)
+        return self.outs[key]
+
+    def _stage(self, out, stage: int, dtype: str) -> None:
+        import cupy
+        from cuco.runtime.dtypes import ITEMSIZE, STORAGE
+        s = self.ctx.stream
+        n = int(out.size)
+        if out.flags.c_contiguous:
+            cupy.cuda.runtime.memcpyAsync(stage, int(out.data.ptr), n * ITEMSIZE[dtype], 3, s.ptr)
+            return
+        mem = cupy.cuda.UnownedMemory(stage, n * ITEMSIZE[dtype], owner=self)
+        view = cupy.ndarray(out.shape, dtype=STORAGE[dtype], memptr=cupy.cuda.MemoryPointer(mem, 0))
+        with s:
+            view[...] = out
+
+    def _call(self, idx: int, out, st, dtype: str, rtol: float, full: bool) -> dict[str, Any]:
+        import cupy
+        if not isinstance(st.ref, RemoteReference):
+            raise TypeError("this input set's reference was sealed in the worker, not handed to the "
+                            "verifier process (a job mixing the two)")
+        out_id, stage = self._output(out, dtype)
+        s = self.ctx.stream
+        if stage is not None:
+            self._stage(out, stage, dtype)
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % SLOTS
+        self._done_events()[slot].record(s)
+        reply = self.client.request("check", idx=idx, out_id=out_id, ref_id=st.ref.ref_id, slot=slot,
+                                    full=full, rtol=float(rtol), atol=float(st.atol))
+        cupy.cuda.runtime.streamWaitEvent(s.ptr, self.theirs[slot], 0)
+        return reply
+
+    def full(self, out, st, dtype: str, rtol: float) -> dict[str, Any]:
+        r = self._call(-1, out, st, dtype, rtol, full=True)
+        return {"correct": r["bad_elements"] == 0, "bad_elements": int(r["bad_elements"]),
+                "rel_l2_error": float(r["rel_l2_error"]), "max_abs_error": float(r["max_abs_error"])}
+
+    def count(self, idx: int, out, st, dtype: str, rtol: float) -> None:
+        self._call(idx, out, st, dtype, rtol, full=False)
+
+    def tally(self, calls: int):
+        reply = self.client.request("finish")
+        self.finished = True
+        counts = numpy.asarray(reply["counts"], dtype=numpy.uint64)
+        sums = numpy.asarray(reply["sums"], dtype=numpy.float64).reshape(-1, 2)
+        intact = numpy.asarray(reply["intact"], dtype=bool)
+        if len(counts) != calls:
+            raise VerifierRefused(f"cuco verifier: {len(counts)} counts for a job of {calls} calls")
+        return counts, sums, intact
+
+    def end(self) -> None:
+        """The job's events closed and staging buffers freed (after the verifier unmapped
+        them: ``finish``, sent here if the job ended early)."""
+        import cupy
+        rt = cupy.cuda.runtime
+        if not self.finished and self.client.alive:
+            try:
+                self.client.request("finish")
+            except Exception:  # noqa: BLE001 - the job's own error is the one reported
+                pass
+        self.finished = True
+        self.ctx.stream.synchronize()
+        for ev in self.theirs:
+            rt.eventDestroy(ev)
+        self.theirs = []
+        for _, stage in self.outs.values():
+            if stage is not None:
+                rt.free(stage)
+        self.outs = {}
