@@ -143,11 +143,11 @@ class AddressSpaceScan:
         with ctx.stream:
             with scrubbed_allocations():
                 cupy.cuda.runtime.deviceSynchronize()
-                ref = hand_over(client, cupy.asarray(host_ref))
+                ref = hand_over(client, self.upload(host_ref))
             st = InputSet({}, ref, (), 0.0, ())
             # wrong on its first BAD elements (the marker's among them), right after: each
             # count is BAD, a value no size or offset in the worker is likely to hold
-            out = cupy.asarray(host_ref)
+            out = self.upload(host_ref)
             out[:self.bad] = 7.0
             chk = ProcessChecker(ctx, client)
             chk.begin(4)
@@ -169,6 +169,18 @@ class AddressSpaceScan:
         return {"ranges": len(ranges), "bytes": sum(s for _, s in ranges), "hits": hits, "where": where,
                 "rank": ctx.rank, "out": hex(int(out.data.ptr)),
                 "counts": [int(c) for c in counts]}
+
+    @staticmethod
+    def upload(host):
+        """``host`` on the device by a synchronous copy from pageable memory: CuPy's
+        asynchronous upload stages through its pinned pool, host memory the device reaches
+        (UVA), which would keep a plain copy the scan finds (a workload's reference is made
+        on the device; this test's is uploaded)."""
+        import cupy
+        dev = cupy.empty(host.shape, dtype=host.dtype)
+        cupy.cuda.runtime.deviceSynchronize()
+        cupy.cuda.runtime.memcpy(int(dev.data.ptr), host.ctypes.data, host.nbytes, 1)  # H2D
+        return dev
 
     def walk(self, seeds, allocation_of):
         found = {}
@@ -210,8 +222,9 @@ class AddressSpaceScan:
             kernel((1024,), (256,), (numpy.uint64(base), numpy.uint64(words), *(numpy.uint32(m) for m in marker),
                                      numpy.uint64(n), hits))
             now = [int(x) for x in hits.get()]
-            if now != before:
-                where.append((hex(base), size, now))
+            if now != before:  # and whether the range is host memory the device maps (1) or device memory (2)
+                kind = int(cupy.cuda.runtime.pointerGetAttributes(base).type)
+                where.append((hex(base), size, kind, now))
             before = now
         return before, where
 

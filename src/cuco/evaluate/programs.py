@@ -71,6 +71,9 @@ def inputs_and_reference(ctx, wl: InputSource, cls: type, seed: int, verifier: V
             plain = _fp32(wl.reference(ctx, inputs))
             ref = hand_over(verifier, plain) if verifier is not None else SealedReference.seal(plain)
             del plain
+            # a host upload or download on a side stream staged through CuPy's pinned pool:
+            # host memory the device addresses (UVA), unmapped here so no copy stays in reach
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
         hit = (inputs, ref, fingerprint_of(inputs), ref_fingerprint(ref))
         while len(cache) >= CACHED_SEEDS:
             _forget(ctx, cache.pop(next(iter(cache)))[1])
