@@ -6,7 +6,9 @@ Both serve :class:`cuco.evaluate.verification.Verification` the same four steps:
 a job of ``calls`` calls, ``full`` (a checked call's comparison, its answer back now),
 ``count`` (a timed call's count, enqueued after it and read at the end) and ``tally``
 (every count, with whether its tag still matches). Both keep the GPU's order: a check
-starts after its call and finishes before anything overwrites that output.
+starts after its call and finishes before anything overwrites that output. In a shared
+job they also keep the sync regions' snapshots (:mod:`cuco.evaluate.sync_watch`): ``watch``
+the regions, ``snapshot`` them between calls, and ``snapshots`` (read after ``tally``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ class Checker(Protocol):
     def count(self, idx: int, out, st, dtype: str, rtol: float) -> None: ...
 
     def tally(self, calls: int) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]: ...
+
+    def watch(self, spans: list[tuple[int, int]], region_bytes: int, rows: int) -> None: ...
+
+    def snapshot(self, row: int) -> None: ...
+
+    def snapshots(self) -> tuple[numpy.ndarray, numpy.ndarray]: ...
 
     def end(self) -> None: ...
 
@@ -100,6 +108,33 @@ class InlineChecker:
         counts, sums, tags = self.counts.get()[:calls], self.sums.get()[:calls], self.tags.get()[:calls]
         return counts, sums, untampered(range(calls), counts, sums, tags, self.tally_key)
 
+    def watch(self, spans: list[tuple[int, int]], region_bytes: int, rows: int) -> None:
+        """Room for ``rows`` snapshots of the regions in ``spans`` (``(address, regions)``
+        each): per row its index, each region's keyed sum, and a tag under the tally key."""
+        import cupy
+        self.spans, self.region_bytes = list(spans), region_bytes
+        regions = sum(n for _, n in spans)
+        with self.ctx.stream:
+            self.sync_rows = cupy.zeros((max(rows, 1), 1 + regions), dtype=cupy.uint64)
+            self.sync_tags = cupy.zeros(max(rows, 1), dtype=cupy.uint64)
+        self.sync_taken = 0
+
+    def snapshot(self, row: int) -> None:
+        from cuco.runtime.checking import region_sums_async, tag_row_async
+        s, line = self.ctx.stream, self.sync_rows[row]
+        line.fill(0)  # zeroed here, after the call: nothing seeded earlier is added to
+        col = 1
+        for ptr, n in self.spans:
+            region_sums_async(ptr, n, self.region_bytes, self.tally_key, line, col, s)
+            col += n
+        tag_row_async(line, row, self.tally_key, self.sync_tags[row:row + 1], s)
+        self.sync_taken = max(self.sync_taken, row + 1)
+
+    def snapshots(self):
+        from cuco.runtime.checking import rows_untampered
+        rows, tags = self.sync_rows.get()[:self.sync_taken], self.sync_tags.get()[:self.sync_taken]
+        return rows[:, 1:], rows_untampered(rows, tags, self.tally_key)
+
     def end(self) -> None:
         pass
 
@@ -127,6 +162,8 @@ class ProcessChecker:
         self.theirs: list[int] = []
         self.next_slot = 0
         self.finished = True
+        self.sync_stage: int | None = None  # the sync regions' copy the verifier maps
+        self.sync_result: tuple[numpy.ndarray, numpy.ndarray] | None = None
 
     def _done_events(self) -> list[Any]:
         import cupy
@@ -188,21 +225,54 @@ class ProcessChecker:
             view[...] = out
 
     def _call(self, idx: int, out, st, dtype: str, rtol: float, full: bool) -> dict[str, Any]:
-        import cupy
         if not isinstance(st.ref, RemoteReference):
             raise TypeError("this input set's reference was sealed in the worker, not handed to the "
                             "verifier process (a job mixing the two)")
         out_id, stage = self._output(out, dtype)
-        s = self.ctx.stream
         if stage is not None:
             self._stage(out, stage, dtype)
+        return self._handshake("check", idx=idx, out_id=out_id, ref_id=st.ref.ref_id, full=full,
+                               rtol=float(rtol), atol=float(st.atol))
+
+    def _handshake(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Record our "done" event, send ``op``, make the stream wait for the verifier's."""
+        import cupy
+        s = self.ctx.stream
         slot = self.next_slot
         self.next_slot = (slot + 1) % SLOTS
         self._done_events()[slot].record(s)
-        reply = self.client.request("check", idx=idx, out_id=out_id, ref_id=st.ref.ref_id, slot=slot,
-                                    full=full, rtol=float(rtol), atol=float(st.atol))
+        reply = self.client.request(op, slot=slot, **fields)
         cupy.cuda.runtime.streamWaitEvent(s.ptr, self.theirs[slot], 0)
         return reply
+
+    def watch(self, spans: list[tuple[int, int]], region_bytes: int, rows: int) -> None:
+        """A staging buffer of the worker's own ``cudaMalloc`` (an NCCL window cannot be
+        exported) for every region, mapped by the verifier, which keeps ``rows`` snapshots."""
+        import cupy
+        self.spans, self.region_bytes = list(spans), region_bytes
+        regions = sum(n for _, n in spans)
+        self.sync_stage = int(cupy.cuda.runtime.malloc(regions * region_bytes))
+        handle, offset = export_handle(self.sync_stage)
+        reply = self.client.request("watch", handle=handle, offset=offset, regions=regions,
+                                    region_bytes=region_bytes, rows=rows)
+        if not reply.get("mapped"):
+            raise VerifierRefused(f"cuco verifier: cannot map the sync regions' copy: {reply.get('why')}")
+
+    def snapshot(self, row: int) -> None:
+        """The regions copied into the staging buffer after the call (on the job's stream),
+        summed by the verifier before the stream goes on."""
+        import cupy
+        s, at = self.ctx.stream, self.sync_stage
+        assert at is not None, "snapshot before watch"
+        for ptr, n in self.spans:
+            cupy.cuda.runtime.memcpyAsync(at, ptr, n * self.region_bytes, 3, s.ptr)
+            at += n * self.region_bytes
+        self._handshake("snapshot", row=row)
+
+    def snapshots(self):
+        if self.sync_result is None:
+            raise VerifierRefused("cuco verifier: the sync snapshots are read after the job's tally")
+        return self.sync_result
 
     def full(self, out, st, dtype: str, rtol: float) -> dict[str, Any]:
         r = self._call(-1, out, st, dtype, rtol, full=True)
@@ -220,6 +290,10 @@ class ProcessChecker:
         intact = numpy.asarray(reply["intact"], dtype=bool)
         if len(counts) != calls:
             raise VerifierRefused(f"cuco verifier: {len(counts)} counts for a job of {calls} calls")
+        if self.sync_stage is not None:
+            rows = numpy.asarray(reply["sync_sums"], dtype=numpy.uint64)
+            self.sync_result = (rows.reshape(len(reply["sync_intact"]), -1),
+                                numpy.asarray(reply["sync_intact"], dtype=bool))
         return counts, sums, intact
 
     def end(self) -> None:
@@ -241,3 +315,6 @@ class ProcessChecker:
             if stage is not None:
                 rt.free(stage)
         self.outs = {}
+        if self.sync_stage is not None:
+            rt.free(self.sync_stage)
+            self.sync_stage = None

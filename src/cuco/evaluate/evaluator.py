@@ -21,8 +21,11 @@ to :data:`TIMING_BATCH` candidates that passed their checks share one timing job
 programs and the halves of the bound are timed once for all of them, interleaved with them
 (the same run); every candidate of a shared job that failed is checked or timed again
 alone, and so is a candidate found wrong in a shared job that points beyond it (another
-candidate or the host program wrong too, the inputs changed); the only one wrong among
-right neighbours keeps that verdict, as it would alone, so no kernel gets a second try. A hang or a crash costs a respawn of the worker group, never
+candidate or the host program wrong too, the inputs changed, a candidate changed another's
+sync region); the only one wrong among right neighbours keeps that verdict, as it would
+alone, and one that changed another's sync region keeps its own (each variant of a shared
+job has flags, barrier slots and call state of its own, watched between calls:
+:mod:`cuco.evaluate.sync_watch`), so no kernel gets a second try. A hang or a crash costs a respawn of the worker group, never
 the search.
 
 Two places to extend. The *workload* (any :class:`cuco.workloads.Workload`: the six
@@ -326,6 +329,12 @@ class Evaluator:
         rec = merged[name]
         if rec.correct:
             return None
+        if not rec.sync_intact:
+            why = (rec.failed_call.describe() if rec.failed_call is not None else
+                   "changed another variant's sync region in a job it shared")
+            failed = asdict(rec.failed_call) if rec.failed_call is not None else None
+            return EvalResult("wrong", stage, why, max_error=rec.rel_l2_error,
+                              extra={"failed_call": failed, "tampered": True})
         if not rec.inputs_intact:
             why = "wrote to its inputs (their fingerprint changed)"
         elif not rec.guards_intact:
@@ -464,18 +473,19 @@ class Evaluator:
         """One check-only job of ``stage`` for every candidate of ``specs``; per candidate its
         failure (or None), its worst error and its seconds (its share of the job). A candidate
         wrong in a job it shared is checked again alone (that verdict its own) only where the
-        job points beyond it (:func:`neighbours_suspect`); the only one wrong among right
-        neighbours and a right host program keeps its verdict: alone, too, it had one try."""
+        job points beyond it (:func:`second_tries`); the only one wrong among right
+        neighbours and a right host program keeps its verdict: alone, too, it had one try;
+        so does one that changed another's sync region."""
         named = shared_names(specs)
         gpu0 = self.gpu_s
         fail, merged = self._run(self.case(problem, named, seed=seed, time_it=False),
                                  shared_timeout(timeout, len(specs)), stage)
         share = (self.gpu_s - gpu0) / len(specs)
         wrong = [fail or self._check(merged, n.name, stage) for n in named]
-        again = len(specs) > 1 and neighbours_suspect(fail, merged, wrong)
+        again = second_tries([n.name for n in named], fail, merged, wrong)
         out = []
-        for spec, n, w in zip(specs, named, wrong):
-            if w is not None and again:
+        for spec, n, w, retry in zip(specs, named, wrong, again):
+            if retry:
                 alone, worst, seconds = self._check_stage(stage, problem, [spec], seed, timeout)[0]
                 out.append((alone, worst, share + seconds))
             else:
@@ -487,8 +497,9 @@ class Evaluator:
         the host programs and the halves of the bound) and score each (not stored). Where
         the job held others, every candidate is timed again alone when the job failed or
         disturbed a baseline, and a wrong one is when the job points beyond it
-        (:func:`neighbours_suspect`); the only one wrong among right neighbours and a right
-        host program keeps that verdict, as it would alone: no second try."""
+        (:func:`second_tries`); the only one wrong among right neighbours and a right
+        host program keeps that verdict, as it would alone: no second try; nor does one that
+        changed another's sync region, whatever the job did."""
         specs = shared_names([c.spec for c in checked])
         gpu0 = self.gpu_s
         fail, merged = self._run(self.case(self.problem, specs, seed=self.seeds[-1] + 1, time_it=True),
@@ -500,13 +511,14 @@ class Evaluator:
                               "candidate that disturbs a baseline (making a slower one the bar) "
                               "scores nothing", extra={"disturbed_baselines": disturbed})
         share = (self.gpu_s - gpu0) / len(checked)
-        if (fail is not None or disturbed) and len(checked) > 1:
-            return [self._timed([c])[0] for c in checked]
         wrong = [fail or self._check(merged, spec.name, "timing") for spec in specs]
-        again = len(checked) > 1 and neighbours_suspect(fail, merged, wrong)
+        again = second_tries([spec.name for spec in specs], fail, merged, wrong)
+        if (fail is not None or disturbed) and len(checked) > 1:  # all but a tampering one again
+            tamperers = tampered(merged, [spec.name for spec in specs])
+            again = [spec.name not in tamperers for spec in specs]
         results = []
-        for spec, c, r in zip(specs, checked, wrong):
-            if r is not None and again:
+        for spec, c, r, retry in zip(specs, checked, wrong, again):
+            if retry:
                 results.append(self._timed([c])[0])  # its verdict from a job of its own
                 continue
             r = r or self._score(c, merged, spec.name)
@@ -624,6 +636,27 @@ def neighbours_suspect(fail: EvalResult | None, merged: dict[str, ProgramResult]
     assert merged is not None
     return (sum(w is not None for w in wrong) > 1 or not merged[HOST].correct
             or any(not r.inputs_intact for r in merged.values()))
+
+
+def tampered(merged: dict[str, ProgramResult] | None, names: list[str]) -> set[str]:
+    """The candidates of a shared job that changed another's sync region (on any rank)."""
+    if merged is None:
+        return set()
+    return {n for n in names if n in merged and not merged[n].sync_intact}
+
+
+def second_tries(names: list[str], fail: EvalResult | None, merged: dict[str, ProgramResult] | None,
+                 wrong: list[EvalResult | None]) -> list[bool]:
+    """Per candidate of a job (``names``, their verdicts there ``wrong``): whether it is judged
+    again alone. Never alone already, never one that changed another's sync region (what it
+    did in the job is its verdict). Every other wrong one is when a candidate of the job
+    tampered (it was disturbed), or where the job points beyond it
+    (:func:`neighbours_suspect`); the only one wrong among right neighbours keeps its verdict."""
+    if len(names) < 2:
+        return [False] * len(names)
+    tamperers = tampered(merged, names)
+    again = bool(tamperers) or neighbours_suspect(fail, merged, wrong)
+    return [w is not None and again and n not in tamperers for n, w in zip(names, wrong)]
 
 
 def store_result(db: CandidateDB, workload: str, cand: Candidate, r: EvalResult,

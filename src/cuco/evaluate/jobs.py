@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cuco.design import Directives
 from cuco.evaluate.checkers import job_verifier
@@ -24,7 +25,7 @@ from cuco.evaluate.programs import (
 )
 from cuco.evaluate.schedule import N_SETS
 from cuco.evaluate.verification import ACCURACY_SLACK, HOST, judge
-from cuco.runtime.arena import prepare_arenas
+from cuco.runtime.arena import VariantArena, prepare_arenas, region_slots
 from cuco.runtime.peaks import MeasurePeaks, physical_floor_ms
 from cuco.runtime.records import RankResult
 from cuco.workloads.base import Workload
@@ -125,11 +126,10 @@ class Case:
 
     def programs(self, ctx, sets: list[InputSet], layout) -> dict[str, Program]:
         """Every verified program of the job: the host program (``host_nccl``), the
-        workload's other baselines, peer libraries' ops and every variant on its arena."""
+        workload's other baselines, peer libraries' ops and every variant on its arena (in a
+        job of several, each with a sync region of its own: :meth:`variant_arenas`)."""
         wl, elems = self.workload, self.workload.output_elems()
-        directives = {v.name: Directives.from_json(v.directives) for v in self.variants}
-        arenas = prepare_arenas(ctx, layout, {d.backend.value for d in directives.values()},
-                                first_epoch(self.schedule_seed)) if self.variants else {}
+        arenas = self.variant_arenas(ctx, layout)
         programs = {HOST: host_program(lambda x, o: wl.host_sequence(ctx, x, o), sets, elems, wl.dtype)}
         per_set = [wl.baselines(ctx, st.inputs) if self.baselines else {} for st in sets]
         for name in per_set[0]:  # the other host programs: right answers too
@@ -137,12 +137,29 @@ class Case:
         if self.peers:
             programs.update(peer_programs(wl, ctx, sets, elems))
         for v in self.variants:
-            d = directives[v.name]
-            arena = arenas[d.backend.value]
+            d, arena = Directives.from_json(v.directives), arenas[v.name]
             programs[v.name] = variant_program(
                 lambda x, o, d=d, v=v, a=arena: wl.runner(ctx, d, v.cubin, a, x, o),
                 arena, sets, elems, wl.dtype)
         return programs
+
+    def variant_arenas(self, ctx, layout) -> dict[str, Any]:
+        """Each variant's arena, prepared for the job (collective). Alone, the backend's arena
+        as the workload lays it out; in a job of several, every arena holds one sync region
+        (flags, barrier slots, call state) per variant, each variant's at a place drawn from
+        the job's seed, all zeroed and seeded now: no variant's kernels are given another's,
+        and nothing any kernel left in one outlives the job."""
+        if not self.variants:
+            return {}
+        backends = {v.name: Directives.from_json(v.directives).backend.value for v in self.variants}
+        n = len(self.variants)
+        job_layout = layout.with_regions(n) if n > 1 else layout
+        arenas = prepare_arenas(ctx, job_layout, set(backends.values()), first_epoch(self.schedule_seed))
+        if n == 1:
+            return {name: arenas[b] for name, b in backends.items()}
+        slots = region_slots(n, self.schedule_seed)
+        return {v.name: VariantArena(arenas[backends[v.name]], job_layout, slot, v.name)
+                for v, slot in zip(self.variants, slots)}
 
     def timed_alone(self, ctx, sets: list[InputSet]) -> dict[str, Callable[[], Callable[[], None]]]:
         """Makers of the programs only timed: the halves of the bound (compute alone,

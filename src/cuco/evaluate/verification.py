@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from cuco.evaluate.checkers import Checker, make_checker
 from cuco.evaluate.programs import InputSet, Program, drop_references, fingerprint_of, ref_intact
 from cuco.evaluate.schedule import Call, make_schedule
+from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch
 from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
 from cuco.runtime.checking import compare, rel_l2
@@ -167,11 +168,14 @@ class Verification:
     ``rtol`` and each set's ``atol``: the element-wise tolerance; ``layout``: the arena's
     (poisoned before each call of a variant that has one, its guards read after each
     checked call); ``floor_ms``: the physical floor of one call, reported with every program;
-    ``checker``: who compares (:mod:`cuco.evaluate.checkers`; default: in the worker).
+    ``checker``: who compares (:mod:`cuco.evaluate.checkers`; default: in the worker);
+    ``watch``: a shared job's sync regions (:mod:`cuco.evaluate.sync_watch`), snapshotted
+    each time the ranks start a call together, checked and timed calls alike.
     """
 
     def __init__(self, ctx, job: ScheduledJob, programs: dict[str, Program], sets: list[InputSet], rtol: float,
-                 dtype: str, layout, floor_ms: float, hog_stream, checker: Checker | None = None) -> None:
+                 dtype: str, layout, floor_ms: float, hog_stream, checker: Checker | None = None,
+                 watch: SyncWatch | None = None) -> None:
         self.ctx, self.job, self.programs, self.sets = ctx, job, programs, sets
         self.rtol, self.dtype, self.layout, self.hog_stream = rtol, dtype, layout, hog_stream
         self.records = {n: ProgramRecord(floor_ms=floor_ms) for n in programs}
@@ -184,11 +188,26 @@ class Verification:
         self.inputs_changed = False
         self.checker = checker if checker is not None else make_checker(ctx, None)
         self.begun = False
+        self.watch = watch
+        self.last_call: CallMade | None = None  # the call made since the last snapshot
+        #: programs that changed a sync region not their own, at their first such call
+        self.sync_blame: dict[str, Blame] = {}
 
     def begin(self, calls: int) -> None:
-        """The checker's job of ``calls`` schedule calls starts (before any call is made)."""
+        """The checker's job of ``calls`` schedule calls starts (before any call is made);
+        room for a snapshot before each call, each first launch, and one after the last."""
         self.checker.begin(calls)
+        if self.watch is not None:
+            self.watch.start(self.checker, calls + len(self.programs) + 2)
         self.begun = True
+
+    def together(self, p: int) -> None:
+        """The ranks start the next call together (an all-reduce of the scalar at ``p`` on the
+        job's stream); then, in a shared job, a snapshot of the sync regions: every rank's
+        previous call has ended, and with it every write it made into this rank."""
+        self.ctx.comm.all_reduce(p, p, 1, "fp32", self.ctx.stream.ptr)
+        if self.watch is not None:
+            self.watch.snapshot(self.checker, self.last_call)
 
     def first_launches(self) -> None:
         """Each verified program's first launch alone (:func:`first_launches_alone`'s reasons:
@@ -208,7 +227,8 @@ class Verification:
                 call = Call(name, FIRST_LAUNCH, 0, checked=True, timed=False,
                             poison=dtypes.Poison.draw(rng, self.dtype))
                 self.poison(call, prog)
-                self.ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr)  # the ranks together
+                self.together(p)
+                self.last_call = CallMade(name, FIRST_LAUNCH, call)
                 prog.calls[0]()
                 if prog.settle:
                     prog.settle[0]()
@@ -233,7 +253,8 @@ class Verification:
                 prog = self.programs.get(call.program)
                 if prog is not None:
                     self.poison(call, prog)
-                self.ctx.comm.all_reduce(p, p, 1, "fp32", s.ptr)  # every rank starts the call together
+                self.together(p)  # every rank starts the call together
+                self.last_call = CallMade(call.program, idx, call)
                 if TRACE_CALLS:
                     print(f"cuco trace: rank {self.ctx.rank} call {idx} {call.program} "
                           f"{'checked' if call.checked else 'timed'} set {call.input_set}",
@@ -242,6 +263,8 @@ class Verification:
                     self.checked_call(idx, call, self.programs[call.program])
                 else:
                     self.timed_call(idx, call, prog, fns)
+            if self.watch is not None:
+                self.together(p)  # the last call's snapshot
             s.synchronize()
 
     def poison(self, call: Call, prog: Program) -> None:
@@ -339,10 +362,14 @@ class Verification:
         whose count or sums no longer match their tag was tampered with (wrong)."""
         counts, sums, intact = self.checker.tally(len(schedule))  # checked calls' rows unread
         tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
+        if self.watch is not None:
+            self.sync_blame = self.watch.blame(*self.checker.snapshots())
+            for name in self.sync_blame:
+                self.records[name].sync_intact = False
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""
-        mark_first_failures(self.records, self.failures, self.ctx.rank)
+        mark_first_failures(self.records, self.failures, self.ctx.rank, self.sync_blame)
 
     def accuracy_rule(self) -> None:
         """No program less accurate than the host program (:func:`apply_accuracy_rule`)."""
@@ -400,9 +427,18 @@ def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, l
 
 
 def mark_first_failures(records: dict[str, ProgramRecord],
-                        failures: dict[str, list[tuple[int, Call, int]]], rank: int) -> None:
-    """Each program with failures is wrong at its first failing call in the schedule's order."""
+                        failures: dict[str, list[tuple[int, Call, int]]], rank: int,
+                        sync_blame: dict[str, Blame] | None = None) -> None:
+    """Each program with failures is wrong at its first failing call in the schedule's order;
+    one that changed another variant's sync region (``sync_blame``) is wrong at that call,
+    whatever else it got wrong: that, not its output, decides its verdict."""
+    for name, b in (sync_blame or {}).items():
+        records[name].sync_intact = False
+        records[name].fail(FailedCall(b.call.iteration, b.call.input_set, b.call.checked, 0, rank,
+                                      tampered=True, wrote_into=b.wrote_into))
     for name, failed in failures.items():
+        if sync_blame and name in sync_blame:
+            continue
         _, call, n_bad = min(failed, key=lambda f: f[0])
         records[name].fail(FailedCall(call.iteration, call.input_set, call.checked, max(int(n_bad), 0), rank,
                                       tampered=n_bad == TAMPERED))
@@ -440,7 +476,7 @@ def judge(ctx, job: ScheduledJob, programs: dict[str, Program], extras: dict[str
     schedule = job_schedule(job, {n: p.shares for n, p in programs.items()}, list(fns),
                             world_size=ctx.world_size, sms=sms, dtype=dtype, n_sets=len(sets))
     v = Verification(ctx, job, programs, sets, rtol, dtype, layout, floor_ms, hog_stream,
-                     make_checker(ctx, verifier))
+                     make_checker(ctx, verifier), SyncWatch.of(programs))
     try:
         v.begin(len(schedule))
         if job.time:  # a check-only schedule waits after every call: no launch needs to go first

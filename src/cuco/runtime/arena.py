@@ -12,7 +12,8 @@ decide what the regions are (:meth:`ArenaLayout.build`; the tensor-parallel laye
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,6 +44,9 @@ class ArenaLayout:
     calls: int
     size: int
     guards: tuple[int, ...] = ()
+    #: sync regions (flags, barrier slots, per-call state) laid end to end from ``flags``: one
+    #: per variant of a shared job (:meth:`with_regions`), so no variant touches another's
+    regions: int = 1
 
     @classmethod
     def for_tp(cls, regions: dict[str, int], world_size: int, flag_stride: int) -> "ArenaLayout":
@@ -77,9 +81,35 @@ class ArenaLayout:
         return self.flags + (self.bar - self.flags) // 2
 
     @property
+    def region_bytes(self) -> int:
+        """One sync region: flags, barrier slots and a page of per-call state (whole pages)."""
+        return self.calls + PAGE - self.flags
+
+    @property
     def sync_bytes(self) -> int:
-        """Flags, barrier slots and per-call state: zeroed before a job's first fused call."""
-        return self.size - self.flags
+        """Every sync region: zeroed (and each one's call state seeded) before a job's first
+        fused call."""
+        return self.regions * self.region_bytes
+
+    def with_regions(self, n: int) -> "ArenaLayout":
+        """The layout of a job of ``n`` variants: the same data regions, then ``n`` sync
+        regions end to end (:meth:`region` is the ``k``-th, as its variant's kernels see it)."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"a job's layout has at least one sync region, not {n!r}")
+        return replace(self, regions=n, size=self.flags + n * self.region_bytes)
+
+    def region(self, k: int) -> "ArenaLayout":
+        """The layout variant ``k``'s kernels are given: the job's data regions, and the
+        ``k``-th sync region as its flags, barrier slots and per-call state (``size`` stays
+        the job's: the arena they share)."""
+        if not 0 <= k < self.regions:
+            raise ValueError(f"sync region {k} of a layout of {self.regions}")
+        d = k * self.region_bytes
+        return replace(self, flags=self.flags + d, bar=self.bar + d, calls=self.calls + d, regions=1)
+
+    def region_offsets(self) -> list[int]:
+        """Where each sync region starts (bytes into the arena)."""
+        return [self.flags + k * self.region_bytes for k in range(self.regions)]
 
 
 class Arena:
@@ -112,9 +142,65 @@ class Arena:
         else:
             ctx.nvshmem.free(self.ptr)
 
+    def layout_of(self, layout: ArenaLayout) -> ArenaLayout:
+        """The layout a variant's kernels are given here: a whole arena is one variant's."""
+        return layout
+
+
+class VariantArena:
+    """One variant's share of a job's arena: the arena itself (its data regions are every
+    variant's, poisoned before each call), but a sync region of its own (:meth:`layout_of`)
+    and its own host-side chunk counters; the epoch stays the arena's (every call of the
+    job raises it, so no flag a variant left is ahead of a later call's)."""
+
+    def __init__(self, arena: Arena, layout: ArenaLayout, slot: int, name: str = ""):
+        self.arena, self.slot, self.name = arena, slot, name
+        #: the job's layout (every region) and this variant's (its region alone)
+        self.job_layout, self.layout = layout, layout.region(slot)
+        self.backend, self.size, self.ptr = arena.backend, arena.size, arena.ptr
+        self.counts = np.zeros(COUNTER_SLOTS, dtype=np.int64)
+
+    @property
+    def window(self):
+        return self.arena.window
+
+    @property
+    def epoch(self) -> int:
+        return self.arena.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.arena.epoch = value
+
+    def args(self, ctx) -> tuple:
+        return self.arena.args(ctx)
+
+    def layout_of(self, layout: ArenaLayout) -> ArenaLayout:
+        """``layout`` (the workload's) with this variant's sync region in place of its own."""
+        if layout.data != self.layout.data:
+            raise ValueError(f"variant {self.name!r}: this arena was laid out for other data regions")
+        return self.layout
+
+
+def own_layout(arena, layout: ArenaLayout) -> ArenaLayout:
+    """The layout a runner's kernels use on ``arena``: its variant's sync region where the
+    arena is shared (:class:`VariantArena`), ``layout`` itself otherwise."""
+    pick = getattr(arena, "layout_of", None)
+    return layout if pick is None else pick(layout)
+
+
+def region_slots(n: int, seed: int) -> list[int]:
+    """Which sync region each of a job's ``n`` variants gets: a permutation drawn from the
+    job's ``seed`` (the same on every rank, different from job to job), so no kernel knows
+    where its own region, or a neighbour's, lies before it looks."""
+    slots = list(range(n))
+    random.Random(seed ^ 0x5_1075).shuffle(slots)
+    return slots
+
 
 def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: int = 1) -> dict[str, Arena]:
-    """Arenas for this job, flags zeroed, guards filled, the next call's epoch
+    """Arenas for this job, every sync region zeroed (:attr:`ArenaLayout.regions`: one per
+    variant of a shared job) and its call state seeded, guards filled, the next call's epoch
     ``first_epoch`` (random per job in the evaluator's jobs, so no kernel can count on a
     job's first call carrying epoch 1); collective (every rank calls it in step, with
     the same ``first_epoch``). An arena is kept across jobs and grown when a layout
@@ -127,11 +213,14 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
             if a is not None:
                 a.free(ctx)
             a = arenas[b] = Arena(ctx, b, layout.size)
-        cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, layout.sync_bytes, ctx.stream.ptr)
+        # every sync region, and whatever lies past them (a larger job's regions): nothing a
+        # kernel left in any flag, barrier slot or call state outlives its job
+        cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, a.size - layout.flags, ctx.stream.ptr)
         for g in layout.guards:
             cupy.cuda.runtime.memsetAsync(a.ptr + g, CANARY, GUARD_BYTES, ctx.stream.ptr)
         a.epoch = first_epoch - 1  # host-driven runners raise it before each call
-        seed_calls(a, layout, first_epoch, ctx.stream)
+        for k in range(layout.regions):
+            seed_calls(a, layout.region(k), first_epoch, ctx.stream)
         a.counts[:] = 0
     if "gin" in backends:  # signals, shadows and queues restart with the job
         ctx.gin.reset(ctx.stream)

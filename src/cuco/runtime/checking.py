@@ -83,6 +83,32 @@ __global__ void tag_tally(const unsigned long long* bad, const double* stats, un
   *tag = cuco_siphash(m, 4, k0, k1);
 }
 
+// The keyed sums of sync regions: region v (blockIdx.y) of `regions` laid end to end from p,
+// each `words` 8-byte words, adds SipHash-2-4 of (position, word) under the job's key into
+// row[col + v]. Keyed, so no kernel can find a change that keeps a region's sum (an unkeyed
+// sum of position hashes falls to a generalised birthday search).
+__global__ void region_sums(const unsigned long long* p, unsigned long long words, unsigned long long k0,
+                            unsigned long long k1, unsigned long long* row) {
+  const unsigned long long* r = p + (unsigned long long)blockIdx.y * words;
+  unsigned long long local = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < words;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    const unsigned long long m[2] = {i, r[i]};
+    local += cuco_siphash(m, 2, k0, k1);
+  }
+  for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(row + blockIdx.y, local);
+}
+
+// A snapshot row's tag: row[0] := its index, then SipHash-2-4 of the whole row (index and
+// sums) under the key into *tag; a row copied to another index or rewritten fails it.
+__global__ void tag_row(unsigned long long* row, unsigned long long n, unsigned long long idx,
+                        unsigned long long k0, unsigned long long k1, unsigned long long* tag) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  row[0] = idx;
+  *tag = cuco_siphash(row, (int)n, k0, k1);
+}
+
 // A fingerprint of n bytes: the sum of a hash of each byte's value and position, so a write
 // that moves bytes around (and keeps their sum) still changes it.
 __global__ void fingerprint(const unsigned char* p, unsigned long long n, unsigned long long* acc) {
@@ -182,6 +208,49 @@ def untampered(indices, counts, sums, tags, key: int) -> numpy.ndarray:
     words = numpy.column_stack([rows.astype(numpy.uint64), numpy.asarray(counts, dtype=numpy.uint64)[rows],
                                 sum_bits.reshape(-1, 2)])
     return siphash_host(words, key) == numpy.asarray(tags, dtype=numpy.uint64)[rows]
+
+
+#: Blocks per sync region a snapshot's sum kernel runs (each region a row of the grid).
+_REGION_BLOCKS = 64
+
+
+def region_sums_async(ptr: int, regions: int, region_bytes: int, key: int, row, col: int, stream) -> None:
+    """Enqueue on ``stream`` the keyed sums of ``regions`` sync regions of ``region_bytes``
+    each (a multiple of 8) laid end to end from the device address ``ptr``, added into
+    ``row[col:col + regions]`` (uint64, zeroed first by the caller)."""
+    if region_bytes % 8 or regions < 1:
+        raise ValueError(f"{regions} regions of {region_bytes} bytes: whole 8-byte words, at least one")
+    _module().get_function("region_sums")(
+        (_REGION_BLOCKS, regions), (256,),
+        (numpy.uint64(ptr), numpy.uint64(region_bytes // 8), *(numpy.uint64(w) for w in key_words(key)),
+         row[col:col + regions]), stream=stream)
+
+
+def tag_row_async(row, idx: int, key: int, tag, stream) -> None:
+    """Enqueue on ``stream`` the tag of snapshot ``idx``: ``row[0]`` set to ``idx``, then
+    SipHash-2-4 of the whole row under ``key`` into the uint64 device scalar ``tag``."""
+    _module().get_function("tag_row")(
+        (1,), (1,), (row, numpy.uint64(row.size), numpy.uint64(idx), *(numpy.uint64(w) for w in key_words(key)),
+                     tag), stream=stream)
+
+
+def region_sums_host(data: bytes | numpy.ndarray, regions: int, region_bytes: int, key: int) -> numpy.ndarray:
+    """What :func:`region_sums_async` adds up, on the host (tests): uint64 per region."""
+    words = numpy.frombuffer(bytes(data), dtype=numpy.uint64).reshape(regions, region_bytes // 8)
+    pos = numpy.arange(words.shape[1], dtype=numpy.uint64)
+    out = numpy.zeros(regions, dtype=numpy.uint64)
+    with numpy.errstate(over="ignore"):
+        for v in range(regions):
+            out[v] = siphash_host(numpy.column_stack([pos, words[v]]), key).sum(dtype=numpy.uint64)
+    return out
+
+
+def rows_untampered(rows, tags, key: int) -> numpy.ndarray:
+    """For each snapshot row (index in word 0, then its sums): whether it still matches
+    its tag under ``key`` (a row another index's copy, or rewritten, does not)."""
+    rows = numpy.asarray(rows, dtype=numpy.uint64).reshape(len(tags), -1)
+    index = numpy.arange(len(tags), dtype=numpy.uint64)
+    return (rows[:, 0] == index) & (siphash_host(rows, key) == numpy.asarray(tags, dtype=numpy.uint64))
 
 
 def rel_l2(sq_diff: float, sq_ref: float) -> float:

@@ -26,12 +26,18 @@ class FailedCall:
     #: its device count or L2 sums were changed after the check wrote them (their tag no
     #: longer matches): some kernel wrote memory it was not given
     tampered: bool = False
+    #: set where the call changed sync regions not its own (another variant's flags, barrier
+    #: slots or call state in a shared job): whose (also ``tampered``)
+    wrote_into: str = ""
 
     def describe(self) -> str:
         """``a timed call, iteration 7 on input set 2, rank 1: 12 elements differ ...``"""
         kind = "a checked (poisoned, stressed)" if self.checked else (
             "a timed" if self.iteration >= 0 else "a warm-up")
         where = f"{kind} call, iteration {self.iteration} on input set {self.input_set}, rank {self.rank}"
+        if self.wrote_into:
+            return (f"{where}: it changed {self.wrote_into} (flags, barrier slots or call state "
+                    "that were not its own, in a job it shared)")
         if self.tampered:
             return (f"{where}: its verification count was changed after the check wrote it (a "
                     "kernel wrote memory it was not given)")
@@ -53,6 +59,8 @@ class ProgramRecord:
     checked_l2: float = 0.0
     guards_intact: bool = True
     inputs_intact: bool = True
+    #: False: a call of this program changed another variant's sync region (a shared job)
+    sync_intact: bool = True
     calls_verified: int = 0
     calls_checked: int = 0
     #: the physical floor of one call on this rank (:func:`cuco.runtime.peaks.physical_floor_ms`)
@@ -96,6 +104,8 @@ class ProgramResult:
     rel_l2_error: float = 0.0
     guards_intact: bool = True
     inputs_intact: bool = True
+    #: False: on some rank a call of it changed another variant's sync region
+    sync_intact: bool = True
     failed_call: FailedCall | None = None
     less_accurate_than_host: float | None = None
     #: the most generous rank's floor
@@ -141,8 +151,9 @@ def merge_program(recs: list[ProgramRecord]) -> ProgramResult:
         rel_l2_error=max(r.rel_l2_error for r in recs),
         guards_intact=all(r.guards_intact for r in recs),
         inputs_intact=all(r.inputs_intact for r in recs),
-        # the earliest failing call of any rank
-        failed_call=min(failed, key=lambda c: (c.iteration, c.rank)) if failed else None,
+        sync_intact=all(r.sync_intact for r in recs),
+        # the earliest failing call of any rank, a write into another variant's region first
+        failed_call=min(failed, key=lambda c: (not c.wrote_into, c.iteration, c.rank)) if failed else None,
         less_accurate_than_host=max(worse) if worse else None,
         floor_ms=min(r.floor_ms for r in recs),
         calls_verified=min(r.calls_verified for r in recs),

@@ -53,6 +53,11 @@ class VerifierState:
         self.counts = self.sums = self.tags = None
         self.tally_key = 0
         self.calls = 0
+        #: a shared job's sync regions (the worker's copy: address here, regions, bytes each)
+        #: and their snapshots, kept here where no candidate reaches them
+        self.sync: tuple[int, int, int] | None = None
+        self.sync_rows = self.sync_tags = None
+        self.sync_taken = 0
 
     # ---- requests -------------------------------------------------------------------------
     def ping(self) -> dict[str, Any]:
@@ -98,15 +103,61 @@ class VerifierState:
             self.refs.pop(ref_id, None)
         return {"held": len(self.refs)}
 
-    def output(self, out_id: int, handle: bytes, offset: int, n: int, dtype: str) -> dict[str, Any]:
+    def _map(self, handle: bytes) -> str | None:
+        """Map the worker's allocation ``handle`` for this job; None, or why it cannot be."""
         import cupy
         if handle not in self.mapped:
             try:
                 self.mapped[handle] = int(cupy.cuda.runtime.ipcOpenMemHandle(handle))
             except cupy.cuda.runtime.CUDARuntimeError as exc:  # not sticky: the worker stages it
-                return {"mapped": False, "why": str(exc).splitlines()[0][:300]}
+                return str(exc).splitlines()[0][:300]
+        return None
+
+    def output(self, out_id: int, handle: bytes, offset: int, n: int, dtype: str) -> dict[str, Any]:
+        why = self._map(handle)
+        if why is not None:
+            return {"mapped": False, "why": why}
         self.outputs[out_id] = (self.mapped[handle] + offset, n, dtype)
         return {"mapped": True}
+
+    def watch(self, handle: bytes, offset: int, regions: int, region_bytes: int, rows: int) -> dict[str, Any]:
+        """Map the worker's copy of a shared job's sync regions; room for ``rows`` snapshots."""
+        import cupy
+        if self.counts is None:
+            raise ProtocolError("watch before begin")
+        if regions < 1 or region_bytes < 8 or region_bytes % 8 or not 0 < rows <= 1 << 24:
+            raise ProtocolError(f"{regions} regions of {region_bytes} bytes, {rows} snapshots: not a sync area")
+        why = self._map(handle)
+        if why is not None:
+            return {"mapped": False, "why": why}
+        self.sync = (self.mapped[handle] + offset, regions, region_bytes)
+        with self.stream:
+            self.sync_rows = cupy.zeros((rows, 1 + regions), dtype=cupy.uint64)
+            self.sync_tags = cupy.zeros(rows, dtype=cupy.uint64)
+        self.stream.synchronize()
+        self.sync_taken = 0
+        return {"mapped": True}
+
+    def snapshot(self, row: int, slot: int) -> dict[str, Any]:
+        """After the worker's copy (its event ``slot``), each region's keyed sum into ``row``."""
+        import cupy
+        from cuco.runtime.checking import region_sums_async, tag_row_async
+        if self.sync is None:
+            raise ProtocolError("snapshot without watch")
+        if not 0 <= slot < len(self.done):
+            raise ProtocolError(f"event slot {slot} of {len(self.done)}")
+        if not 0 <= row < len(self.sync_tags):
+            raise ProtocolError(f"snapshot {row} outside this job's {len(self.sync_tags)}")
+        ptr, regions, region_bytes = self.sync
+        line = self.sync_rows[row]
+        cupy.cuda.runtime.streamWaitEvent(self.stream.ptr, self.done[slot], 0)
+        with self.stream:
+            line.fill(0)
+            region_sums_async(ptr, regions, region_bytes, self.tally_key, line, 1, self.stream)
+            tag_row_async(line, row, self.tally_key, self.sync_tags[row:row + 1], self.stream)
+        self.checked[slot].record(self.stream)
+        self.sync_taken = max(self.sync_taken, row + 1)
+        return {}
 
     def _view(self, out_id: int):
         import cupy
@@ -159,8 +210,18 @@ class VerifierState:
         out = {"counts": [int(c) for c in counts[:self.calls]],
                "sums": [[float(a), float(b)] for a, b in sums[:self.calls]],
                "intact": [bool(x) for x in intact]}
+        if self.sync is not None:
+            out.update(self._snapshots())
         self.finish_quietly()
         return out
+
+    def _snapshots(self) -> dict[str, Any]:
+        """The snapshots taken: each row's region sums, and whether it matches its tag."""
+        from cuco.runtime.checking import rows_untampered
+        rows = self.sync_rows.get()[:self.sync_taken]
+        tags = self.sync_tags.get()[:self.sync_taken]
+        return {"sync_sums": [[int(x) for x in r[1:]] for r in rows],
+                "sync_intact": [bool(x) for x in rows_untampered(rows, tags, self.tally_key)]}
 
     def finish_quietly(self) -> None:
         """Unmap the job's outputs and close its events (a job that ended without finish)."""

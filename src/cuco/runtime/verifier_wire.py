@@ -25,7 +25,12 @@ REQUESTS: dict[str, dict[str, str]] = {
     # one verified call: wait for done_events[slot], check, record the verifier's event[slot]
     "check": {"idx": "int", "out_id": "int", "ref_id": "int", "slot": "int", "full": "bool",
               "rtol": "float", "atol": "float"},
-    # the job's end: the timed calls' counts, their tags checked here
+    # a shared job's sync regions: the worker's copy of them (IPC handle of its allocation,
+    # byte offset), how many regions of how many bytes, and room for how many snapshots
+    "watch": {"handle": "bytes", "offset": "int", "regions": "int", "region_bytes": "int", "rows": "int"},
+    # one snapshot: wait for done_events[slot], sum every region into row `row`, record event[slot]
+    "snapshot": {"row": "int", "slot": "int"},
+    # the job's end: the timed calls' counts, their tags checked here (and the snapshots)
     "finish": {},
     "bye": {},
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cuco.runtime.arena import own_layout
 from cuco.runtime.timing import spin
 from cuco.workloads.pipeline import OPEN_SLOT, THREADS
 
@@ -27,7 +28,7 @@ class FusedCall:
         import cupy
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.output = out
-        self.layout = wl.layout()
+        self.layout = own_layout(arena, wl.layout())
         self.rows = wl.chunk_rows(d)
         self.n = wl.shard // self.rows
         self.f = {name: ctx.function(cubin, name) for name in self.COMM_KERNELS}

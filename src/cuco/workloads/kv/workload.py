@@ -41,7 +41,7 @@ from cuco.errors import DirectiveError
 from cuco.kernels.collectives import KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes, stream_ops
-from cuco.runtime.arena import ArenaLayout, arena_view
+from cuco.runtime.arena import ArenaLayout, arena_view, own_layout
 from cuco.runtime.peaks import Work
 from cuco.runtime.timing import spin
 from cuco.workloads.base import EPS, Buffers, Runner, in_order, register
@@ -326,7 +326,7 @@ class KVRunner:
         import cupy
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.mode = wl.mode(d)
-        self.layout = wl.layout()
+        self.layout = own_layout(arena, wl.layout())
         self.n = wl.n_chunks(d)
         self.per_layer = wl.chunks_per_layer(d)
         self.chunk_bytes = wl.plan(d)["chunk_bytes"]

@@ -10,6 +10,7 @@ import numpy as np
 
 from cuco.design import Directives
 from cuco.kernels.collectives import MAX_RANKS
+from cuco.runtime.arena import own_layout
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
 from cuco.workloads.moe import host as moe_host
@@ -36,7 +37,7 @@ class MoERunner:
         self.ctx, self.wl, self.d, self.arena, self.inputs = ctx, wl, d, arena, inputs
         self.output = out
         self.stress_us = 0.0
-        self.layout = wl.layout()
+        self.layout = own_layout(arena, wl.layout())
         self.groups = wl.groups(d)
         self.f = {n: ctx.function(cubin, n) for n in self.KERNELS}
         self.comm_stream = ctx.scratch.setdefault("side_streams", {}).setdefault(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cuco.design import Directives, placement_rules
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import split_workspace_bytes
-from cuco.runtime.arena import Arena, arena_view
+from cuco.runtime.arena import Arena, arena_view, own_layout
 from cuco.runtime.emulated import persistent_sms
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
@@ -46,7 +46,7 @@ class InKernelRunner:
         #: Unused: the kernel's arguments are the same in checked and timed calls; checked
         #: calls are stressed from outside (:mod:`cuco.runtime.stress`).
         self.stress_us = 0.0
-        self.layout = lay = wl.layout()
+        self.layout = lay = own_layout(arena, wl.layout())
         self.lib = ctx.launcher(library)
         # persistent: one CTA per SM (the tile buffers fill its smem), this rank's share of them
         self.grid = persistent_sms()

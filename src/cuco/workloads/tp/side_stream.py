@@ -22,7 +22,7 @@ import numpy as np
 from cuco.design import Backend, Directives
 from cuco.design.tiles import CHUNK_GEOM_BYTES, ChunkPlan, pack_chunk_geom
 from cuco.kernels.tp import THREADS
-from cuco.runtime.arena import Arena, arena_view
+from cuco.runtime.arena import Arena, arena_view, own_layout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
@@ -47,7 +47,7 @@ class SideStreamRunner:
         #: each chunk's GEMM, so a consumer that reads a chunk before its flag says
         #: so meets NaN poison every time instead of stale data some of the time.
         self.stress_us = 0.0
-        self.layout = wl.layout()
+        self.layout = own_layout(arena, wl.layout())
         self.comm = ctx.function(cubin, "comm_kernel")
         self.signal = ctx.function(cubin, "signal_chunk")
         self.wait = ctx.function(cubin, "wait_chunk")
