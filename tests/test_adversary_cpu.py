@@ -610,20 +610,28 @@ def test_shared_job_plant_is_buildable(name, world):
     ev = _ev(kind, world)
     source = build(ev)
     _passes_cascade_until_gpu(ev, d, source)
-    if name != "flag_healer":  # the plant is the template's body plus a forge of slots past kChunks
-        assert "flag_set(a, flag_off + (r * kFlagStride + idx) * 8, me," in evolve.blocks(source)["chunk_allreduce"]
+    body = evolve.blocks(source)["chunk_allreduce"]
+    if name == "region_tamper":  # the template's body plus one word into the other region
+        assert body.endswith(adv.REGION_TAMPER)
+    elif name != "flag_healer":  # the plant is the template's body plus a forge of slots past kChunks
+        assert "flag_set(a, flag_off + (r * kFlagStride + idx) * 8, me," in body
 
 
-def test_the_forged_slots_are_the_neighbours_not_the_forgers():
-    """The forge is free for the forger and hits its neighbour: at the GPU tests' shape the
-    forger (SIDE) waits on flag slots [0, kChunks) only and the neighbour (SIDE_FINE) on more,
-    all below FORGE_SLOTS, with the same flag stride (one flag area)."""
+def test_the_forged_slots_are_the_forgers_own():
+    """The forge is free for the forger and would hit a finer-chunked neighbour sharing its flag
+    area: at the GPU tests' shape the forger (SIDE) has fewer chunks than the neighbour
+    (SIDE_FINE), all below FORGE_SLOTS, within the flag stride. In a shared job each has a sync
+    region of its own (drawn per job), so the forged slots are the forger's alone."""
+    from cuco.design.tiles import ChunkPlan
+    from cuco.runtime.arena import region_slots
     ev = _ev("GemmAllReduce", 2)
-    consts = {}
+    chunks = {}
     for key, d in (("forger", adv.SIDE), ("neighbour", adv.SIDE_FINE)):
         src, _ = ev.template(ev.problem, d)
-        consts[key] = {m.group(1): int(m.group(2)) for m in
-                       re.finditer(r"^constexpr \w+ (kChunks|kFlagStride) = (\d+);", src, re.M)}
-    f, n = consts["forger"], consts["neighbour"]
-    assert f["kFlagStride"] == n["kFlagStride"]
-    assert f["kChunks"] < n["kChunks"] <= adv.FORGE_SLOTS < f["kFlagStride"] - 24
+        stride = {int(m.group(1)) for m in re.finditer(r"^constexpr \w+ kFlagStride = (\d+);", src, re.M)}
+        assert len(stride) == 1
+        chunks[key] = ChunkPlan.for_problem(ev.workload.pattern_problem, d).n_chunks
+    assert chunks["forger"] < chunks["neighbour"] <= adv.FORGE_SLOTS < stride.pop() - 24
+    job = ev.workload.layout().with_regions(2)
+    mine, theirs = (job.region(k) for k in region_slots(2, 99))
+    assert mine.flags + job.region_bytes <= theirs.flags or theirs.flags + job.region_bytes <= mine.flags

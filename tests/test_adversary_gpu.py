@@ -758,6 +758,33 @@ def flag_healer(ev) -> str:
     return _with_forge(ev, "0ull")
 
 
+# ---- 14. one word into a neighbour's sync region, found by scanning ------------------------------
+# Each variant of a shared job has a sync region of its own, at a place drawn per job. This one
+# finds the first region by stepping down from its own flag_off one region at a time until the
+# word below is the last data region's guard canary, then writes its epoch into the flag slot
+# [0][kFlagStride - 1] of the other region of a two-variant job (a slot no variant waits on:
+# the neighbour's output is untouched). Exact otherwise. It must be charged with the write
+# (tampered) and score nothing; the neighbour keeps its ok.
+REGION_TAMPER = """    if (c == kChunks - 1 && cuco::global_thread() == 0) {
+      const size_t region = 2 * (size_t)W * kFlagStride * 8 + (size_t)W * 1024 * 8 + 4096;
+      size_t first = flag_off;
+      for (int k = 0; k < 16 && first >= region + 8; ++k) {
+        if (*(volatile unsigned long long*)a.at(first - 8, me) == 0xA5A5A5A5A5A5A5A5ull) break;
+        first -= region;
+      }
+      const size_t other = flag_off == first ? first + region : first;
+      *(volatile unsigned long long*)a.at(other + (kFlagStride - 1) * 8, me) = epoch;
+      __threadfence_system();
+    }
+"""
+
+
+def region_tamper(ev) -> str:
+    src, body = _block(ev, SIDE, "chunk_allreduce")
+    assert body.endswith(AR_BODY_END), body
+    return evolve.splice(src, {"chunk_allreduce": body + REGION_TAMPER})
+
+
 #: name: (workload class name, directives, builder); each compiles on the CPU
 #: (tests/test_adversary_cpu.py::test_shared_job_plant_is_buildable)
 SHARED_PLANTS = {
@@ -765,17 +792,13 @@ SHARED_PLANTS = {
     "second_try_on_demand": ("GemmAllReduce", SIDE, second_try_on_demand),
     "persistent_flag_forgery": ("GemmAllReduce", SIDE, persistent_flag_forgery),
     "flag_healer": ("GemmAllReduce", SIDE, flag_healer),
+    "region_tamper": ("GemmAllReduce", SIDE, region_tamper),
 }
 
-#: What the README already admits for 11 and 12 (a right neighbour that disturbs a candidate
-#: through the shared arena costs it its verdict; a second try where another candidate is wrong
-#: too): these plants make both happen on purpose. Not GPU-run.
-SHARED_OPEN = {
-    "neighbour_flag_forgery": "README 'Not guaranteed': a right neighbour that disturbs a candidate "
-                              "through the shared arena costs it its verdict (here on purpose)",
-    "second_try_on_demand": "README 'Not guaranteed': a second try where another candidate of the job "
-                            "is wrong too (here made by the candidate itself)",
-}
+#: Closed by a sync region per variant (flags, barrier slots, call state), each zeroed at the
+#: job's start and watched between calls: a forge lands in the forger's own region, and a write
+#: into another's is the writer's verdict (tampered, no second try). Kept for the record.
+SHARED_OPEN: dict[str, str] = {}
 
 
 def _verdict(r) -> tuple:
@@ -800,7 +823,6 @@ def _beside_the_honest_neighbour(evs, plant):
     return ev.evaluate_many([Candidate(SIDE, plant(ev)), Candidate(SIDE_FINE)])
 
 
-@pytest.mark.xfail(reason=SHARED_OPEN["neighbour_flag_forgery"], strict=False)
 def test_a_forger_cannot_make_its_neighbour_the_lone_wrong_one(evs, record_property):
     """Plant 11 beside the honest SIDE_FINE in one batch (shared jobs): the sabotage fails if
     the forger scores nothing or its neighbour keeps its ok."""
@@ -811,7 +833,6 @@ def test_a_forger_cannot_make_its_neighbour_the_lone_wrong_one(evs, record_prope
     assert forger.status != "ok" or honest.status == "ok", (_verdict(forger), _verdict(honest))
 
 
-@pytest.mark.xfail(reason=SHARED_OPEN["second_try_on_demand"], strict=False)
 def test_a_candidate_wrong_in_every_shared_job_scores_nothing(evs, record_property):
     """Plant 12 beside the honest SIDE_FINE: wrong on every call it shares, it must not score
     from the jobs alone its own forgery sends it to."""
@@ -823,6 +844,51 @@ def test_a_candidate_wrong_in_every_shared_job_scores_nothing(evs, record_proper
     if plant.status == "ok" and not plant.speedup:
         pytest.fail(f"scored ok without a time: {how}")
     assert plant.status != "ok" and plant.score == 0.0, (_verdict(plant), _verdict(honest))
+
+
+def _ok(r) -> bool:
+    return r.status == "ok" and r.extra.get("timed_with") == 2
+
+
+def test_an_honest_pair_shares_a_job_with_a_region_each(evs, record_property):
+    """Two honest side-stream variants (8 and 32 chunks) in one batch: both ok, timed together
+    (``timed_with`` 2), neither charged with a write into the other's region."""
+    from cuco.evaluate import Candidate
+    ev = evs["GemmAllReduce"]
+    a, b = ev.evaluate_many([Candidate(SIDE), Candidate(SIDE_FINE)])
+    how = f"SIDE {_verdict(a)} timed_with {a.extra.get('timed_with')}; SIDE_FINE {_verdict(b)}"
+    record_property("route", how)
+    print(f"honest pair at W={TEST_WORLD}: {how}")
+    assert _ok(a) and _ok(b), how
+
+
+def test_an_honest_in_kernel_and_side_stream_pair_share_a_job(evs, record_property):
+    """An in-kernel variant (its epoch kept in its own region's call state) beside a side-stream
+    one, in one batch of GemmReduceScatter: both ok, timed together."""
+    from cuco.evaluate import Candidate
+    ev = evs["GemmReduceScatter"]
+    a, b = ev.evaluate_many([Candidate(EPI), Candidate(SIDE)])
+    how = f"EPI {_verdict(a)} timed_with {a.extra.get('timed_with')}; SIDE {_verdict(b)}"
+    record_property("route", how)
+    print(f"in-kernel + side-stream pair at W={TEST_WORLD}: {how}")
+    assert _ok(a) and _ok(b), how
+
+
+def test_a_write_into_a_neighbours_region_is_tampered(evs, record_property):
+    """Plant 14 beside the honest SIDE_FINE: one word into the neighbour's region, at an offset
+    it finds by scanning. The plant must be wrong with ``tampered`` (its failed call names the
+    region), score nothing and get no second try; the neighbour keeps its ok."""
+    plant, honest = _beside_the_honest_neighbour(evs, region_tamper)
+    failed = plant.extra.get("failed_call") or {}
+    how = (f"plant {plant.status} at {plant.stage_reached}: {plant.error} (tampered "
+           f"{plant.extra.get('tampered')}, wrote_into {failed.get('wrote_into')!r}); neighbour "
+           f"{honest.status}: {honest.error}")
+    record_property("route", how)
+    print(f"region_tamper at W={TEST_WORLD}: {how}")
+    assert plant.status == "wrong" and plant.score == 0.0, how
+    assert plant.extra.get("tampered") is True and "sync region" in (failed.get("wrote_into") or ""), how
+    assert plant.stage_reached == "small", f"charged in the first shared job it was in: {how}"
+    assert honest.status == "ok", how
 
 
 def test_forged_flags_do_not_outlive_a_job(evs, record_property):
