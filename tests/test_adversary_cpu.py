@@ -618,12 +618,15 @@ def test_the_forged_slots_are_the_neighbours_not_the_forgers():
     """The forge is free for the forger and hits its neighbour: at the GPU tests' shape the
     forger (SIDE) waits on flag slots [0, kChunks) only and the neighbour (SIDE_FINE) on more,
     all below FORGE_SLOTS, with the same flag stride (one flag area)."""
+    from cuco.kernels.tp import side_stream_plan
     ev = _ev("GemmAllReduce", 2)
     consts = {}
     for key, d in (("forger", adv.SIDE), ("neighbour", adv.SIDE_FINE)):
         src, _ = ev.template(ev.problem, d)
         consts[key] = {m.group(1): int(m.group(2)) for m in
-                       re.finditer(r"^constexpr \w+ (kChunks|kFlagStride) = (\d+);", src, re.M)}
+                       re.finditer(r"^constexpr \w+ (kFlagStride) = (\d+);", src, re.M)}
+        # the chunk count is a launch argument (cuco::ChunkGeom), its plan made on the host
+        consts[key]["kChunks"] = side_stream_plan(ev.problem, d).n_chunks
     f, n = consts["forger"], consts["neighbour"]
     assert f["kFlagStride"] == n["kFlagStride"]
     assert f["kChunks"] < n["kChunks"] <= adv.FORGE_SLOTS < f["kFlagStride"] - 24
