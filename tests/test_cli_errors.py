@@ -301,3 +301,14 @@ def test_empty_islands_show_no_best_and_no_phase_switch_reads_as_words(tmp_path)
     rows = [ln for ln in out.splitlines() if ln.strip().startswith("│ 3 ")]
     assert rows and "0.000" not in rows[0] and "-" in rows[0], out
     assert "generation None" not in out
+
+
+# ---- a newcomer's wrong invocations: one line naming the fix, nothing started -----------------
+def test_design_space_choice_errors_are_in_cuco_words():
+    code = ("from cuco import DesignSpace, make_problem\n"
+            "DesignSpace(make_problem('gemm_allreduce', '8192x8192x8192'), backend=['nccl'])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "DirectiveError" in r.stderr, r.stderr
+    assert "backend='nccl' is not one of lsa, gin, nvshmem; use backend='lsa'" in r.stderr
+    assert "pydantic" not in r.stderr and "validation error" not in r.stderr
+
