@@ -301,3 +301,76 @@ def test_empty_islands_show_no_best_and_no_phase_switch_reads_as_words(tmp_path)
     rows = [ln for ln in out.splitlines() if ln.strip().startswith("│ 3 ")]
     assert rows and "0.000" not in rows[0] and "-" in rows[0], out
     assert "generation None" not in out
+
+
+# ---- a newcomer's wrong invocations: one line naming the fix, nothing started -----------------
+def test_design_space_choice_errors_are_in_cuco_words():
+    code = ("from cuco import DesignSpace, make_problem\n"
+            "DesignSpace(make_problem('gemm_allreduce', '8192x8192x8192'), backend=['nccl'])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "DirectiveError" in r.stderr, r.stderr
+    assert "backend='nccl' is not one of lsa, gin, nvshmem; use backend='lsa'" in r.stderr
+    assert "pydantic" not in r.stderr and "validation error" not in r.stderr
+
+
+def test_cluster_that_is_not_a_ray_address(tmp_path):
+    out = refused(cuco("search", "--dry-run", "--cluster", "bogus", "--budget", "2",
+                       "--db", str(tmp_path / "c.db")), 2,
+                  "cluster 'bogus' is not a Ray address", "ray://HOST:10001", "use --cluster local")
+    assert "internal error" not in out and len(out.strip().splitlines()) == 1
+    assert not (tmp_path / "c.db").exists()  # refused before the database or Ray
+
+
+@pytest.mark.parametrize("body, needles", [
+    ("x = 1\nraise RuntimeError('boom')\n", ("RuntimeError: boom", "(line 2 of ")),
+    ("x = (\n", ("SyntaxError", "line 1")),
+])
+def test_plugin_whose_code_fails_names_the_plugin_not_cuco(tmp_path, body, needles):
+    plugin = tmp_path / "my_ops.py"
+    plugin.write_text(body)
+    out = refused(cuco("--plugin", str(plugin), "db", "ls", "--db", str(tmp_path / "c.db")), 2,
+                  f"plugin {plugin} failed to load", *needles, "fix the plugin")
+    assert "internal error" not in out and "report it" not in out
+    r = cuco("--debug", "--plugin", str(plugin), "db", "ls", "--db", str(tmp_path / "c.db"))
+    assert r.returncode != 0 and needles[0].split(":")[0] in r.stdout + r.stderr
+
+
+def test_tune_misspelt_pattern_names_the_command_not_a_flag(tmp_path):
+    out = refused(cuco("tune", "gemm_allreduc", "--n", "4096", "--k", "4096", "--table",
+                       str(tmp_path / "t.json"), "--dry-run"), 2,
+                  "did you mean cuco tune gemm_allreduce?")
+    assert "--pattern" not in out
+
+
+def test_tune_table_in_a_missing_directory(tmp_path):
+    table = tmp_path / "no" / "t.json"
+    out = refused(cuco("tune", "gemm_allreduce", "--n", "4096", "--k", "4096", "--table", str(table),
+                       "--dry-run"), 2, f"--table {table}", "does not exist", "mkdir -p")
+    assert "database" not in out and not (tmp_path / "no").exists()
+
+
+def test_db_migrate_of_a_missing_source_names_its_argument(tmp_path):
+    out = refused(cuco("db", "migrate", str(tmp_path / "missing.db"), f"sqlite:///{tmp_path}/m.db"), 1,
+                  "no candidate database", "cuco db migrate SOURCE TARGET")
+    assert "--db" not in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sizes", "12XB"], "size '12XB' is not a size like 64KiB"),
+    (["--world-size", "0"], "world_size 0 is not a number of GPUs (ranks)"),
+    (["--iters", "0"], "use --iters 50"),
+])
+def test_bench_collectives_refuses_bad_arguments_before_compiling(args, needle):
+    t0 = time.perf_counter()
+    out = refused(cuco("bench", "collectives", *args), 2, needle)
+    assert "compiling" not in out and len(out.strip().splitlines()) == 1
+    assert time.perf_counter() - t0 < 60
+
+
+def test_fastpath_without_a_gpu_or_its_host_program(tmp_path):
+    out = refused(cuco("fastpath", "--emulate", "--db", str(tmp_path / "c.db"),
+                       env={"CUDA_VISIBLE_DEVICES": ""}), 1, "--emulate still needs one GPU",
+                  "cuco search --dry-run")
+    assert "add --dry-run" not in out  # fastpath has no --dry-run
+    refused(cuco("fastpath", "--host-program", str(tmp_path / "missing.cu"), "--llm", "openai:m",
+                 "--db", str(tmp_path / "c.db")), 2, "--host-program", "does not exist")

@@ -69,6 +69,23 @@ def test_public_api_imports_without_torch_or_gpu():
     assert r.returncode == 0, r.stderr
 
 
+def test_public_api_docstring_examples_run():
+    """Every ``>>>`` example in the docstring of a name ``cuco`` exports runs as written (those
+    that need GPUs or write files say ``doctest: +SKIP``)."""
+    import doctest
+
+    import cuco
+    finder, ran = doctest.DocTestFinder(recurse=False), 0
+    for name in cuco.__all__:
+        obj = getattr(cuco, name)
+        for test in finder.find(obj, name, globs={n: getattr(cuco, n) for n in cuco.__all__}):
+            runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+            runner.run(test, out=lambda text: None)
+            assert runner.failures == 0, f"cuco.{name}'s docstring example fails: {test.filename}"
+            ran += runner.tries
+    assert ran >= 6  # CandidateDB, DesignSpace, Directives, make_problem
+
+
 # ---- examples/custom_op.py: a new op from outside the package (issue #38) -------------------
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,

@@ -35,7 +35,8 @@ DB_OPTION = typer.Option(os.environ.get("CUCO_DB", "cuco.db"), "--db",
 FLAGS = {"workload": "--workload", "world_size": "--world-size", "budget": "--budget",
          "islands": "--islands", "proposer": "--proposer", "llm": "--llm", "hosts": "--hosts",
          "placements": "--placements", "arch": "--arch", "output": "-o", "max_rounds": "--rounds",
-         "db": "--db", "plugin": "--plugin"}
+         "db": "--db", "plugin": "--plugin", "cluster": "--cluster",
+         "table": "--table", "sizes": "--sizes", "iters": "--iters"}
 #: The metavar of an on/off flag: it takes no value, and typer would show ``<bool>``.
 FLAG = ""
 _context: dict = {}  # what the running command parsed (its shape), for spelling fixes
@@ -70,6 +71,8 @@ def _spell(exc) -> str:
         text = (format_shape(cls, fixed) if whole
                 else ",".join(f"{k}={v}" for k, v in fixed.items()))
         return exc.render("--shape").replace(f"--shape {exc.fix}", f"--shape {text}")
+    if exc.param in _context.get("positional", {}):  # e.g. cuco tune PATTERN: no --pattern flag
+        return exc.render(_context["positional"][exc.param])
     return exc.render(FLAGS.get(exc.param, "--" + exc.param.replace("_", "-")))
 
 
@@ -183,13 +186,24 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
     from cuco.db import CandidateDB
     from cuco.errors import DatabaseError
 
-    _require_db(source)
+    _require_db(source, "give the database to copy from as the first argument: "
+                "cuco db migrate SOURCE TARGET")
     try:
         counts = CandidateDB(source).copy_to(CandidateDB(target))
     except DatabaseError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     console.print("copied " + ", ".join(f"{n} {t}" for t, n in counts.items()))
+
+
+def _folder_exists(path: Path, flag: str) -> None:
+    """Exit 2 naming ``flag`` where ``path``'s folder does not exist (before anything runs)."""
+    folder = path.parent
+    if not folder.is_dir():
+        console.print(f"[red]error:[/] {flag} {escape(str(path))}: the directory "
+                      f"{escape(str(folder))} does not exist; create it (mkdir -p "
+                      f"{escape(str(folder))}) or write {path.name} elsewhere", soft_wrap=True)
+        raise typer.Exit(2)
 
 
 def _fmt(x: Optional[float]) -> str:
@@ -210,7 +224,12 @@ CATALOG_ARCHS = ("sm_90a",)
 def kernels_check(arch: str = typer.Option("sm_90a", help="target architecture (the kernels "
                                            "build for " + ", ".join(CATALOG_ARCHS) + ")")) -> None:
     """Render and compile every kernel template and host shim (no GPU needed)."""
-    report = _compile_catalog(arch)
+    _show_compiled(arch)
+
+
+def _show_compiled(arch: str, sources=None) -> None:
+    """Compile the catalog (or ``sources``) and show a row per kernel; exit 1 if one fails."""
+    report = _compile_catalog(arch, sources)
     table = Table(title=f"kernels compiled for {arch}")
     table.add_column("kernel")
     table.add_column("result", overflow="fold")
@@ -289,9 +308,10 @@ def search(
     db: str = DB_OPTION,
 ) -> None:
     """Evolutionary search of fused kernels; Ctrl-C stops cleanly, --resume continues."""
-    from cuco.agents.api import search_settings
+    from cuco.agents.api import check_cluster, search_settings
     from cuco.runtime import visible_gpus
 
+    check_cluster(cluster)
     picked = _placements(placements) if placements is not None else None
     if resume is not None:
         _require_db(db, "--resume continues a run of an existing database: pass its --db")
@@ -528,7 +548,8 @@ def demo(
         _check_in_emulated_world(db, best[0], problem, result.run_id)
     if not real:
         console.print("[yellow]dry run done: numbers above are the analytic model's. On a machine "
-                      f"with {world_size} Hopper GPUs, `cuco demo` measures them.[/]", soft_wrap=True)
+                      f"with {world_size} Hopper GPU{'s' if world_size > 1 else ''}, `cuco demo` "
+                      "measures them.[/]", soft_wrap=True)
 
 
 def _check_in_emulated_world(db: str, cand, problem, run_id: int) -> None:
@@ -558,14 +579,15 @@ def _check_in_emulated_world(db: str, cand, problem, run_id: int) -> None:
                       f"{r.stage_reached}: {escape((r.error or '')[:300])}", soft_wrap=True)
 
 
-def _emulate(world_size: int) -> None:
+def _emulate(world_size: int, instead: str = "add --dry-run to search an analytic model "
+             "instead") -> None:
     """Every worker group of this command puts its ranks on one GPU (``CUCO_EMULATE``), or
-    exit 1 saying why it cannot."""
+    exit 1 saying why it cannot (``instead``: what to do without a GPU)."""
     from cuco.runtime import visible_gpus
     from cuco.runtime.emulated import ENV_VAR, check_world
     if visible_gpus() < 1:
-        console.print("[red]error:[/] --emulate still needs one GPU, and none is visible; add "
-                      "--dry-run to search an analytic model instead", soft_wrap=True)
+        console.print(f"[red]error:[/] --emulate still needs one GPU, and none is visible; {instead}",
+                      soft_wrap=True)
         raise typer.Exit(1)
     check_world(world_size)
     os.environ[ENV_VAR] = str(world_size)
@@ -578,7 +600,8 @@ def fastpath(
     workload: str = typer.Option("gemm_allreduce", help=WORKLOAD_HELP),
     shape: Optional[str] = typer.Option(None, help=SHAPE_HELP),
     world_size: int = typer.Option(2, help="GPUs (ranks)"),
-    host_program: Optional[Path] = typer.Option(None, help="CUDA/C++ of the host-driven program "
+    host_program: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                                help="CUDA/C++ of the host-driven program "
                                                 "(the LLM route reads it)"),
     llm: Optional[str] = typer.Option(None, help="openai:MODEL | anthropic:MODEL | compat:URL|MODEL"),
     rounds: int = typer.Option(6, help="attempts before giving up"),
@@ -600,7 +623,8 @@ def fastpath(
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
         raise typer.Exit(2)
     if emulate:
-        _emulate(world_size)
+        _emulate(world_size, instead="the fast path proves its kernel correct on a GPU: run it "
+                 "on a GPU machine, or `cuco search --dry-run` to search an analytic model")
     elif visible_gpus() < world_size:
         console.print(f"[red]{visible_gpus()} GPU(s) visible but the fast path needs {world_size}[/] "
                       "(it proves its kernel correct on them; --emulate puts every rank on one GPU)")
@@ -684,7 +708,9 @@ def tune_cmd(
     from cuco.dispatch_tune import GpuMeasure, ModelMeasure, tune_table
     from cuco.runtime import visible_gpus
 
+    _context["positional"] = {"pattern": "cuco tune"}
     layer = Layer(pattern, n, k, dtype, world_size)
+    _folder_exists(table, "--table")
     ms = buckets(m, default=() if only else DEFAULT_BUCKETS)
     if not ms:
         console.print("[red]error:[/] --only with no --m: name the buckets to time")
@@ -727,14 +753,19 @@ def bench_collectives(
     out_dir: Path = typer.Option(Path("bench/results")),
 ) -> None:
     """LSA / NVSHMEM collectives vs host NCCL. Without GPUs: a compile-only pass."""
-    from cuco.benchmarks.collectives import CollectivesBench
+    from cuco.benchmarks.collectives import CollectivesBench, check_sizes
+    from cuco.design import check_count
     from cuco.runtime import visible_gpus
 
-    bench = CollectivesBench(world_size=world_size, sizes=tuple(sizes.split(",")), iters=iters,
+    check_count("world_size", world_size, "GPUs (ranks)", 2)
+    check_count("iters", iters, "timed samples", 50)
+    picked = check_sizes(sizes)
+    bench = CollectivesBench(world_size=world_size, sizes=picked, iters=iters,
                              out_dir=out_dir, console=console)
     n = visible_gpus()
     if n < world_size:
-        kernels_check("sm_90a")
+        from cuco.kernels.collectives import all_sources
+        _show_compiled(CATALOG_ARCHS[0], all_sources())  # the collectives' kernels, not the catalog
         console.print(f"[yellow]{n} GPU(s) visible: timing the collectives needs {world_size} "
                       "GPUs with NVLink. Only the compile-only pass ran.[/]")
         return

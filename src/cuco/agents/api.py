@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,19 @@ from cuco.errors import InputError
 
 
 PROPOSERS = ("offline", "tpe")
+
+#: What ``cluster=`` takes: ``local`` (a Ray cluster started here), ``auto`` (the one this
+#: machine is part of), ``HOST:PORT`` or a Ray client address ``ray://HOST:PORT``.
+_RAY_ADDRESS = re.compile(r"local|auto|(ray://)?([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:]+\]):\d{1,5}")
+
+
+def check_cluster(cluster: str | None) -> None:
+    """``cluster`` if Ray can take it as an address, else an :class:`InputError` naming the
+    forms it takes (checked before a database is opened or Ray is started)."""
+    if cluster is not None and not _RAY_ADDRESS.fullmatch(cluster.strip()):
+        raise InputError(f"cluster {cluster!r} is not a Ray address: give ray://HOST:10001 (a Ray "
+                         "client), HOST:6379 or auto (a cluster this machine is part of), or local "
+                         "(start one here)", param="cluster", fix="local")
 
 Shape = str | Mapping[str, Any] | None
 
@@ -137,6 +151,7 @@ def search(workload: str | Problem | None = None, shape: Shape = None,
     seed 0, the offline proposer, no dry run; ``resume=RUN_ID`` instead takes every one of
     them from the run (a value given must agree; a larger ``budget`` extends the run).
     """
+    check_cluster(cluster)
     settings = search_settings(workload, shape, world_size, db=db, resume=resume, budget=budget,
                                islands=islands, seed=seed, proposer=proposer, dry_run=dry_run,
                                llm=llm, placements=placements, hosts=hosts,

@@ -35,6 +35,24 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * UNITS[m.group(2) or "B"]
 
 
+def check_sizes(text: str) -> tuple[str, ...]:
+    """``--sizes`` (``64KiB,1MiB,...``) as its sizes, or an :class:`InputError` naming the
+    first one that is not a size (checked before anything is compiled)."""
+    from cuco.errors import InputError
+
+    sizes = tuple(s.strip() for s in text.split(",") if s.strip())
+    for s in sizes:
+        try:
+            if parse_size(s) < 1:
+                raise ValueError(s)
+        except ValueError:
+            raise InputError(f"size {s!r} is not a size like 64KiB, 16MiB or 4096 (bytes; units B, "
+                             "KiB, MiB, GiB)", param="sizes", fix=",".join(SIZES)) from None
+    if not sizes:
+        raise InputError("no sizes given", param="sizes", fix=",".join(SIZES))
+    return sizes
+
+
 def size_label(n: int) -> str:
     for unit in ("GiB", "MiB", "KiB"):
         if n % UNITS[unit] == 0:

@@ -135,8 +135,10 @@ def _as_directives_json(d: Any) -> dict[str, Any] | None:
 class CandidateDB:
     """The search's memory; safe to share between processes.
 
-    >>> db = CandidateDB(":memory:")  # doctest: +SKIP
+    >>> db = CandidateDB(":memory:")  # or a file path, or any SQLAlchemy URL
     >>> run = db.create_run("demo", "gemm_allreduce")
+    >>> db.runs()[0].workload
+    'gemm_allreduce'
     """
 
     def __init__(self, target: str | os.PathLike[str] = "cuco.db", *, timeout_s: float = 60.0):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cuco.design.dimensions import Backend, ChunkSchedule, Core, Issuer, KIB, MIB, Placement, Schedule, SyncScope
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from typing import Annotated
 
 from cuco.design import cores, stream_order
@@ -368,7 +368,14 @@ class DesignSpace:
 
 def coerce_field(field: str, value: Any) -> Any:
     """Validate one field value alone (type, range), returning its typed form."""
+    from cuco.design.field_errors import describe, with_fix
+
     info = Directives.model_fields[field]
-    typed = TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata
-                        else info.annotation).validate_python(value)
+    try:
+        typed = TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata
+                            else info.annotation).validate_python(value)
+    except ValidationError as exc:  # in cuco's words (the field, the value, one to use)
+        first = describe(Directives, {**exc.errors()[0], "loc": (field,)})
+        raise DirectiveError([with_fix(first)], param=field, fix=first.fix,
+                             guess=first.guess) from None
     return check_field(field, typed)

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cuco.design import Backend, DesignSpace, Directives, Placement, Problem, register_workload
 from cuco.design.problem import check_workload
-from cuco.errors import DirectiveError, InputError, UnknownId
+from cuco.errors import CucoError, DirectiveError, InputError, UnknownId
 from cuco.runtime.dtypes import EPS
 from cuco.runtime.peaks import Work
 from cuco.runtime.records import ProgramResult
@@ -370,6 +370,8 @@ def load_plugin(spec: str | os.PathLike) -> ModuleType:
         except ImportError as exc:
             raise InputError(f"plugin {text!r} cannot be imported ({exc}); give a .py file or a "
                              "module on PYTHONPATH", param="plugin", fix="my_ops.py") from None
+        except Exception as exc:  # the plugin's own code failed: say where, not "internal error"
+            raise _plugin_failed(text, exc) from exc
     path = Path(text).resolve()
     if not path.is_file():
         raise InputError(f"plugin {text}: no such file", param="plugin", fix="my_ops.py")
@@ -381,11 +383,30 @@ def load_plugin(spec: str | os.PathLike) -> ModuleType:
     sys.modules[name] = module
     try:
         found.loader.exec_module(module)
-    except BaseException:
+    except BaseException as exc:
         del sys.modules[name]
+        if isinstance(exc, Exception):
+            raise _plugin_failed(text, exc, path) from exc
         raise
     cloudpickle.register_pickle_by_value(module)
     return module
+
+
+def _plugin_failed(text: str, exc: Exception, path: Path | None = None) -> InputError:
+    """A plugin whose own code raised on import, as one line naming the plugin, the error
+    and its line in the plugin (``--debug`` / ``CUCO_DEBUG=1`` shows the traceback)."""
+    import traceback
+
+    if isinstance(exc, CucoError):  # already names its fix
+        return InputError(f"plugin {text}: {exc}")
+    where = ""
+    if not isinstance(exc, SyntaxError):  # a SyntaxError's text already names file and line
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if path is None or Path(f.filename).resolve() == path]
+        if frames:
+            where = f" (line {frames[-1].lineno} of {frames[-1].filename})"
+    return InputError(f"plugin {text} failed to load: {type(exc).__name__}: {exc}{where}; fix "
+                      "the plugin (--debug shows its traceback)")
 
 
 def load_plugins(specs: Sequence[str | os.PathLike]) -> list[ModuleType]:
