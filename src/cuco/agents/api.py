@@ -159,11 +159,11 @@ def search(workload: str | Problem | None = None, shape: Shape = None,
     problem, budget, islands, seed = (settings.problem, settings.budget, settings.islands,
                                       settings.seed)
     proposer, dry_run, placements = settings.proposer, settings.dry_run, settings.placements
-    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     client = None
-    if llm is not None:  # fail on a missing key before any GPU is started
+    if llm is not None:  # a missing key fails before the database is made or a GPU started
         from cuco.llm import make_client
         client = make_client(llm)
+    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     group = None
     if evaluator is None and cluster is not None:
         from cuco.cluster import RayBackend
@@ -221,11 +221,11 @@ def fastpath(workload: str | Problem, shape: Shape = None, world_size: int = 2, 
     if llm is not None and not host_program:
         raise InputError("the LLM route needs the host program (host_program=...); without "
                          "--llm the template route needs none")
-    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     client = None
-    if llm is not None:  # a missing key fails before any GPU starts
+    if llm is not None:  # a missing key fails before the database is made or a GPU started
         from cuco.llm import make_client
         client = make_client(llm)
+    store = db if isinstance(db, CandidateDB) else CandidateDB(db)
     group = None
     if evaluator is None:
         from cuco.evaluate import evaluator_for
