@@ -74,6 +74,9 @@ step_command() {
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
     tests_adversary) echo "$PT tests/test_adversary_gpu.py" ;;
+    # the shared-job plants and the sync regions' own tests (a region per variant; writes into
+    # another's caught): the route each took is printed (-rA)
+    tests_shared_plants) echo "python3 -m pytest -v -rA -p no:xdist --tb=short --timeout ${TEST_TIMEOUT:-240} -k 'forger or every_shared_job or forged_flags or tamper or pair' tests/test_adversary_gpu.py" ;;
     # the verifier in its own process (issue #36); verifier_smoke first: it prints each stage
     tests_verifier)  echo "$PT tests/test_verifier_process_gpu.py" ;;
     verifier_smoke)  echo "python3 bench/verifier_smoke.py" ;;
