@@ -17,7 +17,6 @@ only the protocol, for the CPU tests). It exits when its pipe closes: with its w
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import traceback
 from typing import Any
@@ -50,9 +49,7 @@ class VerifierState:
         # (the worker closes its copies after finish: an event must outlive its importers)
         self.retired: list[Any] = getattr(self, "checked", [])
         self.checked: list[Any] = []
-        self.counts = self.sums = self.tags = None
-        self.tally_key = 0
-        self.calls = 0
+        self.tally = None  # the job's counts, sums and tags (cuco.runtime.checking.Tally)
 
     # ---- requests -------------------------------------------------------------------------
     def ping(self) -> dict[str, Any]:
@@ -60,19 +57,14 @@ class VerifierState:
 
     def begin(self, calls: int, done_events: list[bytes]) -> dict[str, Any]:
         import cupy
-        from cuco.runtime.sealed import KEY_BITS
+        from cuco.runtime.checking import Tally
         self.finish_quietly()
         rt = cupy.cuda.runtime
         self.done = [int(rt.ipcOpenEventHandle(h)) for h in done_events]
         self.checked = [cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
                         for _ in done_events]
-        with self.stream:
-            self.counts = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
-            self.sums = cupy.zeros((max(calls, 1), 2), dtype=cupy.float64)
-            self.tags = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
+        self.tally = Tally(calls, self.stream)
         self.stream.synchronize()
-        self.tally_key = secrets.randbits(KEY_BITS)
-        self.calls = calls
         return {"events": [bytes(rt.ipcGetEventHandle(e.ptr)).hex() for e in self.checked]}
 
     def reference(self, ref_id: int, handle: bytes, offset: int, n: int) -> dict[str, Any]:
@@ -123,7 +115,7 @@ class VerifierState:
         reference: in full (``full``: the answer goes back now), or counted into row
         ``idx`` and tagged (read at :meth:`finish`)."""
         import cupy
-        from cuco.runtime.checking import compare, count_bad_async, tag_tally_async
+        from cuco.runtime.checking import compare
         if not 0 <= slot < len(self.done):
             raise ProtocolError(f"event slot {slot} of {len(self.done)}: no job begun, or a bad slot")
         if ref_id not in self.refs:
@@ -135,13 +127,9 @@ class VerifierState:
             if full:
                 result = compare(got, ref, dtype, rtol, atol)  # waits for its own answer
             else:
-                if not 0 <= idx < self.calls:
-                    raise ProtocolError(f"call {idx} is outside this job's {self.calls} calls")
-                slot_row, sums = self.counts[idx:idx + 1], self.sums[idx]
-                slot_row.fill(0)
-                sums.fill(0)
-                count_bad_async(got, ref, dtype, rtol, atol, slot_row, self.stream, stats=sums)
-                tag_tally_async(slot_row, sums, idx, self.tally_key, self.tags[idx:idx + 1], self.stream)
+                if not 0 <= idx < self.tally.calls:
+                    raise ProtocolError(f"call {idx} is outside this job's {self.tally.calls} calls")
+                self.tally.count(idx, got, ref, dtype, rtol, atol)
                 result = {}
         self.checked[slot].record(self.stream)
         return result
@@ -149,15 +137,11 @@ class VerifierState:
     def finish(self) -> dict[str, Any]:
         """The job's counts, sums and whether each still matches its tag; the job's
         mappings and events closed."""
-        from cuco.runtime.checking import untampered
-        if self.counts is None:
+        if self.tally is None:
             raise ProtocolError("finish without begin")
-        self.stream.synchronize()
-        counts, sums, tags = self.counts.get(), self.sums.get(), self.tags.get()
-        intact = untampered(range(self.calls), counts[:self.calls], sums[:self.calls], tags[:self.calls],
-                            self.tally_key) if self.calls else []
-        out = {"counts": [int(c) for c in counts[:self.calls]],
-               "sums": [[float(a), float(b)] for a, b in sums[:self.calls]],
+        counts, sums, intact = self.tally.read()
+        out = {"counts": [int(c) for c in counts],
+               "sums": [[float(a), float(b)] for a, b in sums],
                "intact": [bool(x) for x in intact]}
         self.finish_quietly()
         return out
