@@ -13,12 +13,11 @@ the regions, ``snapshot`` them between calls, and ``snapshots`` (read after ``ta
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Protocol
 
 import numpy
 
-from cuco.runtime.sealed import KEY_BITS, SealedReference
+from cuco.runtime.sealed import SealedReference
 from cuco.runtime.verifier_client import (
     RemoteReference, VerifierClient, VerifierRefused, export_handle,
 )
@@ -77,36 +76,20 @@ class InlineChecker:
 
     def __init__(self, ctx):
         self.ctx = ctx
-        #: the key of this job's tally tags: a kernel argument of each tag kernel, nowhere in
-        #: device memory (:func:`cuco.runtime.checking.tag_tally_async`)
-        self.tally_key = secrets.randbits(KEY_BITS)
 
     def begin(self, calls: int) -> None:
-        import cupy
-        with self.ctx.stream:  # on the job's stream: zeroed before any count lands
-            self.counts = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
-            self.sums = cupy.zeros((max(calls, 1), 2), dtype=cupy.float64)  # each call's L2 sums
-            self.tags = cupy.zeros(max(calls, 1), dtype=cupy.uint64)  # each call's count and sums, tagged
+        from cuco.runtime.checking import Tally
+        self.tallies = Tally(calls, self.ctx.stream)
 
     def full(self, out, st, dtype: str, rtol: float) -> dict[str, Any]:
         from cuco.runtime.checking import compare
         return compare(out, _sealed(st.ref), dtype, rtol, st.atol)
 
     def count(self, idx: int, out, st, dtype: str, rtol: float) -> None:
-        from cuco.runtime.checking import count_bad_async, tag_tally_async
-        s = self.ctx.stream
-        # zeroed here, after the call: a count seeded earlier (say, minus the elements a call
-        # will get wrong) is gone before the check adds to it; the tag then seals what it wrote
-        slot, sums = self.counts[idx:idx + 1], self.sums[idx]
-        slot.fill(0)
-        sums.fill(0)
-        count_bad_async(out, _sealed(st.ref), dtype, rtol, st.atol, slot, s, stats=sums)
-        tag_tally_async(slot, sums, idx, self.tally_key, self.tags[idx:idx + 1], s)
+        self.tallies.count(idx, out, _sealed(st.ref), dtype, rtol, st.atol)
 
-    def tally(self, calls: int):
-        from cuco.runtime.checking import untampered
-        counts, sums, tags = self.counts.get()[:calls], self.sums.get()[:calls], self.tags.get()[:calls]
-        return counts, sums, untampered(range(calls), counts, sums, tags, self.tally_key)
+    def tally(self, calls: int):  # noqa: ARG002 - the job's length, fixed at begin
+        return self.tallies.read()
 
     def watch(self, spans: list[tuple[int, int]], region_bytes: int, rows: int) -> None:
         """Room for ``rows`` snapshots of the regions in ``spans`` (``(address, regions)``
@@ -125,15 +108,15 @@ class InlineChecker:
         line.fill(0)  # zeroed here, after the call: nothing seeded earlier is added to
         col = 1
         for ptr, n in self.spans:
-            region_sums_async(ptr, n, self.region_bytes, self.tally_key, line, col, s)
+            region_sums_async(ptr, n, self.region_bytes, self.tallies.key, line, col, s)
             col += n
-        tag_row_async(line, row, self.tally_key, self.sync_tags[row:row + 1], s)
+        tag_row_async(line, row, self.tallies.key, self.sync_tags[row:row + 1], s)
         self.sync_taken = max(self.sync_taken, row + 1)
 
     def snapshots(self):
         from cuco.runtime.checking import rows_untampered
         rows, tags = self.sync_rows.get()[:self.sync_taken], self.sync_tags.get()[:self.sync_taken]
-        return rows[:, 1:], rows_untampered(rows, tags, self.tally_key)
+        return rows[:, 1:], rows_untampered(rows, tags, self.tallies.key)
 
     def end(self) -> None:
         pass

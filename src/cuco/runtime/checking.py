@@ -9,11 +9,12 @@ device memory, nor the differences it could be recovered from.
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Any
 
 import numpy
 
-from cuco.runtime.sealed import MIX_SRC, SEAL_SRC, SealedReference, grid, key_words, siphash_host
+from cuco.runtime.sealed import KEY_BITS, MIX_SRC, SEAL_SRC, SealedReference, grid, key_words, siphash_host
 
 _CHECK_SRC = r"""
 #include <cuda_fp16.h>
@@ -251,6 +252,41 @@ def rows_untampered(rows, tags, key: int) -> numpy.ndarray:
     rows = numpy.asarray(rows, dtype=numpy.uint64).reshape(len(tags), -1)
     index = numpy.arange(len(tags), dtype=numpy.uint64)
     return (rows[:, 0] == index) & (siphash_host(rows, key) == numpy.asarray(tags, dtype=numpy.uint64))
+
+
+class Tally:
+    """One job's per-call counts of bad elements, L2 sums and their tags (device rows, one a
+    schedule call), under a 128-bit key that only the tag kernels' launch arguments hold:
+    what the worker's inline checker and the verifier process each keep the same way."""
+
+    def __init__(self, calls: int, stream):
+        import cupy
+        self.calls, self.stream = calls, stream
+        self.key = secrets.randbits(KEY_BITS)
+        with stream:  # on the job's stream: zeroed before any count lands
+            self.counts = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
+            self.sums = cupy.zeros((max(calls, 1), 2), dtype=cupy.float64)  # each call's L2 sums
+            self.tags = cupy.zeros(max(calls, 1), dtype=cupy.uint64)  # each call's count and sums, tagged
+
+    def count(self, idx: int, got_storage, ref, dtype: str, rtol: float, atol: float) -> None:
+        """Call ``idx``'s count and sums, enqueued on the stream, then tagged."""
+        # zeroed here, after the call: a count seeded earlier (say, minus the elements a call
+        # will get wrong) is gone before the check adds to it; the tag then seals what it wrote
+        slot, sums = self.counts[idx:idx + 1], self.sums[idx]
+        with self.stream:
+            slot.fill(0)
+            sums.fill(0)
+        count_bad_async(got_storage, ref, dtype, rtol, atol, slot, self.stream, stats=sums)
+        tag_tally_async(slot, sums, idx, self.key, self.tags[idx:idx + 1], self.stream)
+
+    def read(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+        """``(counts, sums, intact)`` of the job's calls, read back once the stream is done
+        (a checked call's row, never counted, reads as not intact: callers skip it)."""
+        self.stream.synchronize()
+        n = self.calls
+        counts, sums, tags = self.counts.get()[:n], self.sums.get()[:n], self.tags.get()[:n]
+        intact = untampered(range(n), counts, sums, tags, self.key) if n else numpy.zeros(0, dtype=bool)
+        return counts, sums, intact
 
 
 def rel_l2(sq_diff: float, sq_ref: float) -> float:

@@ -17,7 +17,6 @@ only the protocol, for the CPU tests). It exits when its pipe closes: with its w
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import traceback
 from typing import Any
@@ -50,9 +49,7 @@ class VerifierState:
         # (the worker closes its copies after finish: an event must outlive its importers)
         self.retired: list[Any] = getattr(self, "checked", [])
         self.checked: list[Any] = []
-        self.counts = self.sums = self.tags = None
-        self.tally_key = 0
-        self.calls = 0
+        self.tally = None  # the job's counts, sums and tags (cuco.runtime.checking.Tally)
         #: a shared job's sync regions (the worker's copy: address here, regions, bytes each)
         #: and their snapshots, kept here where no candidate reaches them
         self.sync: tuple[int, int, int] | None = None
@@ -65,19 +62,14 @@ class VerifierState:
 
     def begin(self, calls: int, done_events: list[bytes]) -> dict[str, Any]:
         import cupy
-        from cuco.runtime.sealed import KEY_BITS
+        from cuco.runtime.checking import Tally
         self.finish_quietly()
         rt = cupy.cuda.runtime
         self.done = [int(rt.ipcOpenEventHandle(h)) for h in done_events]
         self.checked = [cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
                         for _ in done_events]
-        with self.stream:
-            self.counts = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
-            self.sums = cupy.zeros((max(calls, 1), 2), dtype=cupy.float64)
-            self.tags = cupy.zeros(max(calls, 1), dtype=cupy.uint64)
+        self.tally = Tally(calls, self.stream)
         self.stream.synchronize()
-        self.tally_key = secrets.randbits(KEY_BITS)
-        self.calls = calls
         return {"events": [bytes(rt.ipcGetEventHandle(e.ptr)).hex() for e in self.checked]}
 
     def reference(self, ref_id: int, handle: bytes, offset: int, n: int) -> dict[str, Any]:
@@ -123,7 +115,7 @@ class VerifierState:
     def watch(self, handle: bytes, offset: int, regions: int, region_bytes: int, rows: int) -> dict[str, Any]:
         """Map the worker's copy of a shared job's sync regions; room for ``rows`` snapshots."""
         import cupy
-        if self.counts is None:
+        if self.tally is None:
             raise ProtocolError("watch before begin")
         if regions < 1 or region_bytes < 8 or region_bytes % 8 or not 0 < rows <= 1 << 24:
             raise ProtocolError(f"{regions} regions of {region_bytes} bytes, {rows} snapshots: not a sync area")
@@ -153,8 +145,8 @@ class VerifierState:
         cupy.cuda.runtime.streamWaitEvent(self.stream.ptr, self.done[slot], 0)
         with self.stream:
             line.fill(0)
-            region_sums_async(ptr, regions, region_bytes, self.tally_key, line, 1, self.stream)
-            tag_row_async(line, row, self.tally_key, self.sync_tags[row:row + 1], self.stream)
+            region_sums_async(ptr, regions, region_bytes, self.tally.key, line, 1, self.stream)
+            tag_row_async(line, row, self.tally.key, self.sync_tags[row:row + 1], self.stream)
         self.checked[slot].record(self.stream)
         self.sync_taken = max(self.sync_taken, row + 1)
         return {}
@@ -174,7 +166,7 @@ class VerifierState:
         reference: in full (``full``: the answer goes back now), or counted into row
         ``idx`` and tagged (read at :meth:`finish`)."""
         import cupy
-        from cuco.runtime.checking import compare, count_bad_async, tag_tally_async
+        from cuco.runtime.checking import compare
         if not 0 <= slot < len(self.done):
             raise ProtocolError(f"event slot {slot} of {len(self.done)}: no job begun, or a bad slot")
         if ref_id not in self.refs:
@@ -186,13 +178,9 @@ class VerifierState:
             if full:
                 result = compare(got, ref, dtype, rtol, atol)  # waits for its own answer
             else:
-                if not 0 <= idx < self.calls:
-                    raise ProtocolError(f"call {idx} is outside this job's {self.calls} calls")
-                slot_row, sums = self.counts[idx:idx + 1], self.sums[idx]
-                slot_row.fill(0)
-                sums.fill(0)
-                count_bad_async(got, ref, dtype, rtol, atol, slot_row, self.stream, stats=sums)
-                tag_tally_async(slot_row, sums, idx, self.tally_key, self.tags[idx:idx + 1], self.stream)
+                if not 0 <= idx < self.tally.calls:
+                    raise ProtocolError(f"call {idx} is outside this job's {self.tally.calls} calls")
+                self.tally.count(idx, got, ref, dtype, rtol, atol)
                 result = {}
         self.checked[slot].record(self.stream)
         return result
@@ -200,15 +188,11 @@ class VerifierState:
     def finish(self) -> dict[str, Any]:
         """The job's counts, sums and whether each still matches its tag; the job's
         mappings and events closed."""
-        from cuco.runtime.checking import untampered
-        if self.counts is None:
+        if self.tally is None:
             raise ProtocolError("finish without begin")
-        self.stream.synchronize()
-        counts, sums, tags = self.counts.get(), self.sums.get(), self.tags.get()
-        intact = untampered(range(self.calls), counts[:self.calls], sums[:self.calls], tags[:self.calls],
-                            self.tally_key) if self.calls else []
-        out = {"counts": [int(c) for c in counts[:self.calls]],
-               "sums": [[float(a), float(b)] for a, b in sums[:self.calls]],
+        counts, sums, intact = self.tally.read()
+        out = {"counts": [int(c) for c in counts],
+               "sums": [[float(a), float(b)] for a, b in sums],
                "intact": [bool(x) for x in intact]}
         if self.sync is not None:
             out.update(self._snapshots())
@@ -221,7 +205,7 @@ class VerifierState:
         rows = self.sync_rows.get()[:self.sync_taken]
         tags = self.sync_tags.get()[:self.sync_taken]
         return {"sync_sums": [[int(x) for x in r[1:]] for r in rows],
-                "sync_intact": [bool(x) for x in rows_untampered(rows, tags, self.tally_key)]}
+                "sync_intact": [bool(x) for x in rows_untampered(rows, tags, self.tally.key)]}
 
     def finish_quietly(self) -> None:
         """Unmap the job's outputs and close its events (a job that ended without finish)."""

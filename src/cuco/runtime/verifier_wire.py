@@ -88,14 +88,21 @@ def _from_wire(kind: str, value: Any) -> Any:
     return value
 
 
-def encode_request(op: str, **fields: Any) -> bytes:
-    """One request as bytes; a wrong op or field is a :class:`ProtocolError` here, before
-    anything is sent."""
+def _schema(op: str, names) -> dict[str, str]:
+    """The fields of request ``op``, or a :class:`ProtocolError` where ``op`` is not one of
+    :data:`REQUESTS` or ``names`` are not exactly its fields (both ends check a message so)."""
     schema = REQUESTS.get(op)
     if schema is None:
         raise ProtocolError(f"unknown verifier request {op!r}; one of {sorted(REQUESTS)}")
-    if set(fields) != set(schema):
-        raise ProtocolError(f"verifier request {op!r} takes {sorted(schema)}, got {sorted(fields)}")
+    if set(names) != set(schema):
+        raise ProtocolError(f"verifier request {op!r} takes {sorted(schema)}, got {sorted(names)}")
+    return schema
+
+
+def encode_request(op: str, **fields: Any) -> bytes:
+    """One request as bytes; a wrong op or field is a :class:`ProtocolError` here, before
+    anything is sent."""
+    schema = _schema(op, fields)
     for name, kind in schema.items():
         if not _check(kind, fields[name]):
             raise ProtocolError(f"verifier request {op!r}: {name} must be {kind}, got {fields[name]!r}"[:300])
@@ -112,11 +119,7 @@ def decode_request(raw: bytes) -> Request:
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
         raise ProtocolError("a request is a JSON object with an 'op'")
     op = msg.pop("op")
-    schema = REQUESTS.get(op)
-    if schema is None:
-        raise ProtocolError(f"unknown verifier request {op!r}")
-    if set(msg) != set(schema):
-        raise ProtocolError(f"verifier request {op!r} takes {sorted(schema)}, got {sorted(msg)}")
+    schema = _schema(op, msg)
     fields = {}
     for name, kind in schema.items():
         wire_kind = "str" if kind == "bytes" else ("[str]" if kind == "[bytes]" else kind)
