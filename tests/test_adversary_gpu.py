@@ -877,7 +877,8 @@ def test_an_honest_in_kernel_and_side_stream_pair_share_a_job(evs, record_proper
 def test_a_write_into_a_neighbours_region_is_tampered(evs, record_property):
     """Plant 14 beside the honest SIDE_FINE: one word into the neighbour's region, at an offset
     it finds by scanning. The plant must be wrong with ``tampered`` (its failed call names the
-    region), score nothing and get no second try; the neighbour keeps its ok."""
+    region), score nothing and get no second try (its verdict is the shared job's); the
+    neighbour keeps its ok."""
     plant, honest = _beside_the_honest_neighbour(evs, region_tamper)
     failed = plant.extra.get("failed_call") or {}
     how = (f"plant {plant.status} at {plant.stage_reached}: {plant.error} (tampered "
@@ -887,7 +888,11 @@ def test_a_write_into_a_neighbours_region_is_tampered(evs, record_property):
     print(f"region_tamper at W={TEST_WORLD}: {how}")
     assert plant.status == "wrong" and plant.score == 0.0, how
     assert plant.extra.get("tampered") is True and "sync region" in (failed.get("wrote_into") or ""), how
-    assert plant.stage_reached == "small", f"charged in the first shared job it was in: {how}"
+    # charged in a job it shared (a check stage only shares among candidates built by the time
+    # the GPUs are free, and the neighbour's build is cached: often the timing job is the first),
+    # never from a job of its own after it: a second try alone would say timed_with 1
+    shared_at = plant.stage_reached == "small" or plant.extra.get("timed_with") == 2
+    assert shared_at, f"charged in the first shared job it was in: {how} (timed_with {plant.extra.get('timed_with')})"
     assert honest.status == "ok", how
 
 
