@@ -111,8 +111,9 @@ step_command() {
     trace_moe|trace_kv_transfer|trace_cp_attention)
                      echo "python3 bench/pipeline_trace.py --only ${1#trace_} --variants ${TRACE_VARIANTS:-0} --limit 20" ;;
     evaluator)       echo "python3 bench/evaluator.py --candidates 24 $R" ;;
-    # issue #39's file: one GPU, the evolved batch at steady state (its configurations built first)
-    evaluator_w1)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1 --candidates 24 --warm-configs $R" ;;
+    # issue #39's file: one GPU, the side-stream batch and the evolved in-kernel batch at steady
+    # state (its configurations built first, as a running search has them)
+    evaluator_w1)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1 --candidates 40 --kinds side_stream,in_kernel_evolved --warm-configs $R" ;;
     # issue #39's batches one at a time (side-stream alone; the evolved in-kernel steady state)
     evaluator_w1_side)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1_side --candidates 40 --kinds side_stream $R" ;;
     evaluator_w1_evolved) echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1_evolved --candidates 40 --kinds in_kernel_evolved --warm-configs $R" ;;
