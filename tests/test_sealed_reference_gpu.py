@@ -140,6 +140,8 @@ def _reference_copier(base):
 
 @pytest.mark.parametrize("timed", [False, True])
 def test_a_variant_that_copies_its_reference_scores_nothing(world_group, timed):
+    """With the checks in the worker (``verifier="inline"``), the reference there is sealed:
+    a variant that copies its device words out scores nothing."""
     from cuco.runtime.records import merge_ranks
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.workloads import for_problem
@@ -148,9 +150,28 @@ def test_a_variant_that_copies_its_reference_scores_nothing(world_group, timed):
     wl = _reference_copier(type(honest)).from_problem(p)
     d = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
     spec = VariantSpec("copier", d.to_json(), "")
-    res = world_group.run(Case(wl, variants=[spec], seed=21, time=timed, iters=8, warmup=1),
-                          timeout=240)
+    res = world_group.run(Case(wl, variants=[spec], seed=21, time=timed, iters=8, warmup=1,
+                               verifier="inline"), timeout=240)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
     assert merged["host_nccl"].correct, merged["host_nccl"]
     assert not merged["copier"].correct, merged["copier"]
+
+
+def test_with_the_verifier_process_the_worker_holds_no_reference_to_copy(world_group):
+    """With the checks in the verifier process (the default where the group started one),
+    what the worker keeps of each reference is its id, size and ``amax``: no device memory a
+    variant could copy (``tests/test_verifier_process_gpu.py`` scans the address space)."""
+    from cuco.evaluate.jobs import Case, VariantSpec
+    from cuco.runtime.verifier_client import RemoteReference
+    from cuco.workloads import for_problem
+    p = GemmProblem(workload="gemm_allreduce", m=512, n=1024, k=1024, world_size=TEST_WORLD)
+    wl = _reference_copier(type(for_problem(p))).from_problem(p)
+    d = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
+    res = world_group.run(Case(wl, variants=[VariantSpec("copier", d.to_json(), "")], seed=22,
+                               iters=8, warmup=1, verifier="process"), timeout=240)
+    assert not res.ok  # the copier's constructor finds the worker's entry, its first call fails
+    why = res.error_text()
+    assert "RemoteReference" in why and "view" in why, why
+    fields = {f for f in vars(RemoteReference).get("__dataclass_fields__", {})}
+    assert fields == {"ref_id", "size", "amax"}, fields

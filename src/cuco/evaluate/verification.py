@@ -203,11 +203,17 @@ class Verification:
 
     def together(self, p: int) -> None:
         """The ranks start the next call together (an all-reduce of the scalar at ``p`` on the
-        job's stream); then, in a shared job, a snapshot of the sync regions: every rank's
-        previous call has ended, and with it every write it made into this rank."""
+        job's stream); then, in a shared job, a snapshot of the sync regions (every rank's
+        previous call has ended, and with it every write it made into this rank) and a second
+        all-reduce (no rank's next call starts before every rank's snapshot is taken)."""
         self.ctx.comm.all_reduce(p, p, 1, "fp32", self.ctx.stream.ptr)
         if self.watch is not None:
             self.watch.snapshot(self.checker, self.last_call)
+            # and every rank's snapshot taken before any rank starts the next call: a peer's
+            # next call writes into this rank's regions (its flags), which must not land in a
+            # row charged to this call (seen at 4 emulated ranks: an honest variant charged
+            # with its neighbour's flags)
+            self.ctx.comm.all_reduce(p, p, 1, "fp32", self.ctx.stream.ptr)
 
     def first_launches(self) -> None:
         """Each verified program's first launch alone (:func:`first_launches_alone`'s reasons:
