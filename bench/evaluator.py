@@ -96,7 +96,9 @@ def _summary(verdicts, seconds: float) -> dict:
             "median_stage_s": {stage: round(statistics.median(v.extra.get("stage_s", {}).get(stage, 0.0)
                                                               for v in verdicts), 3)
                                for stage in ("small", "full", "timing")},
-            "best_speedup": max((v.speedup for v in ok), default=None)}
+            "best_speedup": max((v.speedup for v in ok), default=None),
+            # where each verdict's checks ran (the verifier process, or inline in the worker)
+            "verifiers": sorted({str(v.extra.get("verifier")) for v in verdicts})}
 
 
 #: The batches, in the order they run.
