@@ -166,12 +166,10 @@ def test_a_kernel_that_behaves_differently_when_timed_scores_nothing(ev, tell):
     assert ev.evaluate(D).status == "ok"
 
 
-@pytest.mark.xfail(TEST_WORLD >= 2, strict=False,
-                   reason="known gap (README, 'Not guaranteed'): with a peer, NCCL's own rounding "
-                          "raises the host program's L2 error, and the 2x allowance can admit one bit less")
 def test_a_kernel_that_drops_precision_is_wrong(ev):
     """Each reduced bf16 loses its lowest mantissa bit (as compressed communication would):
-    inside the element-wise tolerance, but twice as far from the reference as the host."""
+    inside the element-wise tolerance, but about twice as far from the reference as the host
+    (at 2 ranks the 2x default admitted it: the TP layers' slack is 1.25)."""
     src, _ = ev.template(ev.problem, D)
     body = evolve.blocks(src)["chunk_allreduce"]
     old = "const uint4 v = reduce_peers(a, p_off, byte);"

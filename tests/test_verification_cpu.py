@@ -463,6 +463,35 @@ def test_a_program_less_accurate_than_the_host_program_is_wrong_by_its_host_comp
     assert records["v1"].correct
 
 
+def test_the_tensor_parallel_layers_hold_variants_closer_to_the_host_program():
+    """The TP layers' slack (1.25, from their honest variants' measured spread) makes wrong
+    what the 2x default admits: a peer's partial a mantissa bit short (about 1.4x the host
+    program's error) and a reduced output's lowest bit dropped (about 2x). A job takes its
+    workload's slack; a collective's job keeps the default."""
+    import cuco.workloads as wls
+    from cuco.evaluate.jobs import Case
+    from cuco.evaluate.collective_job import CollectiveCase
+    from cuco.evaluate.verification import ACCURACY_SLACK, apply_accuracy_rule
+    tp = [wls.GemmAllReduce, wls.GemmReduceScatter, wls.AllGatherGemm]
+    assert {w.accuracy_slack for w in tp} == {1.25} and ACCURACY_SLACK == 2.0
+    for ratio, right_at_default, right_in_tp in ((1.0, True, True), (1.2, True, True),
+                                                 (1.41, True, False), (1.95, True, False)):
+        for slack, right in ((ACCURACY_SLACK, right_at_default), (wls.GemmAllReduce.accuracy_slack, right_in_tp)):
+            records = _records()
+            records["host_nccl"].calls_checked, records["host_nccl"].checked_l2 = 4, 3e-3
+            records["v1"].rel_l2_error = ratio * 3e-3
+            apply_accuracy_rule(records, "bf16", slack)
+            assert records["v1"].correct is right, (ratio, slack)
+    job = Case(wls.GemmReduceScatter(m=256, n=512, k=512, world_size=2))
+    assert job.accuracy_slack == 1.25
+    assert CollectiveCase("allreduce", 1 << 20).accuracy_slack == ACCURACY_SLACK
+    # every built-in workload allows at least its host program's own error
+    for name in dir(wls):
+        cls = getattr(wls, name)
+        if isinstance(cls, type) and issubclass(cls, wls.Workload):
+            assert cls.accuracy_slack >= 1.0, name
+
+
 def test_a_trusted_programs_output_and_its_scratch_are_scrubbed_once_verified():
     """Issue #36: a host program's output is a right answer and its buffers between steps (a
     GEMM's partial product, the gathered operand) hold part of one: both are poisoned as soon

@@ -22,7 +22,7 @@ from cuco.errors import InputError
 from cuco.evaluate.jobs import N_CHECKED, STRESS_US, fresh_seed
 from cuco.evaluate.checkers import job_verifier
 from cuco.evaluate.programs import InputSet, Program, guarded_output, host_program, input_sets
-from cuco.evaluate.verification import HOST, judge
+from cuco.evaluate.verification import ACCURACY_SLACK, HOST, judge
 from cuco.runtime.collective_launch import (KERNEL_VARIANTS, CollectiveInputs, CollectiveOp, collective_op,
                                             host_call, kernel_call, prepare_buffers)
 from cuco.runtime.dtypes import EPS
@@ -70,6 +70,8 @@ class CollectiveCase:
     schedule_seed: int = field(default_factory=fresh_seed)
     #: where the checks run (:attr:`cuco.evaluate.jobs.Case.verifier`)
     verifier: str | None = None
+    #: the accuracy rule's multiple of host NCCL's L2 error (the workloads' default)
+    accuracy_slack: float = ACCURACY_SLACK
 
     def __post_init__(self) -> None:
         has = (HOST, *collective_op(self.op).kernels)

@@ -61,7 +61,7 @@ from cuco.runtime.peaks import below_floor
 from cuco.runtime.verifier_mode import PROCESS, verifier_mode
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
-from cuco.evaluate.jobs import ACCURACY_SLACK, Case, VariantSpec
+from cuco.evaluate.jobs import Case, VariantSpec
 from cuco.evaluate.verification import HOST
 
 
@@ -341,7 +341,7 @@ class Evaluator:
             why = "wrote outside its outputs (a guard page changed)"
         elif rec.less_accurate_than_host is not None:
             why = (f"relative L2 error {rec.rel_l2_error:.3g} is more than "
-                   f"{ACCURACY_SLACK:g}x the host program's {rec.less_accurate_than_host:.3g} on the "
+                   f"{self.workload.accuracy_slack:g}x the host program's {rec.less_accurate_than_host:.3g} on the "
                    "same inputs: it loses precision the workload does not allow (e.g. it "
                    "compresses what it sends)")
         elif rec.failed_call is not None:

@@ -91,6 +91,11 @@ class Case:
     #: started one); ``"inline"`` in the worker; ``"process"`` (refused where there is none)
     verifier: str | None = None
 
+    @property
+    def accuracy_slack(self) -> float:
+        """The accuracy rule's multiple of the host program's L2 error: the workload's."""
+        return self.workload.accuracy_slack
+
     def __call__(self, ctx) -> RankResult:
         wl = self.workload
         if wl.world_size != ctx.world_size:

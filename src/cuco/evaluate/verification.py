@@ -39,7 +39,7 @@ from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
 from cuco.runtime.checking import compare, rel_l2
 from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
 from cuco.runtime.timing import median, spin
-from cuco.workloads.base import EPS, scratch_of
+from cuco.workloads.base import EPS, Workload, scratch_of
 
 #: The iteration a program's first launch reports when it is wrong (it comes before every
 #: call of the schedule: :meth:`Verification.first_launches`).
@@ -51,8 +51,10 @@ TRACE_CALLS = os.environ.get("CUCO_TRACE_CALLS", "") not in ("", "0")
 
 #: A program whose relative L2 error exceeds this multiple of the host program's (in the
 #: same job, on the same inputs) is wrong: a kernel that compresses what it sends can stay
-#: inside the element-wise tolerance while moving fewer bytes than the workload asks.
-ACCURACY_SLACK = 2.0
+#: inside the element-wise tolerance while moving fewer bytes than the workload asks. The
+#: default of :attr:`cuco.workloads.base.Workload.accuracy_slack`; a workload whose honest
+#: variants are measured closer to the host program sets a tighter one.
+ACCURACY_SLACK = Workload.accuracy_slack
 #: The program every other is held to for accuracy (the strongest host program).
 HOST = "host_nccl"
 
@@ -63,6 +65,8 @@ class ScheduledJob(Protocol):
     is drawn, and the stress and spin around its calls."""
 
     time: bool  # False: a check-only job
+    #: the accuracy rule's multiple of the host program's L2 error (the workload's)
+    accuracy_slack: float
     warmup: int
     iters: int
     n_checked: int
@@ -378,8 +382,9 @@ class Verification:
         mark_first_failures(self.records, self.failures, self.ctx.rank, self.sync_blame)
 
     def accuracy_rule(self) -> None:
-        """No program less accurate than the host program (:func:`apply_accuracy_rule`)."""
-        apply_accuracy_rule(self.records, self.dtype)
+        """No program less accurate than the host program allows (:func:`apply_accuracy_rule`,
+        at the job's ``accuracy_slack``)."""
+        apply_accuracy_rule(self.records, self.dtype, self.job.accuracy_slack)
 
     def inputs_rule(self) -> None:
         """Inputs or references written: nobody passes, and the cached sets are dropped."""
@@ -450,9 +455,10 @@ def mark_first_failures(records: dict[str, ProgramRecord],
                                       tampered=n_bad == TAMPERED))
 
 
-def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str) -> None:
-    """A correct program whose relative L2 error (on any verified call) exceeds
-    :data:`ACCURACY_SLACK` times the host program's is wrong. The host program's error is
+def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str,
+                        slack: float = ACCURACY_SLACK) -> None:
+    """A correct program whose relative L2 error (on any verified call) exceeds ``slack``
+    times the host program's is wrong. The host program's error is
     taken from its host-compared (checked) calls only: the device sums of the other calls
     sit in memory a candidate's kernel could find and inflate, which would raise the limit
     its own lossy calls must meet."""
@@ -460,7 +466,7 @@ def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str) -> None:
     if host is None or not host.correct:
         return
     host_l2 = host.checked_l2 if host.calls_checked else host.rel_l2_error
-    limit = ACCURACY_SLACK * max(host_l2, EPS[dtype] / 4)
+    limit = slack * max(host_l2, EPS[dtype] / 4)
     for rec in records.values():
         if rec.correct and rec.rel_l2_error > limit:
             rec.correct, rec.less_accurate_than_host = False, host_l2

@@ -108,6 +108,12 @@ class Workload(ABC):
     #: Host programs of equal standing that a job checks and times (e.g. one GEMM library or
     #: another): the fastest correct one is the baseline of every speedup (:meth:`strongest_host`).
     host_programs: ClassVar[tuple[str, ...]] = ("host_nccl",)
+    #: A variant whose relative L2 error on any verified call is more than this multiple of
+    #: the host program's, on the same inputs, is wrong: it drops precision the workload
+    #: does not allow (compressed communication, a peer's partial rounded short). Set it from
+    #: the spread of the workload's honest variants, with room: too loose admits a lossy
+    #: kernel, too tight refuses an honest one that sums in another order.
+    accuracy_slack: ClassVar[float] = 2.0
 
     problem: Problem
 
