@@ -10,7 +10,7 @@ counts into verdicts (the tags' check, :func:`cuco.runtime.checking.untampered`,
 :func:`cuco.evaluate.verification.tally_device_counts`). No GPU: what it leaves out is the
 per-call CUDA API work (launches, events, the checked calls' waits), which only a GPU run
 measures (``bench/poison.py``, ``bench/evaluator.py``). Both figures are per call and per
-candidate of the job.
+candidate of the job, each the fastest of ``--reps`` repetitions.
 """
 
 from __future__ import annotations
