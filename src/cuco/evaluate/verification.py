@@ -35,9 +35,9 @@ from cuco.evaluate.programs import InputSet, Program, drop_references, fingerpri
 from cuco.evaluate.schedule import Call, make_schedule
 from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch
 from cuco.runtime import dtypes
-from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
+from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, slack_written
 from cuco.runtime.checking import compare, rel_l2
-from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
+from cuco.runtime.records import OWN_SLACK, FailedCall, ProgramRecord, RankResult
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Workload, scratch_of
 
@@ -196,6 +196,10 @@ class Verification:
         self.last_call: CallMade | None = None  # the call made since the last snapshot
         #: programs that changed a sync region not their own, at their first such call
         self.sync_blame: dict[str, Blame] = {}
+        #: a program's first checked call after which its sync region's unused slots were
+        #: not zero (:meth:`check_slack`), and per program the indices of those words
+        self.slack_blame: dict[str, Blame] = {}
+        self.slack_words: dict[str, Any] = {}
 
     def begin(self, calls: int) -> None:
         """The checker's job of ``calls`` schedule calls starts (before any call is made);
@@ -305,6 +309,7 @@ class Verification:
         intact = all(bool((g == CANARY).all()) for g in prog.guards)
         if prog.arena is not None:
             intact = intact and guards_intact(prog.arena, self.layout)
+            self.check_slack(idx, call, prog)
         rec = self.records[call.program]
         rec.calls_checked += 1
         rec.calls_verified += 1
@@ -317,6 +322,27 @@ class Verification:
         self.scrub(call, prog)
         s.synchronize()
         self.check_s += time.perf_counter() - t0
+
+    def check_slack(self, idx: int, call: Call, prog: Program) -> None:
+        """After a checked call (the device idle on this rank): every word of the program's
+        sync region outside the slots its kernels use (its runner's ``live_slots``:
+        :class:`~cuco.runtime.arena.LiveSlots`) is still zero, as the job's start left it.
+        A kernel that keeps a memo of earlier calls there (state that outlives a call) has
+        it there after every call, checked ones included, which it cannot tell from timed
+        ones: its first such call is its failure (``OWN_SLACK``, tampered: no second try)."""
+        import cupy
+        runner = prog.runners[call.input_set] if prog.runners else None
+        live = getattr(runner, "live_slots", None)
+        if live is None or call.program in self.slack_blame:
+            return
+        lay = runner.layout
+        slack = self.slack_words.get(call.program)
+        if slack is None:
+            slack = self.slack_words[call.program] = cupy.asarray(live().slack_words(lay.region_bytes))
+        mem = cupy.cuda.UnownedMemory(prog.arena.ptr + lay.flags, lay.region_bytes, prog.arena)
+        words = cupy.ndarray((lay.region_bytes // 8,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
+        if slack_written(words, slack):
+            self.slack_blame[call.program] = Blame(idx, call, OWN_SLACK)
 
     def timed_call(self, idx: int, call: Call, prog: Program | None,
                    fns: dict[str, Callable[[], None]]) -> None:
@@ -374,8 +400,10 @@ class Verification:
         tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
         if self.watch is not None:
             self.sync_blame = self.watch.blame(*self.checker.snapshots())
-            for name in self.sync_blame:
-                self.records[name].sync_intact = False
+        for name, b in self.slack_blame.items():  # a neighbour's region, where both, first
+            self.sync_blame.setdefault(name, b)
+        for name in self.sync_blame:
+            self.records[name].sync_intact = False
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""

@@ -112,6 +112,42 @@ class ArenaLayout:
         return [self.flags + k * self.region_bytes for k in range(self.regions)]
 
 
+@dataclass(frozen=True)
+class LiveSlots:
+    """The bytes of a variant's sync region its kernels may write (``ranges``: ``(start,
+    end)`` bytes from the region's start, i.e. from its layout's ``flags``): the flags,
+    barrier slots and call state its template uses at this shape. The rest of the region is
+    memory no call needs that outlives a call (the flag area holds 16384 slots a source rank);
+    a kernel that keeps anything there between calls (a memo of earlier results keyed by its
+    inputs) is caught by :func:`slack_written` after a checked call. A runner that says
+    nothing of its slots (``live_slots`` absent or None) is not checked."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def slack_words(self, region_bytes: int) -> np.ndarray:
+        """Indices of the region's 8-byte words outside every range (int64, ascending)."""
+        live = np.zeros(region_bytes // 8, dtype=bool)
+        for start, end in self.ranges:
+            if not (0 <= start <= end <= region_bytes) or start % 8 or end % 8:
+                raise ValueError(f"live range {start}..{end} is not whole words of a "
+                                 f"{region_bytes}-byte region")
+            live[start // 8:end // 8] = True
+        return np.flatnonzero(~live).astype(np.int64)
+
+    @staticmethod
+    def rows(first: int, rows: int, stride: int, used: int) -> tuple[tuple[int, int], ...]:
+        """``rows`` rows of ``stride`` 8-byte slots from byte ``first``, the first ``used``
+        slots of each live (a flag area's ``[src][slot]``, a barrier's ``[rank][cta]``)."""
+        return tuple((first + r * stride * 8, first + (r * stride + used) * 8) for r in range(rows))
+
+
+def slack_written(words, slack) -> int:
+    """How many of ``words`` (a region's 8-byte words, NumPy or CuPy) at indices ``slack``
+    (same array module) are nonzero: :func:`prepare_arenas` zeroed them, and no honest
+    call writes them."""
+    return int((words[slack] != 0).sum())
+
+
 class Arena:
     """A symmetric buffer on every rank, of one backend."""
 

@@ -14,6 +14,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+#: What a call that wrote outside its sync region's live slots wrote into
+#: (:class:`cuco.runtime.arena.LiveSlots`).
+OWN_SLACK = "the unused slots of its own sync region"
+
+
 @dataclass(frozen=True)
 class FailedCall:
     """The first call of a program that was wrong on one rank."""
@@ -27,7 +32,7 @@ class FailedCall:
     #: longer matches): some kernel wrote memory it was not given
     tampered: bool = False
     #: set where the call changed sync regions not its own (another variant's flags, barrier
-    #: slots or call state in a shared job): whose (also ``tampered``)
+    #: slots or call state in a shared job): whose (also ``tampered``); or :data:`OWN_SLACK`
     wrote_into: str = ""
 
     def describe(self) -> str:
@@ -35,6 +40,10 @@ class FailedCall:
         kind = "a checked (poisoned, stressed)" if self.checked else (
             "a timed" if self.iteration >= 0 else "a warm-up")
         where = f"{kind} call, iteration {self.iteration} on input set {self.input_set}, rank {self.rank}"
+        if self.wrote_into == OWN_SLACK:
+            return (f"{where}: it wrote into {OWN_SLACK} (slots none of its calls needs, which "
+                    "outlive a call: a kernel may keep nothing between calls, such as a memo of "
+                    "earlier results)")
         if self.wrote_into:
             return (f"{where}: it changed {self.wrote_into} (flags, barrier slots or call state "
                     "that were not its own, in a job it shared)")

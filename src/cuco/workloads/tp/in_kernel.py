@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from cuco.design import Directives, placement_rules
 from cuco.kernels import fused_launch
-from cuco.kernels.tp import split_workspace_bytes
+from cuco.kernels.tp import fused_tiles, split_workspace_bytes
 from cuco.runtime.arena import Arena, arena_view, own_layout
 from cuco.runtime.emulated import persistent_sms
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
+from cuco.workloads.tp.sync_slots import in_kernel_slots
 
 if TYPE_CHECKING:
     from cuco.workloads.tp.workload import GemmWorkload
@@ -78,6 +79,11 @@ class InKernelRunner:
         ws = split_workspace_bytes(wl.pattern_problem, d)
         self.workspace = cupy.zeros(ws, dtype=cupy.uint8) if ws else None
         self.offsets.update(workspace=int(self.workspace.data.ptr) if ws else None, workspace_bytes=ws)
+
+    def live_slots(self):
+        """The slots of its sync region this variant's kernels write (the evaluator holds
+        the rest at zero: :class:`cuco.runtime.arena.LiveSlots`)."""
+        return in_kernel_slots(self.layout, self.ctx.world_size, fused_tiles(self.wl.pattern_problem, self.d))
 
     def __call__(self) -> None:
         ctx = self.ctx

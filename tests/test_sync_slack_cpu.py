@@ -1,0 +1,110 @@
+"""The unused slots of a variant's sync region (issue #36: nothing a kernel keeps outlives a
+call): which words are live for each tensor-parallel template, that the red team's memo and
+call-index tells write outside them, and how a call that wrote there is reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuco.design import Directives
+from cuco.kernels.tp import FLAG_STRIDE, fused_tiles, in_kernel
+from cuco.runtime.arena import MAX_CTAS, LiveSlots, slack_written
+from cuco.workloads import GemmAllReduce, GemmReduceScatter
+from cuco.workloads.tp.sync_slots import CALL_STATE_BYTES, in_kernel_slots, side_stream_slots
+from cuco.design.tiles import ChunkPlan
+
+SIDE = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
+
+
+def _words(layout):
+    return np.zeros(layout.region_bytes // 8, dtype=np.uint64)
+
+
+def test_live_slots_are_whole_words_and_the_rest_is_slack():
+    live = LiveSlots(((0, 16), (64, 72)))
+    assert live.slack_words(96).tolist() == [2, 3, 4, 5, 6, 7, 9, 10, 11]
+    assert LiveSlots.rows(8, 3, 4, 2) == ((8, 24), (40, 56), (72, 88))
+    with pytest.raises(ValueError, match="whole words"):
+        LiveSlots(((0, 12),)).slack_words(96)
+    with pytest.raises(ValueError, match="whole words"):
+        LiveSlots(((0, 104),)).slack_words(96)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_a_side_stream_variants_flags_barrier_and_call_state_are_live(world):
+    wl = GemmAllReduce(m=1024, n=1024, k=2048, world_size=world)
+    lay = wl.layout()
+    chunks = ChunkPlan.for_problem(wl.pattern_problem, SIDE).n_chunks
+    live = side_stream_slots(lay, world, chunks, SIDE.comm_ctas)
+    slack = set(live.slack_words(lay.region_bytes).tolist())
+    bar = (lay.bar - lay.flags) // 8
+    calls = (lay.calls - lay.flags) // 8
+    for src in range(world):  # every flag the template raises or waits on: [src][chunk]
+        assert not {src * FLAG_STRIDE + c for c in range(chunks)} & slack
+        assert src * FLAG_STRIDE + chunks in slack  # the next one is nobody's
+        # NVSHMEM's barrier: [rank][cta] of the comm CTAs
+        assert not {bar + src * MAX_CTAS + c for c in range(SIDE.comm_ctas)} & slack
+        assert bar + src * MAX_CTAS + SIDE.comm_ctas in slack
+    assert not {calls, calls + 1} & slack  # the seeded call state
+    assert calls + CALL_STATE_BYTES // 8 in slack
+    # the in-kernel half of the flag area is all slack for a side-stream variant
+    ik = (lay.in_kernel_flags - lay.flags) // 8
+    assert {ik, ik + FLAG_STRIDE // 2, ik + FLAG_STRIDE - 1} <= slack
+
+
+def test_the_memo_and_the_tells_of_the_red_team_write_into_slack():
+    """tests/test_adversary_gpu.py's plants at their own shape: the flag-slack memo (row 0,
+    from byte 2048), the side-stream call-index tell (slots kFlagStride - 16 and - 15 of row
+    0) and the in-kernel one (slots kHalf - 3 and - 2 of its row 0): each is caught by the
+    slack check the first checked call after it wrote."""
+    for world in (1, 2):
+        wl = GemmAllReduce(m=1024, n=1024, k=2048, world_size=world)
+        lay = wl.layout()
+        chunks = ChunkPlan.for_problem(wl.pattern_problem, SIDE).n_chunks
+        slack = set(side_stream_slots(lay, world, chunks, SIDE.comm_ctas).slack_words(lay.region_bytes).tolist())
+        memo_units = (FLAG_STRIDE * 8 - 4096) // 96
+        memo = {(2048 + u * 96 + w * 32 + b) // 8 for u in (0, memo_units - 1) for w in range(3) for b in (0, 16)}
+        assert memo <= slack
+        assert {FLAG_STRIDE - 16, FLAG_STRIDE - 15} <= slack
+        rs = GemmReduceScatter(m=1024, n=1024, k=2048, world_size=world)
+        d = in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8)
+        rl = rs.layout()
+        tiles = fused_tiles(rs.pattern_problem, d)
+        ik_slack = set(in_kernel_slots(rl, world, tiles).slack_words(rl.region_bytes).tolist())
+        ik = (rl.in_kernel_flags - rl.flags) // 8
+        assert {ik + FLAG_STRIDE // 2 - 3, ik + FLAG_STRIDE // 2 - 2} <= ik_slack
+        for src in range(world):  # an in-kernel variant's own flags stay live
+            row = ik + src * FLAG_STRIDE
+            live = {row + t for t in range(tiles)} | {row + FLAG_STRIDE // 2 + t for t in range(tiles)}
+            assert not (live | {row + FLAG_STRIDE - 1}) & ik_slack
+
+
+def test_slack_written_counts_nonzero_words_outside_the_live_slots():
+    wl = GemmAllReduce(m=1024, n=1024, k=2048, world_size=2)
+    lay = wl.layout()
+    live = side_stream_slots(lay, 2, 8, 8)
+    slack = live.slack_words(lay.region_bytes)
+    words = _words(lay)
+    words[[0, 7, FLAG_STRIDE, FLAG_STRIDE + 7]] = 5  # flags an honest call raises
+    words[(lay.calls - lay.flags) // 8] = 41          # the seeded last epoch
+    assert slack_written(words, slack) == 0
+    words[300] = 1  # a memo word in row 0's slack
+    words[(lay.calls - lay.flags) // 8 + 100] = 1  # the call state page past its two words
+    assert slack_written(words, slack) == 2
+
+
+def test_a_call_that_wrote_into_its_own_slack_is_wrong_and_says_so():
+    from cuco.evaluate.schedule import Call
+    from cuco.evaluate.sync_watch import Blame
+    from cuco.evaluate.verification import mark_first_failures
+    from cuco.runtime.records import OWN_SLACK, ProgramRecord
+    call = Call("v", 4, 2, checked=True, timed=False)
+    records = {"v": ProgramRecord(), "w": ProgramRecord()}
+    mark_first_failures(records, {}, rank=1, sync_blame={"v": Blame(4, call, OWN_SLACK)})
+    rec = records["v"]
+    assert not rec.correct and not rec.sync_intact and rec.failed_call.tampered
+    text = rec.failed_call.describe()
+    assert "unused slots of its own sync region" in text and "outlive a call" in text
+    assert "input set 2, rank 1" in text and "not their own" not in text
+    assert records["w"].correct
