@@ -94,6 +94,21 @@ def test_slack_written_counts_nonzero_words_outside_the_live_slots():
     assert slack_written(words, slack) == 2
 
 
+def test_a_split_k_workspace_is_its_counters_then_its_partial_tiles():
+    """What the verification holds at zero (the counters) and poisons before each call (the
+    partial tiles) splits the workspace where the template does."""
+    from cuco.kernels.tp import split_counter_bytes, split_workspace_bytes
+    from cuco.design import GemmProblem
+    p = GemmProblem(workload="gemm_reducescatter", m=512, n=1024, k=4096, world_size=2)
+    d = in_kernel("epilogue", "lsa", "cta", problem=p, split_k=2, schedule="pingpong", tile_m=128, tile_n=128)
+    tiles = fused_tiles(p, d)
+    counters = split_counter_bytes(p, d)
+    assert counters % 256 == 0 and tiles * 4 <= counters < tiles * 4 + 256
+    assert split_workspace_bytes(p, d) == counters + tiles * 2 * 128 * 128 * 4
+    plain = in_kernel("epilogue", "lsa", "cta", problem=p, split_k=1, schedule="cooperative", tile_m=128, tile_n=128)
+    assert split_counter_bytes(p, plain) == split_workspace_bytes(p, plain) == 0
+
+
 def test_a_call_that_wrote_into_its_own_slack_is_wrong_and_says_so():
     from cuco.evaluate.schedule import Call
     from cuco.evaluate.sync_watch import Blame
@@ -105,6 +120,6 @@ def test_a_call_that_wrote_into_its_own_slack_is_wrong_and_says_so():
     rec = records["v"]
     assert not rec.correct and not rec.sync_intact and rec.failed_call.tampered
     text = rec.failed_call.describe()
-    assert "unused slots of its own sync region" in text and "outlive a call" in text
+    assert "unused slots of its own sync region" in text and "outlives a call" in text
     assert "input set 2, rank 1" in text and "not their own" not in text
     assert records["w"].correct

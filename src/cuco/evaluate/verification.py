@@ -37,7 +37,7 @@ from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch
 from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, slack_written
 from cuco.runtime.checking import compare, rel_l2
-from cuco.runtime.records import OWN_SLACK, FailedCall, ProgramRecord, RankResult
+from cuco.runtime.records import OWN_SLACK, OWN_ZEROED, FailedCall, ProgramRecord, RankResult
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Workload, scratch_of
 
@@ -166,6 +166,14 @@ def bound_halves(ctx, job: ScheduledJob, extras: dict[str, Callable[[], Callable
     return fns
 
 
+def _runner_buffers(prog: Program, call: Call, kind: str) -> list:
+    """The buffers the runner of ``call``'s input set names under ``kind``
+    (``poisoned_each_call``, ``zero_after_each_call``; none where it has no such method)."""
+    runner = prog.runners[call.input_set] if prog.runners else None
+    named = getattr(runner, kind, None)
+    return list(named()) if named is not None else []
+
+
 class Verification:
     """One job's schedule run on one rank, and what it found: a typed record per program.
 
@@ -287,6 +295,8 @@ class Verification:
         call.poison.apply(prog.outputs[call.input_set])
         if prog.arena is not None:
             poison_arena(prog.arena, self.layout, call.poison, self.dtype, self.ctx.stream)
+        for buf in _runner_buffers(prog, call, "poisoned_each_call"):
+            call.poison.apply(buf)
 
 
     def checked_call(self, idx: int, call: Call, prog: Program) -> None:
@@ -329,7 +339,9 @@ class Verification:
         :class:`~cuco.runtime.arena.LiveSlots`) is still zero, as the job's start left it.
         A kernel that keeps a memo of earlier calls there (state that outlives a call) has
         it there after every call, checked ones included, which it cannot tell from timed
-        ones: its first such call is its failure (``OWN_SLACK``, tampered: no second try)."""
+        ones: its first such call is its failure (``OWN_SLACK``, tampered: no second try).
+        Likewise memory its runner leaves at zero between calls (``zero_after_each_call``: a
+        split-K build's arrival counters; ``OWN_ZEROED``)."""
         import cupy
         runner = prog.runners[call.input_set] if prog.runners else None
         live = getattr(runner, "live_slots", None)
@@ -343,6 +355,8 @@ class Verification:
         words = cupy.ndarray((lay.region_bytes // 8,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
         if slack_written(words, slack):
             self.slack_blame[call.program] = Blame(idx, call, OWN_SLACK)
+        elif any(int(cupy.count_nonzero(b)) for b in _runner_buffers(prog, call, "zero_after_each_call")):
+            self.slack_blame[call.program] = Blame(idx, call, OWN_ZEROED)
 
     def timed_call(self, idx: int, call: Call, prog: Program | None,
                    fns: dict[str, Callable[[], None]]) -> None:

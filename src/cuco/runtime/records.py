@@ -17,6 +17,11 @@ from typing import Any
 #: What a call that wrote outside its sync region's live slots wrote into
 #: (:class:`cuco.runtime.arena.LiveSlots`).
 OWN_SLACK = "the unused slots of its own sync region"
+#: ... and one that left its runner's memory meant to be zero between calls nonzero (a
+#: split-K build's arrival counters).
+OWN_ZEROED = "memory its runner leaves at zero between calls (split-K arrival counters)"
+#: State a kernel kept between calls, where it may keep none.
+OWN_STATE = (OWN_SLACK, OWN_ZEROED)
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,10 @@ class FailedCall:
         kind = "a checked (poisoned, stressed)" if self.checked else (
             "a timed" if self.iteration >= 0 else "a warm-up")
         where = f"{kind} call, iteration {self.iteration} on input set {self.input_set}, rank {self.rank}"
-        if self.wrote_into == OWN_SLACK:
-            return (f"{where}: it wrote into {OWN_SLACK} (slots none of its calls needs, which "
-                    "outlive a call: a kernel may keep nothing between calls, such as a memo of "
-                    "earlier results)")
+        if self.wrote_into in OWN_STATE:
+            return (f"{where}: it left values in {self.wrote_into} (memory that outlives a call "
+                    "and that no call reads: a kernel may keep nothing between calls, such as a "
+                    "memo of earlier results)")
         if self.wrote_into:
             return (f"{where}: it changed {self.wrote_into} (flags, barrier slots or call state "
                     "that were not its own, in a job it shared)")
