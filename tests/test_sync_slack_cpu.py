@@ -10,8 +10,8 @@ import pytest
 from cuco.design import Directives
 from cuco.kernels.tp import FLAG_STRIDE, fused_tiles, in_kernel
 from cuco.runtime.arena import MAX_CTAS, LiveSlots, slack_written
-from cuco.workloads import GemmAllReduce, GemmReduceScatter
-from cuco.workloads.tp.sync_slots import CALL_STATE_BYTES, in_kernel_slots, side_stream_slots
+from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
+from cuco.workloads.tp.sync_slots import CALL_STATE_BYTES, in_kernel_live, side_stream_live, side_stream_slots
 from cuco.design.tiles import ChunkPlan
 
 SIDE = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10)
@@ -32,25 +32,60 @@ def test_live_slots_are_whole_words_and_the_rest_is_slack():
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_a_side_stream_variants_flags_barrier_and_call_state_are_live(world):
-    wl = GemmAllReduce(m=1024, n=1024, k=2048, world_size=world)
-    lay = wl.layout()
-    chunks = ChunkPlan.for_problem(wl.pattern_problem, SIDE).n_chunks
-    live = side_stream_slots(lay, world, chunks, SIDE.comm_ctas)
-    slack = set(live.slack_words(lay.region_bytes).tolist())
-    bar = (lay.bar - lay.flags) // 8
-    calls = (lay.calls - lay.flags) // 8
-    for src in range(world):  # every flag the template raises or waits on: [src][chunk]
-        assert not {src * FLAG_STRIDE + c for c in range(chunks)} & slack
-        assert src * FLAG_STRIDE + chunks in slack  # the next one is nobody's
-        # NVSHMEM's barrier: [rank][cta] of the comm CTAs
-        assert not {bar + src * MAX_CTAS + c for c in range(SIDE.comm_ctas)} & slack
-        assert bar + src * MAX_CTAS + SIDE.comm_ctas in slack
-    assert not {calls, calls + 1} & slack  # the seeded call state
-    assert calls + CALL_STATE_BYTES // 8 in slack
-    # the in-kernel half of the flag area is all slack for a side-stream variant
-    ik = (lay.in_kernel_flags - lay.flags) // 8
-    assert {ik, ik + FLAG_STRIDE // 2, ik + FLAG_STRIDE - 1} <= slack
+@pytest.mark.parametrize("backend", ["lsa", "nvshmem"])
+def test_a_side_stream_variants_flags_barrier_and_call_state_are_live(world, backend):
+    from cuco.design.patterns import find
+    d = Directives(placement="side_stream", sync_scope="chunk", comm_ctas=8, chunk_bytes=256 << 10, backend=backend)
+    for wl in (GemmAllReduce(m=1024, n=1024, k=2048, world_size=world),
+               AllGatherGemm(m=1024, n=1024, k=2048, world_size=world)):
+        lay = wl.layout()
+        plan = ChunkPlan.for_problem(wl.pattern_problem, d)
+        pattern = find(wl.pattern_problem.workload)
+        chunks = plan.chunks_per_block if pattern.gathers_input else plan.n_chunks
+        slack = set(side_stream_live(lay, pattern, plan, d, world).slack_words(lay.region_bytes).tolist())
+        bar = (lay.bar - lay.flags) // 8
+        calls = (lay.calls - lay.flags) // 8
+        for src in range(world):  # every flag the template raises or waits on: [src][chunk]
+            assert not {src * FLAG_STRIDE + c for c in range(chunks)} & slack
+            assert src * FLAG_STRIDE + chunks in slack  # the next one is nobody's
+            # NVSHMEM's barrier: [rank][cta] of the comm CTAs; LSA's is NCCL's own
+            ctas = {bar + src * MAX_CTAS + c for c in range(SIDE.comm_ctas)}
+            assert not ctas & slack if backend == "nvshmem" else ctas <= slack
+            assert bar + src * MAX_CTAS + SIDE.comm_ctas in slack
+        assert not {calls, calls + 1} & slack  # the seeded call state
+        assert calls + CALL_STATE_BYTES // 8 in slack
+        # the in-kernel half of the flag area is all slack for a side-stream variant
+        ik = (lay.in_kernel_flags - lay.flags) // 8
+        assert {ik, ik + FLAG_STRIDE // 2, ik + FLAG_STRIDE - 1} <= slack
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_an_in_kernel_variants_live_flags_are_the_ones_its_pattern_raises(world):
+    """Partial (or X-slice) flags of one block's tiles a source rank and the open flag, for
+    every pattern; finals only for AllReduce; staged flags of every tile in the rank's own row
+    only under dedicated_ctas and a reduction."""
+    from cuco.design.patterns import find
+    for cls in (GemmAllReduce, GemmReduceScatter, AllGatherGemm):
+        wl = cls(m=2048, n=2048, k=1024, world_size=world)
+        lay, pattern, problem = wl.layout(), find(wl.pattern_problem.workload), wl.pattern_problem
+        for placement in ("epilogue", "dedicated_ctas"):
+            d = in_kernel(placement, "lsa", "cta", problem=problem, comm_ctas=8 if placement == "dedicated_ctas" else 0)
+            tiles = fused_tiles(problem, d)
+            block = tiles // world
+            for rank in (0, world - 1):
+                slack = set(in_kernel_live(lay, pattern, problem, d, rank).slack_words(lay.region_bytes).tolist())
+                ik, half = (lay.in_kernel_flags - lay.flags) // 8, FLAG_STRIDE // 2
+                for src in range(world):
+                    row = ik + src * FLAG_STRIDE
+                    assert not {row + t for t in range(block)} & slack and row + FLAG_STRIDE - 1 not in slack
+                    finals = {row + half + t for t in range(block)}
+                    staged_row = placement == "dedicated_ctas" and cls is not AllGatherGemm and src == rank
+                    if cls is GemmAllReduce or staged_row:
+                        assert not finals & slack
+                    else:
+                        assert finals <= slack
+                    staged = {row + half + t for t in range(block, tiles)}
+                    assert (not staged & slack) if staged_row else staged <= slack, (cls, placement, rank, src)
 
 
 def test_the_memo_and_the_tells_of_the_red_team_write_into_slack():
@@ -58,11 +93,12 @@ def test_the_memo_and_the_tells_of_the_red_team_write_into_slack():
     from byte 2048), the side-stream call-index tell (slots kFlagStride - 16 and - 15 of row
     0) and the in-kernel one (slots kHalf - 3 and - 2 of its row 0): each is caught by the
     slack check the first checked call after it wrote."""
+    from cuco.design.patterns import find
     for world in (1, 2):
         wl = GemmAllReduce(m=1024, n=1024, k=2048, world_size=world)
-        lay = wl.layout()
-        chunks = ChunkPlan.for_problem(wl.pattern_problem, SIDE).n_chunks
-        slack = set(side_stream_slots(lay, world, chunks, SIDE.comm_ctas).slack_words(lay.region_bytes).tolist())
+        lay, pattern = wl.layout(), find(wl.pattern_problem.workload)
+        plan = ChunkPlan.for_problem(wl.pattern_problem, SIDE)
+        slack = set(side_stream_live(lay, pattern, plan, SIDE, world).slack_words(lay.region_bytes).tolist())
         memo_units = (FLAG_STRIDE * 8 - 4096) // 96
         memo = {(2048 + u * 96 + w * 32 + b) // 8 for u in (0, memo_units - 1) for w in range(3) for b in (0, 16)}
         assert memo <= slack
@@ -70,14 +106,10 @@ def test_the_memo_and_the_tells_of_the_red_team_write_into_slack():
         rs = GemmReduceScatter(m=1024, n=1024, k=2048, world_size=world)
         d = in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8)
         rl = rs.layout()
-        tiles = fused_tiles(rs.pattern_problem, d)
-        ik_slack = set(in_kernel_slots(rl, world, tiles).slack_words(rl.region_bytes).tolist())
+        ik_live = in_kernel_live(rl, find(rs.pattern_problem.workload), rs.pattern_problem, d, 0)
+        ik_slack = set(ik_live.slack_words(rl.region_bytes).tolist())
         ik = (rl.in_kernel_flags - rl.flags) // 8
         assert {ik + FLAG_STRIDE // 2 - 3, ik + FLAG_STRIDE // 2 - 2} <= ik_slack
-        for src in range(world):  # an in-kernel variant's own flags stay live
-            row = ik + src * FLAG_STRIDE
-            live = {row + t for t in range(tiles)} | {row + FLAG_STRIDE // 2 + t for t in range(tiles)}
-            assert not (live | {row + FLAG_STRIDE - 1}) & ik_slack
 
 
 def test_slack_written_counts_nonzero_words_outside_the_live_slots():
@@ -123,3 +155,7 @@ def test_a_call_that_wrote_into_its_own_slack_is_wrong_and_says_so():
     assert "unused slots of its own sync region" in text and "outlives a call" in text
     assert "input set 2, rank 1" in text and "not their own" not in text
     assert records["w"].correct
+    from cuco.runtime.records import OWN_STATE, FailedCall
+    for where in OWN_STATE:  # each kind of state kept between calls says where and why
+        said = FailedCall(0, 0, False, 0, 0, tampered=True, wrote_into=where).describe()
+        assert where in said and "a timed call" in said and "keep nothing between calls" in said

@@ -37,7 +37,7 @@ from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch
 from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, slack_written
 from cuco.runtime.checking import compare, rel_l2
-from cuco.runtime.records import OWN_SLACK, OWN_ZEROED, FailedCall, ProgramRecord, RankResult
+from cuco.runtime.records import OWN_SLACK, OWN_TAIL, OWN_ZEROED, FailedCall, ProgramRecord, RankResult
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Workload, scratch_of
 
@@ -164,6 +164,13 @@ def bound_halves(ctx, job: ScheduledJob, extras: dict[str, Callable[[], Callable
         fns = {name: make() for name, make in extras.items()}
         first_launches_alone(ctx, list(fns.values()))
     return fns
+
+
+def _words(arena, offset: int, nbytes: int):
+    """``nbytes`` of ``arena`` from ``offset`` as 8-byte words (a CuPy view)."""
+    import cupy
+    mem = cupy.cuda.UnownedMemory(arena.ptr + offset, nbytes, arena)
+    return cupy.ndarray((nbytes // 8,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
 def _runner_buffers(prog: Program, call: Call, kind: str) -> list:
@@ -334,29 +341,38 @@ class Verification:
         self.check_s += time.perf_counter() - t0
 
     def check_slack(self, idx: int, call: Call, prog: Program) -> None:
-        """After a checked call (the device idle on this rank): every word of the program's
-        sync region outside the slots its kernels use (its runner's ``live_slots``:
-        :class:`~cuco.runtime.arena.LiveSlots`) is still zero, as the job's start left it.
-        A kernel that keeps a memo of earlier calls there (state that outlives a call) has
-        it there after every call, checked ones included, which it cannot tell from timed
-        ones: its first such call is its failure (``OWN_SLACK``, tampered: no second try).
-        Likewise memory its runner leaves at zero between calls (``zero_after_each_call``: a
-        split-K build's arrival counters; ``OWN_ZEROED``)."""
+        """After every call of a program with an arena (checked and timed alike, so no tell of
+        a checked call helps): nothing it may not keep between calls holds anything. Host-
+        synchronous, so no kernel runs on this rank while it is read. In order:
+
+        - the words of its sync region outside the slots its kernels use (its runner's
+          ``live_slots``: :class:`~cuco.runtime.arena.LiveSlots`), zeroed at the job's start
+          (``OWN_SLACK``): a memo of earlier calls kept there;
+        - the arena past every sync region up to its mapped end (``OWN_TAIL``);
+        - memory its runner leaves at zero between calls (``zero_after_each_call``: a split-K
+          build's arrival counters; ``OWN_ZEROED``).
+
+        The program's first such call is its failure (tampered: no second try)."""
         import cupy
         runner = prog.runners[call.input_set] if prog.runners else None
-        live = getattr(runner, "live_slots", None)
-        if live is None or call.program in self.slack_blame:
+        lay = getattr(runner, "layout", None)
+        if lay is None or call.program in self.slack_blame:
             return
-        lay = runner.layout
-        slack = self.slack_words.get(call.program)
-        if slack is None:
-            slack = self.slack_words[call.program] = cupy.asarray(live().slack_words(lay.region_bytes))
-        mem = cupy.cuda.UnownedMemory(prog.arena.ptr + lay.flags, lay.region_bytes, prog.arena)
-        words = cupy.ndarray((lay.region_bytes // 8,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
-        if slack_written(words, slack):
-            self.slack_blame[call.program] = Blame(idx, call, OWN_SLACK)
-        elif any(int(cupy.count_nonzero(b)) for b in _runner_buffers(prog, call, "zero_after_each_call")):
-            self.slack_blame[call.program] = Blame(idx, call, OWN_ZEROED)
+        found = None
+        live = getattr(runner, "live_slots", None)
+        if live is not None:
+            slack = self.slack_words.get(call.program)
+            if slack is None:
+                slack = self.slack_words[call.program] = cupy.asarray(live().slack_words(lay.region_bytes))
+            if slack_written(_words(prog.arena, lay.flags, lay.region_bytes), slack):
+                found = OWN_SLACK
+        tail = prog.arena.size - lay.size
+        if found is None and tail > 0 and int(cupy.count_nonzero(_words(prog.arena, lay.size, tail))):
+            found = OWN_TAIL
+        if found is None and any(int(cupy.count_nonzero(b)) for b in _runner_buffers(prog, call, "zero_after_each_call")):
+            found = OWN_ZEROED
+        if found is not None:
+            self.slack_blame[call.program] = Blame(idx, call, found)
 
     def timed_call(self, idx: int, call: Call, prog: Program | None,
                    fns: dict[str, Callable[[], None]]) -> None:
@@ -381,6 +397,8 @@ class Verification:
             self.marks.setdefault(call.program, []).append((start, end))
         if prog is not None:
             self.count_bad(idx, call, prog)
+            if prog.arena is not None:
+                self.check_slack(idx, call, prog)
 
     def count_bad(self, idx: int, call: Call, prog: Program) -> None:
         """The device's count of a call's elements out of tolerance (and its L2 sums), never

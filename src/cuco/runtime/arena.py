@@ -22,6 +22,9 @@ MAX_CTAS = 1024
 #: Per-slot arrival counts the host keeps for an arena (AllGather's rolling targets).
 COUNTER_SLOTS = 4096
 PAGE = 4096
+#: An arena's size is a whole number of these (NCCL's and cuMem's allocation granularity on
+#: Hopper): the mapped memory ends where the arena does.
+GRANULE = 2 << 20
 #: A page after every data region, filled with CANARY; a candidate that writes
 #: there wrote outside its outputs.
 GUARD_BYTES = PAGE
@@ -248,7 +251,8 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
         if a is None or a.size < layout.size:
             if a is not None:
                 a.free(ctx)
-            a = arenas[b] = Arena(ctx, b, layout.size)
+            # whole granules: nothing mapped past what the evaluator zeroes and watches
+            a = arenas[b] = Arena(ctx, b, -(-layout.size // GRANULE) * GRANULE)
         # every sync region, and whatever lies past them (a larger job's regions): nothing a
         # kernel left in any flag, barrier slot or call state outlives its job
         cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, a.size - layout.flags, ctx.stream.ptr)

@@ -20,8 +20,11 @@ OWN_SLACK = "the unused slots of its own sync region"
 #: ... and one that left its runner's memory meant to be zero between calls nonzero (a
 #: split-K build's arrival counters).
 OWN_ZEROED = "memory its runner leaves at zero between calls (split-K arrival counters)"
+#: ... and one that left values in its arena past every sync region (up to the arena's mapped
+#: end: a 2 MiB granule, or a larger job's regions).
+OWN_TAIL = "its arena past the sync regions"
 #: State a kernel kept between calls, where it may keep none.
-OWN_STATE = (OWN_SLACK, OWN_ZEROED)
+OWN_STATE = (OWN_SLACK, OWN_ZEROED, OWN_TAIL)
 
 
 @dataclass(frozen=True)

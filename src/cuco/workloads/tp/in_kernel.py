@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from cuco.design import Directives, placement_rules
 from cuco.kernels import fused_launch
-from cuco.kernels.tp import fused_tiles, split_counter_bytes, split_workspace_bytes
+from cuco.kernels.tp import split_counter_bytes, split_workspace_bytes
 from cuco.runtime.arena import Arena, arena_view, own_layout
 from cuco.runtime.emulated import persistent_sms
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
-from cuco.workloads.tp.sync_slots import in_kernel_slots
+from cuco.workloads.tp.sync_slots import in_kernel_live
 
 if TYPE_CHECKING:
     from cuco.workloads.tp.workload import GemmWorkload
@@ -85,7 +85,7 @@ class InKernelRunner:
     def live_slots(self):
         """The slots of its sync region this variant's kernels write (the evaluator holds
         the rest at zero: :class:`cuco.runtime.arena.LiveSlots`)."""
-        return in_kernel_slots(self.layout, self.ctx.world_size, fused_tiles(self.wl.pattern_problem, self.d))
+        return in_kernel_live(self.layout, self.pattern, self.wl.pattern_problem, self.d, self.ctx.rank)
 
     def poisoned_each_call(self) -> list:
         """Memory a call writes before it reads and that outlives it: a split-K build's
