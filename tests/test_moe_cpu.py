@@ -53,8 +53,9 @@ def test_moe_template_builds_every_kernel_the_runner_launches():
 
 def test_moe_plan_follows_chunk_bytes():
     wl = MoE(2, tokens=128, experts=256, topk=8)
-    assert wl.plan(side(chunk_bytes=1 << 28)) == {"groups": 1}
-    assert wl.plan(side(chunk_bytes=1 << 20)) == {"groups": 8}   # 14.7 MB of rows / 1 MiB
+    # flag_slots: a counter per group and source rank, then counts, done and finished a rank
+    assert wl.plan(side(chunk_bytes=1 << 28)) == {"groups": 1, "flag_slots": 1 * 8 + 3 * 8}
+    assert wl.plan(side(chunk_bytes=1 << 20)) == {"groups": 8, "flag_slots": 8 * 8 + 3 * 8}   # 14.7 MB of rows / 1 MiB
     assert wl.route_warps() == 32 and MoE(2, experts=8192, topk=8).route_warps() == 1
     with pytest.raises(DirectiveError, match="side_stream"):
         wl.render(Directives(backend="lsa", placement="epilogue", comm_ctas=0))

@@ -159,3 +159,32 @@ def test_a_call_that_wrote_into_its_own_slack_is_wrong_and_says_so():
     for where in OWN_STATE:  # each kind of state kept between calls says where and why
         said = FailedCall(0, 0, False, 0, 0, tampered=True, wrote_into=where).describe()
         assert where in said and "a timed call" in said and "keep nothing between calls" in said
+
+
+def test_a_pipeline_variants_live_flags_are_its_plans_and_the_open_slots():
+    """MoE, KV transfer and CP attention: the flags their plan counts (what flag_plan_check
+    was given), every rank's open slot and the call state are live; the rest of the 65536
+    slots is slack. A GIN MoE variant's "outputs computed" flags are live too."""
+    from cuco.design import Backend
+    from cuco.workloads.cp import CPAttention
+    from cuco.workloads.kv import KVTransfer
+    from cuco.workloads.moe import MoE
+    from cuco.workloads.moe.gin import COMPUTED_SLOT
+    from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, pipeline_live_slots
+    d = Directives(placement="side_stream", sync_scope="chunk", issuer="warp", chunk_bytes=64 << 10, comm_ctas=4)
+    for wl in (CPAttention(2, seq=1024, heads=4, head_dim=128, causal=True),
+               KVTransfer(2, layers=2, tokens=256, hidden=512, kv_dim=256),
+               MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2)):
+        lay = wl.layout()
+        n = wl.plan(d)["flag_slots"]
+        slack = set(pipeline_live_slots(lay, wl.live_flag_slots(d)).slack_words(lay.region_bytes).tolist())
+        calls = (lay.calls - lay.flags) // 8
+        assert not set(range(n)) & slack and n in slack, type(wl).__name__
+        assert not set(range(OPEN_SLOT, MAX_FLAGS)) & slack and OPEN_SLOT - 1 in slack
+        assert not {calls, calls + 1} & slack and calls + 2 in slack
+        assert len(slack) == lay.region_bytes // 8 - n - (MAX_FLAGS - OPEN_SLOT) - 2
+    moe = MoE(2, tokens=64, hidden=512, ffn=256, experts=8, topk=2)
+    gin = moe.at(moe.problem.model_copy(update={"has_network": True}))
+    dg = d.model_copy(update={"backend": Backend.GIN})
+    ranges = gin.live_flag_slots(dg)
+    assert (COMPUTED_SLOT, COMPUTED_SLOT + gin.groups(dg)) in ranges

@@ -359,13 +359,13 @@ class Verification:
         if lay is None or call.program in self.slack_blame:
             return
         found = None
-        live = getattr(runner, "live_slots", None)
-        if live is not None:
-            slack = self.slack_words.get(call.program)
-            if slack is None:
-                slack = self.slack_words[call.program] = cupy.asarray(live().slack_words(lay.region_bytes))
-            if slack_written(_words(prog.arena, lay.flags, lay.region_bytes), slack):
-                found = OWN_SLACK
+        if call.program not in self.slack_words:  # None: the runner names no live slots
+            live = getattr(runner, "live_slots", None)
+            slots = live() if live is not None else None
+            self.slack_words[call.program] = None if slots is None else cupy.asarray(slots.slack_words(lay.region_bytes))
+        slack = self.slack_words[call.program]
+        if slack is not None and slack_written(_words(prog.arena, lay.flags, lay.region_bytes), slack):
+            found = OWN_SLACK
         tail = prog.arena.size - lay.size
         if found is None and tail > 0 and int(cupy.count_nonzero(_words(prog.arena, lay.size, tail))):
             found = OWN_TAIL

@@ -172,13 +172,21 @@ class MoE(PipelineWorkload):
         return Work(6.0 * self.pairs * s.hidden * s.ffn, 3 * self.pairs * self.row_bytes,
                     2 * rows_in * self.row_bytes)
 
+    def live_flag_slots(self, d: Directives) -> tuple[tuple[int, int], ...] | None:
+        """The plan's flags, and under GIN each group's "outputs computed" flag
+        (``moe_gin.cu.j2``'s ``[kComputed + g]``)."""
+        out = super().live_flag_slots(d)
+        if out is not None and d.backend is Backend.GIN:
+            out += ((moe_gin.COMPUTED_SLOT, moe_gin.COMPUTED_SLOT + self.groups(d)),)
+        return out
+
     def plan(self, d: Directives) -> dict:
         """One chunk per group of experts (any chunk size groups the experts somehow)."""
         g = self.groups(d)
-        flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, self.family)
+        flags = flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, self.family)
         if d.backend is Backend.GIN:
             moe_gin.plan_check(g)
-        return {"groups": g}
+        return {"groups": g, "flag_slots": flags}
 
     def chunk_choices(self) -> list[int]:
         return sizes_cutting(self.pairs * self.row_bytes, (1, 2, 4, 8, 16))
