@@ -851,27 +851,25 @@ def _ok(r) -> bool:
     return r.status == "ok" and r.extra.get("timed_with") == 2
 
 
-def test_an_honest_pair_shares_a_job_with_a_region_each(evs, record_property):
-    """Two honest side-stream variants (8 and 32 chunks) in one batch: both ok, timed together
-    (``timed_with`` 2), neither charged with a write into the other's region."""
-    from cuco.evaluate import Candidate
-    ev = evs["GemmAllReduce"]
-    a, b = ev.evaluate_many([Candidate(SIDE), Candidate(SIDE_FINE)])
-    how = f"SIDE {_verdict(a)} timed_with {a.extra.get('timed_with')}; SIDE_FINE {_verdict(b)}"
-    record_property("route", how)
-    print(f"honest pair at W={TEST_WORLD}: {how}")
-    assert _ok(a) and _ok(b), how
+#: Honest pairs that share a job, a sync region each: (workload, (label, directives) twice).
+HONEST_PAIRS = {
+    # two side-stream variants (8 and 32 chunks)
+    "side_stream_pair": ("GemmAllReduce", ("SIDE", SIDE), ("SIDE_FINE", SIDE_FINE)),
+    # an in-kernel variant (its epoch kept in its own region's call state) beside a side-stream one
+    "in_kernel_and_side_stream": ("GemmReduceScatter", ("EPI", EPI), ("SIDE", SIDE)),
+}
 
 
-def test_an_honest_in_kernel_and_side_stream_pair_share_a_job(evs, record_property):
-    """An in-kernel variant (its epoch kept in its own region's call state) beside a side-stream
-    one, in one batch of GemmReduceScatter: both ok, timed together."""
+@pytest.mark.parametrize("pair", sorted(HONEST_PAIRS))
+def test_an_honest_pair_shares_a_job_with_a_region_each(evs, pair, record_property):
+    """Two honest variants in one batch: both ok, timed together (``timed_with`` 2), neither
+    charged with a write into the other's region."""
     from cuco.evaluate import Candidate
-    ev = evs["GemmReduceScatter"]
-    a, b = ev.evaluate_many([Candidate(EPI), Candidate(SIDE)])
-    how = f"EPI {_verdict(a)} timed_with {a.extra.get('timed_with')}; SIDE {_verdict(b)}"
+    kind, (la, da), (lb, db) = HONEST_PAIRS[pair]
+    a, b = evs[kind].evaluate_many([Candidate(da), Candidate(db)])
+    how = f"{la} {_verdict(a)} timed_with {a.extra.get('timed_with')}; {lb} {_verdict(b)}"
     record_property("route", how)
-    print(f"in-kernel + side-stream pair at W={TEST_WORLD}: {how}")
+    print(f"{pair} at W={TEST_WORLD}: {how}")
     assert _ok(a) and _ok(b), how
 
 

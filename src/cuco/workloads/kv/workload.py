@@ -29,8 +29,6 @@ share of the transfer time not added to the compute time:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from cuco.design import Directives, Issuer, KVProblem, SyncScope
