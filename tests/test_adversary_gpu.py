@@ -218,8 +218,22 @@ def evs(tmp_path_factory):
     t = StageTimeouts(small=60, full=90, timing=150)
     out = {k: make_evaluator(k, TEST_WORLD, group=group, db=db, timeouts=t, timing_iters=20)
            for k in ("GemmAllReduce", "AllGatherGemm", "GemmReduceScatter")}
+    _prebuild(out)
     yield out
     group.close()
+
+
+def _prebuild(evs) -> None:
+    """The attacks, the shared-job plants and their honest neighbours, built on all cores
+    before the first test (one at a time, the in-kernel builds kept the device waiting)."""
+    from cuco.evaluate import Candidate
+    by = {k: [] for k in evs}
+    by["GemmAllReduce"] += [Candidate(SIDE), Candidate(SIDE_FINE)]
+    by["GemmReduceScatter"] += [Candidate(SIDE), Candidate(EPI)]
+    for kind, d, build, *_ in (*ATTACKS.values(), *SHARED_PLANTS.values()):
+        by[kind].append(Candidate(d, build(evs[kind])))
+    for kind, cands in by.items():
+        assert evs[kind].prebuild(cands) == [None] * len(cands), kind
 
 
 #: Attacks that get through today, each with why it stays open (a test that fails here is

@@ -395,7 +395,7 @@ def test_schedule_overhead_bench_times_the_python_of_each_job(tmp_path):
     job's draws and tallies cost a candidate less than a job of its own."""
     import json
     bench = load("schedule_overhead")
-    assert bench.main(["--reps", "2", "--candidates", "8", "--out-dir", str(tmp_path)]) == 0
+    assert bench.main(["--reps", "5", "--candidates", "8", "--out-dir", str(tmp_path)]) == 0
     rows = {r["case"]: r for r in json.loads((tmp_path / "schedule_overhead.json").read_text())["rows"]}
     assert set(rows) == {f"{kind}/{k}_candidates" for kind in ("small", "full", "timing") for k in (1, 8)}
     assert rows["full/1_candidates"]["calls"] == 12 and rows["timing/8_candidates"]["calls"] == 14 * 35

@@ -417,3 +417,21 @@ def test_only_a_real_worlds_timing_job_measures_the_floor():
     assert Case(wl, time=True).floor_ms(ctx(emulated=False)) > 0
     assert Case(wl, time=False).floor_ms(ctx(emulated=False)) == 0.0
     assert Case(wl, time=True).floor_ms(ctx(emulated=True)) == 0.0
+
+
+def test_prebuild_builds_on_all_cores_and_evaluate_then_finds_the_builds(ev):
+    """Evaluator.prebuild: every candidate's kernels built without a GPU (a wrong edit says
+    why, aligned with its candidate); a later evaluate compiles nothing (its compile_s is 0:
+    the cache held both builds)."""
+    from cuco.evaluate import Candidate
+    src, _ = ev.template(ev.problem, D)
+    body = evolve.blocks(src)["chunk_allreduce"]
+    broken = evolve.splice(src, {"chunk_allreduce": body + "    this_is_no_cuda;\n"})
+    forbidden = evolve.splice(src, {"chunk_allreduce": body + "    printf(0);\n"})
+    why = ev.prebuild([Candidate(D), Candidate(D, broken), Candidate(D, forbidden)])
+    assert why[0] is None
+    assert why[1] is not None and "this_is_no_cuda" in why[1]
+    assert why[2] is not None and "printf" in why[2]
+    r = ev.evaluate(D)  # no worker group: stops after the compile stage, which found both builds
+    assert r.stage_reached == "compile" and "no worker group" in (r.error or ""), r.error
+    assert r.extra["compile_s"] == 0.0

@@ -33,8 +33,24 @@ def evs(tmp_path_factory):
                    timing_iters=12)
     rs = Evaluator(GemmReduceScatter(m=1024, n=1024, k=2048, world_size=TEST_WORLD), group=group, db=db, timeouts=t,
                    timing_iters=12)
-    yield {"ar": ar, "rs": rs}
+    evs = {"ar": ar, "rs": rs}
+    _prebuild(evs)
+    yield evs
     group.close()
+
+
+def _prebuild(evs) -> None:
+    """Every candidate this module evaluates, built on all cores before its first test (one
+    at a time, each CUTLASS build kept the device waiting: over 340 s for this file)."""
+    from cuco.evaluate import Candidate
+    by = {k: [Candidate(d) for d in (EPI, DED)] for k in evs}
+    for name, (which, d, *_rest) in PLANTED.items():
+        by[which].append(Candidate(d, planted_source(evs[which], name)))
+    for tell in TELLS:
+        for d in (EPI, DED):
+            by["ar"].append(Candidate(d, edit(evs["ar"], d, AR_OFF, AR_OFF + " " + TELLS[tell])))
+    for k, cands in by.items():
+        assert evs[k].prebuild(cands) == [None] * len(cands)
 
 
 def edit(ev, d, old: str, new: str, block: str = "reduce_own") -> str:
@@ -60,16 +76,19 @@ PLANTED = {
 }
 
 
+def planted_source(ev, name: str) -> str:
+    which, d, old, new, _ = PLANTED[name]
+    if name == "early_return":
+        src, _ = ev.template(ev.problem, d)
+        return evolve.splice(src, {"reduce_own": "  (void)src;\n"})
+    return edit(ev, d, old, new)
+
+
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_planted_in_kernel_kernel_is_rejected(evs, name):
     which, d, old, new, status = PLANTED[name]
     ev = evs[which]
-    if name == "early_return":
-        src, _ = ev.template(ev.problem, d)
-        source = evolve.splice(src, {"reduce_own": "  (void)src;\n"})
-    else:
-        source = edit(ev, d, old, new)
-    r = ev.evaluate(d, source)
+    r = ev.evaluate(d, planted_source(ev, name))
     assert r.status == status, (name, r.status, r.stage_reached, r.error)
     assert r.score == 0.0
     if name == "write_past_output":

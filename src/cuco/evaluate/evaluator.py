@@ -264,6 +264,32 @@ class Evaluator:
         return None, {"source": source, "small_source": small_source, "needs": needs,
                       "small_problem": small_p}
 
+    def prebuild(self, cands: list[Candidate | Directives]) -> list[str | None]:
+        """Build the candidates' kernels on all cores now, without a GPU and without a verdict:
+        each build lands in the kernel cache, where a later :meth:`evaluate` finds it (a test
+        suite or a notebook that evaluates candidates one at a time then waits on no build).
+        Returns, per candidate, None where it is built, else why not (its static or compile
+        verdict's text). ::
+
+            ev = Evaluator(GemmAllReduce(m=1024, n=1024, k=2048, world_size=2))
+            ev.prebuild([Directives(placement="side_stream", comm_ctas=8, chunk_bytes=1 << 20)])
+        """
+        why: list[str | None] = [None] * len(cands)
+        items, owner = [], []
+        for i, c in enumerate(cands):
+            cand = c if isinstance(c, Candidate) else Candidate(c)
+            fail, prep = self.prepare(cand)
+            if fail is not None:
+                why[i] = fail.error or fail.status
+                continue
+            sources = [prep["source"]] + ([] if one_build(prep) else [prep["small_source"]])
+            items += [(self._name(cand), src, prep["needs"]) for src in sources]
+            owner += [i] * len(sources)
+        for i, built in zip(owner, self._compiler().compile_many(items)):
+            if isinstance(built, CompileError) and why[i] is None:
+                why[i] = built.summary
+        return why
+
     def grid_refusal(self, d: Directives) -> str | None:
         """Why the group cannot run ``d``'s communication grid (its CTAs spin on their peers,
         so every rank's must be resident together: in an emulated world each rank has its
