@@ -211,8 +211,9 @@ class Verification:
         self.last_call: CallMade | None = None  # the call made since the last snapshot
         #: programs that changed a sync region not their own, at their first such call
         self.sync_blame: dict[str, Blame] = {}
-        #: a program's first checked call after which its sync region's unused slots were
-        #: not zero (:meth:`check_slack`), and per program the indices of those words
+        #: a program's first call after which it had left state between calls (its sync
+        #: region's unused slots, its arena's tail, its runner's zeroed memory: :meth:`check_slack`),
+        #: and per program the indices of its region's unused words (None: not named)
         self.slack_blame: dict[str, Blame] = {}
         self.slack_words: dict[str, Any] = {}
 
