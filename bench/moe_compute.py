@@ -9,7 +9,9 @@ gate/up, SwiGLU, down -- ``y = (silu(x Wg) * (x Wu)) Wd`` in bf16 with fp32 accu
 
 * cuco: what the MoE workload runs (:mod:`cuco.workloads.moe.grouped_gemm`, :func:`cuco.workloads.
   moe_host.compute_only`): one CUTLASS grouped GEMM per projection (sizes and pointers in
-  device tables, one group per expert) and cuco's SwiGLU kernel between them;
+  device tables, one group per expert) and cuco's SwiGLU kernel between them, in each of the
+  grouped GEMM's configurations (``--configs``; tile and schedule, one build each, timed in
+  the same interleaved run): a row reports the fastest correct one and every one's time;
 * torch: ``torch._grouped_mm`` per projection (the weights in the layout the workload's torch
   host program gives it: ``[E, 2F, H]`` viewed as ``[E, H, 2F]``) and
   ``silu(h[:, :F]) * h[:, F:]``, as a user writes it.
@@ -40,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from cuco.workloads.moe.grouped_gemm import CONFIGS  # name: (tile, schedule), the workload's
+
 NAME = "moe_compute"
 #: (hidden, expert FFN width, local experts, where the count comes from)
 EXPERT_SHAPES: dict[str, tuple[int, int, int, str]] = {
@@ -56,7 +60,7 @@ REGIMES: dict[str, dict[str, Any]] = {
 ZIPF = 1.0
 #: tolerance: |y - ref| <= RTOL |ref| + ATOL_RMS * rms(ref), and rel. L2 error <= MAX_REL_L2
 RTOL, ATOL_RMS, MAX_REL_L2 = 2.0**-6, 2.0**-4, 2.0**-5
-VARIANT = "cuco.cutlass_grouped_gemm.cooperative.t128x128x64+swiglu"
+VARIANT = "cuco.cutlass_grouped_gemm.{config}+swiglu"
 BASELINE = "torch._grouped_mm+silu*up"
 
 
@@ -74,7 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--zipf", type=float, default=ZIPF, help="routing skew exponent (0: uniform)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"grouped GEMM configurations to time, comma-separated (of {', '.join(CONFIGS)})")
     args = ap.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    if not args.configs or set(args.configs) - set(CONFIGS):
+        ap.error(f"--configs: some of {', '.join(CONFIGS)}")
     if args.out_dir:
         args.out = str(Path(args.out_dir) / f"{NAME}.json")
     if args.iters < 20:
@@ -108,13 +117,15 @@ def case_label(shape: str, regime: str) -> str:
 
 
 def make_row(shape: str, regime: str, counts: np.ndarray, m: dict[str, Any]) -> dict[str, Any]:
-    """One result row from one case's measurement ``m``: ``cuco`` and ``torch`` (ms samples,
-    paired by index), checks ``cuco_check`` / ``torch_check`` (dicts with ``correct``), or
-    ``error``."""
+    """One result row from one case's measurement ``m``: ``cuco`` (per configuration, ms
+    samples) and ``torch`` (ms samples, paired by index), checks ``cuco_check`` (per
+    configuration) / ``torch_check`` (dicts with ``correct``), or ``error``. The row's ``ms``
+    is the fastest correct configuration's (any, where none is correct); ``configs`` has
+    every one's."""
     h, f, e, origin = EXPERT_SHAPES[shape]
     total = int(counts.sum())
     row: dict[str, Any] = {
-        "case": case_label(shape, regime), "variant": VARIANT, "baseline": BASELINE,
+        "case": case_label(shape, regime), "variant": VARIANT.format(config="?"), "baseline": BASELINE,
         "model": shape, "regime": regime, "hidden": h, "ffn": f, "experts": e,
         "experts_origin": origin,
         "rows": {"total": total, "min": int(counts.min()), "mean": round(float(counts.mean()), 2),
@@ -123,20 +134,27 @@ def make_row(shape: str, regime: str, counts: np.ndarray, m: dict[str, Any]) -> 
     if "error" in m:
         return {**row, "ms": None, "baseline_ms": None, "speedup": None, "correct": False,
                 "error": m["error"], "peers": {}}
-    cuco, torch_ = statistics.median(m["cuco"]), statistics.median(m["torch"])
+    torch_ = statistics.median(m["torch"])
+    medians = {c: statistics.median(s) for c, s in m["cuco"].items()}
+    right = [c for c in medians if m["cuco_check"][c]["correct"]]
+    best = min(right or medians, key=medians.__getitem__)
+    cuco, samples = medians[best], m["cuco"][best]
     flops = 2.0 * total * h * 3 * f
     weight_bytes = 3.0 * e * h * f * 2
     row.update({
+        "variant": VARIANT.format(config=best), "config": best,
         "ms": round(cuco, 4), "baseline_ms": round(torch_, 4),
         "speedup": round(torch_ / cuco, 4),
-        "speedup_paired": round(statistics.median(t / c for c, t in zip(m["cuco"], m["torch"])), 4),
+        "speedup_paired": round(statistics.median(t / c for c, t in zip(samples, m["torch"])), 4),
         "tflops": round(flops / cuco / 1e9, 1),
         "weights_tb_s": round(weight_bytes / cuco / 1e9, 3),
-        "cuco_ms_samples": [round(x, 4) for x in m["cuco"]],
+        "cuco_ms_samples": [round(x, 4) for x in samples],
         "torch_ms_samples": [round(x, 4) for x in m["torch"]],
-        "check": m["cuco_check"], "torch_check": m["torch_check"],
+        "configs": {c: {"ms": round(medians[c], 4), "speedup": round(torch_ / medians[c], 4),
+                        "correct": bool(m["cuco_check"][c]["correct"])} for c in medians},
+        "check": m["cuco_check"][best], "torch_check": m["torch_check"],
         "cuco_vs_torch_max_abs": m.get("cuco_vs_torch_max_abs"),
-        "correct": bool(m["cuco_check"]["correct"]),
+        "correct": bool(m["cuco_check"][best]["correct"]),
         "peers": {"torch_grouped_mm_ms": round(torch_, 4),
                   "torch_correct": bool(m["torch_check"]["correct"])},
     })
@@ -156,7 +174,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'case':<44} {'rows min/mean/max':>18} {'cuco ms':>9} {'torch ms':>9} "
-            f"{'torch/cuco':>10} {'TFLOP/s':>8} ok")
+            f"{'torch/cuco':>10} {'TFLOP/s':>8} ok  {'fastest configuration'}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rr = r["rows"]
@@ -165,7 +183,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{r['case']:<44} {rs:>18} ERROR {str(r.get('error', ''))[:80]}")
             continue
         lines.append(f"{r['case']:<44} {rs:>18} {r['ms']:>9.4f} {r['baseline_ms']:>9.4f} "
-                     f"{r['speedup']:>10.3f} {r['tflops']:>8.1f} {'yes' if r['correct'] else 'NO'}")
+                     f"{r['speedup']:>10.3f} {r['tflops']:>8.1f} {'yes' if r['correct'] else 'NO ':<3} "
+                     f"{r.get('config', '')}")
     return "\n".join(lines)
 
 
@@ -220,7 +239,7 @@ def _normal(shape: tuple[int, ...], scale: float, seed: int):
 class Case:
     """One expert shape and routing: inputs, both programs and the fp32 reference."""
 
-    def __init__(self, ctx, torch, shape: str, counts: np.ndarray, seed: int, lib, sms: int):
+    def __init__(self, ctx, torch, shape: str, counts: np.ndarray, seed: int, libs: dict[str, Any], sms: int):
         import cupy
 
         from cuco.runtime import dtypes, torch_bridge
@@ -236,20 +255,23 @@ class Case:
         # flat storage, as the workload keeps it (moe_host.swiglu indexes it flat)
         self.h = dtypes.empty(total * 2 * F, "bf16")
         self.act = dtypes.empty(total * F, "bf16")
-        self.y = dtypes.empty(total * H, "bf16")
+        # an output per configuration: each one's last timed call is checked after timing
+        self.y = {cfg: dtypes.empty(total * H, "bf16") for cfg in libs}
         self.y_torch = dtypes.empty(total * H, "bf16")
         self.stream = ctx.stream
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         j = np.arange(E)
-        self.gg = []
-        for n, k, a, ak, b, bk, d, dn in ((2 * F, H, self.x, H, self.wgu, 2 * F * H, self.h, 2 * F),
-                                          (H, F, self.act, F, self.wd, H * F, self.y, H)):
-            gg = GroupedGemm(lib, ctx.device, E, n, k, sms)
-            gg.shapes.set(np.stack([counts, np.full(E, n), np.full(E, k)], 1).astype(np.int32))
-            gg.a.set((ptr(a) + r0 * ak * 2).astype(np.uint64))
-            gg.b.set((ptr(b) + j * bk * 2).astype(np.uint64))
-            gg.d.set((ptr(d) + r0 * dn * 2).astype(np.uint64))
-            self.gg.append(gg)
+        self.gg: dict[str, list] = {}
+        for cfg, lib in libs.items():
+            self.gg[cfg] = []
+            for n, k, a, ak, b, bk, d, dn in ((2 * F, H, self.x, H, self.wgu, 2 * F * H, self.h, 2 * F),
+                                              (H, F, self.act, F, self.wd, H * F, self.y[cfg], H)):
+                gg = GroupedGemm(lib, ctx.device, E, n, k, sms)
+                gg.shapes.set(np.stack([counts, np.full(E, n), np.full(E, k)], 1).astype(np.int32))
+                gg.a.set((ptr(a) + r0 * ak * 2).astype(np.uint64))
+                gg.b.set((ptr(b) + j * bk * 2).astype(np.uint64))
+                gg.d.set((ptr(d) + r0 * dn * 2).astype(np.uint64))
+                self.gg[cfg].append(gg)
         # torch's views of the same storage
         self.ts = torch.cuda.ExternalStream(self.stream.ptr)
         self.xt = torch_bridge.tensor(self.x, "bf16", (total, H))
@@ -259,12 +281,14 @@ class Case:
         self.kept: dict[str, Any] = {}
         cupy.cuda.Device().synchronize()  # inputs and tables were made on the default stream
 
-    def cuco(self) -> None:
-        """Gate/up, SwiGLU, down: the MoE workload's compute (on the current CuPy stream)."""
+    def cuco(self, cfg: str) -> None:
+        """Gate/up, SwiGLU, down: the MoE workload's compute (on the current CuPy stream), its
+        grouped GEMMs in configuration ``cfg``."""
         from cuco.workloads.moe.host import swiglu
-        self.gg[0](self.stream.ptr)
+        gate_up, down = self.gg[cfg]
+        gate_up(self.stream.ptr)
         swiglu(self.h, self.act, self.total, self.F)
-        self.gg[1](self.stream.ptr)
+        down(self.stream.ptr)
 
     def torch_call(self) -> None:
         torch, F = self.torch, self.F
@@ -319,20 +343,25 @@ def measure(case: Case, iters: int, warmup: int) -> dict[str, Any]:
     scale = float(cupy.sqrt(cupy.mean(ref * ref)))
     if not np.isfinite(scale) or scale == 0.0:
         raise RuntimeError("the fp32 reference is zero or not finite: refusing to time on it")
-    with case.stream:
-        dtypes.poison(case.y, "bf16")
-        case.cuco()
-    pre = case.check(case.y, ref, scale)
+    pre = {}
+    for cfg in case.gg:
+        with case.stream:
+            dtypes.poison(case.y[cfg], "bf16")
+            case.cuco(cfg)
+        pre[cfg] = case.check(case.y[cfg], ref, scale)
     case.torch_call()
     pre_t = case.check(case.torch_output(), ref, scale)
-    times = time_interleaved({"cuco": case.cuco, "torch": case.torch_call}, case.stream,
+    programs = {f"cuco:{cfg}": (lambda cfg=cfg: case.cuco(cfg)) for cfg in case.gg}
+    times = time_interleaved({**programs, "torch": case.torch_call}, case.stream,
                              warmup=warmup, iters=iters, busy_us=100.0)
-    post = case.check(case.y, ref, scale)              # the last timed calls' outputs
-    post_t = case.check(case.torch_output(), ref, scale)
-    diff = cupy.abs(dtypes.to_float32(case.y, "bf16") - dtypes.to_float32(case.y_torch, "bf16"))
     both = lambda a, b: {**a, "correct": a["correct"] and b["correct"], "after_timing": b}  # noqa: E731
-    return {"cuco": times["cuco"], "torch": times["torch"], "cuco_check": both(pre, post),
-            "torch_check": both(pre_t, post_t), "cuco_vs_torch_max_abs": float(diff.max())}
+    checks = {cfg: both(pre[cfg], case.check(case.y[cfg], ref, scale)) for cfg in case.gg}  # last timed calls
+    post_t = case.check(case.torch_output(), ref, scale)
+    first = next(iter(case.gg))
+    diff = cupy.abs(dtypes.to_float32(case.y[first], "bf16") - dtypes.to_float32(case.y_torch, "bf16"))
+    return {"cuco": {cfg: times[f"cuco:{cfg}"] for cfg in case.gg}, "torch": times["torch"],
+            "cuco_check": checks, "torch_check": both(pre_t, post_t),
+            "cuco_vs_torch_max_abs": float(diff.max())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,22 +373,28 @@ def main(argv: list[str] | None = None) -> int:
 
     from cuco.kernels import toolchain
     from cuco.runtime.worker import WorkerContext, WorkerOptions
-    from cuco.workloads.moe.grouped_gemm import build, load
+    from cuco.kernels import Compiler
+    from cuco.workloads.moe.grouped_gemm import config_source, load
     dev = cupy.cuda.Device()
     device = f"1 x {cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}"
     sms = int(dev.attributes["MultiProcessorCount"])
     ctx = WorkerContext(0, 1, dev.id, WorkerOptions(gpu=True, nccl=False, arch=toolchain.default_arch()),
                         stream=cupy.cuda.Stream(non_blocking=True))
     t0 = time.perf_counter()
-    lib = load(ctx, build())
+    sources = {cfg: config_source(cfg) for cfg in args.configs}
+    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources.values()])
+    failed = {cfg: str(b) for cfg, b in zip(sources, built) if not hasattr(b, "path")}
+    if failed:
+        raise SystemExit(f"grouped GEMM configurations that do not build: {failed}")
+    libs = {cfg: load(ctx, b.path) for cfg, b in zip(sources, built)}
     compile_s = time.perf_counter() - t0
-    print(f"grouped GEMM built and loaded in {compile_s:.1f} s", flush=True)
+    print(f"grouped GEMM configurations {', '.join(libs)} built and loaded in {compile_s:.1f} s", flush=True)
     rows: list[dict[str, Any]] = []
     for i, (shape, regime) in enumerate(todo):
         counts = skewed_counts(EXPERT_SHAPES[shape][2], regime, args.seed + i, args.zipf)
         case = None
         try:
-            case = Case(ctx, torch, shape, counts, 1000 * (args.seed + i), lib, sms)
+            case = Case(ctx, torch, shape, counts, 1000 * (args.seed + i), libs, sms)
             m = measure(case, args.iters, args.warmup)
         except Exception as exc:  # noqa: BLE001 - a case that fails leaves the others
             m = {"error": f"{type(exc).__name__}: {exc}"}
@@ -371,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         cupy.get_default_memory_pool().free_all_blocks()
     path = write_results(rows, args.out, device=device, argv=argv,
                          extra={"compile_s": round(compile_s, 1), "zipf": args.zipf, "seed": args.seed,
-                                "regimes": REGIMES})
+                                "regimes": REGIMES, "configs": {c: {"tile": list(CONFIGS[c][0]),
+                                                                    "schedule": CONFIGS[c][1]}
+                                                                for c in args.configs}})
     s = summarize(rows)
     print()
     print(table(rows))

@@ -150,11 +150,15 @@ def test_moe_routing_is_skewed_within_the_regime_bounds(moe, experts):
     assert flat.max() < 2 * np.median(flat)
 
 
-def fake_moe(cuco_ms: float, torch_ms: float, correct=True) -> dict:
-    check = {"correct": correct, "bad_elements": 0 if correct else 7, "rel_l2_error": 0.004,
-             "max_abs_error": 0.01}
-    return {"cuco": [cuco_ms] * 20, "torch": [torch_ms] * 20, "cuco_check": check,
-            "torch_check": dict(check, correct=True), "cuco_vs_torch_max_abs": 0.0078}
+def fake_moe(cuco_ms: float, torch_ms: float, correct=True, others: dict | None = None) -> dict:
+    """A measurement of the default configuration at ``cuco_ms`` and of each of ``others``
+    (name: (ms, correct))."""
+    def check(ok):
+        return {"correct": ok, "bad_elements": 0 if ok else 7, "rel_l2_error": 0.004, "max_abs_error": 0.01}
+    runs = {"cooperative_128x128x64": (cuco_ms, correct), **(others or {})}
+    return {"cuco": {c: [ms] * 20 for c, (ms, _) in runs.items()}, "torch": [torch_ms] * 20,
+            "cuco_check": {c: check(ok) for c, (_, ok) in runs.items()},
+            "torch_check": check(True), "cuco_vs_torch_max_abs": 0.0078}
 
 
 def test_moe_rows_summary_and_result_file(moe, tmp_path, monkeypatch):
@@ -177,6 +181,18 @@ def test_moe_rows_summary_and_result_file(moe, tmp_path, monkeypatch):
                        {"error": "RuntimeError: CUTLASS cannot run them"})
     assert err["speedup"] is None and "ERROR" in moe.table([err])
     assert not moe.summarize([*rows[:2], err])["meets_1x"]  # a case that did not run is no pass
+    # the fastest correct configuration is the row's; a faster wrong one is not
+    swept = moe.make_row("deepseek_v3", "prefill", moe.skewed_counts(32, "prefill", 0), fake_moe(
+        2.0, 1.9, others={"cooperative_128x256x64": (1.6, True), "pingpong_64x128x64": (1.2, False)}))
+    assert swept["config"] == "cooperative_128x256x64" and swept["ms"] == pytest.approx(1.6)
+    assert swept["variant"] == "cuco.cutlass_grouped_gemm.cooperative_128x256x64+swiglu"
+    assert swept["speedup"] == pytest.approx(1.9 / 1.6) and swept["correct"] is True
+    assert swept["configs"]["pingpong_64x128x64"] == {"ms": 1.2, "speedup": round(1.9 / 1.2, 4), "correct": False}
+    assert "cooperative_128x256x64" in moe.table([swept])
+    assert moe.parse_args(["--configs", "pingpong_64x128x64"]).configs == ["pingpong_64x128x64"]
+    assert moe.parse_args([]).configs == list(moe.CONFIGS)
+    with pytest.raises(SystemExit):
+        moe.parse_args(["--configs", "coop_huge"])
 
     path = moe.write_results(rows, tmp_path / "moe_compute.json", device="1 x NVIDIA H200",
                              argv=["--quick"])

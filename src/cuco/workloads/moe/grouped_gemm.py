@@ -25,6 +25,16 @@ from cuco.kernels.render import render
 #: The configuration built (one compile serves every shape): cooperative 128x128x64 tiles.
 TILE = (128, 128, 64)
 SCHEDULE = "cooperative"
+#: Configurations ``bench/moe_compute.py`` times against each other (name: tile, schedule),
+#: one build each; the layer builds ``TILE`` and ``SCHEDULE`` until a measured pick per row
+#: regime replaces them (issue #37: prefill rows ran 0.85x torch._grouped_mm on the default).
+CONFIGS: dict[str, tuple[tuple[int, int, int], str]] = {
+    "cooperative_128x128x64": ((128, 128, 64), "cooperative"),
+    "cooperative_128x256x64": ((128, 256, 64), "cooperative"),
+    "pingpong_64x128x64": ((64, 128, 64), "pingpong"),
+    "pingpong_128x128x64": ((128, 128, 64), "pingpong"),
+}
+DEFAULT_CONFIG = "cooperative_128x128x64"
 #: bytes of one group's (M, N, K) entry, as the MoE kernels write it
 SHAPE_BYTES = 12
 
@@ -37,10 +47,18 @@ def grouped_gemm_source(tile: tuple[int, int, int] = TILE, schedule: str = SCHED
     return KernelSource("moe_grouped_gemm", src, ("cutlass",), ("cuco_gg_prepare", "cuco_gg_launch"))
 
 
-def build(compiler=None) -> Path:
+def config_source(name: str) -> KernelSource:
+    """The launcher source of configuration ``name`` (:data:`CONFIGS`)."""
+    if name not in CONFIGS:
+        raise ValueError(f"grouped GEMM configuration {name!r}: one of {', '.join(CONFIGS)}")
+    tile, schedule = CONFIGS[name]
+    return grouped_gemm_source(tile, schedule)
+
+
+def build(compiler=None, config: str = DEFAULT_CONFIG) -> Path:
     """The launcher library's path (compiled once per configuration, then cached)."""
     from cuco.kernels import Compiler
-    s = grouped_gemm_source()
+    s = config_source(config)
     return (compiler or Compiler()).compile(s.source, needs=s.needs, name=s.name).path
 
 
