@@ -27,7 +27,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 from cuco.evaluate.checkers import Checker, make_checker
@@ -445,7 +445,8 @@ class Verification:
     def accuracy_rule(self) -> None:
         """No program less accurate than the host program allows (:func:`apply_accuracy_rule`,
         at the job's ``accuracy_slack``)."""
-        apply_accuracy_rule(self.records, self.dtype, self.job.accuracy_slack)
+        trusted = {name for name, prog in self.programs.items() if prog.scrub}
+        apply_accuracy_rule(self.records, self.dtype, self.job.accuracy_slack, trusted)
 
     def inputs_rule(self) -> None:
         """Inputs or references written: nobody passes, and the cached sets are dropped."""
@@ -517,9 +518,12 @@ def mark_first_failures(records: dict[str, ProgramRecord],
 
 
 def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str,
-                        slack: float = ACCURACY_SLACK) -> None:
+                        slack: float = ACCURACY_SLACK, trusted: Collection[str] = ()) -> None:
     """A correct program whose relative L2 error (on any verified call) exceeds ``slack``
-    times the host program's is wrong. The host program's error is
+    times the host program's is wrong; the ``trusted`` ones (other host programs, peer
+    libraries: the baselines) are held to :data:`ACCURACY_SLACK`, so a workload's tighter
+    bar for its candidates never drops a library from the baseline, which would make a
+    slower program the bar. The host program's error is
     taken from its host-compared (checked) calls only: the device sums of the other calls
     sit in memory a candidate's kernel could find and inflate, which would raise the limit
     its own lossy calls must meet."""
@@ -527,8 +531,9 @@ def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str,
     if host is None or not host.correct:
         return
     host_l2 = host.checked_l2 if host.calls_checked else host.rel_l2_error
-    limit = slack * max(host_l2, EPS[dtype] / 4)
-    for rec in records.values():
+    floor = max(host_l2, EPS[dtype] / 4)
+    for name, rec in records.items():
+        limit = (ACCURACY_SLACK if name in trusted else slack) * floor
         if rec.correct and rec.rel_l2_error > limit:
             rec.correct, rec.less_accurate_than_host = False, host_l2
 
