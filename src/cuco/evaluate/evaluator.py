@@ -538,10 +538,12 @@ class Evaluator:
                               "scores nothing", extra={"disturbed_baselines": disturbed})
         share = (self.gpu_s - gpu0) / len(checked)
         wrong = [fail or self._check(merged, spec.name, "timing") for spec in specs]
-        again = second_tries([spec.name for spec in specs], fail, merged, wrong)
+        names = [spec.name for spec in specs]
         if (fail is not None or disturbed) and len(checked) > 1:  # all but a tampering one again
-            tamperers = tampered(merged, [spec.name for spec in specs])
-            again = [spec.name not in tamperers for spec in specs]
+            tamperers = tampered(merged, names)
+            again = [name not in tamperers for name in names]
+        else:
+            again = second_tries(names, fail, merged, wrong)
         results = []
         for spec, c, r, retry in zip(specs, checked, wrong, again):
             if retry:

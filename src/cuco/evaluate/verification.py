@@ -431,12 +431,10 @@ class Verification:
         whose count or sums no longer match their tag was tampered with (wrong)."""
         counts, sums, intact = self.checker.tally(len(schedule))  # checked calls' rows unread
         tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
-        if self.watch is not None:
+        if self.watch is not None:  # its records are marked by first_failures
             self.sync_blame = self.watch.blame(*self.checker.snapshots())
         for name, b in self.slack_blame.items():  # a neighbour's region, where both, first
             self.sync_blame.setdefault(name, b)
-        for name in self.sync_blame:
-            self.records[name].sync_intact = False
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""
