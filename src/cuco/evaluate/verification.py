@@ -173,11 +173,15 @@ def _words(arena, offset: int, nbytes: int):
     return cupy.ndarray((nbytes // 8,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
+def _runner(prog: Program | None, call: Call):
+    """The runner of ``call``'s input set (a fused variant's), or None."""
+    return prog.runners[call.input_set] if prog is not None and prog.runners else None
+
+
 def _runner_buffers(prog: Program, call: Call, kind: str) -> list:
     """The buffers the runner of ``call``'s input set names under ``kind``
     (``poisoned_each_call``, ``zero_after_each_call``; none where it has no such method)."""
-    runner = prog.runners[call.input_set] if prog.runners else None
-    named = getattr(runner, kind, None)
+    named = getattr(_runner(prog, call), kind, None)
     return list(named()) if named is not None else []
 
 
@@ -315,7 +319,7 @@ class Verification:
             # a trusted program's checked call sets the accuracy bar: its inputs must be the
             # ones made, not ones a kernel changed after reading them and restores later
             self.inputs_changed = fingerprint_of(st.inputs) != st.fingerprint
-        runner = prog.runners[call.input_set] if prog.runners else None
+        runner = _runner(prog, call)
         _set_stress(runner, self.job.stress_us)
         call.stress.before(self.ctx, s, self.hog_stream)
         prog.calls[call.input_set]()
@@ -355,7 +359,7 @@ class Verification:
 
         The program's first such call is its failure (tampered: no second try)."""
         import cupy
-        runner = prog.runners[call.input_set] if prog.runners else None
+        runner = _runner(prog, call)
         lay = getattr(runner, "layout", None)
         if lay is None or call.program in self.slack_blame:
             return
@@ -382,7 +386,7 @@ class Verification:
         import cupy
         s = self.ctx.stream
         fn = prog.calls[call.input_set] if prog is not None else fns[call.program]
-        runner = prog.runners[call.input_set] if prog is not None and prog.runners else None
+        runner = _runner(prog, call)
         spin(s, self.job.busy_us)
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         if call.stress is not None:  # stressed as a checked call is, verified as a timed one
