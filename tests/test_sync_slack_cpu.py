@@ -188,3 +188,36 @@ def test_a_pipeline_variants_live_flags_are_its_plans_and_the_open_slots():
     dg = d.model_copy(update={"backend": Backend.GIN})
     ranges = gin.live_flag_slots(dg)
     assert (COMPUTED_SLOT, COMPUTED_SLOT + gin.groups(dg)) in ranges
+
+
+def test_slack_a_neighbour_wrote_is_the_neighbours_doing_not_its_owners():
+    """Seen at two ranks (b77b06f): a plant that wrote into its neighbour's region made the
+    neighbour's unused slots non-zero, and the neighbour was charged as a tamperer (no second
+    try). The writer is the tamperer; the owner is disturbed: wrong in this job only."""
+    from cuco.evaluate.schedule import Call
+    from cuco.evaluate.sync_watch import CallMade, SyncWatch, own_state_blames
+    from cuco.evaluate.verification import DISTURBED, mark_first_failures
+    from cuco.runtime.records import OWN_SLACK, ProgramRecord
+    watch = SyncWatch([(0, 3)], ["plant", "honest", "alone"], 64)
+    calls = [Call(n, 0, 1, checked=True, timed=False) for n in ("plant", "honest", "alone")]
+    for i, c in enumerate([None, *calls]):
+        watch.between.append(None if c is None else CallMade(c.program, i, c))
+    sums = [[1, 1, 1], [1, 5, 1], [1, 5, 1], [1, 5, 1]]  # the plant's call changed "honest"'s region
+    sync = watch.blame(sums, [True] * 4)
+    assert set(sync) == {"plant"} and sync["plant"].victims == {"honest"}
+    slack = {"honest": watch_blame_of(calls[1], OWN_SLACK), "alone": watch_blame_of(calls[2], OWN_SLACK)}
+    own, disturbed = own_state_blames(slack, sync)
+    assert set(own) == {"alone"} and set(disturbed) == {"honest"}  # nobody wrote into "alone"'s
+    records = {n: ProgramRecord() for n in ("plant", "honest", "alone")}
+    failures = {"honest": [(disturbed["honest"].idx, calls[1], DISTURBED)]}
+    mark_first_failures(records, failures, rank=0, sync_blame={**sync, **own})
+    assert records["plant"].failed_call.tampered and not records["plant"].sync_intact
+    assert records["alone"].failed_call.tampered  # its own memo: no second try
+    honest = records["honest"]
+    assert not honest.correct and honest.sync_intact and not honest.failed_call.tampered
+    assert honest.failed_call.disturbed and "a neighbour" in honest.failed_call.describe()
+
+
+def watch_blame_of(call, where):
+    from cuco.evaluate.sync_watch import Blame
+    return Blame(0, call, where)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from cuco.evaluate.checkers import Checker, make_checker
 from cuco.evaluate.programs import InputSet, Program, drop_references, fingerprint_of, ref_intact
 from cuco.evaluate.schedule import Call, make_schedule
-from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch
+from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch, own_state_blames
 from cuco.runtime import dtypes
 from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, slack_written
 from cuco.runtime.checking import compare, rel_l2
@@ -437,8 +437,11 @@ class Verification:
         tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
         if self.watch is not None:  # its records are marked by first_failures
             self.sync_blame = self.watch.blame(*self.checker.snapshots())
-        for name, b in self.slack_blame.items():  # a neighbour's region, where both, first
+        own, disturbed = own_state_blames(self.slack_blame, self.sync_blame)
+        for name, b in own.items():  # a neighbour's region, where both, first
             self.sync_blame.setdefault(name, b)
+        for name, b in disturbed.items():  # a neighbour wrote there: wrong here, not a tamperer
+            self.failures.setdefault(name, []).append((b.idx, b.call, DISTURBED))
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""
@@ -478,6 +481,8 @@ def _set_stress(runner, stress_us: float) -> None:
 
 #: ``bad_elements`` of a failure whose count was tampered with: nothing it says can be believed.
 TAMPERED = -1
+#: ``bad_elements`` of a call whose sync region a neighbour wrote into (:func:`own_state_blames`).
+DISTURBED = -2
 
 
 def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, list[tuple[int, Call, int]]],
@@ -516,7 +521,7 @@ def mark_first_failures(records: dict[str, ProgramRecord],
             continue
         _, call, n_bad = min(failed, key=lambda f: f[0])
         records[name].fail(FailedCall(call.iteration, call.input_set, call.checked, max(int(n_bad), 0), rank,
-                                      tampered=n_bad == TAMPERED))
+                                      tampered=n_bad == TAMPERED, disturbed=n_bad == DISTURBED))
 
 
 def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str,

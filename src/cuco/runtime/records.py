@@ -42,6 +42,9 @@ class FailedCall:
     #: set where the call changed sync regions not its own (another variant's flags, barrier
     #: slots or call state in a shared job): whose (also ``tampered``); or :data:`OWN_SLACK`
     wrote_into: str = ""
+    #: a neighbour of its shared job wrote into its sync region before this call (what the
+    #: region held was not its doing: it is judged again alone)
+    disturbed: bool = False
 
     def describe(self) -> str:
         """``a timed call, iteration 7 on input set 2, rank 1: 12 elements differ ...``"""
@@ -55,6 +58,9 @@ class FailedCall:
         if self.wrote_into:
             return (f"{where}: it changed {self.wrote_into} (flags, barrier slots or call state "
                     "that were not its own, in a job it shared)")
+        if self.disturbed:
+            return (f"{where}: its sync region held values a neighbour in its shared job wrote "
+                    "there (judged again alone)")
         if self.tampered:
             return (f"{where}: its verification count was changed after the check wrote it (a "
                     "kernel wrote memory it was not given)")
