@@ -57,7 +57,7 @@ class MoERunner:
         key = (wl.label, str(cubin))  # one variant's runners (one per input set) share these
         self.h = moe_host.scratch(ctx, (*key, "h"), rows * 2 * s.ffn, wl.dtype)
         self.act = moe_host.scratch(ctx, (*key, "act"), rows * s.ffn, wl.dtype)
-        lib, sms = load(ctx), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        lib, sms = load(ctx, config=wl.grouped_gemm_config), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         self.gu = GroupedGemm(lib, ctx.device, el, 2 * s.ffn, s.hidden, sms)
         self.dn = GroupedGemm(lib, ctx.device, el, s.hidden, s.ffn, sms)
         self.start = cupy.cuda.Event(disable_timing=True)

@@ -46,6 +46,7 @@ from cuco.runtime.peaks import Work
 from cuco.workloads.moe import gin as moe_gin
 from cuco.workloads.moe import host as moe_host
 from cuco.workloads.moe.gin import MoEGinRunner
+from cuco.workloads.moe.grouped_gemm import default_config
 from cuco.workloads.moe.runner import MoERunner
 from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check
@@ -134,6 +135,17 @@ class MoE(PipelineWorkload):
     @property
     def pairs(self) -> int:
         return self.shape.tokens * self.shape.topk
+
+    @property
+    def rows_per_expert(self) -> float:
+        """Rows an expert receives on average (every rank's tokens, top-k each)."""
+        s = self.shape
+        return self.world_size * s.tokens * s.topk / s.experts
+
+    @property
+    def grouped_gemm_config(self) -> str:
+        """The expert GEMMs' configuration for this row regime (fused and host programs alike)."""
+        return default_config(self.rows_per_expert)
 
     @property
     def max_recv_rows(self) -> int:
