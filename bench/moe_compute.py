@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from cuco.workloads.moe.grouped_gemm import CONFIGS  # name: (tile, schedule), the workload's
+from cuco.workloads.moe.grouped_gemm import CONFIGS, default_config  # name: (tile, schedule), the workload's
 
 NAME = "moe_compute"
 #: (hidden, expert FFN width, local experts, where the count comes from)
@@ -158,6 +158,10 @@ def make_row(shape: str, regime: str, counts: np.ndarray, m: dict[str, Any]) -> 
         "peers": {"torch_grouped_mm_ms": round(torch_, 4),
                   "torch_correct": bool(m["torch_check"]["correct"])},
     })
+    default = default_config(float(counts.mean()))  # what the layer builds at these rows
+    if default in medians:
+        row["default"] = {"config": default, "speedup": round(torch_ / medians[default], 4),
+                          "correct": bool(m["cuco_check"][default]["correct"])}
     return row
 
 
@@ -168,6 +172,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"min_speedup": worst["speedup"] if worst else None,
             "min_speedup_case": worst["case"] if worst else None,
             "min_speedup_by_regime": by_regime,
+            "min_default_speedup": min((r["default"]["speedup"] for r in ok if "default" in r), default=None),
             "meets_1x": bool(ok) and len(ok) == len(rows) and min(r["speedup"] for r in ok) >= 1.0,
             "all_correct": bool(rows) and all(r.get("correct") for r in rows)}
 

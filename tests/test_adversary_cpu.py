@@ -635,3 +635,27 @@ def test_the_forged_slots_are_the_forgers_own():
     job = ev.workload.layout().with_regions(2)
     mine, theirs = (job.region(k) for k in region_slots(2, 99))
     assert mine.flags + job.region_bytes <= theirs.flags or theirs.flags + job.region_bytes <= mine.flags
+
+
+# ---- the frozen code's values: a block could assign what the kernel reads after it ----------
+# The red team's `skip_closing_barrier_by_assignment`: `epoch = 0` in the last chunk's block
+# made NVSHMEM's closing barrier wait for 0 (passed at once); the harness's all-reduce between
+# calls hid the race a production caller would meet. Kernel parameters are const now.
+FROZEN_ASSIGNMENTS = {
+    "epoch": ("GemmAllReduce", "chunk_allreduce", "epoch = 0;"),
+    "bar_off": ("GemmReduceScatter", "chunk_reducescatter", "bar_off = 0;"),
+    "flag_off": ("GemmAllReduce", "chunk_allreduce", "flag_off = 0;"),
+    "output": ("GemmReduceScatter", "chunk_reducescatter", "out = nullptr;"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FROZEN_ASSIGNMENTS))
+def test_a_block_cannot_assign_a_kernel_parameter(name):
+    kind, block, line = FROZEN_ASSIGNMENTS[name]
+    ev = _ev(kind, 2)
+    src, body = adv._block(ev, adv.SIDE, block)
+    source = evolve.splice(src, {block: body + f"    {line}\n"})
+    assert evolve.edit_violations(src, source) == []
+    r = ev.evaluate(adv.SIDE, source)
+    assert (r.status, r.stage_reached) == ("compile_error", "compile"), (r.status, r.stage_reached, r.error)
+    assert "const" in r.error or "modifiable lvalue" in r.error, r.error

@@ -238,11 +238,10 @@ def _prebuild(evs) -> None:
 
 #: Attacks that get through today, each with why it stays open (a test that fails here is
 #: expected to; one that starts passing is news, not an error). ``peer_partial_one_bit_less``
-#: was one until the tensor-parallel layers' accuracy slack became 1.25 (about 1.4x here).
-OPEN = {
-    "memo_in_flag_slack": "the flag area's unused slots outlive a call (about 128 KiB a rank): "
-                          "enough to remember a few output units per input set, not an output",
-}
+#: was one until the tensor-parallel layers' accuracy slack became 1.25 (about 1.4x here);
+#: ``memo_in_flag_slack`` until the unused slots of a variant's sync region were held at zero
+#: (``LiveSlots``: wrong, tampered, at the first checked call after it wrote there).
+OPEN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=OPEN[n], strict=False))
@@ -259,16 +258,19 @@ def test_attack_does_not_score(evs, name):
     assert ev.evaluate(d).status == "ok"  # the group survived; the unedited kernel scores
 
 
-@pytest.mark.xfail(reason=OPEN["memo_in_flag_slack"], strict=False)
 def test_memo_survives_repeated_candidates(evs):
     """The memo of attack 1 is evaluated twice: a cache left by the first evaluation of the
     same candidate (the flag slack outlives a job, maybe a candidate) must not let the second
-    one score either."""
+    one score either. Each time it is wrong because it wrote into the unused slots of its
+    own sync region (``OWN_SLACK``), at its first checked call."""
+    from cuco.runtime.records import OWN_SLACK
     ev = evs["GemmAllReduce"]
     src = memo_in_flag_slack(ev)
     for _ in range(2):
         r = ev.evaluate(SIDE, src)
         assert r.status != "ok" and r.score == 0.0, (r.status, r.error, r.speedup)
+        failed = r.extra.get("failed_call") or {}
+        assert r.extra.get("tampered") and failed.get("wrote_into") == OWN_SLACK, (r.stage_reached, r.error)
 
 
 # ==== Evaluator isolation (#36): plants that reach past their own buffers ====================

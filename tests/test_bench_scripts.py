@@ -189,6 +189,10 @@ def test_moe_rows_summary_and_result_file(moe, tmp_path, monkeypatch):
     assert swept["speedup"] == pytest.approx(1.9 / 1.6) and swept["correct"] is True
     assert swept["configs"]["pingpong_64x128x64"] == {"ms": 1.2, "speedup": round(1.9 / 1.2, 4), "correct": False}
     assert "cooperative_128x256x64" in moe.table([swept])
+    # what the layer builds at the row counts (prefill: cooperative 128x256), beside the fastest
+    assert swept["default"] == {"config": "cooperative_128x256x64", "speedup": round(1.9 / 1.6, 4), "correct": True}
+    assert "default" not in rows[0]  # decode's pick (pingpong 64x128) was not timed there
+    assert moe.summarize([swept])["min_default_speedup"] == pytest.approx(1.9 / 1.6, rel=1e-3)
     assert moe.parse_args(["--configs", "pingpong_64x128x64"]).configs == ["pingpong_64x128x64"]
     assert moe.parse_args([]).configs == list(moe.CONFIGS)
     with pytest.raises(SystemExit):

@@ -109,8 +109,9 @@ def test_bad_shapes_and_chunks_are_refused_with_the_fix():
     wl = CPAttention(2, seq=2048, heads=4, head_dim=64)  # 512 bytes per token, chunk of 512 tokens
     with pytest.raises(DirectiveError, match=f"chunk_bytes >= {64 * 512}"):
         wl.plan(side(chunk_bytes=16 << 10))
-    assert wl.plan(side(chunk_bytes=64 * 512)) == {"n_chunks": 16, "chunk_rows": 64}
-    assert wl.plan(side(chunk_bytes=1 << 28)) == {"n_chunks": 2, "chunk_rows": 512}
+    # flag_slots: a counter per chunk and source rank, then the open slots' share
+    assert wl.plan(side(chunk_bytes=64 * 512)) == {"n_chunks": 16, "chunk_rows": 64, "flag_slots": 8 * 16 + 8}
+    assert wl.plan(side(chunk_bytes=1 << 28)) == {"n_chunks": 2, "chunk_rows": 512, "flag_slots": 8 * 2 + 8}
 
 
 def test_grid_sizing_leaves_sms_to_the_comm_kernel():

@@ -53,8 +53,9 @@ def test_moe_template_builds_every_kernel_the_runner_launches():
 
 def test_moe_plan_follows_chunk_bytes():
     wl = MoE(2, tokens=128, experts=256, topk=8)
-    assert wl.plan(side(chunk_bytes=1 << 28)) == {"groups": 1}
-    assert wl.plan(side(chunk_bytes=1 << 20)) == {"groups": 8}   # 14.7 MB of rows / 1 MiB
+    # flag_slots: a counter per group and source rank, then counts, done and finished a rank
+    assert wl.plan(side(chunk_bytes=1 << 28)) == {"groups": 1, "flag_slots": 1 * 8 + 3 * 8}
+    assert wl.plan(side(chunk_bytes=1 << 20)) == {"groups": 8, "flag_slots": 8 * 8 + 3 * 8}   # 14.7 MB of rows / 1 MiB
     assert wl.route_warps() == 32 and MoE(2, experts=8192, topk=8).route_warps() == 1
     with pytest.raises(DirectiveError, match="side_stream"):
         wl.render(Directives(backend="lsa", placement="epilogue", comm_ctas=0))
@@ -85,3 +86,23 @@ def test_benchmark_rows_measure_against_the_faster_correct_host_program():
     merged["host_cutlass"] = rec(3.2, correct=False)  # a wrong program is no baseline
     rows = {r["variant"]: r for r in PipelineBench.rows(wl, merged)}
     assert rows["lsa.x"]["baseline"] == "host_nccl" and rows["lsa.x"]["speedup"] == 2.0
+
+
+def test_the_layer_builds_the_fastest_measured_configuration_of_its_row_regime():
+    """The per-regime pick against the measured file: on every row of moe_compute.json the
+    configuration the layer would build at that row count is the fastest correct one there,
+    and the fused and host programs of a decode and a prefill layer take it."""
+    import json
+    from pathlib import Path
+    from cuco.workloads.moe import MoE
+    from cuco.workloads.moe.grouped_gemm import CONFIGS, DECODE_CONFIG, PREFILL_CONFIG, default_config
+    data = json.loads((Path(__file__).parents[1] / "bench" / "results" / "moe_compute.json").read_text())
+    assert data["rows"] and set(data["rows"][0]["configs"]) == set(CONFIGS)
+    for row in data["rows"]:
+        fastest = min((c for c, v in row["configs"].items() if v.get("correct", True)),
+                      key=lambda c: row["configs"][c]["ms"])
+        assert default_config(row["rows"]["mean"]) == fastest, row["case"]
+    decode = MoE(8, tokens=16, hidden=7168, ffn=2048, experts=256, topk=8)
+    prefill = MoE(8, tokens=4096, hidden=7168, ffn=2048, experts=256, topk=8)
+    assert decode.rows_per_expert == 4 and decode.grouped_gemm_config == DECODE_CONFIG
+    assert prefill.rows_per_expert == 1024 and prefill.grouped_gemm_config == PREFILL_CONFIG

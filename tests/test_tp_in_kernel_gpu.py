@@ -12,39 +12,10 @@ from cuco.design import GemmProblem
 from cuco.kernels import Compiler
 from cuco.kernels.tp import in_kernel, render_tp
 from conftest import TEST_WORLD
+from tp_in_kernel_cases import (FAMILIES, cluster_shapes, clusters, grid_points, grid_shapes, one_build_points,
+                                one_build_shapes, split_and_64_rows, split_shapes, wave_shapes, wave_tiles)
 
 pytestmark = pytest.mark.gpu(count=1)
-
-SHAPES = [(512, 1024, 2048), (1024, 512, 1024)]  # (m, n, k)
-#: 1000 rows (500 a rank at W = 2: three 128-row tiles and a short one), N and K (and
-#: each rank's part of them, 520 wide at any W: whole 16-byte rows) not multiples of any
-#: tile: every tile edge is ragged.
-RAGGED = (1000, 520 * TEST_WORLD, 520 * TEST_WORLD)
-#: Several tiles per CTA (odd and even counts): both pingpong warpgroups take turns.
-MANY_TILES = (4096, 2048, 256)
-FAMILIES = ("gemm_allreduce", "gemm_reducescatter", "allgather_gemm")
-
-
-def grid():
-    return [in_kernel("epilogue", "lsa", "cta"), in_kernel("epilogue", "lsa", "thread"),
-            in_kernel("epilogue", "nvshmem", "warp"), in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=4),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4),
-            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2),
-            # the epilogue handed to spare producer warps; grouped tile orders
-            in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=4),
-            in_kernel("epilogue", "nvshmem", "thread", comm_warps=1, raster_group=16),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, raster_group=8),
-            *pingpong()]
-
-
-def pingpong():
-    """The two consumer warpgroups on tiles of their own, taking turns."""
-    return [in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong"),
-            in_kernel("epilogue", "nvshmem", "warp", tile_n=128, stages=6, comm_warps=3,
-                      raster_group=8, schedule="pingpong"),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_n=128, stages=6,
-                      comm_warps=2, raster_group=16, schedule="pingpong")]
-
 
 def build(problem, points, edit=None):
     from cuco.evaluate.jobs import VariantSpec
@@ -74,35 +45,17 @@ def right_on_two_seeds(world_group, problem, specs, timeout: float = 180) -> lis
     return out
 
 
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in (*SHAPES, MANY_TILES, RAGGED)])
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in grid_shapes(TEST_WORLD)])
 def test_in_kernel_grid_is_correct(world_group, family, shape):
     m, n, k = shape
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
-    points = grid() if shape != MANY_TILES else [in_kernel("epilogue", "lsa", "cta", comm_warps=3,
-                                                           raster_group=8), *pingpong()]
+    points = grid_points(shape)
     specs = build(problem, points)
     for merged in right_on_two_seeds(world_group, problem, specs, timeout=120):
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
 
 
-def split_and_64_rows():
-    """Issue #37's mainloops: 64-row pingpong tiles and K cut into slices (split-K), with the
-    epilogue on the consumers or on spare warps, under both placements and schedules."""
-    return [in_kernel("epilogue", "lsa", "cta", tile_m=64, tile_n=128, stages=8, schedule="pingpong"),
-            in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=256, stages=4, schedule="pingpong",
-                      comm_warps=3, raster_group=8),
-            in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong", split_k=2),
-            in_kernel("epilogue", "nvshmem", "thread", tile_n=128, stages=6, schedule="pingpong", split_k=4,
-                      comm_warps=3, raster_group=8),
-            in_kernel("epilogue", "lsa", "warp", tile_m=64, tile_n=128, stages=8, schedule="pingpong",
-                      split_k=4, comm_warps=3),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, split_k=2),
-            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, tile_n=128, stages=4, split_k=3,
-                      comm_warps=2, raster_group=16)]
-
-
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
-                                          for s in ((512, 1024, 2048), (136, 528, 4096), RAGGED)])
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in split_shapes(TEST_WORLD)])
 def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
     """Each new mainloop that renders at the shape (a split-K point needs a k-tile per slice)
     is correct on two fresh seeds: every slice of every tile summed once, and only finished
@@ -116,21 +69,7 @@ def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
     right_on_two_seeds(world_group, problem, build(problem, points))
 
 
-def wave_tiles():
-    """Issue #37's tiles 192 and 64 columns wide (cuco.kernels.tp.WAVE_TILES), with the epilogue
-    on the consumers, on spare warps or on dedicated CTAs."""
-    return [in_kernel("epilogue", "lsa", "cta", tile_n=192, stages=4),
-            in_kernel("epilogue", "nvshmem", "warp", tile_n=192, stages=4, comm_warps=3, raster_group=8),
-            in_kernel("epilogue", "lsa", "thread", tile_m=64, tile_n=192, stages=6, schedule="pingpong"),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=64, tile_n=192, stages=6,
-                      schedule="pingpong", comm_warps=2),
-            in_kernel("epilogue", "lsa", "cta", tile_m=64, tile_n=64, stages=8, schedule="pingpong"),
-            in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=64, stages=8, schedule="pingpong",
-                      comm_warps=3, raster_group=16)]
-
-
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
-                                          for s in ((512, 1024, 2048), (136, 528, 4096), MANY_TILES, RAGGED)])
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in wave_shapes(TEST_WORLD)])
 def test_wave_tiles_are_correct(world_group, family, shape):
     """Each 192- or 64-wide tile is correct on two fresh seeds, every element against the fp32
     reference: a short last n-tile of 192 columns (1040 = 5 x 192 + 80), ragged M, many tiles
@@ -144,23 +83,7 @@ def test_wave_tiles_are_correct(world_group, family, shape):
     right_on_two_seeds(world_group, problem, build(problem, points))
 
 
-def clusters():
-    """Issue #37's 2x1 clusters (B multicast to a pair of m-tiles) under both schedules, with
-    the epilogue on the consumers, on spare warps or on dedicated CTAs, in every tile order."""
-    return [in_kernel("epilogue", "lsa", "cta", cluster_m=2),
-            in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6, schedule="pingpong", cluster_m=2),
-            in_kernel("epilogue", "nvshmem", "warp", tile_n=128, stages=4, comm_warps=3, raster_group=8,
-                      cluster_m=2),
-            in_kernel("epilogue", "lsa", "thread", tile_n=128, stages=6, schedule="pingpong", comm_warps=3,
-                      raster_group=16, cluster_m=2),
-            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_n=128, stages=6, schedule="pingpong",
-                      comm_warps=2, cluster_m=2),
-            in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, raster_group=4, cluster_m=2)]
-
-
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES
-                                          for s in ((512, 1024, 2048), (136, 528, 4096), (384, 1024, 1024),
-                                                    (300, 1040, 1024), MANY_TILES, RAGGED)])
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in cluster_shapes(TEST_WORLD)])
 def test_clusters_are_correct(world_group, family, shape):
     """Each cluster point is correct on two fresh seeds, every element against the fp32
     reference: blocks of an odd number of 128-row m-tiles, whose last one's partner is a
@@ -185,12 +108,10 @@ def test_one_build_runs_every_shape(world_group, family, dtype):
     from cuco.evaluate.jobs import Case
     from cuco.workloads import for_problem
 
-    points = [in_kernel("epilogue", "lsa", "cta", comm_warps=3, raster_group=8),
-              in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, tile_n=128, stages=6,
-                        schedule="pingpong")]
-    specs = build(GemmProblem(workload=family, m=512, n=1024, k=2048, world_size=TEST_WORLD, dtype=dtype),
-                  points)
-    for m, n, k in ((2048, 1024, 512), RAGGED, (136, 528, 784)):
+    (m0, n0, k0), *others = one_build_shapes(TEST_WORLD)
+    specs = build(GemmProblem(workload=family, m=m0, n=n0, k=k0, world_size=TEST_WORLD, dtype=dtype),
+                  one_build_points())
+    for m, n, k in others:
         problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD, dtype=dtype)
         res = world_group.run(Case(for_problem(problem), variants=specs, seed=7, time=False), timeout=120)
         assert res.ok, res.error_text()

@@ -43,6 +43,8 @@ class Blame:
     idx: int
     call: Any
     wrote_into: str
+    #: the variants whose regions it changed (its own state's findings: none)
+    victims: frozenset[str] = frozenset()
 
 
 class SyncWatch:
@@ -112,12 +114,24 @@ class SyncWatch:
             changed = [v for v, owner in enumerate(self.owners)
                        if owner != made.program and int(sums[r][v]) != int(sums[r - 1][v])]
             if changed:
-                out[made.program] = Blame(made.idx, made.call, _whose(self.owners, changed))
+                out[made.program] = Blame(made.idx, made.call, _whose(self.owners, changed),
+                                          frozenset(o for v in changed if (o := self.owners[v])))
         for r in range(broken + 1, n):
             made = self.between[r]
             if made is not None and made.program not in out:
                 out[made.program] = Blame(made.idx, made.call, SNAPSHOTS)
         return out
+
+
+def own_state_blames(slack: dict[str, Blame], sync: dict[str, Blame]) -> tuple[dict[str, Blame], dict[str, Blame]]:
+    """Split the findings in variants' own state (``slack``: values left in a region's unused
+    slots, ...) into those that are their own doing and those a neighbour caused: a region
+    some other variant of the job wrote into (``sync``) holds what that one left there, so its
+    owner is disturbed (wrong in this job, judged again alone), not a tamperer.
+    Returns ``(own, disturbed)``."""
+    written = {v for b in sync.values() for v in b.victims}
+    own = {n: b for n, b in slack.items() if n not in written}
+    return own, {n: b for n, b in slack.items() if n in written}
 
 
 def _whose(owners: Sequence[str | None], changed: list[int]) -> str:

@@ -33,11 +33,11 @@ from typing import Any, Protocol
 from cuco.evaluate.checkers import Checker, make_checker
 from cuco.evaluate.programs import InputSet, Program, drop_references, fingerprint_of, ref_intact
 from cuco.evaluate.schedule import Call, make_schedule
-from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch
+from cuco.evaluate.sync_watch import Blame, CallMade, SyncWatch, own_state_blames
 from cuco.runtime import dtypes
-from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena
+from cuco.runtime.arena import CANARY, GUARD_BYTES, guards_intact, poison_arena, slack_written
 from cuco.runtime.checking import compare, rel_l2
-from cuco.runtime.records import FailedCall, ProgramRecord, RankResult
+from cuco.runtime.records import OWN_SLACK, OWN_TAIL, OWN_ZEROED, FailedCall, ProgramRecord, RankResult
 from cuco.runtime.timing import median, spin
 from cuco.workloads.base import EPS, Workload, scratch_of
 
@@ -166,6 +166,25 @@ def bound_halves(ctx, job: ScheduledJob, extras: dict[str, Callable[[], Callable
     return fns
 
 
+def _words(arena, offset: int, nbytes: int):
+    """``nbytes`` of ``arena`` from ``offset`` as 8-byte words (a CuPy view)."""
+    import cupy
+    mem = cupy.cuda.UnownedMemory(arena.ptr + offset, nbytes, arena)
+    return cupy.ndarray((nbytes // 8,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _runner(prog: Program | None, call: Call):
+    """The runner of ``call``'s input set (a fused variant's), or None."""
+    return prog.runners[call.input_set] if prog is not None and prog.runners else None
+
+
+def _runner_buffers(prog: Program, call: Call, kind: str) -> list:
+    """The buffers the runner of ``call``'s input set names under ``kind``
+    (``poisoned_each_call``, ``zero_after_each_call``; none where it has no such method)."""
+    named = getattr(_runner(prog, call), kind, None)
+    return list(named()) if named is not None else []
+
+
 class Verification:
     """One job's schedule run on one rank, and what it found: a typed record per program.
 
@@ -196,6 +215,11 @@ class Verification:
         self.last_call: CallMade | None = None  # the call made since the last snapshot
         #: programs that changed a sync region not their own, at their first such call
         self.sync_blame: dict[str, Blame] = {}
+        #: a program's first call after which it had left state between calls (its sync
+        #: region's unused slots, its arena's tail, its runner's zeroed memory: :meth:`check_slack`),
+        #: and per program the indices of its region's unused words (None: not named)
+        self.slack_blame: dict[str, Blame] = {}
+        self.slack_words: dict[str, Any] = {}
 
     def begin(self, calls: int) -> None:
         """The checker's job of ``calls`` schedule calls starts (before any call is made);
@@ -283,6 +307,8 @@ class Verification:
         call.poison.apply(prog.outputs[call.input_set])
         if prog.arena is not None:
             poison_arena(prog.arena, self.layout, call.poison, self.dtype, self.ctx.stream)
+        for buf in _runner_buffers(prog, call, "poisoned_each_call"):
+            call.poison.apply(buf)
 
 
     def checked_call(self, idx: int, call: Call, prog: Program) -> None:
@@ -293,7 +319,7 @@ class Verification:
             # a trusted program's checked call sets the accuracy bar: its inputs must be the
             # ones made, not ones a kernel changed after reading them and restores later
             self.inputs_changed = fingerprint_of(st.inputs) != st.fingerprint
-        runner = prog.runners[call.input_set] if prog.runners else None
+        runner = _runner(prog, call)
         _set_stress(runner, self.job.stress_us)
         call.stress.before(self.ctx, s, self.hog_stream)
         prog.calls[call.input_set]()
@@ -305,6 +331,7 @@ class Verification:
         intact = all(bool((g == CANARY).all()) for g in prog.guards)
         if prog.arena is not None:
             intact = intact and guards_intact(prog.arena, self.layout)
+            self.check_slack(idx, call, prog)
         rec = self.records[call.program]
         rec.calls_checked += 1
         rec.calls_verified += 1
@@ -318,6 +345,40 @@ class Verification:
         s.synchronize()
         self.check_s += time.perf_counter() - t0
 
+    def check_slack(self, idx: int, call: Call, prog: Program) -> None:
+        """After every call of a program with an arena (checked and timed alike, so no tell of
+        a checked call helps): nothing it may not keep between calls holds anything. Host-
+        synchronous, so no kernel runs on this rank while it is read. In order:
+
+        - the words of its sync region outside the slots its kernels use (its runner's
+          ``live_slots``: :class:`~cuco.runtime.arena.LiveSlots`), zeroed at the job's start
+          (``OWN_SLACK``): a memo of earlier calls kept there;
+        - the arena past every sync region up to its mapped end (``OWN_TAIL``);
+        - memory its runner leaves at zero between calls (``zero_after_each_call``: a split-K
+          build's arrival counters; ``OWN_ZEROED``).
+
+        The program's first such call is its failure (tampered: no second try)."""
+        import cupy
+        runner = _runner(prog, call)
+        lay = getattr(runner, "layout", None)
+        if lay is None or call.program in self.slack_blame:
+            return
+        found = None
+        if call.program not in self.slack_words:  # None: the runner names no live slots
+            live = getattr(runner, "live_slots", None)
+            slots = live() if live is not None else None
+            self.slack_words[call.program] = None if slots is None else cupy.asarray(slots.slack_words(lay.region_bytes))
+        slack = self.slack_words[call.program]
+        if slack is not None and slack_written(_words(prog.arena, lay.flags, lay.region_bytes), slack):
+            found = OWN_SLACK
+        tail = prog.arena.size - lay.size
+        if found is None and tail > 0 and int(cupy.count_nonzero(_words(prog.arena, lay.size, tail))):
+            found = OWN_TAIL
+        if found is None and any(int(cupy.count_nonzero(b)) for b in _runner_buffers(prog, call, "zero_after_each_call")):
+            found = OWN_ZEROED
+        if found is not None:
+            self.slack_blame[call.program] = Blame(idx, call, found)
+
     def timed_call(self, idx: int, call: Call, prog: Program | None,
                    fns: dict[str, Callable[[], None]]) -> None:
         """A call between CUDA events (a warm-up, a timed or a stressed one), then, for a
@@ -325,7 +386,7 @@ class Verification:
         import cupy
         s = self.ctx.stream
         fn = prog.calls[call.input_set] if prog is not None else fns[call.program]
-        runner = prog.runners[call.input_set] if prog is not None and prog.runners else None
+        runner = _runner(prog, call)
         spin(s, self.job.busy_us)
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         if call.stress is not None:  # stressed as a checked call is, verified as a timed one
@@ -341,6 +402,8 @@ class Verification:
             self.marks.setdefault(call.program, []).append((start, end))
         if prog is not None:
             self.count_bad(idx, call, prog)
+            if prog.arena is not None:
+                self.check_slack(idx, call, prog)
 
     def count_bad(self, idx: int, call: Call, prog: Program) -> None:
         """The device's count of a call's elements out of tolerance (and its L2 sums), never
@@ -374,6 +437,11 @@ class Verification:
         tally_device_counts(self.records, self.failures, schedule, counts, sums, intact)
         if self.watch is not None:  # its records are marked by first_failures
             self.sync_blame = self.watch.blame(*self.checker.snapshots())
+        own, disturbed = own_state_blames(self.slack_blame, self.sync_blame)
+        for name, b in own.items():  # a neighbour's region, where both, first
+            self.sync_blame.setdefault(name, b)
+        for name, b in disturbed.items():  # a neighbour wrote there: wrong here, not a tamperer
+            self.failures.setdefault(name, []).append((b.idx, b.call, DISTURBED))
 
     def first_failures(self) -> None:
         """Each wrong program's first failing call, in the schedule's order."""
@@ -413,6 +481,8 @@ def _set_stress(runner, stress_us: float) -> None:
 
 #: ``bad_elements`` of a failure whose count was tampered with: nothing it says can be believed.
 TAMPERED = -1
+#: ``bad_elements`` of a call whose sync region a neighbour wrote into (:func:`own_state_blames`).
+DISTURBED = -2
 
 
 def tally_device_counts(records: dict[str, ProgramRecord], failures: dict[str, list[tuple[int, Call, int]]],
@@ -451,7 +521,7 @@ def mark_first_failures(records: dict[str, ProgramRecord],
             continue
         _, call, n_bad = min(failed, key=lambda f: f[0])
         records[name].fail(FailedCall(call.iteration, call.input_set, call.checked, max(int(n_bad), 0), rank,
-                                      tampered=n_bad == TAMPERED))
+                                      tampered=n_bad == TAMPERED, disturbed=n_bad == DISTURBED))
 
 
 def apply_accuracy_rule(records: dict[str, ProgramRecord], dtype: str,

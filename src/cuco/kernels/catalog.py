@@ -98,7 +98,7 @@ def template_of(source: KernelSource) -> str:
         return "tp_fused.cu.j2"
     if "side_stream" in source.name:
         return "tp_side_stream.cu.j2"
-    return f"{source.name}.cu.j2"
+    return f"{source.name.split('.', 1)[0]}.cu.j2"  # a configuration's build: template.config
 
 
 SHIMS = {"nccl_devcomm": ("nccl", "libnccl.so.2"), "nvshmem_host": ("nvshmem", "libnvshmem_host.so.3")}

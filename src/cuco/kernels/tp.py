@@ -301,7 +301,13 @@ def split_workspace_bytes(problem: GemmProblem, d: Directives) -> int:
         return 0
     slices, _ = k_slices(local_gemm(problem).k, d.split_k, d.tile_k)
     tiles = fused_tiles(problem, d)
-    return -(-tiles * 4 // 256) * 256 + tiles * slices * d.tile_m * d.tile_n * 4
+    return split_counter_bytes(problem, d) + tiles * slices * d.tile_m * d.tile_n * 4
+
+
+def split_counter_bytes(problem: GemmProblem, d: Directives) -> int:
+    """Bytes of a split-K workspace's arrival counters (the rest: its partial tiles); 0
+    without split-K."""
+    return 0 if d.split_k == 1 else -(-fused_tiles(problem, d) * 4 // 256) * 256
 
 
 def supported(problem: GemmProblem, d: Directives) -> list[str]:

@@ -22,6 +22,9 @@ MAX_CTAS = 1024
 #: Per-slot arrival counts the host keeps for an arena (AllGather's rolling targets).
 COUNTER_SLOTS = 4096
 PAGE = 4096
+#: An arena's size is a whole number of these (NCCL's and cuMem's allocation granularity on
+#: Hopper): the mapped memory ends where the arena does.
+GRANULE = 2 << 20
 #: A page after every data region, filled with CANARY; a candidate that writes
 #: there wrote outside its outputs.
 GUARD_BYTES = PAGE
@@ -110,6 +113,42 @@ class ArenaLayout:
     def region_offsets(self) -> list[int]:
         """Where each sync region starts (bytes into the arena)."""
         return [self.flags + k * self.region_bytes for k in range(self.regions)]
+
+
+@dataclass(frozen=True)
+class LiveSlots:
+    """The bytes of a variant's sync region its kernels may write (``ranges``: ``(start,
+    end)`` bytes from the region's start, i.e. from its layout's ``flags``): the flags,
+    barrier slots and call state its template uses at this shape. The rest of the region is
+    memory no call needs that outlives a call (the flag area holds 16384 slots a source rank);
+    a kernel that keeps anything there between calls (a memo of earlier results keyed by its
+    inputs) is caught by :func:`slack_written` after a checked call. A runner that says
+    nothing of its slots (``live_slots`` absent or None) is not checked."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def slack_words(self, region_bytes: int) -> np.ndarray:
+        """Indices of the region's 8-byte words outside every range (int64, ascending)."""
+        live = np.zeros(region_bytes // 8, dtype=bool)
+        for start, end in self.ranges:
+            if not (0 <= start <= end <= region_bytes) or start % 8 or end % 8:
+                raise ValueError(f"live range {start}..{end} is not whole words of a "
+                                 f"{region_bytes}-byte region")
+            live[start // 8:end // 8] = True
+        return np.flatnonzero(~live).astype(np.int64)
+
+    @staticmethod
+    def rows(first: int, rows: int, stride: int, used: int) -> tuple[tuple[int, int], ...]:
+        """``rows`` rows of ``stride`` 8-byte slots from byte ``first``, the first ``used``
+        slots of each live (a flag area's ``[src][slot]``, a barrier's ``[rank][cta]``)."""
+        return tuple((first + r * stride * 8, first + (r * stride + used) * 8) for r in range(rows))
+
+
+def slack_written(words, slack) -> int:
+    """How many of ``words`` (a region's 8-byte words, NumPy or CuPy) at indices ``slack``
+    (same array module) are nonzero: :func:`prepare_arenas` zeroed them, and no honest
+    call writes them."""
+    return int((words[slack] != 0).sum())
 
 
 class Arena:
@@ -212,7 +251,8 @@ def prepare_arenas(ctx, layout: ArenaLayout, backends: set[str], first_epoch: in
         if a is None or a.size < layout.size:
             if a is not None:
                 a.free(ctx)
-            a = arenas[b] = Arena(ctx, b, layout.size)
+            # whole granules: nothing mapped past what the evaluator zeroes and watches
+            a = arenas[b] = Arena(ctx, b, -(-layout.size // GRANULE) * GRANULE)
         # every sync region, and whatever lies past them (a larger job's regions): nothing a
         # kernel left in any flag, barrier slot or call state outlives its job
         cupy.cuda.runtime.memsetAsync(a.ptr + layout.flags, 0, a.size - layout.flags, ctx.stream.ptr)

@@ -14,6 +14,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+#: What a call that wrote outside its sync region's live slots wrote into
+#: (:class:`cuco.runtime.arena.LiveSlots`).
+OWN_SLACK = "the unused slots of its own sync region"
+#: ... and one that left its runner's memory meant to be zero between calls nonzero (a
+#: split-K build's arrival counters).
+OWN_ZEROED = "memory its runner leaves at zero between calls (split-K arrival counters)"
+#: ... and one that left values in its arena past every sync region (up to the arena's mapped
+#: end: a 2 MiB granule, or a larger job's regions).
+OWN_TAIL = "its arena past the sync regions"
+#: State a kernel kept between calls, where it may keep none.
+OWN_STATE = (OWN_SLACK, OWN_ZEROED, OWN_TAIL)
+
+
 @dataclass(frozen=True)
 class FailedCall:
     """The first call of a program that was wrong on one rank."""
@@ -27,17 +40,27 @@ class FailedCall:
     #: longer matches): some kernel wrote memory it was not given
     tampered: bool = False
     #: set where the call changed sync regions not its own (another variant's flags, barrier
-    #: slots or call state in a shared job): whose (also ``tampered``)
+    #: slots or call state in a shared job): whose (also ``tampered``); or :data:`OWN_SLACK`
     wrote_into: str = ""
+    #: a neighbour of its shared job wrote into its sync region before this call (what the
+    #: region held was not its doing: it is judged again alone)
+    disturbed: bool = False
 
     def describe(self) -> str:
         """``a timed call, iteration 7 on input set 2, rank 1: 12 elements differ ...``"""
         kind = "a checked (poisoned, stressed)" if self.checked else (
             "a timed" if self.iteration >= 0 else "a warm-up")
         where = f"{kind} call, iteration {self.iteration} on input set {self.input_set}, rank {self.rank}"
+        if self.wrote_into in OWN_STATE:
+            return (f"{where}: it left values in {self.wrote_into} (memory that outlives a call "
+                    "and that no call reads: a kernel may keep nothing between calls, such as a "
+                    "memo of earlier results)")
         if self.wrote_into:
             return (f"{where}: it changed {self.wrote_into} (flags, barrier slots or call state "
                     "that were not its own, in a job it shared)")
+        if self.disturbed:
+            return (f"{where}: its sync region held values a neighbour in its shared job wrote "
+                    "there (judged again alone)")
         if self.tampered:
             return (f"{where}: its verification count was changed after the check wrote it (a "
                     "kernel wrote memory it was not given)")

@@ -13,7 +13,8 @@ from cuco.kernels.catalog import SHIMS, compile_report, kernel_sources, template
 from cuco.kernels.collectives import KernelSource
 from cuco.workloads.cp import CPAttention
 from cuco.workloads.kv import KVTransfer, layer_kernel_source
-from cuco.workloads.moe import MoE, grouped_gemm_source
+from cuco.workloads.moe import MoE
+from cuco.workloads.moe.grouped_gemm import DECODE_CONFIG, PREFILL_CONFIG, config_source
 
 
 def pipeline_sources() -> list[KernelSource]:
@@ -39,7 +40,8 @@ def pipeline_sources() -> list[KernelSource]:
         out.append(cp4.render(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                          issuer="warp", chunk_bytes=64 << 10, comm_ctas=4,
                                          core="cudnn", peer_calls="grouped")))
-    out.append(grouped_gemm_source())  # the MoE layer's expert GEMMs (one build, any shape)
+    # the MoE layer's expert GEMMs: one build per row regime's configuration, any shape
+    out.extend(config_source(c) for c in (DECODE_CONFIG, PREFILL_CONFIG))
     out.append(layer_kernel_source())  # the KV prefill's RMSNorm, causal softmax, SwiGLU
     out.append(cp.core_kernel_source())  # the attention kernel the CP host programs run
     out.append(cp.merge_kernel_source())  # the library cores' merge alone (the kernel benchmark's)

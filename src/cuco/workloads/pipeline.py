@@ -27,6 +27,7 @@ from cuco.design.problem import validated
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
 from cuco.runtime.checking import compare
+from cuco.runtime.arena import ArenaLayout, LiveSlots
 from cuco.workloads.base import Workload
 
 #: Threads per CTA of every pipeline communication kernel.
@@ -59,6 +60,13 @@ class PipelineWorkload(Workload):
     #: Whether its communication is a transfer that compute can hide entirely (benchmark
     #: rows then report ``hidden_fraction``); MoE's dispatch and combine feed its compute.
     hides_transfer: ClassVar[bool] = False
+
+    def live_flag_slots(self, d: Directives) -> tuple[tuple[int, int], ...] | None:
+        """The flag slots ``(first, end)`` a variant of ``d`` writes below the open slots: its
+        plan's ``flag_slots`` (what :func:`flag_plan_check` was given); None where the plan
+        names none (a user's op: its variants' sync regions are then not checked)."""
+        n = self.plan(d).get("flag_slots")
+        return None if n is None else ((0, n),)
 
     def __init_subclass__(cls, **kw) -> None:
         op = cls.__dict__.get("op")
@@ -163,7 +171,19 @@ class PipelineWorkload(Workload):
         return compare(got, ref, self.dtype, rtol, atol_f * float(abs(ref).max()))
 
 
-def flag_plan_check(n_flags: int, what: str) -> None:
+def flag_plan_check(n_flags: int, what: str) -> int:
+    """``n_flags`` (the slots ``[0, n_flags)`` a plan's flags take), or a
+    :class:`DirectiveError` where they reach the open slots."""
     if n_flags > OPEN_SLOT:
         raise DirectiveError([f"chunk_bytes: {what} needs {n_flags} flags, more than "
                               f"{OPEN_SLOT}; choose a larger chunk_bytes"])
+    return n_flags
+
+
+def pipeline_live_slots(layout: ArenaLayout, flag_ranges) -> LiveSlots:
+    """A pipeline variant's live slots: its plan's flag ``flag_ranges`` (slots, ``(first,
+    end)``), every rank's open slot and the call state (seeded; no pipeline template keeps
+    its epoch on the device). The rest of the 65536 slots is held at zero between calls."""
+    slots = [*flag_ranges, (OPEN_SLOT, MAX_FLAGS)]
+    calls = layout.calls - layout.flags
+    return LiveSlots(tuple((a * 8, b * 8) for a, b in slots) + ((calls, calls + 16),))

@@ -11,7 +11,7 @@ import numpy as np
 
 from cuco.runtime.arena import own_layout
 from cuco.runtime.timing import spin
-from cuco.workloads.pipeline import OPEN_SLOT, THREADS
+from cuco.workloads.pipeline import OPEN_SLOT, THREADS, pipeline_live_slots
 
 
 class FusedCall:
@@ -21,6 +21,12 @@ class FusedCall:
     stress_us = 0.0
     #: kernels of the rendered source the runner launches (the attention's own aside)
     COMM_KERNELS = ("comm_kernel", "set_peer_flag")
+
+    def live_slots(self):
+        """The slots of its sync region this variant's kernels write (the evaluator holds
+        the rest at zero between calls: :class:`cuco.runtime.arena.LiveSlots`)."""
+        ranges = self.wl.live_flag_slots(self.d)
+        return None if ranges is None else pipeline_live_slots(self.layout, ranges)
 
     def _setup(self, ctx, wl, d, cubin: str, arena, inputs, out) -> None:
         """What every CP runner holds: the plan's chunks, the comm kernels, the side stream,

@@ -227,8 +227,8 @@ class CPAttention(PipelineWorkload):
         """Transfer chunks of whole K/V tiles, a flag per chunk and source rank."""
         rows = self.chunk_rows(d)
         n = self.shard // rows
-        flag_plan_check(MAX_RANKS * n + MAX_RANKS, f"{n} chunks per rank")
-        return {"n_chunks": n, "chunk_rows": rows}
+        flags = flag_plan_check(MAX_RANKS * n + MAX_RANKS, f"{n} chunks per rank")
+        return {"n_chunks": n, "chunk_rows": rows, "flag_slots": flags}
 
     def chunk_choices(self) -> list[int]:
         return sizes_cutting(self.chunk * self.row_elems * self.esz, (1, 2, 4, 8))

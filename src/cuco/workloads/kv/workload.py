@@ -48,7 +48,7 @@ from cuco.workloads.kv.prefill import (
     reference_cache, weight_shapes,
 )
 from cuco.workloads.pipeline import (
-    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check,
+    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check, pipeline_live_slots,
 )
 
 #: How a fused variant moves its chunks (see the module doc).
@@ -148,8 +148,8 @@ class KVTransfer(PipelineWorkload):
         """Chunks of whole token groups of one layer's K/V, a flag pair each."""
         rows = self.chunk_rows(d)
         n = self.n_chunks(d)
-        flag_plan_check(2 * n + 1, f"{n} chunks")
-        return {"n_chunks": n, "chunk_bytes": rows * self.shape.kv_dim * self.esz,
+        flags = flag_plan_check(2 * n + 1, f"{n} chunks")
+        return {"n_chunks": n, "flag_slots": flags, "chunk_bytes": rows * self.shape.kv_dim * self.esz,
                 "chunks_per_layer": self.chunks_per_layer(d)}
 
     def chunk_choices(self) -> list[int]:
@@ -319,6 +319,12 @@ class KVRunner:
     waits until every chunk has arrived."""
 
     stress_us = 0.0
+
+    def live_slots(self):
+        """The slots of its sync region this variant's kernels write (the evaluator holds
+        the rest at zero between calls: :class:`cuco.runtime.arena.LiveSlots`)."""
+        ranges = self.wl.live_flag_slots(self.d)
+        return None if ranges is None else pipeline_live_slots(self.layout, ranges)
 
     def __init__(self, ctx, wl: KVTransfer, d: Directives, cubin: str, arena, inputs: Buffers):
         import cupy

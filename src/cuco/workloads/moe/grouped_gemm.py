@@ -22,29 +22,45 @@ from cuco.kernels.collectives import KernelSource
 from cuco.kernels.launcher_source import LAUNCHER_PARTS
 from cuco.kernels.render import render
 
-#: The configuration built (one compile serves every shape): cooperative 128x128x64 tiles.
-TILE = (128, 128, 64)
-SCHEDULE = "cooperative"
-#: Configurations ``bench/moe_compute.py`` times against each other (name: tile, schedule),
-#: one build each; the layer builds ``TILE`` and ``SCHEDULE`` until a measured pick per row
-#: regime replaces them (issue #37: prefill rows ran 0.85x torch._grouped_mm on the default).
+#: Configurations (name: tile, schedule), one build each; each serves every shape.
+#: ``bench/moe_compute.py`` times them against each other.
 CONFIGS: dict[str, tuple[tuple[int, int, int], str]] = {
     "cooperative_128x128x64": ((128, 128, 64), "cooperative"),
     "cooperative_128x256x64": ((128, 256, 64), "cooperative"),
     "pingpong_64x128x64": ((64, 128, 64), "pingpong"),
     "pingpong_128x128x64": ((128, 128, 64), "pingpong"),
 }
-DEFAULT_CONFIG = "cooperative_128x128x64"
+#: The layer's pick per row regime (:func:`default_config`), from ``bench/results/moe_compute.json``
+#: (b77b06f, 1 x H100): at decode counts (1-16 rows an expert) pingpong 64x128 was the fastest of
+#: the four on all three expert shapes (1.08-1.11x torch._grouped_mm + SwiGLU), at prefill
+#: counts (256+ rows) cooperative 128x256 (1.08-1.13x); cooperative 128x128, the earlier
+#: single build, ran prefill at 0.85x.
+DECODE_CONFIG = "pingpong_64x128x64"
+PREFILL_CONFIG = "cooperative_128x256x64"
+#: Mean rows an expert receives below which the decode pick is taken: a 64-row tile wastes
+#: less of a short group, and a 128x256 tile needs many rows to fill its waves. Between the
+#: measured regimes (16 and 256) the threshold is a model, not a measurement.
+DECODE_ROWS = 128
+DEFAULT_CONFIG = PREFILL_CONFIG
+
+
+def default_config(rows_per_expert: float) -> str:
+    """The configuration the layer builds for groups of about ``rows_per_expert`` rows."""
+    return DECODE_CONFIG if rows_per_expert < DECODE_ROWS else PREFILL_CONFIG
+
+
 #: bytes of one group's (M, N, K) entry, as the MoE kernels write it
 SHAPE_BYTES = 12
 
 
-def grouped_gemm_source(tile: tuple[int, int, int] = TILE, schedule: str = SCHEDULE) -> KernelSource:
+def grouped_gemm_source(tile: tuple[int, int, int] = CONFIGS[DEFAULT_CONFIG][0],
+                        schedule: str = CONFIGS[DEFAULT_CONFIG][1]) -> KernelSource:
     """The launcher source of the grouped GEMM (bf16, fp32 accumulation)."""
     tm, tn, tk = tile
     src = render("moe_grouped_gemm.cu.j2", cutlass_type="cutlass::bfloat16_t", tile_m=tm, tile_n=tn,
                  tile_k=tk, schedule=schedule, name=f"{schedule} t{tm}x{tn}x{tk}", **LAUNCHER_PARTS)
-    return KernelSource("moe_grouped_gemm", src, ("cutlass",), ("cuco_gg_prepare", "cuco_gg_launch"))
+    return KernelSource(f"moe_grouped_gemm.{schedule}_{tm}x{tn}x{tk}", src, ("cutlass",),
+                        ("cuco_gg_prepare", "cuco_gg_launch"))
 
 
 def config_source(name: str) -> KernelSource:
@@ -62,12 +78,13 @@ def build(compiler=None, config: str = DEFAULT_CONFIG) -> Path:
     return (compiler or Compiler()).compile(s.source, needs=s.needs, name=s.name).path
 
 
-def load(ctx, path: str | Path | None = None):
-    """The launcher library of this worker (built if needed), its module loaded on the device."""
-    key = ("moe_grouped_gemm", str(path))
+def load(ctx, path: str | Path | None = None, config: str = DEFAULT_CONFIG):
+    """The launcher library of this worker (``path``, else configuration ``config`` built if
+    needed), its module loaded on the device."""
+    key = ("moe_grouped_gemm", str(path) if path is not None else config)
     lib = ctx.scratch.get(key)
     if lib is None:
-        lib = c.CDLL(str(path or build()))
+        lib = c.CDLL(str(path or build(config=config)))
         lib.cuco_gg_prepare.argtypes = [c.c_int, c.c_void_p, c.c_int, *([c.c_void_p] * 8), c.c_int]
         lib.cuco_gg_prepare.restype = c.c_void_p
         lib.cuco_gg_release.argtypes = [c.c_void_p]

@@ -106,7 +106,7 @@ class HostMoE:
         self.cmat = cupy.empty((wl.world_size, s.experts), dtype=cupy.int32)
         if ffn == "cutlass":
             from cuco.workloads.moe.grouped_gemm import GroupedGemm, load
-            lib, sms = load(ctx), _sms()
+            lib, sms = load(ctx, config=wl.grouped_gemm_config), _sms()
             g = wl.world_size * wl.local_experts
             self.gu = GroupedGemm(lib, ctx.device, g, 2 * s.ffn, s.hidden, sms)
             self.dn = GroupedGemm(lib, ctx.device, g, s.hidden, s.ffn, sms)
@@ -292,7 +292,7 @@ def compute_only(wl, ctx, inputs) -> Callable[[], None]:
     x = dtypes.random(n * H, wl.dtype, 41 + me)
     h, act, y = (dtypes.empty(n * 2 * F, wl.dtype), dtypes.empty(n * F, wl.dtype),
                  dtypes.empty(n * H, wl.dtype))
-    lib, sms = load(ctx), _sms()
+    lib, sms = load(ctx, config=wl.grouped_gemm_config), _sms()
     j = np.arange(el)
     ggs = []
     for m, k, a, ak, b, bk, d, dn in ((2 * F, H, x, H, inputs["wgu"], 2 * F * H, h, 2 * F),

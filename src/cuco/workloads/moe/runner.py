@@ -14,7 +14,7 @@ from cuco.runtime.arena import own_layout
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
 from cuco.workloads.moe import host as moe_host
-from cuco.workloads.pipeline import OPEN_SLOT, THREADS
+from cuco.workloads.pipeline import OPEN_SLOT, THREADS, pipeline_live_slots
 
 if TYPE_CHECKING:
     from cuco.workloads.moe.workload import MoE
@@ -30,6 +30,12 @@ class MoERunner:
 
     KERNELS = ("route_kernel", "expert_tables", "dispatch_kernel", "swiglu_kernel", "combine_kernel",
                "set_flag_everywhere", "set_peer_flag", "wait_flags")
+
+    def live_slots(self):
+        """The slots of its sync region this variant's kernels write (the evaluator holds
+        the rest at zero between calls: :class:`cuco.runtime.arena.LiveSlots`)."""
+        ranges = self.wl.live_flag_slots(self.d)
+        return None if ranges is None else pipeline_live_slots(self.layout, ranges)
 
     def __init__(self, ctx, wl: MoE, d: Directives, cubin: str, arena, inputs: Buffers, out):
         import cupy
@@ -51,7 +57,7 @@ class MoERunner:
         key = (wl.label, str(cubin))  # one variant's runners (one per input set) share these
         self.h = moe_host.scratch(ctx, (*key, "h"), rows * 2 * s.ffn, wl.dtype)
         self.act = moe_host.scratch(ctx, (*key, "act"), rows * s.ffn, wl.dtype)
-        lib, sms = load(ctx), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        lib, sms = load(ctx, config=wl.grouped_gemm_config), int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         self.gu = GroupedGemm(lib, ctx.device, el, 2 * s.ffn, s.hidden, sms)
         self.dn = GroupedGemm(lib, ctx.device, el, s.hidden, s.ffn, sms)
         self.start = cupy.cuda.Event(disable_timing=True)

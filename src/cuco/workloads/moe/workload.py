@@ -46,6 +46,7 @@ from cuco.runtime.peaks import Work
 from cuco.workloads.moe import gin as moe_gin
 from cuco.workloads.moe import host as moe_host
 from cuco.workloads.moe.gin import MoEGinRunner
+from cuco.workloads.moe.grouped_gemm import default_config
 from cuco.workloads.moe.runner import MoERunner
 from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.pipeline import MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check
@@ -136,6 +137,17 @@ class MoE(PipelineWorkload):
         return self.shape.tokens * self.shape.topk
 
     @property
+    def rows_per_expert(self) -> float:
+        """Rows an expert receives on average (every rank's tokens, top-k each)."""
+        s = self.shape
+        return self.world_size * s.tokens * s.topk / s.experts
+
+    @property
+    def grouped_gemm_config(self) -> str:
+        """The expert GEMMs' configuration for this row regime (fused and host programs alike)."""
+        return default_config(self.rows_per_expert)
+
+    @property
     def max_recv_rows(self) -> int:
         """Rows a rank can receive: every source's tokens, each at most min(K, E/w) times."""
         return self.world_size * self.shape.tokens * min(self.shape.topk, self.local_experts)
@@ -172,13 +184,21 @@ class MoE(PipelineWorkload):
         return Work(6.0 * self.pairs * s.hidden * s.ffn, 3 * self.pairs * self.row_bytes,
                     2 * rows_in * self.row_bytes)
 
+    def live_flag_slots(self, d: Directives) -> tuple[tuple[int, int], ...] | None:
+        """The plan's flags, and under GIN each group's "outputs computed" flag
+        (``moe_gin.cu.j2``'s ``[kComputed + g]``)."""
+        out = super().live_flag_slots(d)
+        if out is not None and d.backend is Backend.GIN:
+            out += ((moe_gin.COMPUTED_SLOT, moe_gin.COMPUTED_SLOT + self.groups(d)),)
+        return out
+
     def plan(self, d: Directives) -> dict:
         """One chunk per group of experts (any chunk size groups the experts somehow)."""
         g = self.groups(d)
-        flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, self.family)
+        flags = flag_plan_check(g * MAX_RANKS + 3 * MAX_RANKS, self.family)
         if d.backend is Backend.GIN:
             moe_gin.plan_check(g)
-        return {"groups": g}
+        return {"groups": g, "flag_slots": flags}
 
     def chunk_choices(self) -> list[int]:
         return sizes_cutting(self.pairs * self.row_bytes, (1, 2, 4, 8, 16))

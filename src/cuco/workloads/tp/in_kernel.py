@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from cuco.design import Directives, placement_rules
 from cuco.kernels import fused_launch
-from cuco.kernels.tp import split_workspace_bytes
+from cuco.kernels.tp import split_counter_bytes, split_workspace_bytes
 from cuco.runtime.arena import Arena, arena_view, own_layout
 from cuco.runtime.emulated import persistent_sms
 from cuco.workloads.base import Buffers
 from cuco.workloads.tp.side_stream import SideStreamRunner
+from cuco.workloads.tp.sync_slots import in_kernel_live
 
 if TYPE_CHECKING:
     from cuco.workloads.tp.workload import GemmWorkload
@@ -77,7 +78,26 @@ class InKernelRunner:
         # kernel leaves the counters at zero), None for every other build
         ws = split_workspace_bytes(wl.pattern_problem, d)
         self.workspace = cupy.zeros(ws, dtype=cupy.uint8) if ws else None
+        #: where its arrival counters end and the fp32 partial tiles begin
+        self.counter_bytes = split_counter_bytes(wl.pattern_problem, d)
         self.offsets.update(workspace=int(self.workspace.data.ptr) if ws else None, workspace_bytes=ws)
+
+    def live_slots(self):
+        """The slots of its sync region this variant's kernels write (the evaluator holds
+        the rest at zero: :class:`cuco.runtime.arena.LiveSlots`)."""
+        return in_kernel_live(self.layout, self.pattern, self.wl.pattern_problem, self.d, self.ctx.rank)
+
+    def poisoned_each_call(self) -> list:
+        """Memory a call writes before it reads and that outlives it: a split-K build's
+        fp32 partial tiles (each unit stores its own before the tile's last one reads them),
+        poisoned before every call so nothing a kernel kept there reaches the next."""
+        return [] if self.workspace is None else [self.workspace[self.counter_bytes:]]
+
+    def zero_after_each_call(self) -> list:
+        """Memory a call leaves at zero: a split-K build's arrival counters (the unit that
+        counts a tile's last slice resets it); anything else there is state kept between
+        calls."""
+        return [] if self.workspace is None else [self.workspace[:self.counter_bytes]]
 
     def __call__(self) -> None:
         ctx = self.ctx

@@ -26,6 +26,7 @@ from cuco.runtime.arena import Arena, arena_view, own_layout
 from cuco.runtime.cublas import gemm
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
+from cuco.workloads.tp.sync_slots import side_stream_live
 
 if TYPE_CHECKING:
     from cuco.workloads.tp.workload import GemmWorkload
@@ -72,6 +73,11 @@ class SideStreamRunner:
             self.output = out
         self.start, self.done = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
         self._warm_gemm()
+
+    def live_slots(self):
+        """The slots of its sync region this variant's kernels write (the evaluator holds
+        the rest at zero: :class:`cuco.runtime.arena.LiveSlots`)."""
+        return side_stream_live(self.layout, self.pattern, self.plan, self.d, self.ctx.world_size)
 
     def _warm_gemm(self) -> None:
         """Run the chunk-shaped GEMMs, the epilogue and the stress spin once alone, so
