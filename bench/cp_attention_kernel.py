@@ -2,7 +2,7 @@
 same rank's work -> bench/results/cp_attention_kernel.json
 
     python bench/cp_attention_kernel.py                 # library cores vs torch, W = 2 and 4 (~5 min on an H100)
-    python bench/cp_attention_kernel.py --quick         # two small rows, no result file (~1 min)
+    python bench/cp_attention_kernel.py --quick         # three small rows, no result file (~1 min)
     python bench/cp_attention_kernel.py --own-core      # also cuco's own mma.sync core: its checks and rows
 
 A rank of a W-rank zig-zag split is simulated on one GPU: its queries [T, H, D] (T tokens per
@@ -13,6 +13,11 @@ not; W = 2 and 4; the first and last rank where the mask makes their calls diffe
 * ``library.flash`` / ``library.cudnn``: the fused call's compute of ``core=flash`` /
   ``core=cudnn`` (cuco.workloads.cp.library: every phase's library calls, then cuco's
   ``cp_merge`` of the partials by their log-sum-exps), the functions the fused call runs;
+* ``library.flash.grouped`` / ``library.cudnn.grouped`` (W >= 3: with one peer it is the same
+  program): the same with ``peer_calls=grouped``, the own phase then as few calls as the mask
+  allows over the peers' K/V laid out as the fused call receives them (the grouped receive
+  layout, filled once outside the timed calls, as the sequence-ordered K/V of the torch
+  programs are); each row names the regime's default grouping (``default_peer_calls``);
 * ``torch_flash``: what a torch user writes (as the workload's ``host_torch_flash``, without
   the all-gather): K/V in sequence order, flash attention over all keys (causal: one call per
   q half over the keys up to its chunk's end, flash's bottom-right mask);
@@ -202,8 +207,11 @@ def timed(fn, iters=8):
 # ---- the library cores against torch (issue #37) ------------------------------------------------
 NAME = "cp_attention_kernel"
 TOKENS, HEADS, HEAD_DIMS, WORLDS = (8192, 16384, 32768), (32, 64), (64, 128), (2, 4)
-QUICK = [(8192, 32, 128, True, 2, 0), (8192, 32, 64, False, 2, 0)]
-LIBRARY = ("library.flash", "library.cudnn")
+QUICK = [(8192, 32, 128, True, 2, 0), (8192, 32, 64, False, 2, 0), (8192, 32, 64, False, 4, 0)]
+LIBRARY = ("library.flash", "library.cudnn", "library.flash.grouped", "library.cudnn.grouped")
+#: the variant of each core and way of calling over the peers' K/V
+VARIANTS = {(core, calls): f"library.{core}" + (".grouped" if calls == "grouped" else "")
+            for core in ("flash", "cudnn") for calls in ("per_peer", "grouped")}
 PROGRAMS = ("torch_flash", "torch_cudnn")  # correct torch programs: the bar is the fastest
 BAR = 0.95
 #: GPU clock cycles of the spin before each timed call (~0.1 ms): its launches are all queued
@@ -274,6 +282,8 @@ def make_rows(row: Row, ms: dict[str, float], checks: dict[str, dict]) -> list[d
              "causal": row.causal}
         if name in checks:
             r["check"] = checks[name]
+        if name.startswith("library."):
+            r["default_peer_calls"] = default_grouping(row)
         out.append(r)
     return out
 
@@ -281,11 +291,12 @@ def make_rows(row: Row, ms: dict[str, float], checks: dict[str, dict]) -> list[d
 def summarize(rows: list[dict]) -> dict:
     """Per case: the fastest correct torch program over the fastest correct library core
     (the ratio the issue bars at 0.95), also per core, and over the torch kernels alone
-    (torch_flash and cuDNN's calls unmerged: the strictest floor)."""
+    (torch_flash and cuDNN's calls unmerged: the strictest floor); per core, each case's
+    per-peer time over its grouped time (W >= 3)."""
     cases: dict[str, dict[str, dict]] = {}
     for r in rows:
         cases.setdefault(r["case"], {})[r["variant"]] = r
-    ratio, by_core, kernels, below = {}, {c: {} for c in LIBRARY}, {}, []
+    ratio, by_core, kernels, below, gain = {}, {c: {} for c in LIBRARY}, {}, [], {}
     for case, vs in cases.items():
         lib = [vs[n] for n in LIBRARY if n in vs and vs[n]["correct"]]
         base = next((v["baseline_ms"] for v in vs.values() if v.get("baseline_ms")), None)
@@ -298,6 +309,10 @@ def summarize(rows: list[dict]) -> dict:
                 by_core[c][case] = round(base / vs[c]["ms"], 4)
         if ratio[case] is None or ratio[case] < BAR:
             below.append(case)
+        for core in ("flash", "cudnn"):
+            one, grouped = vs.get(VARIANTS[core, "per_peer"]), vs.get(VARIANTS[core, "grouped"])
+            if one and grouped and one["correct"] and grouped["correct"]:
+                gain.setdefault(core, {})[case] = round(one["ms"] / grouped["ms"], 4)
     vals = [v for v in ratio.values() if v is not None]
     worst = min(ratio, key=lambda c: ratio[c] if ratio[c] is not None else -1.0) if ratio else None
     return {"cases": len(cases), "bar": BAR,
@@ -307,7 +322,9 @@ def summarize(rows: list[dict]) -> dict:
             "worst_case": worst,
             "min_ratio_by_core": {c: (min(v.values()) if v else None) for c, v in by_core.items()},
             "min_ratio_vs_torch_kernels": min((v for v in kernels.values() if v is not None), default=None),
-            "cases_below_bar": below, "met": bool(ratio) and not below}
+            "cases_below_bar": below, "met": bool(ratio) and not below,
+            "grouped_speedup_over_per_peer": {c: {"min": min(g.values()), "max": max(g.values()), "cases": g}
+                                              for c, g in gain.items()}}
 
 
 def table(rows: list[dict]) -> str:
@@ -399,23 +416,48 @@ def torch_programs(wl, me, q, k, v):
     return progs, (ks, vs)
 
 
-def library_program(wl, me, q, k, v, core, merge_fn, out):
-    """The fused call's compute of ``core`` with every K/V present: the plan's calls, then
-    cp_merge into ``out`` [T, H, D] (the functions the fused call runs)."""
+def grouped_receive(wl, me, k, v):
+    """Rank ``me``'s receive buffer in the grouped layout (``cuco/ops/cp_receive.cuh``), K and V
+    [rows, H, D], filled with every half a peer sends it, as the comm kernel fills it."""
+    import torch
+    from cuco.workloads.cp import needs_half
+    from cuco.workloads.cp.receive_layout import receive_row, v_rows_after_k
+    s, w, c = wl.shape, wl.world_size, wl.chunk
+    rows = v_rows_after_k(w, c, grouped=True)
+    kr = torch.zeros(rows, s.heads, s.head_dim, dtype=k.dtype, device=k.device)
+    vr = torch.zeros_like(kr)
+    for src in range(w):
+        for h in (0, 1):
+            if src != me and needs_half(src, h, me, w, s.causal):
+                r = receive_row(me, src, h, w, c, grouped=True)
+                kr[r:r + c].copy_(k[src, h * c:(h + 1) * c])
+                vr[r:r + c].copy_(v[src, h * c:(h + 1) * c])
+    return kr, vr
+
+
+def library_program(wl, me, q, k, v, core, merge_fn, out, peer_calls=None):
+    """The fused call's compute of ``core`` with every K/V present: the plan's calls (a phase
+    per peer, or grouped over the receive buffer), then cp_merge into ``out`` [T, H, D] (the
+    functions the fused call runs)."""
     import cupy
     import torch
+    from cuco.design import PeerCalls
     from cuco.workloads.cp import library as lib
-    s = wl.shape
-    plan = lib.phase_plan(me, wl.world_size, s.causal)
+    s, w = wl.shape, wl.world_size
+    calls = PeerCalls.PER_PEER if peer_calls is None else PeerCalls(peer_calls)
+    plan, groups = lib.library_plan(me, w, s.causal, calls)
     attend = lib.library_attention(core)
-    kv = {p: (k[p], v[p]) for p in range(wl.world_size)}
+    kv = {p: (k[p], v[p]) for p in range(w)}
+    regions = grouped_receive(wl, me, k, v) if groups else None
     grid = lib.merge_grid(wl.shard, s.heads, s.head_dim, 2)
 
     def run():
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         results = lib.run_plan(attend, plan, q, kv, wl.chunk)
+        results += lib.run_grouped(attend, groups, q, regions, me, w, wl.chunk)
         lib.merge(merge_fn, results, wl.chunk, out.data_ptr(), wl.shard, grid, stream)
         return out
+    run.keepalive = regions
     return run
 
 
@@ -478,9 +520,12 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
     ref = reference_heads(wl, row.rank, q, k, v, heads)
     progs, _keep = torch_programs(wl, row.rank, q, k, v)
     outs = {}
-    for core, name in ((Core.FLASH, "library.flash"), (Core.CUDNN, "library.cudnn")):
+    for (core, calls), name in VARIANTS.items():
+        if calls == "grouped" and row.world < 3:
+            continue  # one peer: the same calls as per_peer (the directive refuses it)
         outs[name] = torch.empty_like(q)
-        progs[name] = library_program(wl, row.rank, q, k, v, core, merge_fns[row.head_dim], outs[name])
+        progs[name] = library_program(wl, row.rank, q, k, v, Core(core), merge_fns[row.head_dim], outs[name],
+                                      calls)
     if own is not None:
         progs.update(own(wl, row, q, k, v, outs))
     checks: dict[str, dict] = {}
@@ -515,6 +560,12 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
                 checks[name]["bad_torch"] = max(checks[name]["bad_torch"], again["bad_torch"])
     ms = {n: float(np.median(t)) for n, t in samples.items()}
     return make_rows(row, ms, checks)
+
+
+def default_grouping(row: Row) -> str:
+    """The regime's default way of calling over the peers' K/V at this case (the library's)."""
+    from cuco.workloads.cp.peer_groups import default_peer_calls
+    return default_peer_calls(row.workload().problem).value
 
 
 def own_core(built: dict):
@@ -560,7 +611,8 @@ def build_merges(head_dims) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="two small rows, no result file")
+    ap.add_argument("--quick", action="store_true", help="three small rows (one W=4 with the grouped "
+                    "variants), no result file")
     ap.add_argument("--worlds", default="2,4", help="world sizes simulated (default 2,4)")
     ap.add_argument("--own-core", action="store_true",
                     help="also cuco's own mma.sync core: its kernel checks and rows (W = 2)")

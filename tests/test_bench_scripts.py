@@ -275,7 +275,8 @@ def test_cp_kernel_rows_cover_the_issue_grid(cpk):
         assert wl.shard == r.tokens and wl.world_size == r.world
     assert [r.world for r in cpk.library_rows((2,))] == [2] * 36
     quick = cpk.library_rows(quick=True)
-    assert len(quick) == 2 and {r.causal for r in quick} == {True, False}
+    assert len(quick) == 3 and {r.causal for r in quick} == {True, False}
+    assert any(r.world >= 3 for r in quick)  # a row with the grouped variants
     r = cpk.Row(8192, 32, 128, False, 2, 0)
     assert cpk.flops(r) == 4.0 * 8192 * 16384 * 32 * 128
     c = cpk.Row(8192, 32, 128, True, 2, 0)
@@ -332,6 +333,31 @@ def test_cp_kernel_rows_and_summary(cpk, tmp_path, monkeypatch):
                          command="python bench/cp_attention_kernel.py")
     doc = json.loads(Path(path).read_text())
     assert doc["commit"] == "abc1234" and doc["summary"]["met"] is True and doc["rows"] == rows
+
+
+def test_cp_kernel_grouped_rows_and_their_gain(cpk):
+    """The grouped variants are rows of their own, checked alike, candidates for the bar; the
+    summary gives each core's per-peer time over its grouped time; library rows name the
+    regime's default grouping."""
+    assert {"library.cudnn.grouped", "library.flash.grouped"} <= set(cpk.LIBRARY)
+    row = cpk.Row(8192, 32, 64, False, 4, 0)
+    names = ("torch_flash", "torch_cudnn", "library.flash", "library.cudnn", "library.flash.grouped",
+             "library.cudnn.grouped")
+    rows = cpk.make_rows(row, dict(zip(names, (10.0, 5.0, 10.5, 5.4, 10.2, 5.1))), {n: _ok() for n in names})
+    by = {r["variant"]: r for r in rows}
+    assert by["library.cudnn.grouped"]["correct"] is True
+    assert by["library.cudnn.grouped"]["default_peer_calls"] == "grouped"
+    assert "default_peer_calls" not in by["torch_cudnn"]
+    s = cpk.summarize(rows)
+    assert s["min_ratio_vs_fastest_torch"] == pytest.approx(5.0 / 5.1, abs=1e-4)  # the grouped one
+    gain = s["grouped_speedup_over_per_peer"]
+    assert gain["cudnn"]["min"] == pytest.approx(5.4 / 5.1, abs=1e-4)
+    assert gain["flash"]["cases"] == {row.case: pytest.approx(10.5 / 10.2, abs=1e-4)}
+    two = cpk.Row(8192, 32, 64, False, 2, 0)  # one peer: no grouped variant, per_peer is the default
+    rows2 = cpk.make_rows(two, {"torch_cudnn": 5.0, "library.cudnn": 5.2},
+                          {n: _ok() for n in ("torch_cudnn", "library.cudnn")})
+    assert rows2[1]["default_peer_calls"] == "per_peer"
+    assert cpk.summarize(rows2)["grouped_speedup_over_per_peer"] == {}
 
 
 def test_evaluator_bench_directive_candidates_are_each_a_build_of_their_own():

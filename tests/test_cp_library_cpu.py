@@ -3,10 +3,14 @@
 * the phase plan: every (query half, key chunk) pair a rank attends is in exactly one call,
   full pairs in full, diagonal pairs as square causal blocks, skipped pairs nowhere (against
   ``pair_kind`` and a brute-force mask of token positions); a peer's phase waits for exactly
-  the halves that peer sends;
+  the halves that peer sends; the same for the grouped plan (``peer_calls=grouped``: the own
+  phase, then calls over runs of the receive buffer), whose calls' keys are one run of rows
+  and whose waits cover exactly the chunks sent;
 * the whole route with PyTorch's CPU attention standing in for the GPU library (the same
   views, calls and merge table; the merge's arithmetic mirrored from ``lse_merge.cuh``, reading
-  the partials through the table's addresses and strides): equal to attention under the mask;
+  the partials through the table's addresses and strides): equal to attention under the mask,
+  per peer and grouped (over a receive buffer filled as the comm kernel fills it, NaN where
+  nothing is sent);
 * the directive: a value of ``core`` that only an op naming the library has, refused
   elsewhere with the fix; the CP space sweeps it; names and JSON;
 * the rendered source (the merge and the wait, no attention kernel) and its table layout,
@@ -20,12 +24,13 @@ import math
 import numpy as np
 import pytest
 
-from cuco.design import Core, DesignSpace, Directives
+from cuco.design import Core, DesignSpace, Directives, PeerCalls
 from cuco.design.problem import make_problem
 from cuco.errors import DirectiveError
 from cuco.workloads.cp import CPAttention
 from cuco.workloads.cp import library as lib
-from cuco.workloads.cp import split
+from cuco.workloads.cp import peer_groups, split
+from cuco.workloads.cp.receive_layout import receive_row, v_rows_after_k
 
 
 def side(**kw) -> Directives:
@@ -74,6 +79,57 @@ def test_the_calls_attend_exactly_the_mask_once(w, causal):
                     assert c.causal or kind == split.FULL
             if p.slot != me:  # it waits for exactly the halves that peer sends
                 assert p.halves == tuple(h for h in (0, 1) if split.needs_half(p.slot, h, me, w, causal))
+
+
+def _grouped_attended(call, me: int, w: int, chunk: int) -> np.ndarray:
+    """Which (query row, global key position) pairs a grouped call attends: its query halves'
+    rows against every key of its blocks, [2C, 2wC] counts."""
+    out = np.zeros((2 * chunk, 2 * w * chunk), np.int32)
+    keys = np.concatenate([split.zigzag_chunk(slot, h, w) * chunk + np.arange(chunk) for slot, h in call.blocks])
+    for qh in call.q_halves:
+        for r in range(qh * chunk, (qh + 1) * chunk):
+            out[r, keys] += 1
+    return out
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_grouped_calls_attend_exactly_the_mask_once(w, causal):
+    chunk = 4
+    for me in range(w):
+        phases, groups = lib.library_plan(me, w, causal, PeerCalls.GROUPED)
+        qpos = split.token_positions(me, w, chunk)
+        kpos = np.arange(2 * w * chunk)
+        mask = (kpos[None, :] <= qpos[:, None]) if causal else np.ones((2 * chunk, len(kpos)), bool)
+        got = sum(_attended(c, me, w, chunk) for p in phases for c in p.calls)
+        got = got + sum(_grouped_attended(g, me, w, chunk) for g in groups)
+        assert (got == mask.astype(np.int32)).all()  # every visible key once, no masked one
+        assert [p.slot for p in phases] == [me]  # the own phase first, as per peer
+        for g in groups:  # every pair of a grouped call is full; its keys are one run of rows
+            assert all(split.pair_kind(split.zigzag_chunk(me, qh, w), split.zigzag_chunk(s, h, w), causal)
+                       == split.FULL for qh, (s, h) in g.pairs())
+            assert g.q_halves in ((0,), (1,), (0, 1)) and not g.causal
+            rows = [receive_row(me, s, h, w, chunk, grouped=True) for s, h in g.blocks]
+            assert rows == list(range(rows[0], rows[0] + chunk * len(rows), chunk))
+        # non-causal: one call over every peer; causal: the peers before and after me
+        assert len(groups) == (0 if w == 1 else 1 if not causal else (me > 0) + (me < w - 1))
+        assert lib.calls_of(me, w, causal, PeerCalls.GROUPED) <= 3 <= lib.max_parts()
+
+
+def test_a_grouped_call_waits_for_exactly_the_chunks_its_halves_are_sent_in():
+    n = 8
+    for w in (3, 4, 8):
+        for me in range(w):
+            for causal in (True, False):
+                _, groups = lib.library_plan(me, w, causal, PeerCalls.GROUPED)
+                waited = [i for g in groups for first, count in peer_groups.wait_ranges(g, n)
+                          for i in range(first, first + count)]
+                sent = {s * n + c for s in range(w) if s != me for h in (0, 1)
+                        if split.needs_half(s, h, me, w, causal) for c in range(h * n // 2, (h + 1) * n // 2)}
+                assert sorted(waited) == sorted(sent)  # each counter once, none unsent
+                for g in groups:  # adjacent counters are one wait kernel
+                    ranges = peer_groups.wait_ranges(g, n)
+                    assert all(a[0] + a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
 
 
 def test_the_plan_makes_one_call_per_phase():
@@ -160,6 +216,52 @@ def test_library_calls_and_merge_give_attention_under_the_mask(w, causal):
             partials[lse.data_ptr()] = _flat(lse)
         got = _merge_mirror(table, partials, 2 * chunk, heads, d)
         # brute force over token positions
+        qpos = split.token_positions(me, w, chunk)
+        sc = torch.einsum("thd,shd->hts", q, kall) / math.sqrt(d)
+        if causal:
+            sc.masked_fill_(torch.as_tensor(kpos[None, None, :] > qpos[None, :, None]), float("-inf"))
+        ref = torch.einsum("hts,shd->thd", torch.softmax(sc, -1), vall).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def _grouped_buffer(shards: dict, me: int, w: int, chunk: int, causal: bool):
+    """Rank ``me``'s receive buffer in the grouped layout as the comm kernel fills it: every
+    half a peer sends at its rows, NaN wherever nothing is sent (a call reading it fails)."""
+    import torch
+    rows = v_rows_after_k(w, chunk, grouped=True)
+    heads, d = shards[me][1].shape[1:]
+    k, v = torch.full((rows, heads, d), float("nan")), torch.full((rows, heads, d), float("nan"))
+    for src in range(w):
+        for h in (0, 1):
+            if src != me and split.needs_half(src, h, me, w, causal):
+                r = receive_row(me, src, h, w, chunk, grouped=True)
+                k[r:r + chunk] = shards[src][1][h * chunk:(h + 1) * chunk]
+                v[r:r + chunk] = shards[src][2][h * chunk:(h + 1) * chunk]
+    return k, v
+
+
+@pytest.mark.parametrize("w", [3, 4, 5])
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_calls_over_the_receive_buffer_and_merge_give_attention_under_the_mask(w, causal):
+    torch = pytest.importorskip("torch")
+    chunk, heads, d = 8, 2, 16
+    g = torch.Generator().manual_seed(100 + 10 * w + causal)
+    shards = {r: [torch.randn(2 * chunk, heads, d, generator=g) for _ in range(3)] for r in range(w)}
+    kpos = np.concatenate([split.token_positions(p, w, chunk) for p in range(w)])
+    kall = torch.cat([shards[p][1] for p in range(w)])
+    vall = torch.cat([shards[p][2] for p in range(w)])
+    for me in range(w):
+        q = shards[me][0]
+        phases, groups = lib.library_plan(me, w, causal, PeerCalls.GROUPED)
+        results = lib.run_plan(_cpu_attend, phases, q, {me: shards[me][1:]}, chunk)
+        results += lib.run_grouped(_cpu_attend, groups, q, _grouped_buffer(shards, me, w, chunk, causal),
+                                   me, w, chunk)
+        table = lib.parts_table([lib.part_of(c, chunk, o, lse) for c, o, lse in results])
+        partials = {}
+        for _, o, lse in results:
+            partials[o.data_ptr()] = _flat(o)
+            partials[lse.data_ptr()] = _flat(lse)
+        got = _merge_mirror(table, partials, 2 * chunk, heads, d)
         qpos = split.token_positions(me, w, chunk)
         sc = torch.einsum("thd,shd->hts", q, kall) / math.sqrt(d)
         if causal:

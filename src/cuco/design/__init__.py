@@ -1,6 +1,8 @@
 """The design space: five dimensions of fused compute+communication kernels."""
 
-from cuco.design.dimensions import Backend, ChunkSchedule, Core, Issuer, Placement, Schedule, SyncScope
+from cuco.design.dimensions import (
+    Backend, ChunkSchedule, Core, Issuer, PeerCalls, Placement, Schedule, SyncScope,
+)
 from cuco.design.directives import Directives
 from cuco.design.patterns import TP_PATTERNS, Collective, LocalGemm, TPPattern, tp_pattern
 from cuco.design.pipeline_ops import PIPELINE_OPS, PipelineOp, pipeline_op
@@ -13,7 +15,7 @@ from cuco.design.space import DesignSpace, as_rng
 
 __all__ = [
     "Backend", "CPProblem", "ChunkSchedule", "Collective", "Core", "DesignSpace", "Directives",
-    "GemmProblem", "Issuer", "KVProblem", "LocalGemm", "MoEProblem", "PIPELINE_OPS", "PipelineOp", "Placement", "Problem",
+    "GemmProblem", "Issuer", "KVProblem", "LocalGemm", "MoEProblem", "PIPELINE_OPS", "PeerCalls", "PipelineOp", "Placement", "Problem",
     "Schedule", "SyncScope", "TPPattern", "TP_PATTERNS", "as_rng",
     "check_count", "check_workload", "make_problem", "parse_shape", "problem_class",
     "pipeline_op", "problem_from_dict", "register_workload", "tp_pattern", "violations",

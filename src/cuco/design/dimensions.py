@@ -91,6 +91,17 @@ class Core(str, Enum):
         return self is not Core.OWN
 
 
+class PeerCalls(str, Enum):
+    """How a library core calls its attention over the peers' K/V (context-parallel
+    attention; :mod:`cuco.design.cores` has the rules): one phase per peer, each peer's K/V
+    as it arrives (``per_peer``), or the peers' K/V together, laid out contiguously in the
+    receive buffer, in as few calls as the mask allows (``grouped``: fewer, longer calls and
+    fewer partials to merge; the calls wait for more peers' data at once)."""
+
+    PER_PEER = "per_peer"
+    GROUPED = "grouped"
+
+
 class ChunkSchedule(str, Enum):
     """Order in which chunks visit peers (Syncopate-style ring, or direct)."""
 

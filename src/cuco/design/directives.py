@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cuco.design.dimensions import (
-    Backend, ChunkSchedule, Core, Issuer, Placement, Schedule, SyncScope, format_bytes,
+    Backend, ChunkSchedule, Core, Issuer, PeerCalls, Placement, Schedule, SyncScope, format_bytes,
 )
 from cuco.design.field_errors import describe, with_fix
 from cuco.design.placement_rules import launch_time_fields
@@ -99,6 +99,10 @@ class Directives(BaseModel):
     core: Core = Field(default=Core.OWN, description="what computes the op's steps: the "
                        "template's own kernel (own) or a library's kernel per phase (flash, "
                        "cudnn: context-parallel attention), beside the communication kernel")
+    peer_calls: PeerCalls = Field(default=PeerCalls.PER_PEER, description="a library core: one "
+                                  "phase of calls per peer's K/V as it arrives (per_peer), or "
+                                  "every peer's K/V together, contiguous in the receive buffer, in "
+                                  "as few calls as the mask allows (grouped)")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -140,11 +144,13 @@ class Directives(BaseModel):
     @property
     def name(self) -> str:
         """Short variant name: the five dimensions, backend first, then a library core
-        where one computes (``lsa.side_stream.chunk.warp.c4M.cudnn``)."""
+        where one computes (``lsa.side_stream.chunk.warp.c4M.cudnn``) and ``grouped`` where
+        it calls the peers' K/V together (``...c4M.cudnn.grouped``)."""
         return ".".join((
             self.backend.value, self.placement.value, self.sync_scope.value,
             self.issuer.value, "c" + format_bytes(self.chunk_bytes),
             *((self.core.value,) if self.core.library else ()),
+            *((self.peer_calls.value,) if self.peer_calls is PeerCalls.GROUPED else ()),
         ))
 
     @property

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cuco.design.dimensions import Backend, Core, Issuer, SyncScope
+from cuco.design.dimensions import Backend, Core, Issuer, PeerCalls, SyncScope
 from cuco.design.problem import CPProblem, KVProblem, MoEProblem, Problem
 from cuco.design.registry import Registry
 from cuco.errors import InputError
@@ -91,6 +91,12 @@ class PipelineOp:
     def cores(self) -> tuple[Core, ...]:
         """The cores its fused variants may compute with: its own, then its library cores."""
         return (Core.OWN, *self.library_cores)
+
+    @property
+    def peer_calls(self) -> tuple[PeerCalls, ...]:
+        """How its library cores may call over the peers' data: a phase per peer, or grouped
+        (where it has library cores); ``per_peer`` alone otherwise."""
+        return tuple(PeerCalls) if self.library_cores else (PeerCalls.PER_PEER,)
 
     def sync_scopes(self, side_stream_only: bool = True) -> tuple[SyncScope, ...]:
         """The sync scopes of its side-stream templates (``chunk``; ``stream`` too where it

@@ -13,7 +13,9 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from cuco.design.dimensions import Backend, ChunkSchedule, Core, Issuer, KIB, MIB, Placement, Schedule, SyncScope
+from cuco.design.dimensions import (
+    Backend, ChunkSchedule, Core, Issuer, KIB, MIB, PeerCalls, Placement, Schedule, SyncScope,
+)
 from pydantic import TypeAdapter, ValidationError
 from typing import Annotated
 
@@ -48,6 +50,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "cluster_m": (1,),
     "chunk_schedule": tuple(ChunkSchedule),
     "core": (Core.OWN,),  # library cores: workloads whose op has them list them
+    "peer_calls": (PeerCalls.PER_PEER,),  # grouped: workloads with library cores list it
 }
 
 RngLike = random.Random | int | None
@@ -78,6 +81,7 @@ class DesignSpace:
 
     def __init__(self, problem: Problem | None = None, *, rules: Rules | None = None,
                  coupled: Mapping[Sequence[str], Sequence[Sequence[Any]]] | None = None,
+                 prefer: Mapping[str, Any] | None = None,
                  **choices: Sequence[Any]):
         unknown = set(choices) - set(FIELDS)
         if unknown:
@@ -100,6 +104,7 @@ class DesignSpace:
                 raise DirectiveError([f"{f}: {exc}"]) from None
             self.choices[f] = tuple(dict.fromkeys(vals))
         self.coupled = self._coupled(coupled or {})
+        self.prefer = self._preferred(prefer or {})
         self._points: list[dict[str, Any]] | None = None  # the valid points, listed once
 
     def _coupled(self, coupled: Mapping[Sequence[str], Sequence[Sequence[Any]]]
@@ -135,6 +140,20 @@ class DesignSpace:
                 raise DirectiveError([f"coupled: {', '.join(fields)} needs at least one combination"])
             groups.append((fields, tuple(dict.fromkeys(typed))))
         return tuple(groups)
+
+    def _preferred(self, prefer: Mapping[str, Any]) -> dict[str, Any]:
+        """A workload's preferred value of some fields at its problem (e.g. how a library
+        core groups its calls in this regime), typed; each must be among the field's choices."""
+        out = {}
+        for f, v in prefer.items():
+            if f not in FIELDS:
+                raise DirectiveError([f"prefer: {f} is not a dimension of Directives"])
+            typed = coerce_field(f, v)
+            if typed not in self.choices[f]:
+                raise DirectiveError([f"prefer: {f}={getattr(typed, 'value', typed)} is not among that "
+                                      f"field's choices"])
+            out[f] = typed
+        return out
 
     # ---- membership and validity ------------------------------------------------
     def _broken(self, values: Mapping[str, Any]) -> list[str]:
@@ -268,7 +287,8 @@ class DesignSpace:
         return Directives.model_construct(**r.choice(points))
 
     def default(self) -> Directives:
-        """The most conservative valid point: the fast-path agent's start."""
+        """The most conservative valid point: the fast-path agent's start. Where the space
+        has ``prefer``red values, they are taken wherever the rest of that point allows."""
         prefs = {"backend": Backend.LSA, "placement": Placement.EPILOGUE,
                  "sync_scope": SyncScope.KERNEL, "issuer": Issuer.CTA,
                  "chunk_schedule": ChunkSchedule.DIRECT, "comm_ctas": 0}
@@ -276,9 +296,14 @@ class DesignSpace:
         def rank(values: dict[str, Any]) -> tuple:
             return tuple(0 if values[f] == v else 1 for f, v in prefs.items())
 
-        best = min(self._valid_dicts(), key=rank, default=None)
+        points = self._valid_dicts()
+        best = min(points, key=rank, default=None)
         if best is None:
             raise self._empty()
+        if self.prefer:  # among the points that differ from it in preferred fields only
+            fixed = {f: v for f, v in best.items() if f not in self.prefer}
+            alike = [p for p in points if all(p[f] == v for f, v in fixed.items())]
+            best = min(alike, key=lambda p: tuple(p[f] != v for f, v in self.prefer.items()))
         return Directives.model_construct(**best)
 
     def _step(self, f: str, current: Any, r: random.Random, strength: float) -> Any:

@@ -35,6 +35,11 @@ def pipeline_sources() -> list[KernelSource]:
         out.append(cp.render(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                         issuer="warp", chunk_bytes=64 << 10, comm_ctas=4,
                                         core="cudnn")))
+    cp4 = CPAttention(4, seq=2048, heads=4, head_dim=128, causal=True)  # grouped: 3+ ranks
+    for backend in cp4.backends:  # the grouped calls' fused call: the grouped receive layout
+        out.append(cp4.render(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                                         issuer="warp", chunk_bytes=64 << 10, comm_ctas=4,
+                                         core="cudnn", peer_calls="grouped")))
     # the MoE layer's expert GEMMs: one build per row regime's configuration, any shape
     out.extend(config_source(c) for c in (DECODE_CONFIG, PREFILL_CONFIG))
     out.append(layer_kernel_source())  # the KV prefill's RMSNorm, causal softmax, SwiGLU

@@ -16,6 +16,7 @@ protocol (:class:`cuco.workloads.Workload`); the one verification job
 
 from __future__ import annotations
 
+import itertools
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -131,21 +132,32 @@ class PipelineWorkload(Workload):
                            chunk_bytes=sorted(self.chunk_choices()),
                            comm_ctas=list(self.comm_cta_choices), tile_m=[128], tile_n=[128],
                            tile_k=[64], stages=[4], raster_group=[1], comm_warps=[0],
-                           chunk_schedule=["direct"], core=[c.value for c in self.op.cores])
+                           chunk_schedule=["direct"], core=[c.value for c in self.op.cores],
+                           peer_calls=[v.value for v in self.op.peer_calls], prefer=self.preferred())
+
+    def preferred(self) -> dict[str, Any]:
+        """Values this shape's space prefers where its default point allows them (the
+        regime's default of a tunable, e.g. how a library core groups its calls); none here."""
+        return {}
 
     @abstractmethod
     def grid(self) -> list[Directives]:
         """The directive points a benchmark sweeps (all valid for this shape)."""
 
-    def grid_of(self, chunk_bytes: list[int], points, cores=("own",)) -> list[Directives]:
-        """Side-stream directives for every chunk size, ``(backend, issuer, comm_ctas)`` point
-        and core, less those this shape cannot render."""
+    def grid_of(self, chunk_bytes: list[int], points, cores=("own",),
+                peer_calls=("per_peer",)) -> list[Directives]:
+        """Side-stream directives for every chunk size, ``(backend, issuer, comm_ctas)`` point,
+        core and way of calling over the peers' data, less those this shape cannot render."""
         out = []
-        for core in cores:
+        for core, calls in itertools.product(cores, peer_calls):
             for chunk in chunk_bytes:
                 for backend, issuer, ctas in points:
-                    d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
-                                   issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas, core=core)
+                    try:
+                        d = Directives(backend=backend, placement="side_stream", sync_scope="chunk",
+                                       issuer=issuer, chunk_bytes=chunk, comm_ctas=ctas, core=core,
+                                       peer_calls=calls)
+                    except DirectiveError:  # e.g. grouped calls of core=own
+                        continue
                     if not violations(d.__dict__, self.problem) and not self.supported(d):
                         out.append(d)
         return out

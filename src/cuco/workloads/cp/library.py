@@ -19,6 +19,11 @@ and every library's causal mask (flash's bottom-right aligned, cuDNN's top-left)
 same on a square block. Every other pair is attended in full, grouped into as few calls as
 their layout allows: both query halves against one key half, one query half against both
 key halves (rows contiguous in the shard), all four.
+
+With ``peer_calls=grouped`` (:func:`library_plan`) only the own phase is called per shard;
+the peers' K/V, received in the grouped layout (:mod:`~cuco.workloads.cp.receive_layout`),
+are called in as few runs of the receive buffer as the mask allows
+(:mod:`~cuco.workloads.cp.peer_groups`), each behind a wait for every chunk it reads.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cuco.design.dimensions import Core
+from cuco.design.dimensions import Core, PeerCalls
 from cuco.errors import EnvironmentProblem
+from cuco.workloads.cp import peer_groups
 from cuco.workloads.cp.fused_call import FusedCall
+from cuco.workloads.cp.peer_groups import GroupedCall, first_row, grouped_calls
+from cuco.workloads.cp.receive_layout import v_rows_after_k
 from cuco.workloads.cp.split import DIAGONAL, FULL, SKIP, pair_kind, slot_order, zigzag_chunk
 
 #: cuco/ops/lse_merge.cuh: the partials one merge takes (its ``kMaxParts``)
@@ -107,9 +115,21 @@ def phase_plan(me: int, w: int, causal: bool) -> list[Phase]:
     return phases
 
 
-def calls_of(me: int, w: int, causal: bool) -> int:
+def library_plan(me: int, w: int, causal: bool, peer_calls: PeerCalls = PeerCalls.PER_PEER
+                 ) -> tuple[list[Phase], list[GroupedCall]]:
+    """Rank ``me``'s phases over whole shards (:func:`phase_plan`: every rank's, or only its
+    own where the peers' K/V are called grouped) and its grouped calls over the receive
+    buffer (:func:`~cuco.workloads.cp.peer_groups.grouped_calls`; none per peer)."""
+    phases = phase_plan(me, w, causal)
+    if peer_calls is PeerCalls.PER_PEER:
+        return phases, []
+    return [p for p in phases if p.slot == me], grouped_calls(me, w, causal)
+
+
+def calls_of(me: int, w: int, causal: bool, peer_calls: PeerCalls = PeerCalls.PER_PEER) -> int:
     """How many library calls (partials of the merge) rank ``me`` makes."""
-    return sum(len(p.calls) for p in phase_plan(me, w, causal))
+    phases, groups = library_plan(me, w, causal, peer_calls)
+    return sum(len(p.calls) for p in phases) + len(groups)
 
 
 # ---- the merge kernel's table (cuco/ops/lse_merge.cuh: Part, Parts) -----------------------
@@ -205,6 +225,32 @@ def run_plan(attend, plan: list[Phase], q, kv: dict, chunk: int, before=None) ->
     return results
 
 
+def grouped_views(call: GroupedCall, q, k_region, v_region, me: int, w: int, chunk: int):
+    """The [B, H, S, D] views a grouped call reads: ``q`` this rank's shard, ``k_region`` and
+    ``v_region`` the receive buffer's K and V, [rows, H, D] torch tensors (no copy: its keys
+    are one run of rows there, each head's rows one stride apart)."""
+    lo = call.q_halves[0] * chunk
+    k0 = first_row(call, me, w, chunk)
+    k1 = k0 + len(call.blocks) * chunk
+
+    def bhsd(t, a, b):
+        return t[a:b].unsqueeze(0).transpose(1, 2)
+    return bhsd(q, lo, lo + len(call.q_halves) * chunk), bhsd(k_region, k0, k1), bhsd(v_region, k0, k1)
+
+
+def run_grouped(attend, calls: list[GroupedCall], q, regions: tuple, me: int, w: int, chunk: int,
+                before=None) -> list[tuple]:
+    """Every grouped call in order over ``regions = (k_region, v_region)``; ``before(call)``
+    is enqueued ahead of each (a fused call's wait for its halves). ``[(call, out, lse)]``."""
+    results = []
+    for call in calls:
+        if before is not None:
+            before(call)
+        o, lse = attend(*grouped_views(call, q, *regions, me, w, chunk), call.causal)
+        results.append((call, o, lse))
+    return results
+
+
 def merge(kernel, results: list[tuple], chunk: int, out, rows: int, grid: int, stream) -> None:
     """``cp_merge`` (a loaded function) of every partial into ``out`` (a device array or its
     address) on ``stream``; ``results`` must stay referenced until this is enqueued (the
@@ -239,8 +285,9 @@ def wait_ranges(phase: Phase, n_chunks: int) -> list[tuple[int, int]]:
 class LibraryRunner(FusedCall):
     """A fused call of ``core=flash`` / ``core=cudnn``: the comm kernel pushes K/V chunks on
     the side stream (as for ``core=own``); on the compute stream the library's attention runs
-    per phase (:func:`phase_plan`), a peer's phase behind ``wait_flags`` on the counters of
-    the chunks it reads, and ``cp_merge`` writes the output from every partial."""
+    per phase (:func:`library_plan`: a peer's phase, or a grouped call over the receive
+    buffer, behind ``wait_flags`` on the counters of the chunks it reads), and ``cp_merge``
+    writes the output from every partial."""
 
     COMM_KERNELS = ("comm_kernel", "set_peer_flag", "wait_flags", "cp_merge")
 
@@ -253,15 +300,17 @@ class LibraryRunner(FusedCall):
         torch_bridge.on_current_device()
         s = wl.shape
         shape = (wl.shard, s.heads, s.head_dim)
-        self.plan = phase_plan(ctx.rank, wl.world_size, s.causal)
+        self.plan, self.groups = library_plan(ctx.rank, wl.world_size, s.causal, d.peer_calls)
         self.attend_fn = library_attention(d.core)
         self.q = torch_bridge.tensor_at(int(inputs["q"].data.ptr), shape, wl.dtype)
         self.kv = {p: (torch_bridge.tensor_at(kb, shape, wl.dtype), torch_bridge.tensor_at(vb, shape, wl.dtype))
                    for p, (kb, vb) in enumerate(zip(*self.kv_bases))}
+        self.regions = receive_regions(wl, arena.ptr + self.layout.data["kvg"]) if self.groups else None
         self.tstream = torch_bridge.stream(ctx)
         self.grid = merge_grid(wl.shard, s.heads, s.head_dim, wl.esz)
-        # every call and the merge once alone, on this rank's own K/V in every slot (the same
-        # shapes and strides: cuDNN builds its graphs, the kernels' modules load), into junk
+        # every call and the merge once alone, on this rank's own K/V in every slot and on
+        # whatever the receive buffer holds (the same shapes and strides: cuDNN builds its
+        # graphs, the kernels' modules load), into junk
         junk = dtypes.empty(wl.output_elems(), wl.dtype)
         own = self.kv[ctx.rank]
         self._compute(junk, {p: own for p in self.kv}, wait=False)
@@ -269,32 +318,47 @@ class LibraryRunner(FusedCall):
                                           np.int32(0), np.uint64(0)), stream=ctx.stream)  # loaded, waits on nothing
         self._settle_modules()
 
-    def _wait(self, phase: Phase) -> None:
+    def _wait(self, ranges: list[tuple[int, int]]) -> None:
         a, ctx = self.arena, self.ctx
-        for first, count in wait_ranges(phase, self.n):
+        for first, count in ranges:
             self.f["wait_flags"]((1,), (32,), (*a.args(ctx), np.uint64(self.layout.flags), np.int32(first),
                                               np.int32(count), np.uint64(self.d.comm_ctas)),
                                  stream=ctx.stream)
 
     def _compute(self, out, kv, wait: bool) -> None:
-        """Every phase's library calls, then the merge into ``out``; the partials stay
-        referenced until the merge is enqueued behind them on the same stream (the caching
-        allocator reuses their memory only after it)."""
+        """Every phase's library calls, then the grouped calls, then the merge into ``out``;
+        the partials stay referenced until the merge is enqueued behind them on the same
+        stream (the caching allocator reuses their memory only after it)."""
         import torch
-        me = self.ctx.rank
+        me, w, chunk = self.ctx.rank, self.wl.world_size, self.wl.chunk
 
         def before(phase: Phase) -> None:
             if phase.slot != me:
-                self._wait(phase)
+                self._wait(wait_ranges(phase, self.n))
+
+        def before_group(call: GroupedCall) -> None:
+            self._wait(peer_groups.wait_ranges(call, self.n))
         with torch.cuda.stream(self.tstream):
-            results = run_plan(self.attend_fn, self.plan, self.q, kv, self.wl.chunk,
-                               before=before if wait else None)
-        merge(self.f["cp_merge"], results, self.wl.chunk, out, self.wl.shard, self.grid, self.ctx.stream)
+            results = run_plan(self.attend_fn, self.plan, self.q, kv, chunk, before=before if wait else None)
+            results += run_grouped(self.attend_fn, self.groups, self.q, self.regions, me, w, chunk,
+                                   before=before_group if wait else None)
+        merge(self.f["cp_merge"], results, chunk, out, self.wl.shard, self.grid, self.ctx.stream)
 
     def __call__(self) -> None:
         self._start()
         self._compute(self.output, self.kv, wait=True)
         self._finish()
+
+
+def receive_regions(wl, k_base: int, v_base: int | None = None) -> tuple:
+    """The grouped receive buffer's K and V as [rows, H, D] torch tensors (every peer's rows:
+    :mod:`~cuco.workloads.cp.receive_layout`): V right after K in the arena's ``kvg``, or at
+    ``v_base``."""
+    from cuco.runtime import torch_bridge
+    rows = v_rows_after_k(wl.world_size, wl.chunk, grouped=True)
+    shape = (rows, wl.shape.heads, wl.shape.head_dim)
+    v_base = k_base + rows * wl.row_elems * wl.esz if v_base is None else v_base
+    return torch_bridge.tensor_at(k_base, shape, wl.dtype), torch_bridge.tensor_at(v_base, shape, wl.dtype)
 
 
 def merge_kernel(ctx, wl):
@@ -309,9 +373,12 @@ def merge_kernel(ctx, wl):
     return cache[src]
 
 
-def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int], out):
+def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int], out,
+                    peer_calls: PeerCalls = PeerCalls.PER_PEER):
     """The compute of a ``core`` fused call with every K/V present (slot p's at ``kbases[p]``,
-    ``vbases[p]``): every phase's calls, then the merge into ``out``, on ``ctx.stream``."""
+    ``vbases[p]``; grouped calls read the receive buffer's rows from ``kbases[0]`` and
+    ``vbases[0]``, as many as the slots hold): every call, then the merge into ``out``, on
+    ``ctx.stream``."""
     from cuco.runtime import torch_bridge
     import torch
     torch_bridge.on_current_device()
@@ -320,12 +387,16 @@ def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int]
     view = (lambda ptr: torch_bridge.tensor_at(ptr, shape, wl.dtype))
     qt = view(int(q.data.ptr))
     kv = {p: (view(kb), view(vb)) for p, (kb, vb) in enumerate(zip(kbases, vbases))}
-    plan, attend = phase_plan(ctx.rank, wl.world_size, s.causal), library_attention(core)
+    me, w = ctx.rank, wl.world_size
+    plan, groups = library_plan(me, w, s.causal, peer_calls)
+    regions = receive_regions(wl, kbases[0], vbases[0]) if groups else None
+    attend = library_attention(core)
     fn, grid, tstream = merge_kernel(ctx, wl), merge_grid(wl.shard, s.heads, s.head_dim, wl.esz), torch_bridge.stream(ctx)
 
     def run():
         with torch.cuda.stream(tstream):
             results = run_plan(attend, plan, qt, kv, wl.chunk)
+            results += run_grouped(attend, groups, qt, regions, me, w, wl.chunk)
         merge(fn, results, wl.chunk, out, wl.shard, grid, ctx.stream)
     return run
 

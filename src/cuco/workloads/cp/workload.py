@@ -25,6 +25,7 @@ product with V (about 16 significant bits).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cuco.design import CPProblem, Directives
+from cuco.design import CPProblem, Directives, PeerCalls
+from cuco.design.cores import peer_calls_violations
 from cuco.design.pipeline_ops import CP_ATTENTION
 from cuco.design.problem import CP_Q_TILE, DTYPE_BYTES
 from cuco.runtime.emulated import persistent_sms
@@ -47,6 +49,7 @@ from cuco.runtime.peaks import Work
 from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.cp.fused_call import FusedCall
 from cuco.workloads.cp.library import LibraryRunner, fastest, library_compute
+from cuco.workloads.cp.peer_groups import default_peer_calls
 from cuco.workloads.cp.split import (  # noqa: F401 - the split's names, also read from here
     DIAGONAL, FULL, SKIP, needs_half, pair_kind, slot_order, token_positions, zigzag_chunk,
 )
@@ -257,7 +260,8 @@ class CPAttention(PipelineWorkload):
                      ctype=CTYPES[self.dtype], row_bytes=self.row_elems * self.esz,
                      heads=s.heads, head_dim=s.head_dim, causal=s.causal, comm_ctas=d.comm_ctas,
                      threads=THREADS, max_ranks=MAX_RANKS, open_slot=OPEN_SLOT,
-                     name=d.full_name, core=d.core.value, library=d.core.library, **self.plan(d))
+                     name=d.full_name, core=d.core.value, library=d.core.library,
+                     grouped=d.peer_calls is PeerCalls.GROUPED, **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
         kernels = ("comm_kernel", "set_peer_flag") + (("wait_flags", "cp_merge") if d.core.library
                                                      else ("cp_attend",))
@@ -272,7 +276,12 @@ class CPAttention(PipelineWorkload):
         # so the chunk size matters less
         cores = [c.value for c in self.op.library_cores] if torch_bridge.installed() else []
         return own + self.grid_of(sizes_cutting(half_bytes, (1, 4)), [("lsa", "warp", 4), ("nvshmem", "cta", 8)],
-                                  cores=cores)
+                                  cores=cores, peer_calls=[v.value for v in self.op.peer_calls])
+
+    def preferred(self) -> dict:
+        """How a library core calls over the peers' K/V at this shape by default
+        (:func:`~cuco.workloads.cp.peer_groups.default_peer_calls`)."""
+        return {"peer_calls": default_peer_calls(self.problem)}
 
     def tolerance(self) -> tuple[float, float]:
         """The kernel rounds P to the dtype before P @ V and the output once."""
@@ -392,8 +401,10 @@ class CPAttention(PipelineWorkload):
         if torch_bridge.unusable(ctx) is None:
             step = self.shard * self.row_elems * self.esz
             bases = [int(kv.data.ptr) + p * step for p in range(self.world_size)]
-            for core in self.op.library_cores:
-                runs[core.value] = library_compute(ctx, self, core, inputs["q"], bases, bases, out)
+            for core, calls in itertools.product(self.op.library_cores, self.op.peer_calls):
+                if not peer_calls_violations({"core": core, "peer_calls": calls}, self.problem):
+                    runs[f"{core.value}.{calls.value}"] = library_compute(ctx, self, core, inputs["q"], bases,
+                                                                          bases, out, calls)
         run = fastest(runs, ctx.stream) if len(runs) > 1 else own
         run.keepalive = (kv, runs)  # type: ignore[attr-defined]  # kv: reached only by address
         return run
