@@ -87,6 +87,11 @@ step_command() {
     tests_buffers)   echo "$PT tests/test_buffer_lifetime_gpu.py" ;;
     tests_scrub)     echo "$PT tests/test_scrub_gpu.py" ;;
     tests_side_rest) echo "$PT -k 'M3001N1544-fp16 or too_wide' tests/test_tp_gpu.py" ;;
+    # the too_wide test's honest point (comm_ctas 32 of a rank's 33 SMs at W = 4) hung at
+    # 1be8aa5 with every check in the verifier process: the same with the checks inline
+    too_wide_inline) echo "CUCO_VERIFIER=inline $PT -k too_wide tests/test_tp_gpu.py" ;;
+    # CP's grouped peer calls (peer_calls=grouped, 3+ ranks: EMULATE=4)
+    tests_cp_grouped) echo "$PT tests/test_cp_grouped_gpu.py" ;;
     tests_gin)       echo "$PT tests/test_gin_emulated_gpu.py" ;;
     gin_probe)       echo "python3 bench/gin_probe.py --world ${EMULATE:-2}" ;;
     gin_correctness) echo "python3 bench/gin_correctness.py $R" ;;
