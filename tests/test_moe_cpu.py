@@ -13,7 +13,7 @@ from cuco.design import Directives
 from cuco.errors import DirectiveError, ShapeError
 from cuco.kernels import Compiler
 from cuco.workloads.moe import MoE, MoERunner
-from cuco.workloads.moe.grouped_gemm import SHAPE_BYTES, grouped_gemm_source
+from cuco.workloads.moe.grouped_gemm import DECODE_CONFIG, SHAPE_BYTES, config_source
 
 
 def side(**kw) -> Directives:
@@ -27,7 +27,7 @@ def test_grouped_gemm_builds_and_its_host_side_fills_strides(kernel_cache):
     """One CUTLASS build (about 1.5 min on 2 cores), in the cache test_kernels builds the
     catalog into (the same source: built once a session). The host functions touch no GPU:
     the sizes its tables use, and packed K-major strides."""
-    s = grouped_gemm_source()
+    s = config_source(DECODE_CONFIG)  # the catalog's first MoE build: test_kernels' representative
     built = Compiler(arch="sm_90a", cache_dir=kernel_cache).compile(s.source, needs=s.needs, name=s.name)
     assert built.launcher and b"grouped_gemm_kernel" in built.path.read_bytes()
     lib = ctypes.CDLL(str(built.path))
