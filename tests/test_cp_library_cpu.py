@@ -193,35 +193,49 @@ def _merge_mirror(table: np.ndarray, partials: dict[int, np.ndarray], rows: int,
     return out
 
 
+def _shards(torch, w: int, seed: int, chunk: int = 8, heads: int = 2, d: int = 16) -> dict:
+    """Every rank's Q, K and V shard (``2 chunk`` rows of ``heads x d``), fresh per seed."""
+    g = torch.Generator().manual_seed(seed)
+    return {r: [torch.randn(2 * chunk, heads, d, generator=g) for _ in range(3)] for r in range(w)}
+
+
+def _merged(results, chunk: int, heads: int, d: int):
+    """The merge kernel's output (its CPU mirror) over the calls' partials."""
+    table = lib.parts_table([lib.part_of(c, chunk, o, lse) for c, o, lse in results])
+    partials = {}
+    for _, o, lse in results:
+        partials[o.data_ptr()] = _flat(o)
+        partials[lse.data_ptr()] = _flat(lse)
+    return _merge_mirror(table, partials, 2 * chunk, heads, d)
+
+
+def _attention_by_positions(torch, shards: dict, me: int, w: int, chunk: int, causal: bool):
+    """Brute force over token positions: rank ``me``'s queries against every rank's keys."""
+    kpos = np.concatenate([split.token_positions(p, w, chunk) for p in range(w)])
+    kall = torch.cat([shards[p][1] for p in range(w)])
+    vall = torch.cat([shards[p][2] for p in range(w)])
+    q, d = shards[me][0], shards[me][0].shape[-1]
+    qpos = split.token_positions(me, w, chunk)
+    sc = torch.einsum("thd,shd->hts", q, kall) / math.sqrt(d)
+    if causal:
+        sc.masked_fill_(torch.as_tensor(kpos[None, None, :] > qpos[None, :, None]), float("-inf"))
+    return torch.einsum("hts,shd->thd", torch.softmax(sc, -1), vall).numpy()
+
+
 @pytest.mark.parametrize("w", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [True, False])
 def test_library_calls_and_merge_give_attention_under_the_mask(w, causal):
     torch = pytest.importorskip("torch")
     chunk, heads, d = 8, 2, 16
-    g = torch.Generator().manual_seed(10 * w + causal)
-    shards = {r: [torch.randn(2 * chunk, heads, d, generator=g) for _ in range(3)] for r in range(w)}
-    kpos = np.concatenate([split.token_positions(p, w, chunk) for p in range(w)])
-    kall = torch.cat([shards[p][1] for p in range(w)])
-    vall = torch.cat([shards[p][2] for p in range(w)])
+    shards = _shards(torch, w, 10 * w + causal, chunk, heads, d)
     for me in range(w):
-        q = shards[me][0]
         results = []
         for phase in lib.phase_plan(me, w, causal):
             _, k, v = shards[phase.slot]
-            results += lib.run_phase_calls(_cpu_attend, phase, q, k, v, chunk)
-        table = lib.parts_table([lib.part_of(c, chunk, o, lse) for c, o, lse in results])
-        partials = {}
-        for _, o, lse in results:
-            partials[o.data_ptr()] = _flat(o)
-            partials[lse.data_ptr()] = _flat(lse)
-        got = _merge_mirror(table, partials, 2 * chunk, heads, d)
-        # brute force over token positions
-        qpos = split.token_positions(me, w, chunk)
-        sc = torch.einsum("thd,shd->hts", q, kall) / math.sqrt(d)
-        if causal:
-            sc.masked_fill_(torch.as_tensor(kpos[None, None, :] > qpos[None, :, None]), float("-inf"))
-        ref = torch.einsum("hts,shd->thd", torch.softmax(sc, -1), vall).numpy()
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+            results += lib.run_phase_calls(_cpu_attend, phase, shards[me][0], k, v, chunk)
+        np.testing.assert_allclose(_merged(results, chunk, heads, d),
+                                   _attention_by_positions(torch, shards, me, w, chunk, causal),
+                                   rtol=1e-4, atol=1e-5)
 
 
 def _grouped_buffer(shards: dict, me: int, w: int, chunk: int, causal: bool):
@@ -245,29 +259,16 @@ def _grouped_buffer(shards: dict, me: int, w: int, chunk: int, causal: bool):
 def test_grouped_calls_over_the_receive_buffer_and_merge_give_attention_under_the_mask(w, causal):
     torch = pytest.importorskip("torch")
     chunk, heads, d = 8, 2, 16
-    g = torch.Generator().manual_seed(100 + 10 * w + causal)
-    shards = {r: [torch.randn(2 * chunk, heads, d, generator=g) for _ in range(3)] for r in range(w)}
-    kpos = np.concatenate([split.token_positions(p, w, chunk) for p in range(w)])
-    kall = torch.cat([shards[p][1] for p in range(w)])
-    vall = torch.cat([shards[p][2] for p in range(w)])
+    shards = _shards(torch, w, 100 + 10 * w + causal, chunk, heads, d)
     for me in range(w):
         q = shards[me][0]
         phases, groups = lib.library_plan(me, w, causal, PeerCalls.GROUPED)
         results = lib.run_plan(_cpu_attend, phases, q, {me: shards[me][1:]}, chunk)
         results += lib.run_grouped(_cpu_attend, groups, q, _grouped_buffer(shards, me, w, chunk, causal),
                                    me, w, chunk)
-        table = lib.parts_table([lib.part_of(c, chunk, o, lse) for c, o, lse in results])
-        partials = {}
-        for _, o, lse in results:
-            partials[o.data_ptr()] = _flat(o)
-            partials[lse.data_ptr()] = _flat(lse)
-        got = _merge_mirror(table, partials, 2 * chunk, heads, d)
-        qpos = split.token_positions(me, w, chunk)
-        sc = torch.einsum("thd,shd->hts", q, kall) / math.sqrt(d)
-        if causal:
-            sc.masked_fill_(torch.as_tensor(kpos[None, None, :] > qpos[None, :, None]), float("-inf"))
-        ref = torch.einsum("hts,shd->thd", torch.softmax(sc, -1), vall).numpy()
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(_merged(results, chunk, heads, d),
+                                   _attention_by_positions(torch, shards, me, w, chunk, causal),
+                                   rtol=1e-4, atol=1e-5)
 
 
 def test_the_table_refuses_more_partials_than_the_kernel_takes():
