@@ -667,7 +667,7 @@ def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--outp
                                                              help="artifact folder to write"),
                arch: Optional[str] = typer.Option(None, help="target arch (default: this GPU's)"),
                db: str = DB_OPTION) -> None:
-    """Pack a scored candidate as an artifact directory (cubin, source, manifest)."""
+    """Pack a scored candidate as an artifact directory (kernel.cubin or kernel.so, source, manifest)."""
     from cuco.db import CandidateDB
     from cuco.export import export
     from cuco.kernels import Compiler

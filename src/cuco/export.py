@@ -133,6 +133,11 @@ def export(db: CandidateDB, candidate_id: int, out_dir: str | Path, *,
     src = for_problem(problem).render(d)
     source = cand.source or src.source
     comp = Compiler(arch=arch)
+    if "cutlass" in src.needs and comp.arch != "sm_90a":  # nvcc builds it, but it traps when run
+        from cuco.errors import ArchError
+        raise ArchError(f"arch {comp.arch} cannot run {d.full_name}: its mainloop uses Hopper's "
+                        "wgmma and TMA (CUTLASS SM90), which only sm_90a has",
+                        param="arch", fix="sm_90a")
     built = comp.compile(source, needs=src.needs, name=src.name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -177,7 +177,13 @@ def search(workload: str | Problem | None = None, shape: Shape = None,
         else:
             from cuco.evaluate import evaluator_for
             from cuco.runtime import WorkerGroup
-            group = WorkerGroup(problem.world_size, nvshmem=True).start()
+            from cuco.errors import NoGPUError
+            try:
+                group = WorkerGroup(problem.world_size, nvshmem=True).start()
+            except NoGPUError:  # its own fix (WorkerGroup(gpu=False)) is not a search's
+                raise NoGPUError("no CUDA GPU is visible to run the search's kernels; without "
+                                 "GPUs, search the analytic model",
+                                 param="dry_run", fix=True) from None
             evaluator = evaluator_for(problem, group=group)
     space = agent_kw.pop("space", None) or gpu_space(problem, placements)
     prop = TPEProposer(space, seed) if proposer == "tpe" else OfflineProposer(space)

@@ -219,10 +219,14 @@ class CandidateDB:
         except DatabaseError:
             raise
         except Exception as exc:
-            why = getattr(exc, "orig", None) or exc  # the driver's words, not SQLAlchemy's wrapper
-            raise DatabaseError(f"cannot open candidate database {self.url}: {why}; it is not a "
-                                "cuco database or it is damaged: choose another database, or move "
-                                "this file away to start a new one") from exc
+            why = " ".join(str(getattr(exc, "orig", None) or exc).split())  # the driver's words
+            path = Path(self.url.removeprefix("sqlite:///")) if self.is_sqlite else None
+            fix = ("check that the server runs and that the URL's user, host, port and database "
+                   "are right" if path is None else
+                   f"it is a directory: give a database file in it ({path / 'cuco.db'})"
+                   if path.is_dir() else "it is not a cuco database or it is damaged: choose "
+                   "another database, or move this file away to start a new one")
+            raise DatabaseError(f"cannot open candidate database {self.url}: {why}; {fix}") from exc
 
     @property
     def schema_version(self) -> int:
