@@ -106,6 +106,11 @@ def test_corrupt_database(corrupt, tmp_path, cmd):
     refused(cuco(*args), 1, "file is not a database", "not a cuco database")
 
 
+def test_a_database_path_that_is_a_directory_names_a_file_in_it(tmp_path):
+    refused(cuco("db", "ls", "--db", str(tmp_path)), 1, "it is a directory",
+            f"give a database file in it ({tmp_path / 'cuco.db'})")
+
+
 def test_debug_keeps_the_traceback(corrupt):
     r = cuco("db", "ls", "--db", str(corrupt), env={"CUCO_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stdout + r.stderr

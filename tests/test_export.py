@@ -54,6 +54,18 @@ def test_an_in_kernel_candidate_exports_the_shared_object_that_launches_it(tmp_p
     assert b"cuco_fused_launch" in again.cubin.read_bytes()  # the host entry point is exported
 
 
+def test_a_hopper_only_kernel_is_not_exported_for_another_arch(tmp_path):
+    """An in-kernel candidate's CUTLASS mainloop is wgmma and TMA: nvcc builds it for sm_80,
+    but it traps when called. The export refuses before building, naming the arch to use."""
+    from cuco.errors import ArchError
+    db = CandidateDB(tmp_path / "c.db")
+    res = search("gemm_allreduce", "2048x4096x4096", db=db, budget=8, dry_run=True,
+                 placements=("epilogue",), seed=0)
+    with pytest.raises(ArchError, match="only sm_90a has") as err:
+        export(db, res.best.candidate_id, tmp_path / "art", arch="sm_80")
+    assert "sm_90a" in str(err.value) and not (tmp_path / "art").exists()
+
+
 def test_every_mismatch_is_named(searched):
     db, res, tmp = searched
     art = export(db, res.best.candidate_id, tmp / "mm", arch="sm_90a")
