@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from cuco import CandidateDB, Directives
 
 
@@ -103,3 +105,19 @@ def test_search_placements_narrow_the_space_and_bad_ones_are_named(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     got = {c.directives["placement"] for c in CandidateDB(db).candidates()}
     assert got == {"side_stream"}
+
+
+@pytest.mark.slow
+def test_a_compile_pass_into_a_log_prints_a_line_per_build(tmp_path):
+    """Where the output is not a terminal (CI, a log file) the progress bar shows nothing until
+    the end: each finished build prints its own line (the collectives' compile-only pass)."""
+    from cuco.kernels.catalog import SHIMS
+    from cuco.kernels.collectives import all_sources
+    env = dict(os.environ, CUCO_CACHE_DIR=str(tmp_path / "cache"), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "cuco.cli", "bench", "collectives"], capture_output=True,
+                       text=True, env=env, timeout=900)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("compiled ")]
+    assert r.returncode == 0, r.stdout + r.stderr
+    total = len(all_sources()) + len(SHIMS)
+    assert len(lines) == total and lines[-1].startswith(f"compiled {total}/{total} in ")
+    assert all(x.endswith(" ok") for x in lines), lines

@@ -111,6 +111,12 @@ def test_a_database_path_that_is_a_directory_names_a_file_in_it(tmp_path):
             f"give a database file in it ({tmp_path / 'cuco.db'})")
 
 
+def test_a_sqlite_url_to_no_file_is_no_database_and_makes_none(tmp_path):
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+    refused(cuco("db", "ls", "--db", url), 1, "no candidate database at", "pass --db PATH")
+    assert not (tmp_path / "typo.db").exists()
+
+
 def test_debug_keeps_the_traceback(corrupt):
     r = cuco("db", "ls", "--db", str(corrupt), env={"CUCO_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stdout + r.stderr
@@ -186,9 +192,9 @@ def test_export_bad_arch(scored, tmp_path):
 
 
 def test_database_in_a_missing_directory(tmp_path):
-    out = refused(cuco("search", "--dry-run", "--budget", "2", "--db", str(tmp_path / "no" / "c.db")), 1,
+    out = refused(cuco("search", "--dry-run", "--budget", "2", "--db", str(tmp_path / "no" / "c.db")), 2,
                   f"the directory {tmp_path / 'no'} does not exist", "mkdir -p")
-    assert "sqlalche.me" not in out
+    assert "sqlalche.me" not in out and "DRY RUN" not in out  # refused before anything ran
 
 
 def test_unknown_candidate_in_db_show(scored):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -210,10 +211,26 @@ def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def _db_file(db: str) -> Optional[Path]:
+    """The file of a ``--db`` that names one (a path or ``sqlite:///path``); None for a server."""
+    if db.startswith("sqlite:///"):
+        return Path(db.removeprefix("sqlite:///"))
+    return None if "://" in db else Path(db)
+
+
 def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
-    if "://" not in db and not Path(db).exists():
+    """Exit 1 where ``--db`` names a file that does not exist (opening it would make an empty one)."""
+    path = _db_file(db)
+    if path is not None and not path.exists():
         console.print(f"[red]error:[/] no candidate database at {escape(db)}; {how}", soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _db_folder_exists(db: str) -> None:
+    """Exit 2 where ``--db`` names a file in a folder that does not exist (before anything runs)."""
+    path = _db_file(db)
+    if path is not None:
+        _folder_exists(path, "--db")
 
 
 #: The architectures every kernel of the catalog builds for (Hopper: wgmma, TMA).
@@ -257,10 +274,18 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
     with Progress(TextColumn("[bold]compiling kernels for {task.fields[arch]}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
                   console=console, transient=False) as bar:
-        task = bar.add_task("compile", total=catalog_size(sources), arch=f"{arch} on {cores} core(s)",
-                            last="")
-        return compile_everything(arch, sources=sources, on_done=lambda name, ok: bar.update(
-            task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0]))
+        total = catalog_size(sources)
+        task = bar.add_task("compile", total=total, arch=f"{arch} on {cores} core(s)", last="")
+        done = [0]
+        t0 = time.perf_counter()
+
+        def on_done(name: str, ok: bool) -> None:
+            bar.update(task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0])
+            done[0] += 1
+            if not console.is_terminal:  # a log (CI) shows no bar: a line per build instead
+                console.print(f"compiled {done[0]}/{total} in {time.perf_counter() - t0:.0f} s: "
+                              f"{escape(name)} {'ok' if ok else '[red]failed[/]'}", soft_wrap=True)
+        return compile_everything(arch, sources=sources, on_done=on_done)
 
 
 WORKLOAD_HELP = " | ".join((*TP_NAMES, *PIPELINE_NAMES)) + " | a --plugin's own"
@@ -312,6 +337,7 @@ def search(
     from cuco.runtime import visible_gpus
 
     check_cluster(cluster)
+    _db_folder_exists(db)
     picked = _placements(placements) if placements is not None else None
     if resume is not None:
         _require_db(db, "--resume continues a run of an existing database: pass its --db")
@@ -619,6 +645,7 @@ def fastpath(
     problem = check_search(_problem(workload, shape, world_size), llm=llm,
                            placements=(Placement.SIDE_STREAM.value,))
     check_count("max_rounds", rounds, "rounds", 6)
+    _db_folder_exists(db)
     if llm and host_program is None:
         console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
         raise typer.Exit(2)
