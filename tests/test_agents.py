@@ -236,3 +236,15 @@ def test_fastpath_llm_route_feeds_failures_back_until_a_kernel_passes(tmp_path):
     assert cands[-1].source is not None and "undefined_thing" not in cands[-1].source
     calls = {r["status"]: r["calls"] for r in db.llm_summary(run)}
     assert calls == {"rejected": 1, "ok": 2}
+
+
+def test_the_meta_summary_names_each_change_once():
+    """Two candidates that improved by the same change make one line, not the same twice
+    (examples/custom_proposer.py printed "-6.4% from comm_ctas=16" two times)."""
+    from types import SimpleNamespace
+    from cuco.agents.evolution import EvolutionAgent
+    same = "-6.4% from comm_ctas=16"
+    hist = [{"generation": 3, "phase": "exploit", "best": 1.25, "improved": [same, same, "-2% from issuer=warp"],
+             "worsened": ["+1% from x", "+1% from x"], "failed": {}}]
+    text = EvolutionAgent.meta_summary(SimpleNamespace(history=hist))
+    assert text.count(same) == 1 and "issuer=warp" in text and text.count("+1% from x") == 1

@@ -336,9 +336,9 @@ class EvolutionAgent(Agent):
         for h in self.history[-last:]:
             part = f"gen {h['generation']} ({h['phase']}): best {h['best']:.3f}"
             if h["improved"]:
-                part += "; improved: " + "; ".join(h["improved"][:3])
+                part += "; improved: " + "; ".join(list(dict.fromkeys(h["improved"]))[:3])  # once each
             if h.get("worsened"):
-                part += "; worse: " + "; ".join(h["worsened"][:2])
+                part += "; worse: " + "; ".join(list(dict.fromkeys(h["worsened"]))[:2])
             if h["failed"]:
                 part += "; failed: " + ", ".join(f"{k} x{v}" for k, v in h["failed"].items())
             lines.append(part)
