@@ -360,6 +360,12 @@ def test_tune_table_in_a_missing_directory(tmp_path):
     assert "database" not in out and not (tmp_path / "no").exists()
 
 
+def test_tune_of_a_refused_shape_leaves_no_database_behind(tmp_path):
+    refused(cuco("tune", "gemm_allreduce", "--n", "4096", "--k", "8190", "--table", str(tmp_path / "t.json"),
+                 "--dry-run"), 2, "K=8190", "use --k 8192")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_db_migrate_of_a_missing_source_names_its_argument(tmp_path):
     out = refused(cuco("db", "migrate", str(tmp_path / "missing.db"), f"sqlite:///{tmp_path}/m.db"), 1,
                   "no candidate database", "cuco db migrate SOURCE TARGET")

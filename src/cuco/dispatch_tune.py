@@ -179,7 +179,7 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
     arch = arch or gpu_arch() or "sm_90a"
     table_path = Path(table_path)
     art_root = table_path.with_name(table_path.stem + ".artifacts")
-    db = CandidateDB(table_path.with_name(table_path.stem + ".tune.db"))
+    db: CandidateDB | None = None  # made once a bucket's problem is valid: a refused shape leaves no file
     entries, skipped, exported = [], {}, {}
     for m in ms:
         why = layer.takes_m(m)
@@ -188,6 +188,7 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
             continue
         problem = make_problem(layer.pattern.name, layer.shape(m), world_size=layer.world_size,
                                dtype=layer.dtype)
+        db = db or CandidateDB(table_path.with_name(table_path.stem + ".tune.db"))
         run = db.create_run(f"tune {layer.key} M{m}", problem.workload, problem=problem.model_dump(),
                             config={"dispatch_tune": True, "source": measure.source})
         found = measure(problem, make_candidates(problem, placements), db, run)
