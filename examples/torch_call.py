@@ -8,12 +8,20 @@ calls it on torch tensors and checks it against torch's GEMM + all-reduce in fp3
 import os
 import sys
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:
+    print("this example needs torch: python3 -m pip install -e '.[torch]'", file=sys.stderr)
+    sys.exit(2)
 
 import cuco
 
 if __name__ == "__main__":
+    if "RANK" not in os.environ or not torch.cuda.is_available():
+        print("run it under torchrun on GPUs, one process per GPU: torchrun --standalone "
+              "--nproc-per-node 2 examples/torch_call.py ARTIFACT", file=sys.stderr)
+        sys.exit(2)
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +37,16 @@ def test_example_runs(script, tmp_path):
 @pytest.mark.parametrize("script", sorted(LAUNCHED))
 def test_launched_examples_compile(script):
     compile((ROOT / "examples" / script).read_text(), script, "exec")
+
+
+def test_torch_call_outside_torchrun_says_how_to_run_it(tmp_path):
+    """Run as a plain script (no torchrun, no GPU): one line saying how, exit 2, no traceback."""
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "torch_call.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")})
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in out and "torchrun --standalone" in out, out
 
 
 def test_readme_example_runs(tmp_path):
