@@ -68,6 +68,13 @@ class PipelineWorkload(Workload):
         n = self.plan(d).get("flag_slots")
         return None if n is None else ((0, n),)
 
+    def live_slots(self, layout: ArenaLayout, d: Directives) -> LiveSlots | None:
+        """What a variant of ``d`` writes of its sync region (``layout``: its own):
+        :func:`pipeline_live_slots` of :meth:`live_flag_slots`; None where those are not named.
+        Every pipeline runner's ``live_slots()``."""
+        ranges = self.live_flag_slots(d)
+        return None if ranges is None else pipeline_live_slots(layout, ranges)
+
     def __init_subclass__(cls, **kw) -> None:
         op = cls.__dict__.get("op")
         if op is not None:  # before its name becomes a known one (Workload registers it)

@@ -11,7 +11,7 @@ import numpy as np
 
 from cuco.runtime.arena import own_layout
 from cuco.runtime.timing import spin
-from cuco.workloads.pipeline import OPEN_SLOT, THREADS, pipeline_live_slots
+from cuco.workloads.pipeline import OPEN_SLOT, THREADS
 
 
 class FusedCall:
@@ -25,8 +25,7 @@ class FusedCall:
     def live_slots(self):
         """The slots of its sync region this variant's kernels write (the evaluator holds
         the rest at zero between calls: :class:`cuco.runtime.arena.LiveSlots`)."""
-        ranges = self.wl.live_flag_slots(self.d)
-        return None if ranges is None else pipeline_live_slots(self.layout, ranges)
+        return self.wl.live_slots(self.layout, self.d)
 
     def _setup(self, ctx, wl, d, cubin: str, arena, inputs, out) -> None:
         """What every CP runner holds: the plan's chunks, the comm kernels, the side stream,

@@ -48,7 +48,7 @@ from cuco.workloads.kv.prefill import (
     reference_cache, weight_shapes,
 )
 from cuco.workloads.pipeline import (
-    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check, pipeline_live_slots,
+    MAX_FLAGS, OPEN_SLOT, THREADS, PipelineWorkload, flag_plan_check,
 )
 
 #: How a fused variant moves its chunks (see the module doc).
@@ -323,8 +323,7 @@ class KVRunner:
     def live_slots(self):
         """The slots of its sync region this variant's kernels write (the evaluator holds
         the rest at zero between calls: :class:`cuco.runtime.arena.LiveSlots`)."""
-        ranges = self.wl.live_flag_slots(self.d)
-        return None if ranges is None else pipeline_live_slots(self.layout, ranges)
+        return self.wl.live_slots(self.layout, self.d)
 
     def __init__(self, ctx, wl: KVTransfer, d: Directives, cubin: str, arena, inputs: Buffers):
         import cupy

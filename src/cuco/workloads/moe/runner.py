@@ -14,7 +14,7 @@ from cuco.runtime.arena import own_layout
 from cuco.runtime.timing import spin
 from cuco.workloads.base import Buffers
 from cuco.workloads.moe import host as moe_host
-from cuco.workloads.pipeline import OPEN_SLOT, THREADS, pipeline_live_slots
+from cuco.workloads.pipeline import OPEN_SLOT, THREADS
 
 if TYPE_CHECKING:
     from cuco.workloads.moe.workload import MoE
@@ -34,8 +34,7 @@ class MoERunner:
     def live_slots(self):
         """The slots of its sync region this variant's kernels write (the evaluator holds
         the rest at zero between calls: :class:`cuco.runtime.arena.LiveSlots`)."""
-        ranges = self.wl.live_flag_slots(self.d)
-        return None if ranges is None else pipeline_live_slots(self.layout, ranges)
+        return self.wl.live_slots(self.layout, self.d)
 
     def __init__(self, ctx, wl: MoE, d: Directives, cubin: str, arena, inputs: Buffers, out):
         import cupy
