@@ -211,16 +211,10 @@ def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def _db_file(db: str) -> Optional[Path]:
-    """The file of a ``--db`` that names one (a path or ``sqlite:///path``); None for a server."""
-    if db.startswith("sqlite:///"):
-        return Path(db.removeprefix("sqlite:///"))
-    return None if "://" in db else Path(db)
-
-
 def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
     """Exit 1 where ``--db`` names a file that does not exist (opening it would make an empty one)."""
-    path = _db_file(db)
+    from cuco.db.candidate_db import sqlite_file
+    path = sqlite_file(db)
     if path is not None and not path.exists():
         console.print(f"[red]error:[/] no candidate database at {escape(db)}; {how}", soft_wrap=True)
         raise typer.Exit(1)
@@ -228,7 +222,8 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
 
 def _db_folder_exists(db: str) -> None:
     """Exit 2 where ``--db`` names a file in a folder that does not exist (before anything runs)."""
-    path = _db_file(db)
+    from cuco.db.candidate_db import sqlite_file
+    path = sqlite_file(db)
     if path is not None:
         _folder_exists(path, "--db")
 

@@ -124,6 +124,15 @@ def _url(target: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(text).expanduser().resolve()}"
 
 
+def sqlite_file(target: str | os.PathLike[str]) -> Path | None:
+    """The file a candidate database at ``target`` (a path or an SQLAlchemy URL) lives in;
+    None in memory or on a server."""
+    if os.fspath(target) == ":memory:":
+        return None
+    url = _url(target)
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
 def _as_directives_json(d: Any) -> dict[str, Any] | None:
     if d is None:
         return None
@@ -144,8 +153,10 @@ class CandidateDB:
     def __init__(self, target: str | os.PathLike[str] = "cuco.db", *, timeout_s: float = 60.0):
         self.url = "sqlite://" if os.fspath(target) == ":memory:" else _url(target)
         self.is_sqlite = self.url.startswith("sqlite")
-        if self.is_sqlite and self.url != "sqlite://":
-            folder = Path(self.url.removeprefix("sqlite:///")).parent
+        #: its file (None in memory or on a server)
+        self.file = sqlite_file(target)
+        if self.file is not None:
+            folder = self.file.parent
             if not folder.is_dir():
                 raise DatabaseError(f"cannot create candidate database {os.fspath(target)}: the "
                                     f"directory {folder} does not exist; create it (mkdir -p "
@@ -220,7 +231,7 @@ class CandidateDB:
             raise
         except Exception as exc:
             why = " ".join(str(getattr(exc, "orig", None) or exc).split())  # the driver's words
-            path = Path(self.url.removeprefix("sqlite:///")) if self.is_sqlite else None
+            path = self.file
             fix = ("check that the server runs and that the URL's user, host, port and database "
                    "are right" if path is None else
                    f"it is a directory: give a database file in it ({path / 'cuco.db'})"
