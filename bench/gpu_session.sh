@@ -70,6 +70,11 @@ step_command() {
     tests_ev_plants) echo "python3 -m pytest -v -rA -p no:xdist --tb=short --timeout 120 -k 'unedited or planted' tests/test_evaluator_gpu.py" ;;
     tests_tp_side)   echo "$PT tests/test_tp_gpu.py" ;;
     tests_in_kernel) echo "$PT tests/test_tp_in_kernel_gpu.py" ;;
+    # the same file in three parts, each inside one step's limit at 4 emulated ranks
+    tests_in_kernel_grid)     echo "$PT -k 'grid or one_build or skips' tests/test_tp_in_kernel_gpu.py" ;;
+    tests_in_kernel_tools)    echo "$PT -k 'split_k_and_64_row or wave_tiles or stream_k' tests/test_tp_in_kernel_gpu.py" ;;
+    tests_in_kernel_clusters) echo "$PT -k clusters tests/test_tp_in_kernel_gpu.py" ;;
+    tests_host_baseline)      echo "$PT tests/test_host_baseline_gpu.py" ;;
     tests_pipes)     echo "$PT tests/test_pipelines_gpu.py" ;;
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
