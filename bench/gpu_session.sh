@@ -75,6 +75,7 @@ step_command() {
     tests_in_kernel_tools)    echo "$PT -k 'split_k_and_64_row or wave_tiles or stream_k' tests/test_tp_in_kernel_gpu.py" ;;
     tests_in_kernel_clusters) echo "$PT -k clusters tests/test_tp_in_kernel_gpu.py" ;;
     tests_host_baseline)      echo "$PT tests/test_host_baseline_gpu.py" ;;
+    too_wide)        echo "$PT -k too_wide tests/test_tp_gpu.py" ;;
     tests_pipes)     echo "$PT tests/test_pipelines_gpu.py" ;;
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
