@@ -62,12 +62,14 @@ def test_persistent_grids_of_all_ranks_fit_together(monkeypatch, world, pct):
 
 
 def test_a_communication_grid_that_cannot_be_resident_beside_the_others_is_refused_with_the_fix():
-    assert emulated.spinning_grid_refusal(31, 33, 4, emulated=True) is None
-    # 32 of 33 hung at W = 4: every SM held by a spinning CTA, none left for the chunk GEMMs
-    hung = emulated.spinning_grid_refusal(32, 33, 4, emulated=True)
-    assert "comm_ctas=32" in hung and hung.endswith("use comm_ctas=31 or fewer")
+    assert emulated.spinning_grid_refusal(16, 33, 4, emulated=True) is None
+    # 32 and then 31 of 33 hung at W = 4: the spinning CTAs left the chunk GEMMs too few SMs
+    for hung in (31, 17):
+        why = emulated.spinning_grid_refusal(hung, 33, 4, emulated=True)
+        assert f"comm_ctas={hung}" in why and why.endswith("use comm_ctas=16 or fewer")
     why = emulated.spinning_grid_refusal(32, 16, 8, emulated=True)
-    assert "comm_ctas=32" in why and "emulated world of 8 ranks" in why and why.endswith("use comm_ctas=14 or fewer")
+    assert "comm_ctas=32" in why and "emulated world of 8 ranks" in why and why.endswith("use comm_ctas=8 or fewer")
+    assert emulated.spinning_grid_refusal(1, 1, 8, emulated=True) is None  # never fewer than one
     assert emulated.spinning_grid_refusal(64, 66, 2, emulated=False) is None  # a GPU of its own
     assert "GPU's 132 SMs" in emulated.spinning_grid_refusal(200, 132, 2, emulated=False)
 

@@ -95,10 +95,10 @@ def test_a_communication_grid_too_wide_for_the_ranks_share_is_refused_before_any
     from cuco.evaluate import Evaluator
     from cuco.workloads import GemmAllReduce
 
-    from cuco.runtime.emulated import EMULATED_SPIN_RESERVE
+    from cuco.runtime.emulated import spinning_grid_limit
 
     fits = min(i["persistent_sms"] for i in gpu_group.infos)
-    most = fits - EMULATED_SPIN_RESERVE if gpu_group.emulated else fits
+    most = spinning_grid_limit(fits, gpu_group.emulated)
     if most >= 64:
         pytest.skip(f"each rank may spin {most} CTAs, more than the 64 comm_ctas may name")
     wl = GemmAllReduce(m=512, n=1024, k=2048, world_size=TEST_WORLD)

@@ -107,13 +107,20 @@ def persistent_sms() -> int:
     return max(1, int(sms * share))
 
 
-#: SMs of a rank's share an emulated world keeps free of its spinning communication CTAs: one
-#: for the one-thread wait kernel its compute stream may spin in beside them, one for the chunk
-#: GEMMs they wait on. At W = 4 on 132 SMs, 4 x (32 + 1) spinning CTAs can take one SM each,
-#: all of them, and a GEMM CTA (the whole register file) fits beside none: comm_ctas=32 of a
-#: rank's 33 hung (bench/logs/tests_side_rest_emulated_w4_h100_1be8aa5.log). That this margin
-#: is enough is not yet shown on a GPU.
-EMULATED_SPIN_RESERVE = 2
+#: The part of its share an emulated rank's spinning communication CTAs may take. The rest is
+#: left to the work they wait on: the one-thread wait kernel beside them and the chunk GEMMs,
+#: whose CTAs each need a whole SM (and, for a clustered cuBLAS kernel, free SMs side by side in
+#: one GPC). Keeping a fixed 1 or 2 SMs free was not enough: at W = 4 on 1 x H100, 32 of a rank's
+#: 33 hung (bench/logs/tests_side_rest_emulated_w4_h100_1be8aa5.log), and on 1 x H200 31 of 33
+#: did (bench/logs/too_wide_emulated_w4_h200_b2d37ec.log).
+EMULATED_SPIN_SHARE = 0.5
+
+
+def spinning_grid_limit(fits: int, emulated: bool) -> int:
+    """The most CTAs a rank's grid that spins on its peers may have (``fits``: the rank's
+    :func:`persistent_sms`): all of them on a GPU of its own, :data:`EMULATED_SPIN_SHARE` of
+    them in an emulated world."""
+    return max(1, int(fits * EMULATED_SPIN_SHARE)) if emulated else fits
 
 
 def spinning_grid_refusal(ctas: int, fits: int, world_size: int, emulated: bool) -> str | None:
@@ -121,8 +128,8 @@ def spinning_grid_refusal(ctas: int, fits: int, world_size: int, emulated: bool)
     ranks' (``fits``: :func:`persistent_sms` of a rank; in an emulated world the W ranks'
     copies would not all be resident, and the CTAs waiting for an SM wait on the ones
     holding it, or they would leave the work they wait for no SM:
-    :data:`EMULATED_SPIN_RESERVE`), or ``None`` where it fits."""
-    most = max(1, fits - EMULATED_SPIN_RESERVE) if emulated else fits
+    :func:`spinning_grid_limit`), or ``None`` where it fits."""
+    most = spinning_grid_limit(fits, emulated)
     if ctas <= most:
         return None
     where = (f"this rank's {fits} SMs of the one GPU an emulated world of {world_size} ranks shares "
