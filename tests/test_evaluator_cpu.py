@@ -435,3 +435,19 @@ def test_prebuild_builds_on_all_cores_and_evaluate_then_finds_the_builds(ev):
     r = ev.evaluate(D)  # no worker group: stops after the compile stage, which found both builds
     assert r.stage_reached == "compile" and "no worker group" in (r.error or ""), r.error
     assert r.extra["compile_s"] == 0.0
+
+
+def test_timing_iters_that_leave_no_timed_call_are_refused_with_the_fix():
+    """Every timing job checks N_CHECKED calls of each program; fewer iterations than that
+    failed on every rank only after the correctness job had run (test_tp_gpu's too_wide)."""
+    from cuco.errors import InputError
+    from cuco.evaluate import Evaluator
+    from cuco.evaluate.jobs import N_CHECKED
+    from cuco.workloads import GemmAllReduce
+
+    wl = GemmAllReduce(m=512, n=1024, k=2048, world_size=2)
+    with pytest.raises(InputError) as e:
+        Evaluator(wl, timing_iters=N_CHECKED)
+    assert f"timing_iters={N_CHECKED} leaves no timed call" in str(e.value)
+    assert str(e.value).endswith(f"use timing_iters={4 * N_CHECKED}")
+    assert Evaluator(wl, timing_iters=N_CHECKED + 1).timing_iters == N_CHECKED + 1

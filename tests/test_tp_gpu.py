@@ -102,7 +102,7 @@ def test_a_communication_grid_too_wide_for_the_ranks_share_is_refused_before_any
     if most >= 64:
         pytest.skip(f"each rank may spin {most} CTAs, more than the 64 comm_ctas may name")
     wl = GemmAllReduce(m=512, n=1024, k=2048, world_size=TEST_WORLD)
-    ev = Evaluator(wl, group=gpu_group, timing_iters=3, peers=False)
+    ev = Evaluator(wl, group=gpu_group, timing_iters=8, peers=False)
     wide = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=most + 1,
                       chunk_bytes=64 << 10)
     r = ev.evaluate(wide)

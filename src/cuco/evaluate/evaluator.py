@@ -50,7 +50,7 @@ from typing import Any
 
 from cuco.db import CandidateDB
 from cuco.design import Backend, Directives, Problem
-from cuco.errors import CompileError, DirectiveError, EnvironmentProblem
+from cuco.errors import CompileError, DirectiveError, EnvironmentProblem, InputError
 from cuco.evaluate.batching import in_build_batches, shared_names, shared_timeout
 from cuco.evaluate.static import static_violations
 from cuco.kernels import Compiler
@@ -61,7 +61,7 @@ from cuco.runtime.peaks import below_floor
 from cuco.runtime.verifier_mode import PROCESS, verifier_mode
 from cuco.workloads import Workload
 from cuco.workloads.base import for_problem
-from cuco.evaluate.jobs import Case, VariantSpec
+from cuco.evaluate.jobs import N_CHECKED, Case, VariantSpec
 from cuco.evaluate.verification import HOST
 
 
@@ -161,6 +161,10 @@ class Evaluator:
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
                  run_id: int | None = None, timing_batch: int = TIMING_BATCH, peers: bool = True,
                  check_batch: int = CHECK_BATCH, verifier: str | None = None):
+        if timing_iters <= N_CHECKED:  # the job would fail on every rank after the correctness job
+            raise InputError(f"timing_iters={timing_iters} leaves no timed call beside the {N_CHECKED} "
+                             f"checked ones",
+                             param="timing_iters", fix=4 * N_CHECKED)
         self.workload = workload
         #: where the checks run (None: the worker group's choice, its verifier process by
         #: default; ``"inline"``: in the workers): :mod:`cuco.runtime.verifier_mode`
