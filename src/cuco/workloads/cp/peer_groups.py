@@ -9,7 +9,8 @@ the later peers' both halves. Fewer, longer calls than a phase per peer, and few
 to merge (at most three), at the cost of waiting for more peers at once.
 
 :func:`default_peer_calls` is the regime's default: group where the own phase can hide the
-transfer of every peer's K/V (so waiting for all of them costs no overlap).
+transfer of every peer's K/V (so waiting for all of them costs no overlap) and a rank's
+tokens are few enough that one call over every peer measured faster than a call per peer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ from cuco.workloads.cp.split import FULL, SKIP, pair_kind, zigzag_chunk
 #: non-causal attention ran 470-680 TFLOPS on one H200 (bench/results/cp_attention_kernel.json);
 #: a rank receives over NVLink at about this many GB/s with every peer sending at once.
 ATTENTION_TFLOPS, RECEIVE_GBS = 500.0, 400.0
+#: The most tokens a rank at which grouping is the default (measured, 1 x H200, W = 4,
+#: bench/results/cp_attention_kernel.json at d3e3b02): at 8k tokens a rank the grouped cuDNN
+#: calls ran ahead of a call per peer on all twelve rows, causal or not (non-causal 0.968
+#: against 0.947 at worst); at 16k and 32k they ran behind on 6 of 8 non-causal rows (0.877
+#: against 0.965 at worst) and up to 10 % behind on causal ones (ahead by at most 2.7 % on
+#: others): one call over every peer's K/V is slower there than a call per peer and a merge.
+GROUPED_MAX_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -85,16 +93,18 @@ def wait_ranges(call: GroupedCall, n_chunks: int) -> list[tuple[int, int]]:
 
 
 def default_peer_calls(problem: CPProblem) -> PeerCalls:
-    """The regime's way of calling over the peers' data (modelled, not measured): grouped
-    where there is more than one peer, the mask is off (causal rows met the bar per peer)
-    and the own phase's attention (``4 T^2 H D`` flops at :data:`ATTENTION_TFLOPS`) lasts at
-    least as long as every peer's K/V takes to arrive (``W-1`` shards of K and V at
-    :data:`RECEIVE_GBS`), so waiting for all of them hides as much as a phase per peer."""
+    """The regime's way of calling over the peers' data: grouped where there is more than
+    one peer, a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one
+    call over every peer ran slower than a call per peer, causal or not) and the own phase's
+    attention (``4 T^2 H D`` flops, half that under the causal mask, at
+    :data:`ATTENTION_TFLOPS`) lasts at least as long as every peer's K/V takes to arrive
+    (``W-1`` shards of K and V at :data:`RECEIVE_GBS`: modelled), so waiting for all of them
+    hides as much as a phase per peer."""
     w = problem.world_size
-    if w < 3 or problem.causal:
-        return PeerCalls.PER_PEER
     tokens = problem.seq // w
+    if w < 3 or tokens > GROUPED_MAX_TOKENS:
+        return PeerCalls.PER_PEER
     elems = tokens * problem.heads * problem.head_dim
-    own_s = 4.0 * tokens * elems / (ATTENTION_TFLOPS * 1e12)
+    own_s = (2.0 if problem.causal else 4.0) * tokens * elems / (ATTENTION_TFLOPS * 1e12)
     arrive_s = (w - 1) * 2 * elems * problem.dtype_bytes / (RECEIVE_GBS * 1e9)
     return PeerCalls.GROUPED if own_s >= arrive_s else PeerCalls.PER_PEER
