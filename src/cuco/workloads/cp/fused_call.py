@@ -55,11 +55,11 @@ class FusedCall:
         self.ctx.stream.synchronize()
         self.comm_stream.synchronize()
 
-    def _start(self) -> None:
+    def _start(self, transfers: bool = True) -> None:
         """The call's start: this rank's arrival counters reset, every peer told it may write
-        into our slots, the comm kernel launched on the side stream behind that."""
+        into our slots, and (``transfers``) :meth:`_transfer` behind that."""
         import cupy
-        ctx, a, wl, s, cs = self.ctx, self.arena, self.wl, self.ctx.stream, self.comm_stream
+        ctx, a, wl, s = self.ctx, self.arena, self.wl, self.ctx.stream
         a.epoch += 1
         e = np.uint64(a.epoch)
         flags = np.uint64(self.layout.flags)
@@ -72,9 +72,16 @@ class FusedCall:
                 self.f["set_peer_flag"]((1,), (1,), (*a.args(ctx), flags, open_slot, np.int32(r), e),
                                         stream=s)
         self.start.record(s)
-        cs.wait_event(self.start)
+        if transfers:
+            self._transfer(self.start)
+
+    def _transfer(self, after) -> None:
+        """The comm kernel on the side stream, behind the event ``after`` of the compute stream."""
+        a, ctx, cs = self.arena, self.ctx, self.comm_stream
+        cs.wait_event(after)
         if self.stress_us:  # checked calls: the transfers start late, so a missing wait reads poison
             spin(cs, self.stress_us)
+        flags, e = np.uint64(self.layout.flags), np.uint64(a.epoch)
         self.f["comm_kernel"]((self.d.comm_ctas,), (THREADS,),
                               (*a.args(ctx), self.inputs["k"], self.inputs["v"],
                                np.uint64(self.layout.data["kvg"]), flags, e), stream=cs)
