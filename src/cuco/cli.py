@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cuco.design.dimensions import Placement
 from cuco.design.patterns import TP_NAMES
@@ -143,6 +144,14 @@ def db_ls(db: str = DB_OPTION) -> None:
         loose = store.count_candidates() - sum(store.count_candidates(r.id) for r in runs)
         console.print(table)
         console.print(f"{len(runs)} run(s); {loose} candidate(s) outside any run")
+        unfinished = [r for r in runs if r.status in ("running", "interrupted")]
+        if unfinished:  # a search killed (kill -9, a crash, a lost machine) still says running
+            last = unfinished[-1]
+            cfg = last.config or {}
+            console.print(f"unfinished: run {', '.join(str(r.id) for r in unfinished)}; one whose "
+                          "process is gone goes on from what it recorded with: "
+                          + escape(resume_command(last.id, db=db, dry_run=bool(cfg.get("dry_run")),
+                                                  llm=cfg.get("llm"))), soft_wrap=True)
 
 
 @db_app.command("show")
@@ -392,6 +401,21 @@ def resume_command(run_id: int, *, db: str, dry_run: bool, llm: Optional[str] = 
                     + (["--dry-run"] if dry_run else []) + (["--llm", shlex.quote(llm)] if llm else []))
 
 
+def _rate(summary: dict) -> float:
+    """Evaluations a minute of this process (a resumed run's earlier ones are not its work)."""
+    return 60 * summary.get("judged", summary["evaluations"]) / max(summary["elapsed_s"], 1e-9)
+
+
+def _resuming(db: str, resume: Optional[int]) -> str:
+    """What a resumed run starts from, for its first line ('' for a new run)."""
+    if resume is None:
+        return ""
+    from cuco.db import CandidateDB
+    with CandidateDB(db) as store:
+        recorded = store.count_candidates(resume)
+    return f"; resuming run {resume} from its {recorded} recorded candidate(s)"
+
+
 def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optional[int] = None,
                 **kw):
     """A search with its live table (a line per generation where the output is not a
@@ -404,6 +428,8 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
     from cuco.db import CandidateDB
 
     label = f"{problem.workload} {problem.shape_text} w={problem.world_size}"
+    dry = "DRY RUN, analytic model (nothing measured or checked): " if dry_run else ""
+    headline = dry + f"{label}, {budget} evaluations" + _resuming(db, resume)
     checked = "scored by model" if dry_run else "correct"
     live = Live(Table(), console=console, refresh_per_second=4)
     piped = not console.is_terminal
@@ -411,7 +437,7 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
 
     def show(summary: dict) -> None:
         if piped:  # a log, not a redrawn table: one line per generation, the table at the end
-            rate = 60 * summary["evaluations"] / max(summary["elapsed_s"], 1e-9)
+            rate = _rate(summary)
             best = (f"best {summary['best']:.3f}" + (" (model)" if dry_run else "")
                     if any(isl["ok"] for isl in summary["islands"]) else "no correct candidate yet")
             fails = sum(summary["failed"].values())
@@ -423,11 +449,9 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
             live.update(table(summary))
 
     def table(summary: dict) -> Table:
-        rate = 60 * summary["evaluations"] / max(summary["elapsed_s"], 1e-9)
-        t = Table(title=("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
-                  + f"{label}: generation {summary['generation']} "
+        t = Table(title=dry + f"{label}: generation {summary['generation']} "
                   f"({summary['phase']}), {summary['evaluations']}/{budget} evaluations, "
-                  f"{rate:.0f}/min")
+                  f"{_rate(summary):.0f}/min")
         for col in ("island", "members", "best speedup" + (" (model)" if dry_run else ""), "mean", checked):
             t.add_column(col)
         for isl in summary["islands"]:
@@ -443,8 +467,10 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
         return t
 
     if piped:
-        console.print(("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
-                      + f"{label}, {budget} evaluations", soft_wrap=True)
+        console.print(headline, soft_wrap=True)
+    else:  # until the first generation is judged (minutes on GPUs): what runs, not a blank
+        live.update(Text(headline + ("" if resume is not None else
+                                     "; seeding the islands (generation 0)...")))
     try:
         if piped:
             result = run_search(problem, db=db, budget=budget, dry_run=dry_run, resume=resume,
