@@ -707,7 +707,11 @@ def report(db: str = typer.Argument(..., help="candidate database file or SQLAlc
             store.run(run)  # an unknown --run is refused here, with the way to list them
         with console.status("rendering the report (plots)..."):
             path = write_report(store, output, run)
-    console.print(f"wrote {path}")
+        runs = [store.run(run)] if run is not None else store.runs()
+        failed_only = not any(store.best(r.workload, run_id=r.id) for r in runs)
+    console.print(f"wrote {path}" + ("; no candidate of " + ("this run" if run is not None else
+                                                            "any run") + " is correct: the page "
+                                     "shows where they failed" if failed_only else ""))
 
 
 @app.command("export")

@@ -94,8 +94,13 @@ class Evaluation:
     def speedup_label(self, digits: int = 3) -> str:
         """The speedup as every front end prints it: a model's says so, an emulated
         verdict has none (``'1.234'``, ``'1.234 (model)'``, ``'- (emulated)'``)."""
-        value = "-" if self.speedup is None else f"{self.speedup:.{digits}f}"
-        return value if self.evidence == "measured" else f"{value} ({self.evidence})"
+        return self.label(self.speedup, digits)
+
+    def label(self, value: float | None, digits: int = 3) -> str:
+        """One of this verdict's numbers (speedup, time, overlap) as every front end prints
+        it: a model's or an emulated world's says so (``'0.821 (model)'``)."""
+        text = "-" if value is None else f"{value:.{digits}f}"
+        return text if self.evidence == "measured" else f"{text} ({self.evidence})"
 
 
 @dataclass(frozen=True)
