@@ -366,6 +366,16 @@ def test_tune_of_a_refused_shape_leaves_no_database_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+
+def test_tune_onto_a_damaged_table_file_is_one_line_before_any_timing(tmp_path):
+    table = tmp_path / "t.json"
+    table.write_text('{"layers": [')
+    out = refused(cuco("tune", "gemm_allreduce", "--n", "4096", "--k", "4096", "--table", str(table),
+                       "--dry-run", "--placements", "side_stream"), 2,
+                  f"{table} is not JSON", "move this file away or choose another --table file")
+    assert len(out.strip().splitlines()) == 1 and "tune it again" not in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
 def test_db_migrate_of_a_missing_source_names_its_argument(tmp_path):
     out = refused(cuco("db", "migrate", str(tmp_path / "missing.db"), f"sqlite:///{tmp_path}/m.db"), 1,
                   "no candidate database", "cuco db migrate SOURCE TARGET")
