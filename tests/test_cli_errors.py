@@ -117,6 +117,39 @@ def test_a_sqlite_url_to_no_file_is_no_database_and_makes_none(tmp_path):
     assert not (tmp_path / "typo.db").exists()
 
 
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder holding a database, that this process cannot write (mode 555, or for root,
+    which mode bits do not stop, the immutable attribute)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with CandidateDB(folder / "s.db") as db:
+        db.create_run("kept", "gemm_allreduce")
+    folder.chmod(0o555)
+    immutable = os.access(folder, os.W_OK) and subprocess.run(
+        ["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("no way to make a folder read-only to this process")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def test_a_database_in_a_read_only_folder_is_one_line_naming_the_folder(read_only_folder):
+    """It said the database was 'not a cuco database or damaged' (exit 1)."""
+    db = read_only_folder / "s.db"
+    before = db.read_bytes()
+    for args in (["db", "ls", "--db", str(db)], ["report", str(db), "-o", str(db.parent.parent / "r.html")],
+                 ["search", "--dry-run", "--budget", "4", "--db", str(read_only_folder / "new.db")]):
+        out = refused(cuco(*args), 2, f"the folder {read_only_folder} is read-only",
+                      "choose a database in a folder you can write")
+        assert len(out.strip().splitlines()) == 1 and "damaged" not in out, out
+    assert db.read_bytes() == before and sorted(p.name for p in read_only_folder.iterdir()) == ["s.db"]
+
 def test_debug_keeps_the_traceback(corrupt):
     r = cuco("db", "ls", "--db", str(corrupt), env={"CUCO_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stdout + r.stderr

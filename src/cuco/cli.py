@@ -194,7 +194,7 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
                target: str = typer.Argument(..., help="empty database to copy into (URL)")) -> None:
     """Copy a candidate database, ids kept (e.g. SQLite -> postgresql+psycopg://...)."""
     from cuco.db import CandidateDB
-    from cuco.errors import DatabaseError
+    from cuco.errors import DatabaseError, exit_code
 
     _require_db(source, "give the database to copy from as the first argument: "
                 "cuco db migrate SOURCE TARGET")
@@ -202,7 +202,7 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
         counts = CandidateDB(source).copy_to(CandidateDB(target))
     except DatabaseError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code(exc)) from None
     console.print("copied " + ", ".join(f"{n} {t}" for t, n in counts.items()))
 
 
@@ -231,10 +231,11 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
 
 def _db_folder_exists(db: str) -> None:
     """Exit 2 where ``--db`` names a file in a folder that does not exist (before anything runs)."""
-    from cuco.db.candidate_db import sqlite_file
+    from cuco.db.candidate_db import check_writable, sqlite_file
     path = sqlite_file(db)
     if path is not None:
         _folder_exists(path, "--db")
+        check_writable(path)
 
 
 #: The architectures every kernel of the catalog builds for (Hopper: wgmma, TMA).

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 from cuco.db import schema as S
-from cuco.errors import DatabaseError, UnknownId
+from cuco.errors import DatabaseError, DatabaseNotWritable, UnknownId
 
 #: Evaluation statuses. Only ``ok`` scores.
 STATUSES = ("ok", "invalid", "compile_error", "wrong", "hang", "crash", "suspect",
@@ -138,6 +138,20 @@ def sqlite_file(target: str | os.PathLike[str]) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
 
+def check_writable(file: Path) -> None:
+    """Refuse a database file (or the folder it goes in) that this process cannot write:
+    SQLite writes its journal beside the file, even to read it."""
+    folder = file.parent
+    what = (f"the folder {folder}" if folder.is_dir() and not os.access(folder, os.W_OK) else
+            f"the file {file}" if file.exists() and not os.access(file, os.W_OK) else None)
+    if what is not None:
+        raise DatabaseNotWritable(
+            f"cannot use the candidate database {file}: {what} is read-only, and cuco writes the "
+            "database and its journal there (even to read it); choose a database in a folder "
+            "you can write" + (f", or copy it to one (cp {file} /tmp/ and use /tmp/{file.name})"
+                               if file.exists() else ""), param="db")
+
+
 def _as_directives_json(d: Any) -> dict[str, Any] | None:
     if d is None:
         return None
@@ -166,6 +180,7 @@ class CandidateDB:
                 raise DatabaseError(f"cannot create candidate database {os.fspath(target)}: the "
                                     f"directory {folder} does not exist; create it (mkdir -p "
                                     f"{folder}) or choose a database in an existing directory")
+            check_writable(self.file)
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"timeout": timeout_s, "check_same_thread": False}
