@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -149,6 +150,39 @@ def test_a_database_in_a_read_only_folder_is_one_line_naming_the_folder(read_onl
                       "choose a database in a folder you can write")
         assert len(out.strip().splitlines()) == 1 and "damaged" not in out, out
     assert db.read_bytes() == before and sorted(p.name for p in read_only_folder.iterdir()) == ["s.db"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["search", "--dry-run", "--budget", "abc"],
+     "Invalid value for '--budget': Input should be a valid integer"),
+    (["db", "ls", "c.db"], "Got unexpected extra argument(s) (c.db); see `cuco db ls --help`"),
+    (["tune", "gemm_allreduce", "--n", "4096", "--table", "t.json"],
+     "Missing option '--k'; see `cuco tune --help`"),
+    (["search", "--budgett", "5"], "No such option: --budgett"),
+])
+def test_a_flag_typer_cannot_parse_is_one_line(tmp_path, args, needle):
+    """Typer's own parse errors were a boxed panel of several lines."""
+    out = refused(cuco(*args, cwd=tmp_path), 2, needle)
+    assert len(out.strip().splitlines()) == 1 and "╭" not in out, out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_of_any_command_says_it_was_interrupted(tmp_path):
+    """Typer turned Ctrl-C outside a search into exit 130 with nothing printed."""
+    plugin = tmp_path / "slow.py"
+    plugin.write_text("import time\ntime.sleep(60)\n")  # a long step: loading the user's ops
+    env = dict(os.environ, COLUMNS="200")
+    env.pop("CUCO_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+         "signal.default_int_handler); from cuco.cli import main; sys.argv[1:] = "
+         f"['--plugin', {str(plugin)!r}, 'db', 'ls']; main()"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert out.strip() == "interrupted (Ctrl-C): stopped before it finished", out
 
 def test_debug_keeps_the_traceback(corrupt):
     r = cuco("db", "ls", "--db", str(corrupt), env={"CUCO_DEBUG": "1"})

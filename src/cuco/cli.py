@@ -481,6 +481,7 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
                 result = run_search(problem, db=db, budget=budget, dry_run=dry_run,
                                     resume=resume, on_progress=show, **kw)
     except SearchInterrupted as exc:
+        _context["interrupt_said"] = True
         console.print("[yellow]stopped; everything recorded is kept. Resume with:[/] "
                       + escape(resume_command(exc.run_id, db=db, dry_run=dry_run,
                                               llm=kw.get("llm"))), soft_wrap=True)
@@ -831,16 +832,33 @@ def main() -> None:
     import sys
     debug = "--debug" in sys.argv[1:] or os.environ.get("CUCO_DEBUG", "") not in ("", "0")
     try:
-        app(prog_name="cuco")
+        code = app(prog_name="cuco", standalone_mode=False)
+    except typer.TyperException as exc:  # typer's (click's) own parse errors
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `cuco db`: its help, as before
+            exc.show()
+        elif debug:
+            raise
+        else:  # a flag typer cannot parse: one line, not a panel
+            console.print(f"[red]error:[/] {escape(_usage_line(exc))}", soft_wrap=True)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
     except BaseException as exc:  # noqa: BLE001 - the last line of defence for a CLI user
         if debug:
             raise
         raise SystemExit(_fail(exc)) from None
+    if code == 130 and not _context.get("interrupt_said"):  # typer ends a Ctrl-C silently
+        console.print("[yellow]interrupted (Ctrl-C): stopped before it finished[/]")
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _usage_line(exc) -> str:
+    """A parse error of typer's (click's) as one line naming the command's help."""
+    text = " ".join(exc.format_message().split()).rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    return text + (f"; see `{ctx.command_path} --help`" if ctx is not None else "")
 
 
 if __name__ == "__main__":
