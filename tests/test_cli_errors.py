@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +117,72 @@ def test_a_sqlite_url_to_no_file_is_no_database_and_makes_none(tmp_path):
     refused(cuco("db", "ls", "--db", url), 1, "no candidate database at", "pass --db PATH")
     assert not (tmp_path / "typo.db").exists()
 
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder holding a database, that this process cannot write (mode 555, or for root,
+    which mode bits do not stop, the immutable attribute)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with CandidateDB(folder / "s.db") as db:
+        db.create_run("kept", "gemm_allreduce")
+    folder.chmod(0o555)
+    immutable = os.access(folder, os.W_OK) and subprocess.run(
+        ["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("no way to make a folder read-only to this process")
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def test_a_database_in_a_read_only_folder_is_one_line_naming_the_folder(read_only_folder):
+    """It said the database was 'not a cuco database or damaged' (exit 1)."""
+    db = read_only_folder / "s.db"
+    before = db.read_bytes()
+    for args in (["db", "ls", "--db", str(db)], ["report", str(db), "-o", str(db.parent.parent / "r.html")],
+                 ["search", "--dry-run", "--budget", "4", "--db", str(read_only_folder / "new.db")]):
+        out = refused(cuco(*args), 2, f"the folder {read_only_folder} is read-only",
+                      "choose a database in a folder you can write")
+        assert len(out.strip().splitlines()) == 1 and "damaged" not in out, out
+    assert db.read_bytes() == before and sorted(p.name for p in read_only_folder.iterdir()) == ["s.db"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["search", "--dry-run", "--budget", "abc"],
+     "Invalid value for '--budget': Input should be a valid integer"),
+    (["db", "ls", "c.db"], "Got unexpected extra argument(s) (c.db); see `cuco db ls --help`"),
+    (["tune", "gemm_allreduce", "--n", "4096", "--table", "t.json"],
+     "Missing option '--k'; see `cuco tune --help`"),
+    (["search", "--budgett", "5"], "No such option: --budgett"),
+])
+def test_a_flag_typer_cannot_parse_is_one_line(tmp_path, args, needle):
+    """Typer's own parse errors were a boxed panel of several lines."""
+    out = refused(cuco(*args, cwd=tmp_path), 2, needle)
+    assert len(out.strip().splitlines()) == 1 and "╭" not in out, out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_of_any_command_says_it_was_interrupted(tmp_path):
+    """Typer turned Ctrl-C outside a search into exit 130 with nothing printed."""
+    plugin = tmp_path / "slow.py"
+    plugin.write_text("import time\ntime.sleep(60)\n")  # a long step: loading the user's ops
+    env = dict(os.environ, COLUMNS="200")
+    env.pop("CUCO_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+         "signal.default_int_handler); from cuco.cli import main; sys.argv[1:] = "
+         f"['--plugin', {str(plugin)!r}, 'db', 'ls']; main()"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert out.strip() == "interrupted (Ctrl-C): stopped before it finished", out
 
 def test_debug_keeps_the_traceback(corrupt):
     r = cuco("db", "ls", "--db", str(corrupt), env={"CUCO_DEBUG": "1"})
@@ -365,6 +432,16 @@ def test_tune_of_a_refused_shape_leaves_no_database_behind(tmp_path):
                  "--dry-run"), 2, "K=8190", "use --k 8192")
     assert list(tmp_path.iterdir()) == []
 
+
+
+def test_tune_onto_a_damaged_table_file_is_one_line_before_any_timing(tmp_path):
+    table = tmp_path / "t.json"
+    table.write_text('{"layers": [')
+    out = refused(cuco("tune", "gemm_allreduce", "--n", "4096", "--k", "4096", "--table", str(table),
+                       "--dry-run", "--placements", "side_stream"), 2,
+                  f"{table} is not JSON", "move this file away or choose another --table file")
+    assert len(out.strip().splitlines()) == 1 and "tune it again" not in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
 
 def test_db_migrate_of_a_missing_source_names_its_argument(tmp_path):
     out = refused(cuco("db", "migrate", str(tmp_path / "missing.db"), f"sqlite:///{tmp_path}/m.db"), 1,

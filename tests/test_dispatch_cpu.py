@@ -182,6 +182,51 @@ def test_emulated_timings_never_enter_a_table_as_measured(tmp_path):
     assert DispatchTable.load(tmp_path / "t.json").provenance.source == "emulated"
 
 
+
+class Replayed:
+    """Recorded measurements of an emulated world (the host programs and torch's op win:
+    nothing is built), counting the buckets it was asked to time."""
+    source, device = "emulated", "2 x NVIDIA H200 (one GPU)"
+
+    def __init__(self):
+        self.timed = []
+
+    def __call__(self, problem, candidates, db, run_id):
+        self.timed.append(problem.m)
+        return [m for m in recorded(problem.m) if m.kind != CUCO]
+
+
+def test_tuning_says_which_bucket_of_how_many_it_is_on(tmp_path):
+    """A bucket's timing job (minutes on GPUs) ran with no line until it was done, and the
+    lines never said how many buckets were left."""
+    from cuco.dispatch_tune import tune_table
+    lines = []
+    tune_table(Layer("gemm_reducescatter", 4096, 4096), [64, 1024], measure=Replayed(),
+               table_path=tmp_path / "t.json", placements=("side_stream",), progress=lines.append)
+    assert [ln.split(":")[0] for ln in lines] == ["M=64 (1/2)"] * 2 + ["M=1024 (2/2)"] * 2, lines
+    assert lines[0].endswith("timing the candidates, torch's fused op and the host program...")
+    assert lines[1].startswith("M=64 (1/2): host (") and lines[3].startswith("M=1024 (2/2): torch_fused (")
+
+
+@pytest.mark.parametrize("content", [b'{"layers": [', b"\xff\xfe", b"[1, 2]", "measured"])
+def test_a_table_tuning_cannot_add_to_is_refused_before_anything_is_timed(tmp_path, content):
+    """A damaged --table file (or one timed elsewhere) was read only after every bucket was
+    timed and its winners built, and then said to "tune it again"."""
+    from cuco.dispatch import TableMismatch
+    from cuco.dispatch_tune import tune_table
+    path = tmp_path / "t.json"
+    layer = Layer("gemm_reducescatter", 4096, 4096)
+    if content == "measured":
+        recorded_table(layer).save(path)
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    measure = Replayed()
+    with pytest.raises((InputError, TableMismatch), match="another --table file"):
+        tune_table(layer, [64, 1024], measure=measure, table_path=path, placements=("side_stream",))
+    assert measure.timed == [] and path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]  # no tune database, no builds
+
 # ---- the ops: torch over its fake process group ---------------------------------------------
 
 @pytest.fixture(scope="module")

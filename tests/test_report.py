@@ -81,3 +81,49 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("CUCO_ARTIFACTS"):
         shutil.copy(shot, Path(os.environ["CUCO_ARTIFACTS"]) / "report.png")
+
+
+def _cuco(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="300")
+    env.pop("CUCO_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "cuco.cli", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_every_number_of_a_dry_runs_best_row_says_model(tmp_path):
+    """The best table labelled a dry run's speedup as the model's but printed its time and
+    overlap as plain numbers, as if measured."""
+    db = CandidateDB(tmp_path / "c.db")
+    EvolutionAgent(AnalyticEvaluator(P), db, space=gpu_space(P), islands=2, budget=8).run()
+    text = write_report(db, tmp_path / "r.html").read_text()
+    best = text[text.index("<table id=best>"):]
+    best = best[:best.index("</table>")]
+    row = best[best.index("</tr>") + 5:]  # the first run's row, after the header
+    cells = row.split("<td")[5:]  # speedup, vs PyTorch, overlap, ms
+    assert len(cells) == 4, row
+    assert all("(model)" in c for c in cells), row
+
+
+def test_report_of_a_database_with_no_run_is_one_line_and_no_page(tmp_path):
+    """An empty database gave a page of empty tables and exit 0."""
+    CandidateDB(tmp_path / "empty.db").close()
+    out = tmp_path / "r.html"
+    r = _cuco("report", str(tmp_path / "empty.db"), "-o", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and "holds no search run: nothing to report" in lines[0], lines
+    assert "cuco search --dry-run --db" in lines[0] and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_report_of_only_failed_candidates_says_so(tmp_path):
+    path = tmp_path / "failed.db"
+    with CandidateDB(path) as db:
+        run = db.create_run("t", P.workload, problem=P.model_dump())
+        cid = db.add_candidate(P.workload, run_id=run, directives=gpu_space(P).default())
+        db.add_evaluation(cid, stage_reached="compile", status="compile_error", error="nvcc: x")
+    out = tmp_path / "r.html"
+    r = _cuco("report", str(path), "-o", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no candidate of any run is correct: the page shows where they failed" in r.stdout
+    assert "no correct candidate" in out.read_text() and "id=failures-1" in out.read_text()

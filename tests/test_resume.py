@@ -168,3 +168,98 @@ def test_piped_output_shows_a_line_per_generation(tmp_path):
     assert lines[0].startswith("generation 0 (seed): 12/40 evaluations, best ")
     assert len(lines) >= 5 and "40/40 evaluations" in lines[-1]
     assert "phase switch at generation None" not in r.stdout
+
+
+def _slow_search(db, *, budget: int, resume: int | None = None) -> list[str]:
+    """``cuco search --dry-run`` into a log, 50 ms an evaluation (so a rate is bounded: at
+    most 1200 a minute), ``resume`` continuing a run; its output lines."""
+    code = ("import sys, typer; from cuco import cli, GemmProblem; "
+            "from cuco.evaluate.analytic import AnalyticEvaluator; "
+            "p = GemmProblem(workload='gemm_allreduce', m=8192, n=8192, k=8192, world_size=2)\n"
+            "try:\n"
+            f"    cli._run_search(p, db={str(db)!r}, budget={budget}, dry_run=True, islands=2, "
+            f"resume={resume!r}, evaluator=AnalyticEvaluator(p, delay_s=0.05))\n"
+            "except typer.Exit as e:\n    sys.exit(e.exit_code)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, COLUMNS="300"), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.splitlines()
+
+
+def test_a_resumed_run_says_where_it_starts_and_rates_only_its_own_work(tmp_path):
+    """The rate once counted the evaluations the database already held as done in the
+    resumed process's first seconds (330000/min after a kill -9); the first line said
+    nothing of the resume."""
+    db = tmp_path / "r.db"
+    _slow_search(db, budget=24)
+    lines = _slow_search(db, budget=40, resume=1)
+    assert lines[0].endswith("40 evaluations; resuming run 1 from its 24 recorded candidate(s)"), lines
+    gens = [ln for ln in lines if ln.startswith("generation ")]
+    assert gens and "/40 evaluations" in gens[-1], lines
+    rates = [int(ln.rsplit(", ", 1)[-1].split("/min")[0]) for ln in gens]
+    assert max(rates) <= 1200, gens  # 50 ms an evaluation: no more than 1200 a minute
+
+
+def test_a_terminal_shows_what_runs_before_the_first_generation_is_judged(tmp_path):
+    """On a terminal the live view was blank until generation 0 (24 candidates, minutes on
+    GPUs) was judged; it now names the search and says the islands are being seeded."""
+    import pty
+
+    db = tmp_path / "t.db"
+    code = ("from cuco import cli, GemmProblem; "
+            "from cuco.evaluate.analytic import AnalyticEvaluator; "
+            "p = GemmProblem(workload='gemm_allreduce', m=8192, n=8192, k=8192, world_size=2)\n"
+            f"cli._run_search(p, db={str(db)!r}, budget=12, dry_run=True, islands=2, "
+            "evaluator=AnalyticEvaluator(p, delay_s=0.05))")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=follower, stdout=follower,
+                            stderr=follower, env=dict(os.environ, COLUMNS="300", TERM="xterm"))
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, out.decode(errors="replace")
+    text = out.decode(errors="replace")
+    seeding = text.find("seeding the islands (generation 0)")
+    assert seeding >= 0, text
+    assert seeding < text.find("generation 0 (seed)"), text
+
+
+def test_kill_9_of_the_command_then_db_ls_names_the_resume_that_loses_nothing(tmp_path):
+    """``cuco search`` killed with SIGKILL prints nothing; ``cuco db ls`` showed the run as
+    ``running`` and no way on. It now prints the command that resumes it, which keeps every
+    recorded candidate, judges each once and goes on to the budget."""
+    db = tmp_path / "k.db"
+    proc = subprocess.Popen([sys.executable, "-m", "cuco.cli", "search", "--dry-run", "--budget",
+                             "300", "--islands", "2", "--db", str(db)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        if db.exists() and CandidateDB(db).count_candidates() >= 40:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with CandidateDB(db) as store:
+        assert store.integrity_check() == "ok"
+        before = {c.id for c in store.candidates()}
+    assert 40 <= len(before) < 300
+    listed = cuco("db", "ls", "--db", str(db))
+    command = f"cuco search --resume 1 --db {db} --dry-run"
+    assert command in listed.stdout, listed.stdout
+    r = cuco(*command.split()[1:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"resuming run 1 from its {len(before)} recorded candidate(s)" in r.stdout, r.stdout
+    with CandidateDB(db) as store:
+        after = store.candidates(run_id=1)
+        assert before <= {c.id for c in after} and len(after) == 300  # nothing lost, none over
+        assert all(len(store.evaluations(c.id)) == 1 for c in after)  # each judged once
+        assert store.run(1).status == "done"
+    assert "unfinished" not in cuco("db", "ls", "--db", str(db)).stdout

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cuco.design.dimensions import Placement
 from cuco.design.patterns import TP_NAMES
@@ -143,6 +144,14 @@ def db_ls(db: str = DB_OPTION) -> None:
         loose = store.count_candidates() - sum(store.count_candidates(r.id) for r in runs)
         console.print(table)
         console.print(f"{len(runs)} run(s); {loose} candidate(s) outside any run")
+        unfinished = [r for r in runs if r.status in ("running", "interrupted")]
+        if unfinished:  # a search killed (kill -9, a crash, a lost machine) still says running
+            last = unfinished[-1]
+            cfg = last.config or {}
+            console.print(f"unfinished: run {', '.join(str(r.id) for r in unfinished)}; one whose "
+                          "process is gone goes on from what it recorded with: "
+                          + escape(resume_command(last.id, db=db, dry_run=bool(cfg.get("dry_run")),
+                                                  llm=cfg.get("llm"))), soft_wrap=True)
 
 
 @db_app.command("show")
@@ -185,7 +194,7 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
                target: str = typer.Argument(..., help="empty database to copy into (URL)")) -> None:
     """Copy a candidate database, ids kept (e.g. SQLite -> postgresql+psycopg://...)."""
     from cuco.db import CandidateDB
-    from cuco.errors import DatabaseError
+    from cuco.errors import DatabaseError, exit_code
 
     _require_db(source, "give the database to copy from as the first argument: "
                 "cuco db migrate SOURCE TARGET")
@@ -193,7 +202,7 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
         counts = CandidateDB(source).copy_to(CandidateDB(target))
     except DatabaseError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code(exc)) from None
     console.print("copied " + ", ".join(f"{n} {t}" for t, n in counts.items()))
 
 
@@ -222,10 +231,11 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
 
 def _db_folder_exists(db: str) -> None:
     """Exit 2 where ``--db`` names a file in a folder that does not exist (before anything runs)."""
-    from cuco.db.candidate_db import sqlite_file
+    from cuco.db.candidate_db import check_writable, sqlite_file
     path = sqlite_file(db)
     if path is not None:
         _folder_exists(path, "--db")
+        check_writable(path)
 
 
 #: The architectures every kernel of the catalog builds for (Hopper: wgmma, TMA).
@@ -392,6 +402,21 @@ def resume_command(run_id: int, *, db: str, dry_run: bool, llm: Optional[str] = 
                     + (["--dry-run"] if dry_run else []) + (["--llm", shlex.quote(llm)] if llm else []))
 
 
+def _rate(summary: dict) -> float:
+    """Evaluations a minute of this process (a resumed run's earlier ones are not its work)."""
+    return 60 * summary.get("judged", summary["evaluations"]) / max(summary["elapsed_s"], 1e-9)
+
+
+def _resuming(db: str, resume: Optional[int]) -> str:
+    """What a resumed run starts from, for its first line ('' for a new run)."""
+    if resume is None:
+        return ""
+    from cuco.db import CandidateDB
+    with CandidateDB(db) as store:
+        recorded = store.count_candidates(resume)
+    return f"; resuming run {resume} from its {recorded} recorded candidate(s)"
+
+
 def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optional[int] = None,
                 **kw):
     """A search with its live table (a line per generation where the output is not a
@@ -404,6 +429,8 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
     from cuco.db import CandidateDB
 
     label = f"{problem.workload} {problem.shape_text} w={problem.world_size}"
+    dry = "DRY RUN, analytic model (nothing measured or checked): " if dry_run else ""
+    headline = dry + f"{label}, {budget} evaluations" + _resuming(db, resume)
     checked = "scored by model" if dry_run else "correct"
     live = Live(Table(), console=console, refresh_per_second=4)
     piped = not console.is_terminal
@@ -411,7 +438,7 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
 
     def show(summary: dict) -> None:
         if piped:  # a log, not a redrawn table: one line per generation, the table at the end
-            rate = 60 * summary["evaluations"] / max(summary["elapsed_s"], 1e-9)
+            rate = _rate(summary)
             best = (f"best {summary['best']:.3f}" + (" (model)" if dry_run else "")
                     if any(isl["ok"] for isl in summary["islands"]) else "no correct candidate yet")
             fails = sum(summary["failed"].values())
@@ -423,11 +450,9 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
             live.update(table(summary))
 
     def table(summary: dict) -> Table:
-        rate = 60 * summary["evaluations"] / max(summary["elapsed_s"], 1e-9)
-        t = Table(title=("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
-                  + f"{label}: generation {summary['generation']} "
+        t = Table(title=dry + f"{label}: generation {summary['generation']} "
                   f"({summary['phase']}), {summary['evaluations']}/{budget} evaluations, "
-                  f"{rate:.0f}/min")
+                  f"{_rate(summary):.0f}/min")
         for col in ("island", "members", "best speedup" + (" (model)" if dry_run else ""), "mean", checked):
             t.add_column(col)
         for isl in summary["islands"]:
@@ -443,8 +468,10 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
         return t
 
     if piped:
-        console.print(("DRY RUN, analytic model (nothing measured or checked): " if dry_run else "")
-                      + f"{label}, {budget} evaluations", soft_wrap=True)
+        console.print(headline, soft_wrap=True)
+    else:  # until the first generation is judged (minutes on GPUs): what runs, not a blank
+        live.update(Text(headline + ("" if resume is not None else
+                                     "; seeding the islands (generation 0)...")))
     try:
         if piped:
             result = run_search(problem, db=db, budget=budget, dry_run=dry_run, resume=resume,
@@ -454,6 +481,7 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
                 result = run_search(problem, db=db, budget=budget, dry_run=dry_run,
                                     resume=resume, on_progress=show, **kw)
     except SearchInterrupted as exc:
+        _context["interrupt_said"] = True
         console.print("[yellow]stopped; everything recorded is kept. Resume with:[/] "
                       + escape(resume_command(exc.run_id, db=db, dry_run=dry_run,
                                               llm=kw.get("llm"))), soft_wrap=True)
@@ -681,7 +709,11 @@ def report(db: str = typer.Argument(..., help="candidate database file or SQLAlc
             store.run(run)  # an unknown --run is refused here, with the way to list them
         with console.status("rendering the report (plots)..."):
             path = write_report(store, output, run)
-    console.print(f"wrote {path}")
+        runs = [store.run(run)] if run is not None else store.runs()
+        failed_only = not any(store.best(r.workload, run_id=r.id) for r in runs)
+    console.print(f"wrote {path}" + ("; no candidate of " + ("this run" if run is not None else
+                                                            "any run") + " is correct: the page "
+                                     "shows where they failed" if failed_only else ""))
 
 
 @app.command("export")
@@ -800,16 +832,33 @@ def main() -> None:
     import sys
     debug = "--debug" in sys.argv[1:] or os.environ.get("CUCO_DEBUG", "") not in ("", "0")
     try:
-        app(prog_name="cuco")
+        code = app(prog_name="cuco", standalone_mode=False)
+    except typer.TyperException as exc:  # typer's (click's) own parse errors
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `cuco db`: its help, as before
+            exc.show()
+        elif debug:
+            raise
+        else:  # a flag typer cannot parse: one line, not a panel
+            console.print(f"[red]error:[/] {escape(_usage_line(exc))}", soft_wrap=True)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
     except BaseException as exc:  # noqa: BLE001 - the last line of defence for a CLI user
         if debug:
             raise
         raise SystemExit(_fail(exc)) from None
+    if code == 130 and not _context.get("interrupt_said"):  # typer ends a Ctrl-C silently
+        console.print("[yellow]interrupted (Ctrl-C): stopped before it finished[/]")
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _usage_line(exc) -> str:
+    """A parse error of typer's (click's) as one line naming the command's help."""
+    text = " ".join(exc.format_message().split()).rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    return text + (f"; see `{ctx.command_path} --help`" if ctx is not None else "")
 
 
 if __name__ == "__main__":

@@ -379,39 +379,42 @@ class DispatchTable:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], root: Path | None = None,
-                  where: str = "the table") -> DispatchTable:
+                  where: str = "the table", fix: str | None = None) -> DispatchTable:
+        """The table in ``doc``; a refusal ends with ``fix`` (what the caller's user does
+        about a file it cannot read; by default: tune it again)."""
+        again = fix or "tune it again"
         if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
             raise TableError(f"{where} is not a cuco dispatch table (no \"format\": \"{FORMAT}\"); "
-                             "write one with `cuco tune ... --table FILE`")
+                             + (fix or "write one with `cuco tune ... --table FILE`"))
         if doc.get("version") != VERSION:
             raise TableError(f"{where} has table version {doc.get('version')}, this cuco reads "
-                             f"{VERSION}; tune it again")
+                             f"{VERSION}; {again}")
         try:
             table = cls(Provenance(**doc["provenance"]), root=root)
             for item in doc["layers"]:
                 table.add(LayerTable(Layer(**item["layer"]), [Entry(**e) for e in item["entries"]]))
         except (KeyError, TypeError) as exc:
-            raise TableError(f"{where} is damaged ({type(exc).__name__}: {exc}); tune it again") from None
+            raise TableError(f"{where} is damaged ({type(exc).__name__}: {exc}); {again}") from None
         for t in table.layers.values():
             for e in t.entries:
                 if e.choice not in (HOST, TORCH_FUSED, CUCO) or (e.choice == CUCO and not e.artifact):
                     raise TableError(f"{where}: {t.layer.key} bucket {e.m} has choice "
-                                     f"{e.choice!r} (artifact {e.artifact!r}); tune it again")
+                                     f"{e.choice!r} (artifact {e.artifact!r}); {again}")
                 why = e.unearned()
                 if why:
-                    raise TableError(f"{where}: {t.layer.key} bucket {e.m}: {why}; tune it again")
+                    raise TableError(f"{where}: {t.layer.key} bucket {e.m}: {why}; {again}")
         return table
 
     @classmethod
-    def load(cls, path: str | Path) -> DispatchTable:
+    def load(cls, path: str | Path, fix: str | None = None) -> DispatchTable:
         path = Path(path)
         if not path.is_file():
             raise TableError(f"{path}: no such table; write it with `cuco tune ... --table {path}`")
         try:
             doc = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise TableError(f"{path} is not JSON ({exc}); tune it again") from None
-        return cls.from_json(doc, root=path.parent, where=str(path))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TableError(f"{path} is not JSON ({exc}); {fix or 'tune it again'}") from None
+        return cls.from_json(doc, root=path.parent, where=str(path), fix=fix)
 
     def summary(self) -> list[str]:
         """One line per layer and bucket: what runs, and its margin over host/torch."""

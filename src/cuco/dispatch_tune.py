@@ -178,14 +178,20 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
     from cuco.export import export
     arch = arch or gpu_arch() or "sm_90a"
     table_path = Path(table_path)
+    prov = provenance(measure, layer.world_size, command)
+    have = existing_table(table_path, prov)  # before anything is measured, built or written
     art_root = table_path.with_name(table_path.stem + ".artifacts")
     db: CandidateDB | None = None  # made once a bucket's problem is valid: a refused shape leaves no file
     entries, skipped, exported = [], {}, {}
-    for m in ms:
+    ms = list(ms)
+    for i, m in enumerate(ms, start=1):
         why = layer.takes_m(m)
         if why:
             skipped[m] = why
             continue
+        at = f"M={m} ({i}/{len(ms)})"
+        if measure.source != "model":  # a timing job: minutes a bucket
+            progress(f"{at}: timing the candidates, torch's fused op and the host program...")
         problem = make_problem(layer.pattern.name, layer.shape(m), world_size=layer.world_size,
                                dtype=layer.dtype)
         db = db or CandidateDB(table_path.with_name(table_path.stem + ".tune.db"))
@@ -198,23 +204,34 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
             # a kernel that takes M per launch: one export serves every bucket it wins
             key = best.name if best.runtime_shape else f"{best.name}@{m}"
             if key not in exported:
+                progress(f"{at}: building the winner {best.name} for {arch} (nvcc: up to minutes)...")
                 name = best.name.replace("/", "-") + ("" if best.runtime_shape else f"-M{m}")
                 export(db, best.candidate_id, art_root / name, arch=arch)
                 exported[key] = f"{art_root.name}/{name}"
             artifact = exported[key]
         entry = entry_from(m, found, artifact)
         entries.append(entry)
-        progress(f"M={m}: {entry.choice if entry.choice != CUCO else 'cuco ' + str(entry.variant)} "
+        progress(f"{at}: {entry.choice if entry.choice != CUCO else 'cuco ' + str(entry.variant)} "
                  f"({', '.join(f'{k} {v:.4g} ms' for k, v in entry.times_ms.items() if v and entry.correct.get(k))})")
     if not entries:
         raise TableError(f"{layer.key}: none of the buckets {sorted(skipped)} can run "
                          f"({'; '.join(sorted(set(skipped.values())))})")
-    new = DispatchTable(provenance(measure, layer.world_size, command))
+    new = DispatchTable(prov)
     new.add(LayerTable(layer, entries))
-    if table_path.exists():  # one file for the model's layers
-        have = DispatchTable.load(table_path)
+    if have is not None:  # one file for the model's layers
         have.merge(new)
         new = have
     new.save(table_path)
     return Tuned(new, skipped)
+
+
+def existing_table(path: Path, prov: Provenance) -> DispatchTable | None:
+    """The table already at ``path`` that a tune adds its layer to (None: no file), refused
+    before anything is measured where it cannot be read or its times were taken elsewhere."""
+    if not path.exists():
+        return None
+    have = DispatchTable.load(path, fix="cuco tune adds its layer to the table at --table: move "
+                              "this file away or choose another --table file")
+    have.merge(DispatchTable(prov))  # an empty table: only the provenance is compared
+    return have
 

@@ -104,6 +104,11 @@ class DatabaseError(CucoError):
     """The candidate database cannot be opened or is of a newer schema."""
 
 
+class DatabaseNotWritable(InputError, DatabaseError):
+    """The candidate database's file or folder is read-only: SQLite writes beside the file
+    (its journal) even to read it, so the user picks a database in a folder they can write."""
+
+
 def exit_code(exc: BaseException) -> int:
     """A command's exit status for ``exc``: 2 when the user fixes the command (a refused
     argument, shape or directive), 1 when the machine or data is at fault."""

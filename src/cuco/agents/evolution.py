@@ -92,6 +92,9 @@ class EvolutionAgent(Agent):
         self.on_progress = on_progress
         self.islands = [Island(i, self.space, capacity=population) for i in range(islands)]
         self.evaluated = 0
+        #: Evaluations this process ran (a resumed run's ``evaluated`` counts those the
+        #: database already held): what the live view's rate is made of.
+        self.judged = 0
         self.seen: set[str] = set()
         self.statuses: Counter[str] = Counter()
         self.rejected = 0
@@ -164,6 +167,7 @@ class EvolutionAgent(Agent):
                 store_result(self.db, self.problem.workload, cand, r, run_id)
             ind.status, ind.score, ind.stage, ind.error = r.status, r.score, r.stage_reached, r.error
             self.evaluated += 1
+            self.judged += 1
             for key in self.spent:  # where this generation's time goes (build CPU, GPU, idle GPU)
                 self.spent[key] += float(getattr(r, "extra", {}).get(key) or 0.0)
             self.seen.add(ind.directives.full_name)
@@ -197,6 +201,7 @@ class EvolutionAgent(Agent):
     def run(self, run_id: int | None = None) -> SearchResult:
         """Start a new run, or resume ``run_id`` from the database."""
         self._t0 = time.perf_counter()
+        self.judged = 0
         fresh = run_id is None
         if fresh:
             run_id = self.db.create_run(self.name, self.problem.workload,
@@ -306,6 +311,7 @@ class EvolutionAgent(Agent):
         for isl in self.islands:
             isl.history.append(isl.stats()["best"])
         summary = {"generation": g, "phase": phase, "evaluations": self.evaluated,
+                   "judged": self.judged,
                    "best": best, "islands": stats, "improved": notes[:8], "worsened": worse[:8],
                    "failed": dict(failed), "elapsed_s": round(time.perf_counter() - self._t0, 2),
                    **{k: round(v, 2) for k, v in self.spent.items()}}

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 
 from cuco.db import schema as S
-from cuco.errors import DatabaseError, UnknownId
+from cuco.errors import DatabaseError, DatabaseNotWritable, UnknownId
 
 #: Evaluation statuses. Only ``ok`` scores.
 STATUSES = ("ok", "invalid", "compile_error", "wrong", "hang", "crash", "suspect",
@@ -94,8 +94,13 @@ class Evaluation:
     def speedup_label(self, digits: int = 3) -> str:
         """The speedup as every front end prints it: a model's says so, an emulated
         verdict has none (``'1.234'``, ``'1.234 (model)'``, ``'- (emulated)'``)."""
-        value = "-" if self.speedup is None else f"{self.speedup:.{digits}f}"
-        return value if self.evidence == "measured" else f"{value} ({self.evidence})"
+        return self.label(self.speedup, digits)
+
+    def label(self, value: float | None, digits: int = 3) -> str:
+        """One of this verdict's numbers (speedup, time, overlap) as every front end prints
+        it: a model's or an emulated world's says so (``'0.821 (model)'``)."""
+        text = "-" if value is None else f"{value:.{digits}f}"
+        return text if self.evidence == "measured" else f"{text} ({self.evidence})"
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,20 @@ def sqlite_file(target: str | os.PathLike[str]) -> Path | None:
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
 
 
+def check_writable(file: Path) -> None:
+    """Refuse a database file (or the folder it goes in) that this process cannot write:
+    SQLite writes its journal beside the file, even to read it."""
+    folder = file.parent
+    what = (f"the folder {folder}" if folder.is_dir() and not os.access(folder, os.W_OK) else
+            f"the file {file}" if file.exists() and not os.access(file, os.W_OK) else None)
+    if what is not None:
+        raise DatabaseNotWritable(
+            f"cannot use the candidate database {file}: {what} is read-only, and cuco writes the "
+            "database and its journal there (even to read it); choose a database in a folder "
+            "you can write" + (f", or copy it to one (cp {file} /tmp/ and use /tmp/{file.name})"
+                               if file.exists() else ""), param="db")
+
+
 def _as_directives_json(d: Any) -> dict[str, Any] | None:
     if d is None:
         return None
@@ -161,6 +180,7 @@ class CandidateDB:
                 raise DatabaseError(f"cannot create candidate database {os.fspath(target)}: the "
                                     f"directory {folder} does not exist; create it (mkdir -p "
                                     f"{folder}) or choose a database in an existing directory")
+            check_writable(self.file)
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"timeout": timeout_s, "check_same_thread": False}

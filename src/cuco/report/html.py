@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from cuco.db import Candidate, CandidateDB, Evaluation, Run
-from cuco.errors import InputError
+from cuco.errors import CucoError, InputError
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -68,9 +68,10 @@ class Report:
             rows.append(
                 f"<tr><td>{r.id}</td><td>{html.escape(r.workload)}</td><td>{c.id}</td>"
                 f"<td><code>{html.escape(_name(c))}</code></td>"
-                f"<td class={e.evidence}>{html.escape(e.speedup_label())}</td>"
-                f"<td>{_fmt((e.extra or {}).get('torch_speedup'))}</td><td>{_fmt(e.overlap_eff)}</td>"
-                f"<td>{_fmt(e.time_ms, 4)}</td></tr>")
+                + "".join(f"<td class={e.evidence}>{html.escape(e.label(v, nd))}</td>" for v, nd in (
+                    (e.speedup, 3), ((e.extra or {}).get("torch_speedup"), 3), (e.overlap_eff, 3),
+                    (e.time_ms, 4)))
+                + "</tr>")
         return ("<table id=best><tr><th>run</th><th>workload</th><th>candidate</th><th>directives</th>"
                 "<th>speedup vs host</th><th>vs PyTorch</th><th>overlap eff.</th><th>ms</th></tr>"
                 + "".join(rows) + "</table>")
@@ -225,6 +226,11 @@ def write_report(db: CandidateDB | str, path: str | Path, run_id: int | None = N
                          "exist; create it or write the report elsewhere", param="output",
                          fix="report.html")
     store = db if isinstance(db, CandidateDB) else CandidateDB(db)
+    if not store.runs():  # a page of empty tables would look like a search that found nothing
+        where = store.file or store.url
+        raise CucoError(f"{where} holds no search run: nothing to report; search into it first "
+                        f"(cuco search --dry-run --db {where}) or give the database a search "
+                        "wrote (cuco db ls --db FILE lists its runs)")
     page = Report(store, run_id).render()
     try:
         out.write_text(page)
