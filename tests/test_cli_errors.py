@@ -152,6 +152,23 @@ def test_a_database_in_a_read_only_folder_is_one_line_naming_the_folder(read_onl
     assert db.read_bytes() == before and sorted(p.name for p in read_only_folder.iterdir()) == ["s.db"]
 
 
+def test_writing_into_a_read_only_folder_names_the_flag_before_any_work(read_only_folder, tmp_path):
+    """export's -o gave an OS error naming no flag, after its kernel was compiled; report's
+    -o and tune's --table the same after their work."""
+    db = tmp_path / "w.db"
+    with CandidateDB(db) as store:
+        store.create_run("kept", "gemm_allreduce")
+    for args, flag, target in (
+            (["export", "1", "-o", str(read_only_folder / "art"), "--db", str(db)], "-o", "art"),
+            (["report", str(db), "-o", str(read_only_folder / "r.html")], "-o", "r.html"),
+            (["tune", "gemm_allreduce", "--n", "4096", "--k", "4096", "--dry-run", "--m", "64", "--only",
+              "--table", str(read_only_folder / "t.json")], "--table", "t.json")):
+        out = refused(cuco(*args), 2, f"{flag} {read_only_folder / target}: {read_only_folder} is read-only",
+                      f"give {flag} a path you can write")
+        assert len(out.strip().splitlines()) == 1, out
+    assert sorted(p.name for p in read_only_folder.iterdir()) == ["s.db"]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["search", "--dry-run", "--budget", "abc"],
      "Invalid value for '--budget': Input should be a valid integer"),

@@ -216,6 +216,18 @@ def _folder_exists(path: Path, flag: str) -> None:
         raise typer.Exit(2)
 
 
+def _writable(path: Path, flag: str) -> None:
+    """Exit 2 naming ``flag`` where ``path`` cannot be written: it, or the nearest folder
+    above it that exists, is read-only (before anything is built or timed)."""
+    at = path
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    if at.exists() and not os.access(at, os.W_OK):
+        console.print(f"[red]error:[/] {flag} {escape(str(path))}: {escape(str(at))} is read-only; "
+                      f"give {flag} a path you can write", soft_wrap=True)
+        raise typer.Exit(2)
+
+
 def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4g}"
 
@@ -703,6 +715,7 @@ def report(db: str = typer.Argument(..., help="candidate database file or SQLAlc
     _require_db(db, "give the database path as the first argument: cuco report PATH -o report.html")
     if not output.parent.is_dir():  # before the database is opened
         write_report(db, output, run)  # refuses with the fix
+    _writable(output, "-o")
     from cuco.db import CandidateDB
     with CandidateDB(db) as store:
         if run is not None:
@@ -729,6 +742,7 @@ def export_cmd(candidate_id: int, output: Path = typer.Option(..., "-o", "--outp
     if arch is not None:
         Compiler(arch=arch)  # a bad --arch is refused before the database is opened
     _require_db(db)
+    _writable(output, "-o")
     with console.status(f"exporting candidate {candidate_id}: compiling its kernel with nvcc "
                         "(about a minute for the one-kernel CUTLASS placements)..."):
         art = export(CandidateDB(db), candidate_id, output, arch=arch)
@@ -765,6 +779,7 @@ def tune_cmd(
     _context["positional"] = {"pattern": "cuco tune"}
     layer = Layer(pattern, n, k, dtype, world_size)
     _folder_exists(table, "--table")
+    _writable(table, "--table")
     ms = buckets(m, default=() if only else DEFAULT_BUCKETS)
     if not ms:
         console.print("[red]error:[/] --only with no --m: name the buckets to time")
