@@ -172,7 +172,7 @@ def test_writing_into_a_read_only_folder_names_the_flag_before_any_work(read_onl
 @pytest.mark.parametrize("args, needle", [
     (["search", "--dry-run", "--budget", "abc"],
      "Invalid value for '--budget': Input should be a valid integer"),
-    (["db", "ls", "c.db"], "Got unexpected extra argument(s) (c.db); see `cuco db ls --help`"),
+    (["db", "ls", "c.db"], "Got unexpected extra argument(s) (c.db); name a database with --db: cuco db ls --db c.db"),
     (["tune", "gemm_allreduce", "--n", "4096", "--table", "t.json"],
      "Missing option '--k'; see `cuco tune --help`"),
     (["search", "--budgett", "5"], "No such option: --budgett"),

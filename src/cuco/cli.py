@@ -871,9 +871,18 @@ def main() -> None:
 
 def _usage_line(exc) -> str:
     """A parse error of typer's (click's) as one line naming the command's help."""
+    import re
     text = " ".join(exc.format_message().split()).rstrip(".")
     ctx = getattr(exc, "ctx", None)
-    return text + (f"; see `{ctx.command_path} --help`" if ctx is not None else "")
+    if ctx is None:
+        return text
+    extra = re.match(r"Got unexpected extra argument\S* \((\S+)\)$", text)
+    takes_db = any("--db" in getattr(p, "opts", ()) for p in ctx.command.params)
+    looks_like_db = extra and (extra.group(1).endswith((".db", ".sqlite", ".sqlite3"))
+                               or "://" in extra.group(1) or Path(extra.group(1)).is_file())
+    if looks_like_db and takes_db:  # `cuco db ls c.db`: the database is named by --db there
+        return text + f"; name a database with --db: {ctx.command_path} --db {extra.group(1)}"
+    return text + f"; see `{ctx.command_path} --help`"
 
 
 if __name__ == "__main__":
