@@ -116,3 +116,19 @@ def test_every_template_block_is_a_scope_naming_only_constant_macros():
             assert macros.violations(tables[name], body) == [], (src.name, name)
             seen += 1
     assert seen > 20
+
+
+def test_a_logged_catalog_build_says_what_it_builds_before_the_first_build_ends(capsys):
+    """Where the output is a log (CI), the catalog's first line came only once a build had
+    ended (minutes for CUTLASS builds): it now names the count, the arch and the cores first."""
+    from cuco import cli
+    from cuco.workloads.catalog import catalog_size
+
+    report = cli._compile_catalog("sm_90a", sources=[])  # the host shims alone
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert set(report.values()) == {"ok"}, report
+    total = catalog_size([])
+    assert lines[0].startswith(f"compiling {total} kernels for sm_90a on ") and lines[0].endswith(
+        "a line as each build ends"), lines
+    assert [ln.split(" in ")[0] for ln in lines if ln.startswith("compiled ")] == [
+        f"compiled {i}/{total}" for i in range(1, total + 1)]

@@ -295,6 +295,9 @@ def _compile_catalog(arch: str, sources=None) -> dict[str, str]:
         task = bar.add_task("compile", total=total, arch=f"{arch} on {cores} core(s)", last="")
         done = [0]
         t0 = time.perf_counter()
+        if not console.is_terminal:  # a log: what runs, before the first build ends (minutes)
+            console.print(f"compiling {total} kernels for {arch} on {cores} core(s): a line as each "
+                          "build ends", soft_wrap=True)
 
         def on_done(name: str, ok: bool) -> None:
             bar.update(task, advance=1, last=("" if ok else "[red]failed: [/]") + name.split(".")[0])
