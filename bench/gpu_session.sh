@@ -20,10 +20,15 @@ set -u
 # of the tree may have no .git, so pass CUCO_REV=<commit> there)
 export CUCO_REV=${CUCO_REV:-$(git rev-parse --short=7 HEAD 2>/dev/null || echo unknown)}
 OUT=${OUT:-/tmp/cuco_out}
+if [ ! -d .whl ] && [ ! -d /tmp/site ]; then
+  echo "no .whl folder here: download bench/device_wheels.txt into .whl (../shared/DEVICE.md) and carry it" >&2
+fi
 if [ -d .whl ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
-[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# src/ always goes on the path (the device's copy is not installed); the wheels' folder before it
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 mkdir -p "$OUT/logs" "$OUT/results"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 R="--out-dir $OUT/results"
