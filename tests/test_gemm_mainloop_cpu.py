@@ -175,8 +175,9 @@ def test_the_default_is_within_1_2_percent_of_the_best_measured_point():
     ((8192, 8192, 4096), Mainloop("cooperative", 256, 3)),
     ((6144, 5120, 6144), Mainloop("pingpong", 128, 6)),
     ((512, 4096, 8192), Mainloop("pingpong", 128, 6)),
-    ((256, 1536, 8192), Mainloop("pingpong", 128, 6, split_k=4)),
-    ((200, 4096, 4096), Mainloop("pingpong", 128, 6, split_k=2)),
+    ((256, 1536, 8192), Mainloop("pingpong", 128, 8, tile_m=64, split_k=2)),
+    ((200, 4096, 4096), Mainloop("pingpong", 128, 8, tile_m=64)),
+    ((128, 8192, 28672), Mainloop("pingpong", 128, 8, tile_m=64)),
     ((64, 8192, 8192), Mainloop("pingpong", 128, 8, tile_m=64, split_k=2)),
     ((64, 28672, 8192), Mainloop("pingpong", 128, 8, tile_m=64)),
 ])
@@ -188,7 +189,7 @@ def test_the_default_per_shape(shape, expect):
 def test_in_kernel_takes_the_default_when_no_mainloop_is_picked():
     p = ga.problem_of(256, 1536, 8192)
     d = in_kernel("epilogue", problem=p)
-    assert (Mainloop.of(d), d.raster_group) == (Mainloop("pingpong", 128, 6, split_k=4), 8)
+    assert (Mainloop.of(d), d.raster_group) == (Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), 8)
     assert in_kernel("epilogue", problem=p, raster_group=1).raster_group == 1
     # a mainloop field given: the others keep the fixed defaults, as before
     assert Mainloop.of(in_kernel("epilogue", problem=p, tile_n=128)) == Mainloop("cooperative", 128, 3)

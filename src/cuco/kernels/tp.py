@@ -127,13 +127,13 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     many tiles fill the last wave better: 6144x5120, 3072x7168, 4096x1536, 512x4096,
     2048x2048); with tile order 16 m-tiles for 128x256 and 8 for 128x128, each pick ran within
     1.2% of the best measured point there (tests/test_gemm_mainloop_cpu.py reads the file).
-    Modelled, not yet measured: below half a wave of 128x128 tiles (decode-like M), the
-    split-K mainloop whose units (tiles x slices) fill the waves best, each slice at least 4
-    k-tiles deep, with 64-row tiles where a rank's block of rows is at most 64; and where the
-    measured pick is pingpong 128x128, the unsplit mainloop (the 192- and 64-wide tiles
-    included) that :func:`modelled_time` puts :data:`WAVE_GAIN` below it, if any (wave
-    quantization: 2176x2048 takes pingpong 64x192; every GEMM the picks were measured on
-    keeps its pick).
+    Below half a wave of 128x128 tiles (decode-like M), the 64-row pingpong mainloop that
+    :func:`few_tile_time` puts fastest (waves of units, a cost per extra slice of K fitted to
+    the few-tile rows of gemm_mainloop.json: :data:`FOLD_KTILES`), each slice at least 4
+    k-tiles deep. Modelled, not measured: where the measured pick is pingpong 128x128, the
+    unsplit mainloop (the 192- and 64-wide tiles included) that :func:`modelled_time` puts
+    :data:`WAVE_GAIN` below it, if any (wave quantization: 2176x2048 takes pingpong 64x192;
+    every GEMM the picks were measured on keeps its pick).
     """
     pick = _default_mainloop(problem, sms)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
@@ -163,23 +163,41 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
                     f"{t} {tm}x128 tiles ({wave_fill(t, sms)[0]:.2f} waves; measured: pingpong 128x128 "
                     "wins where 128x256 tiles leave a partial last wave)")
         return _fuller_waves(problem, pick, sms)
-    kt = -(-k // 64)
-    best, best_score = None, 0.0
-    for ml in MAINLOOPS:
-        if ml.tile_m != tm or ml.tile_n != 128 or ml.schedule != "pingpong" or ml.cluster_m > 1:
-            continue
-        slices, per = k_slices(k, ml.split_k)
-        if ml.split_k > 1 and per < 4:
-            continue
-        score = wave_fill(t * slices, sms)[1] * min(1.0, t * slices / sms) / (1 + 0.05 * (slices - 1))
-        if score > best_score:
-            best, best_score = ml, score
-    assert best is not None  # the unsplit pingpong tm x 128 mainloop is always there
-    slices, per = k_slices(k, best.split_k)
-    return Pick(best, 8, f"{t} {tm}x128 tiles are {t / sms:.2f} of a wave; "
-                + (f"K in {best.split_k} slices of {per} k-tiles makes {t * slices} units"
-                   if best.split_k > 1 else f"K={k} ({kt} k-tiles) is too short to split")
-                + " (modelled: split-K and 64-row tiles not yet measured)")
+    best = min((ml for ml in MAINLOOPS if few_tile_candidate(problem, ml)),
+               key=lambda ml: (few_tile_time(problem, ml, sms), ml.split_k, -ml.tile_n))
+    units = w * -(-rows // best.tile_m) * -(-n // best.tile_n) * k_slices(k, best.split_k)[0]
+    return Pick(best, 8, f"{t} {tm}x128 tiles are {t / sms:.2f} of a wave: {best.text()} makes {units} units "
+                "of work, modelled fastest among the 64-row mainloops (few_tile_time: waves of units, "
+                f"{FOLD_KTILES} k-tiles per extra slice of K; fitted to gemm_mainloop.json's few-tile rows)")
+
+
+#: The few-tile regime's cost of each slice of K beyond the first, in k-tiles of the tile's own
+#: mainloop: the slice's fp32 partial written and read back by the slice that folds them.
+#: Fitted to the four few-tile GEMMs of gemm_mainloop.json (1be8aa5, 1 x H100, bf16 and fp16:
+#: 64x8192x8192, 128x8192x28672, 200x4096x4096, 256x1536x8192), with 64-wide tiles' rate
+#: :data:`TILE_N_RATE`: the pick ran at least 0.907x the best timed point's speed on all 8 rows
+#: (the split-K-first rule before it: 0.788x). tests/test_gemm_mainloop_cpu.py reads the file.
+FOLD_KTILES = 12
+
+
+def few_tile_candidate(problem: GemmProblem, ml: Mainloop) -> bool:
+    """Whether the few-tile regime weighs ``ml``: a 64-row pingpong mainloop without clusters
+    (measured: they beat 128-row tiles split into slices there), each slice at least 4 k-tiles."""
+    if ml.schedule != "pingpong" or ml.tile_m != 64 or ml.cluster_m > 1:
+        return False
+    return ml.split_k == 1 or k_slices(local_gemm(problem)[2], ml.split_k)[1] >= 4
+
+
+def few_tile_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
+    """The modelled time of ``ml`` where a GEMM has fewer tiles than half the SMs, in 128x128
+    k-tiles: the waves of units (tiles x slices of K) the persistent CTAs run, times a unit's
+    k-tiles plus :data:`FOLD_KTILES` per extra slice, times the tile's area over its rate."""
+    m, n, k = local_gemm(problem)
+    rows, w = placement_rules.row_block(problem), problem.world_size
+    slices, per = k_slices(k, ml.split_k)
+    units = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n) * slices
+    area = ml.tile_m * ml.tile_n / (128 * 128)
+    return -(-units // sms) * area * (per + FOLD_KTILES * (slices - 1)) / TILE_N_RATE.get(ml.tile_n, 1.0)
 
 
 #: A tile width's mainloop throughput relative to 128 or more columns (modelled: a
