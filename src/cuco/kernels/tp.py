@@ -158,7 +158,7 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
                     f"the last {eff:.0%} full (measured: cooperative 128x256 wins there)")
     tm = 64 if rows <= 64 else 128
     t = tiles(tm, 128)
-    if t >= sms / 2 or tm == 128 and k < 512:
+    if not few_tiles(problem, sms):
         pick = Pick(Mainloop("pingpong", 128, 8 if tm == 64 else 6, tm), 8,
                     f"{t} {tm}x128 tiles ({wave_fill(t, sms)[0]:.2f} waves; measured: pingpong 128x128 "
                     "wins where 128x256 tiles leave a partial last wave)")
@@ -178,6 +178,17 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
 #: :data:`TILE_N_RATE`: the pick ran at least 0.907x the best timed point's speed on all 8 rows
 #: (the split-K-first rule before it: 0.788x). tests/test_gemm_mainloop_cpu.py reads the file.
 FOLD_KTILES = 12
+
+
+def few_tiles(problem: GemmProblem, sms: int = SMS) -> bool:
+    """Whether ``problem`` is in the few-tile regime of :func:`default_mainloop`: fewer 128x128
+    tiles (64x128 where a rank's block is at most 64 rows) than half the SMs, K at least 512
+    or the block that short."""
+    _, n, k = local_gemm(problem)
+    rows, w = placement_rules.row_block(problem), problem.world_size
+    tm = 64 if rows <= 64 else 128
+    t = w * -(-rows // tm) * -(-n // 128)
+    return not (t >= sms / 2 or tm == 128 and k < 512)
 
 
 def few_tile_candidate(problem: GemmProblem, ml: Mainloop) -> bool:
