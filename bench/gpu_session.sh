@@ -83,7 +83,9 @@ step_command() {
     tests_in_kernel_rest)     echo "$PT -k 'allgather_gemm and one_build or skips' tests/test_tp_in_kernel_gpu.py" ;;
     # the two ping-pong plants tests_in_kernel_rest did not reach in 160 s at 4 emulated ranks (bf67bbb)
     tests_skips_pingpong)     echo "$PT -k 'skips and pingpong' tests/test_tp_in_kernel_gpu.py" ;;
-    tests_stream_k)           echo "$PT -k stream_k tests/test_tp_in_kernel_gpu.py" ;;
+    # split-K over a grid: whole waves unsplit, the short last wave's tiles cut (tail shape)
+    tests_split_tail)         echo "$PT -k 'split_k_and_64 and 1280x' tests/test_tp_in_kernel_gpu.py" ;;
+    gemm_split_tail) echo "python3 bench/gemm_mainloop.py --shape 1536x1536x1536 --shape 2176x2048x8192 --shape 1000x5120x5120 --shape 512x4096x8192 --dtype bf16 --name gemm_mainloop_split_tail $R" ;;
     tests_cp_racy)            echo "$PT -k skips tests/test_cp_library_gpu.py tests/test_cp_grouped_gpu.py" ;;
     tests_host_baseline)      echo "$PT tests/test_host_baseline_gpu.py" ;;
     too_wide)        echo "$PT -k too_wide tests/test_tp_gpu.py" ;;

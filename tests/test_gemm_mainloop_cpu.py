@@ -15,7 +15,7 @@ from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
 from cuco.kernels import tp
 from cuco.kernels.tp import MAINLOOPS, Mainloop, default_mainloop, in_kernel, k_slices, render_tp
-from build_checks import assert_points_compile
+from build_checks import assert_points_compile, host_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "results" / "gemm_mainloop.json"
@@ -72,6 +72,96 @@ def test_k_slices_cut_every_k_tile_once_into_nonempty_slices(kt, split):
     assert 1 <= slices <= min(split, kt)
     lengths = [min(per, kt - s * per) for s in range(slices)]
     assert all(n >= 1 for n in lengths) and sum(lengths) == kt
+
+
+UNIT_WALK = """
+#include <cstdio>
+constexpr int kW = {{ w }};
+struct Dims { int block_mt, nt, block_tiles, group_m, tiles, kt, splits, kt_per, units, dp_tiles; };
+{% include "_raster.cu.j2" %}
+{% include "_split_units.cu.j2" %}
+int main() {
+  Dims s{ {{ bmt }}, {{ nt }}, {{ bmt }} * {{ nt }}, {{ group }}, kW * {{ bmt }} * {{ nt }}, {{ kt }}, {{ splits }},
+          {{ per }}, 0, 0};
+  s.units = s.tiles * s.splits;
+  split_tail(s, {{ ctas }});
+  std::printf("%d %d %d %d\\n", s.dp_tiles, s.splits, s.kt_per, s.units);
+  for (int me = 0; me < kW; ++me)
+    for (int u = 0; u < s.units + 1; ++u) {
+      int blk = -1, mt = -1, nt = -1, k0 = -1, kn = -1;
+      if (u < s.units) unit_of(s, u, me, blk, mt, nt, k0, kn);
+      std::printf("%d %d %d %d %d %d %d %d\\n", me, u, blk, mt, nt, k0, kn, unit_k(s, u));
+    }
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("w,bmt,nt,kt,split,ctas", [
+    (1, 12, 12, 24, 4, 132),   # 1536^3 in 128x128 tiles: 132 whole, the last 12 tiles in 4 slices
+    (1, 17, 16, 128, 8, 132),  # 2176x2048x8192: 8 tiles left over, cut 8 ways
+    (1, 8, 40, 80, 8, 132),    # 1000x5120x5120: 56 left over, at most 2 slices keep them in a wave
+    (2, 5, 7, 16, 4, 33),      # two ranks' blocks on a 4-way emulated world's share of SMs
+    (1, 4, 8, 32, 4, 132),     # fewer tiles than CTAs: every tile in slices, as before
+    (1, 11, 12, 16, 4, 66),    # 132 tiles on 66 CTAs: whole waves, nothing cut
+    (4, 3, 7, 5, 3, 20),       # a short K: slices of 2, 2, 1 k-tiles
+])
+def test_split_tail_walks_every_k_tile_of_every_tile_once(tmp_path, w, bmt, nt, kt, split, ctas):
+    """The kernel's own split_tail, unit_of and unit_k, compiled by nvcc for the host: what
+    tiles run whole and how the rest are cut is split_tail's Python mirror; every tile's K
+    loop is covered once, whole tiles by one unit, cut ones by consecutive units; unit_k is
+    each unit's k-tiles and 0 past the last."""
+    slices, per = k_slices(kt * 64, split)
+    rows = host_rows(tmp_path, UNIT_WALK, "walk", w=w, bmt=bmt, nt=nt, group=8, kt=kt, splits=slices, per=per,
+                     ctas=ctas, workload="gemm_reducescatter")
+    dp, cut, kt_per, units = rows[0]
+    tiles = w * bmt * nt
+    assert (dp, cut, kt_per) == tp.split_tail(tiles, ctas, kt * 64, split)
+    assert units == dp + (tiles - dp) * cut
+    for me in range(w):
+        walk = [r[1:] for r in rows[1:] if r[0] == me]
+        assert walk[-1][0] == units and walk[-1][-1] == 0  # unit_k past the last unit
+        covered: dict[tuple, list] = {}
+        order = []
+        for u, blk, mt, nt_, k0, kn, uk in walk[:-1]:
+            assert kn == uk >= 1
+            covered.setdefault((blk, mt, nt_), []).append((k0, kn))
+            if not order or order[-1] != (blk, mt, nt_):
+                order.append((blk, mt, nt_))
+            if u < dp:
+                assert (k0, kn) == (0, kt)
+        assert len(covered) == tiles and len(order) == tiles  # each tile's units are consecutive
+        for spans in covered.values():
+            at = 0
+            for k0, kn in spans:
+                assert k0 == at
+                at += kn
+            assert at == kt
+        if 0 < dp < tiles:
+            assert sum(len(v) > 1 for v in covered.values()) == tiles - dp
+
+
+@pytest.mark.parametrize("world,ctas", [(1, 132), (2, 66), (4, 33)])
+def test_the_gpu_tests_tail_shape_runs_whole_waves_and_cuts_the_last(world, ctas):
+    """tests/test_tp_in_kernel_gpu.py's tail shape, at each world size it runs at on one
+    132-SM GPU (a rank's share of the SMs in an emulated world): for every family some split-K
+    point there runs whole waves unsplit and cuts the last wave's tiles."""
+    from tp_in_kernel_cases import FAMILIES, split_and_64_rows, tail
+    m, n, k = tail(world)
+    for family in FAMILIES:
+        p = GemmProblem(workload=family, m=m, n=n, k=k, world_size=world)
+        hybrid = [d for d in split_and_64_rows() if d.split_k > 1 and not tp.supported(p, d)
+                  and 0 < tp.split_tail(tp.fused_tiles(p, d), ctas, tp.local_gemm(p).k, d.split_k)[0]
+                  < tp.fused_tiles(p, d)]
+        assert hybrid, (family, world)
+
+
+def test_split_tail_in_python():
+    assert tp.split_tail(144, 132, 1536, 4) == (132, 4, 6)      # 1536^3: 12 tiles left, 4 slices
+    assert tp.split_tail(320, 132, 5120, 8) == (264, 2, 40)     # 56 left: 2 slices keep one wave
+    assert tp.split_tail(264, 132, 5120, 4) == (264, 1, 80)     # whole waves: nothing cut
+    assert tp.split_tail(200, 132, 5120, 4) == (200, 1, 80)     # 68 left, more than half a wave
+    assert tp.split_tail(32, 132, 2048, 4) == (0, 4, 8)         # fewer tiles than CTAs: all cut
 
 
 def test_split_workspace_is_counters_then_a_partial_per_slice():

@@ -55,11 +55,13 @@ def test_in_kernel_grid_is_correct(world_group, family, shape):
         assert set(merged) == {"host_nccl", "host_nccl_default", *(s.name for s in specs)}
 
 
-@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in split_shapes(TEST_WORLD)])
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in split_shapes(TEST_WORLD)],
+                         ids=[f"{f}-{'x'.join(map(str, s))}" for f in FAMILIES for s in split_shapes(TEST_WORLD)])
 def test_split_k_and_64_row_tiles_are_correct(world_group, family, shape):
     """Each new mainloop that renders at the shape (a split-K point needs a k-tile per slice)
     is correct on two fresh seeds: every slice of every tile summed once, and only finished
-    tiles communicated (a decode-like M of 136, a ragged shape, a deep K)."""
+    tiles communicated (a decode-like M of 136, a ragged shape, a deep K, and more tiles than
+    CTAs with a short last wave: whole waves unsplit, the last one's tiles in slices)."""
     from cuco.kernels.tp import supported
 
     m, n, k = shape

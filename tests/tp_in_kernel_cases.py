@@ -43,8 +43,15 @@ def grid_shapes(world: int) -> list[tuple[int, int, int]]:
     return [*SHAPES, MANY_TILES, ragged(world)]
 
 
+def tail(world: int) -> tuple[int, int, int]:
+    """More tiles than a rank's CTAs with a short last wave (140 128x128 tiles at one rank on
+    132 SMs, and at two or four emulated ranks on their 66 or 33): split-K runs the whole waves
+    unsplit and cuts only the last one's tiles (split_tail)."""
+    return (rows(1280, world), wide(1792, world), 1024)
+
+
 def split_shapes(world: int) -> list[tuple[int, int, int]]:
-    return [(512, 1024, 2048), decode(world), ragged(world)]
+    return [(512, 1024, 2048), decode(world), ragged(world), tail(world)]
 
 
 def wave_shapes(world: int) -> list[tuple[int, int, int]]:

@@ -38,7 +38,7 @@ from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     MAINLOOPS, SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices,
-    modelled_time, render_tp, split_workspace_bytes, supported, with_mainloop,
+    modelled_time, render_tp, split_tail, split_workspace_bytes, supported, with_mainloop,
 )
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
@@ -104,7 +104,8 @@ BASE = in_kernel("epilogue", "nvshmem", "cta", comm_warps=3)  # the epilogue on 
 
 def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | None:
     """Why ``ml`` is left out of the timed grid at ``shape`` (None: it is timed): split-K only
-    where the unsplit tiles are fewer than the SMs and each slice keeps 4 k-tiles; the tiles
+    where it cuts some tiles (:func:`~cuco.kernels.tp.split_tail`: fewer tiles than SMs, or a
+    partial last wave at most half full) and each slice keeps 4 k-tiles; the tiles
     192 or 64 wide (:data:`~cuco.kernels.tp.WAVE_TILES`) only where their fuller last wave makes
     them modelled :data:`WAVE_TIMED` of pingpong 128x128's time or less (:func:`~cuco.kernels.tp.modelled_time`); other 64-row tiles only where M <= 1024.
     :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
@@ -118,10 +119,13 @@ def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | No
         return f"{ml.tile_m}x{ml.tile_n} tiles: modelled less than {1 - WAVE_TIMED:.0%} faster than 128x128's here"
     if ml.split_k > 1:
         tiles = -(-m // ml.tile_m) * -(-n // ml.tile_n)
-        if tiles >= sms:
-            return f"split-K: {tiles} tiles already fill the {sms} SMs"
-        if k_slices(k, ml.split_k)[1] < 4:
+        dp, slices, per = split_tail(tiles, sms, k, ml.split_k)
+        if slices == 1:
+            return f"split-K: {tiles} tiles fill whole waves of the {sms} SMs, or a last one over half full"
+        if per < 4:
             return f"split-K: K={k} leaves fewer than 4 k-tiles per slice"
+        if dp and slices < k_slices(k, ml.split_k)[0] and ml.split_k > 2:
+            return f"split-K: the last wave's tiles take {slices} slices here, as a smaller split_k's do"
     if ml.tile_m == 64 and m > 1024:
         return "64-row tiles: M > 1024"
     return None

@@ -87,6 +87,7 @@ CLUSTER_MAINLOOPS = (Mainloop("cooperative", 256, 3, cluster_m=2), Mainloop("pin
 MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), Mainloop("pingpong", 128, 6),
              Mainloop("pingpong", 128, 8, tile_m=64), Mainloop("pingpong", 256, 4, tile_m=64),
              Mainloop("pingpong", 128, 6, split_k=2), Mainloop("pingpong", 128, 6, split_k=4),
+             Mainloop("pingpong", 128, 6, split_k=8),
              Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), Mainloop("pingpong", 128, 8, tile_m=64, split_k=4),
              *WAVE_TILES, *CLUSTER_MAINLOOPS)
 #: split-K: the most workspace (fp32 partial tiles, one per slice of every tile) a point may ask
@@ -320,6 +321,24 @@ def k_slices(k: int, split_k: int, tile_k: int = 64) -> tuple[int, int]:
     kt = -(-k // tile_k)
     per = -(-kt // min(split_k, kt))
     return -(-kt // per), per
+
+
+def split_tail(tiles: int, ctas: int, k: int, split_k: int, tile_k: int = 64) -> tuple[int, int, int]:
+    """``(dp_tiles, slices, k_tiles_per_slice)`` of a split-K launch of ``tiles`` tiles on
+    ``ctas`` compute CTAs (``split_tail`` in ``_split_units.cu.j2``, which the launcher runs for
+    its grid): with fewer tiles than CTAs every tile is cut (:func:`k_slices`); otherwise the
+    first ``dp_tiles`` (whole waves) run unsplit and only the partial last wave's tiles are cut,
+    into as many slices as keep them within one wave (at most ``split_k``'s); whole waves, or a
+    last wave more than half full, run every tile whole."""
+    slices, per = k_slices(k, split_k, tile_k)
+    if ctas <= 0 or tiles < ctas:
+        return 0, slices, per
+    tail = tiles % ctas
+    cut = min(ctas // tail if tail else 1, slices)
+    if cut <= 1:
+        return tiles, 1, -(-k // tile_k)
+    slices, per = k_slices(k, cut, tile_k)
+    return tiles - tail, slices, per
 
 
 def split_workspace_bytes(problem: GemmProblem, d: Directives) -> int:
