@@ -83,7 +83,10 @@ CLUSTER_MAINLOOPS = (Mainloop("cooperative", 256, 3, cluster_m=2), Mainloop("pin
 #: (bench/results/gemm_mainloop.json at a5bcd9e). The 64-row tiles (pingpong only: each consumer
 #: warpgroup takes a whole 64-row tile) and the split-K ones (a tile's K cut into slices,
 #: summed by the slice that finishes last) are for GEMMs with few tiles (decode-like M); they
-#: render and compile, and are correct on 1 x H200 (same log as the tiles below).
+#: render and compile, and are correct on 1 x H200 (same log as the tiles below). Where the
+#: tiles outnumber the grid's CTAs, split-K cuts only the short last wave's tiles (split_tail):
+#: pingpong 128x128 so cut ran 1.085x the best unsplit point at 2176x2048x8192 and 1.086x at
+#: 1000x5120x5120 on 1 x H200, 0.825x at 1536^3 (bench/results/gemm_mainloop_split_tail.json).
 MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), Mainloop("pingpong", 128, 6),
              Mainloop("pingpong", 128, 8, tile_m=64), Mainloop("pingpong", 256, 4, tile_m=64),
              Mainloop("pingpong", 128, 6, split_k=2), Mainloop("pingpong", 128, 6, split_k=4),
@@ -91,7 +94,8 @@ MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), M
              Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), Mainloop("pingpong", 128, 8, tile_m=64, split_k=4),
              *WAVE_TILES, *CLUSTER_MAINLOOPS)
 #: split-K: the most workspace (fp32 partial tiles, one per slice of every tile) a point may ask
-#: for; split-K is for GEMMs with fewer tiles than SMs, where this is a few MiB.
+#: for; sized for every slice of every tile (the grid, which decides what split_tail cuts, is
+#: the launch's), it is a few MiB for GEMMs with few tiles and tens at a short last wave.
 SPLIT_K_WORKSPACE_LIMIT = 256 << 20
 
 
