@@ -85,8 +85,9 @@ CLUSTER_MAINLOOPS = (Mainloop("cooperative", 256, 3, cluster_m=2), Mainloop("pin
 #: summed by the slice that finishes last) are for GEMMs with few tiles (decode-like M); they
 #: render and compile, and are correct on 1 x H200 (same log as the tiles below). Where the
 #: tiles outnumber the grid's CTAs, split-K cuts only the short last wave's tiles (split_tail):
-#: pingpong 128x128 so cut ran 1.085x the best unsplit point at 2176x2048x8192 and 1.086x at
-#: 1000x5120x5120 on 1 x H200, 0.825x at 1536^3 (bench/results/gemm_mainloop_split_tail.json).
+#: pingpong 128x128 so cut ran 0.10819 against the best unsplit point's 0.11741 ms at
+#: 2176x2048x8192 and 0.0779 against 0.08462 at 1000x5120x5120 on 1 x H200, but 0.02109 against
+#: 0.0174 at 1536^3 (bench/results/gemm_mainloop_split_tail.json); no default takes it yet.
 MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), Mainloop("pingpong", 128, 6),
              Mainloop("pingpong", 128, 8, tile_m=64), Mainloop("pingpong", 256, 4, tile_m=64),
              Mainloop("pingpong", 128, 6, split_k=2), Mainloop("pingpong", 128, 6, split_k=4),
