@@ -91,6 +91,8 @@ step_command() {
     too_wide)        echo "$PT -k too_wide tests/test_tp_gpu.py" ;;
     tests_pipes)     echo "$PT tests/test_pipelines_gpu.py" ;;
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
+    # issue #35's last part: every workload, placement and backend at 8 ranks on one GPU
+    emulated_world_w8) echo "python3 bench/emulated_world.py --worlds 8 --name emulated_world_w8 $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
     tests_adversary) echo "$PT tests/test_adversary_gpu.py" ;;
     # the shared-job plants and the sync regions' own tests (a region per variant; writes into
