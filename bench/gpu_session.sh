@@ -77,7 +77,7 @@ step_command() {
     tests_in_kernel) echo "$PT tests/test_tp_in_kernel_gpu.py" ;;
     # the same file in three parts, each inside one step's limit at 4 emulated ranks
     tests_in_kernel_grid)     echo "$PT -k 'grid or one_build or skips' tests/test_tp_in_kernel_gpu.py" ;;
-    tests_in_kernel_tools)    echo "$PT -k 'split_k_and_64_row or wave_tiles or stream_k' tests/test_tp_in_kernel_gpu.py" ;;
+    tests_in_kernel_tools)    echo "$PT -k 'split_k_and_64_row or wave_tiles' tests/test_tp_in_kernel_gpu.py" ;;
     tests_in_kernel_clusters) echo "$PT -k clusters tests/test_tp_in_kernel_gpu.py" ;;
     # what tests_in_kernel_grid left at 4 emulated ranks on 1 x H200 (b2d37ec): its last six
     tests_in_kernel_rest)     echo "$PT -k 'allgather_gemm and one_build or skips' tests/test_tp_in_kernel_gpu.py" ;;

@@ -162,8 +162,7 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
     if waves > 1.5 and eff >= 0.95:
         return Pick(Mainloop("cooperative", 256, 3), 16, f"128x256 tiles fill {waves:.2f} waves, "
                     f"the last {eff:.0%} full (measured: cooperative 128x256 wins there)")
-    tm = 64 if rows <= 64 else 128
-    t = tiles(tm, 128)
+    tm, t = regime_tiles(problem)
     if not few_tiles(problem, sms):
         pick = Pick(Mainloop("pingpong", 128, 8 if tm == 64 else 6, tm), 8,
                     f"{t} {tm}x128 tiles ({wave_fill(t, sms)[0]:.2f} waves; measured: pingpong 128x128 "
@@ -186,15 +185,20 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
 FOLD_KTILES = 12
 
 
-def few_tiles(problem: GemmProblem, sms: int = SMS) -> bool:
-    """Whether ``problem`` is in the few-tile regime of :func:`default_mainloop`: fewer 128x128
-    tiles (64x128 where a rank's block is at most 64 rows) than half the SMs, K at least 512
-    or the block that short."""
-    _, n, k = local_gemm(problem)
+def regime_tiles(problem: GemmProblem) -> tuple[int, int]:
+    """``(tile_m, tiles)`` that :func:`default_mainloop`'s regimes are told apart by: 128x128
+    tiles, 64x128 where a rank's block is at most 64 rows, over every rank's block."""
+    n = local_gemm(problem).n
     rows, w = placement_rules.row_block(problem), problem.world_size
     tm = 64 if rows <= 64 else 128
-    t = w * -(-rows // tm) * -(-n // 128)
-    return not (t >= sms / 2 or tm == 128 and k < 512)
+    return tm, w * -(-rows // tm) * -(-n // 128)
+
+
+def few_tiles(problem: GemmProblem, sms: int = SMS) -> bool:
+    """Whether ``problem`` is in the few-tile regime of :func:`default_mainloop`: fewer
+    :func:`regime_tiles` than half the SMs, K at least 512 or the block that short."""
+    tm, t = regime_tiles(problem)
+    return not (t >= sms / 2 or tm == 128 and local_gemm(problem).k < 512)
 
 
 def few_tile_candidate(problem: GemmProblem, ml: Mainloop) -> bool:
@@ -206,15 +210,10 @@ def few_tile_candidate(problem: GemmProblem, ml: Mainloop) -> bool:
 
 
 def few_tile_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
-    """The modelled time of ``ml`` where a GEMM has fewer tiles than half the SMs, in 128x128
-    k-tiles: the waves of units (tiles x slices of K) the persistent CTAs run, times a unit's
-    k-tiles plus :data:`FOLD_KTILES` per extra slice, times the tile's area over its rate."""
-    m, n, k = local_gemm(problem)
-    rows, w = placement_rules.row_block(problem), problem.world_size
-    slices, per = k_slices(k, ml.split_k)
-    units = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n) * slices
-    area = ml.tile_m * ml.tile_n / (128 * 128)
-    return -(-units // sms) * area * (per + FOLD_KTILES * (slices - 1)) / TILE_N_RATE.get(ml.tile_n, 1.0)
+    """The modelled time of ``ml`` where a GEMM has fewer tiles than half the SMs: the wave
+    model of :func:`modelled_time` with 64-row tiles at the full rate (fitted with
+    :data:`FOLD_KTILES`: 64-row tiles won there)."""
+    return _waves(problem, ml, sms, m64_rate=1.0)
 
 
 #: A tile width's mainloop throughput relative to 128 or more columns (modelled: a
@@ -231,14 +230,21 @@ def modelled_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
     """The modelled time of ``ml`` at ``problem``, in units of one 128x128 tile's whole K
     loop on one SM: the waves of units (tiles x slices of K) the persistent CTAs run, a
     partial last wave costing a whole one (wave quantization), times each unit's share of a
-    128x128 tile's work, 5% per extra slice for the fold, over the tile's relative rate."""
+    128x128 tile's work plus :data:`FOLD_KTILES` k-tiles per extra slice for the fold, over
+    the tile's relative rate (:data:`TILE_N_RATE`, :data:`TILE_M64_RATE`)."""
+    return _waves(problem, ml, sms, m64_rate=TILE_M64_RATE)
+
+
+def _waves(problem: GemmProblem, ml: Mainloop, sms: int, m64_rate: float) -> float:
+    """The wave model both regimes rank mainloops by (:func:`modelled_time`), 64-row tiles at
+    ``m64_rate``."""
     m, n, k = local_gemm(problem)
     rows, w = placement_rules.row_block(problem), problem.world_size
-    tiles = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n)
     slices, per = k_slices(k, ml.split_k)
-    rate = TILE_N_RATE.get(ml.tile_n, 1.0) * (TILE_M64_RATE if ml.tile_m == 64 else 1.0)
-    work = ml.tile_m * ml.tile_n / (128 * 128) * per / -(-k // 64)
-    return -(-tiles * slices // sms) * work * (1 + 0.05 * (slices - 1)) / rate
+    units = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n) * slices
+    rate = TILE_N_RATE.get(ml.tile_n, 1.0) * (m64_rate if ml.tile_m == 64 else 1.0)
+    area = ml.tile_m * ml.tile_n / (128 * 128)
+    return -(-units // sms) * area * (per + FOLD_KTILES * (slices - 1)) / -(-k // 64) / rate
 
 
 def _fuller_waves(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
