@@ -1,6 +1,6 @@
 """An emulated world (W ranks sharing one GPU under MPS) starts, and its ranks reach each
 other the ways cuco's kernels do: host NCCL over sockets, LSA windows and barriers through
-CUDA IPC, NVSHMEM. Runs wherever one GPU is (W = 2 and 4); the other multi-rank test files
+CUDA IPC, NVSHMEM. Runs wherever one GPU is (W = 2, 4 and 8); the other multi-rank test files
 run in such a world under ``CUCO_EMULATE=W``."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def cubins():
                                         name="nvs").path)}
 
 
-@pytest.fixture(scope="module", params=[2, 4])
+@pytest.fixture(scope="module", params=[2, 4, 8])
 def world(request):
     from cuco.runtime import WorkerGroup
     g = WorkerGroup(request.param, emulate=True, nvshmem=True,
@@ -40,8 +40,11 @@ def test_every_rank_is_on_one_gpu_with_its_share_of_the_sms(world):
     assert world.emulated and world.devices == [0] * world.world_size
     infos = world.infos
     assert [i["emulated"] for i in infos] == [True] * world.world_size
-    # each rank's context reports its MPS share, so W persistent grids fit together
-    assert sum(i["sms"] for i in infos) <= _sms(), infos
+    # MPS clients are uncapped (emulated.MPS_PERCENTAGE); each rank's persistent grids take
+    # its 1 / W share of the SMs, so the W ranks' grids are resident together
+    assert [i["sms"] for i in infos] == [_sms()] * world.world_size, infos
+    assert sum(i["persistent_sms"] for i in infos) <= _sms(), infos
+    assert min(i["persistent_sms"] for i in infos) >= _sms() // world.world_size - 1, infos
 
 
 @pytest.mark.parametrize("op,elements", [("allreduce", 100_003), ("allreduce", 1 << 18),

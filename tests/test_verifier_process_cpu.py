@@ -101,6 +101,21 @@ def test_a_cpu_verifier_answers_refuses_and_ends_on_bye():
     assert code == 0
 
 
+def test_a_verifier_asks_for_one_work_queue_whatever_its_worker_has(monkeypatch):
+    """Under MPS every client's work queues come out of one pool: at W = 8 on one GPU, verifiers
+    asking for the workers' 8 each left none for the last contexts."""
+    from cuco.runtime.safety import WORK_QUEUES
+    from cuco.runtime.verifier_client import VERIFIER_WORK_QUEUES, VerifierClient
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", str(WORK_QUEUES))
+    v = VerifierClient("cpu")
+    try:
+        with open(f"/proc/{v.proc.pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        assert env[b"CUDA_DEVICE_MAX_CONNECTIONS"] == str(VERIFIER_WORK_QUEUES).encode() != str(WORK_QUEUES).encode()
+    finally:
+        v.close()
+
+
 def test_a_verifier_ends_when_its_worker_pipe_closes():
     from cuco.runtime.verifier_client import VerifierClient
     v = VerifierClient("cpu")

@@ -21,6 +21,12 @@ from cuco.runtime.verifier_wire import decode_reply, encode_request
 
 #: Seconds a verifier gets to start (a CUDA context, the check kernels' build and load).
 START_TIMEOUT_S = 120.0
+#: Hardware work queues the verifier asks for: it issues every check on one stream. Volta+ MPS
+#: clients own their queues out of one pool all clients share, and at W = 8 ranks on one GPU
+#: (8 workers and 8 verifiers) the workers' 8 each left no room: a verifier's context failed
+#: with cudaErrorMemoryAllocation (bench/logs/emulated_world_w8_verifier_oom_h200_88e7346.log,
+#: bench/logs/mps_clients_probe_h200_*.log).
+VERIFIER_WORK_QUEUES = 1
 
 
 class VerifierUnavailable(EnvironmentProblem):
@@ -54,6 +60,7 @@ class VerifierClient:
         mine, theirs = socket.socketpair()
         child_env = dict(os.environ if env is None else env)
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        child_env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(VERIFIER_WORK_QUEUES)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cuco.runtime.verifier_entry", str(theirs.fileno()), str(device)],
