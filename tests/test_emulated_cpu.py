@@ -47,6 +47,19 @@ def test_each_rank_asks_mps_for_its_sm_share_and_its_own_work_queues(monkeypatch
     assert emulated.mps_client_env(4)[emulated.GRID_SHARE_VAR] == "0.500000"
 
 
+def test_at_eight_ranks_the_fewest_side_stream_comm_ctas_fit(monkeypatch):
+    """At W = 8 on 132 SMs each rank's share is 16 SMs, so 8 spinning CTAs (the side-stream
+    space's fewest) are allowed: with 12 % (15 SMs) every side-stream point was refused."""
+    monkeypatch.delenv("CUCO_MPS_THREAD_PERCENTAGE", raising=False)
+    from cuco import make_problem
+    from cuco.workloads.base import for_problem
+    share = float(emulated.mps_client_env(8)[emulated.GRID_SHARE_VAR])
+    fits = int(132 * share)
+    assert fits == 16
+    space = for_problem(make_problem("gemm_allreduce", "1024x1024x2048", world_size=8)).space(["side_stream"])
+    assert emulated.spinning_grid_refusal(min(space.choices["comm_ctas"]), fits, 8, emulated=True) is None
+
+
 @pytest.mark.parametrize("pct", ["", "50", "25"])
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 def test_persistent_grids_of_all_ranks_fit_together(monkeypatch, world, pct):

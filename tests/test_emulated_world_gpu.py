@@ -65,3 +65,15 @@ def test_spin_waits_meet_in_microseconds_not_time_slices(world, cubins):
     assert res.ok, res.error_text()
     ms = merge_ranks(res.results)["lsa_oneshot@8"].ms
     assert ms < 2.0, f"one-shot all-reduce took {ms:.3f} ms: are the ranks time-sliced (no MPS)?"
+
+
+def test_a_collective_grid_wider_than_a_ranks_share_is_refused_not_hung(world, cubins):
+    """Every rank's barrier CTAs must be resident together: one more CTA than a rank's share
+    is refused at once with the count that fits (at W = 8, 32 CTAs a rank hung)."""
+    from cuco.evaluate.collective_job import CollectiveCase
+    fits = min(i["persistent_sms"] for i in world.infos)
+    case = CollectiveCase("allreduce", 1 << 12, variants=("host_nccl", "lsa_oneshot"), ctas=(8, fits + 1),
+                          seed=5, time=False, lsa_cubin=cubins["lsa"])
+    res = world.run(case, timeout=60)
+    assert not res.ok
+    assert f"ctas=[{fits + 1}]" in res.error_text() and f"use ctas of {fits} or fewer" in res.error_text()

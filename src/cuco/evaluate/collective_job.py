@@ -107,9 +107,26 @@ class CollectiveCase:
         kernels = self.kernel_programs(world_size)
         return {HOST: (), **{name: KERNEL_VARIANTS[v].shares for name, (v, _) in kernels.items()}}
 
+    def check_resident(self, ctx) -> None:
+        """A kernel's CTAs meet their peers' in barriers, so every rank's grid must be resident
+        at once: in an emulated world a grid wider than the rank's share of the one GPU would
+        wait for SMs its peers' spinning CTAs hold, forever (W = 8 at 32 CTAs). Refused with
+        the count that fits."""
+        if not (ctx.options.emulated and self.kernels(ctx.world_size)):
+            return
+        from cuco.runtime.emulated import persistent_sms
+        fits = persistent_sms()
+        wide = sorted(c for c in self.ctas if c > fits)
+        if wide:
+            raise InputError(
+                f"ctas={wide}: a collective kernel's CTAs wait in barriers for their peers', so all "
+                f"must be resident, but a rank of this emulated world of {ctx.world_size} has {fits} SMs "
+                f"of the one GPU; use ctas of {fits} or fewer")
+
     def __call__(self, ctx) -> RankResult:
         data, w = self.data, ctx.world_size
         data.op.check_split(data.elems, w)
+        self.check_resident(ctx)
         rtol, atol_factor = tolerance(data.op, self.dtype, w)
         client = job_verifier(ctx, self.verifier)
         with ctx.stream:  # made on the job's stream, ordered with every call

@@ -148,7 +148,8 @@ def mps_client_env(world_size: int) -> dict[str, str]:
     whatever the parent set; this serves ranks that another launcher started, torchrun's,
     too.) W MPS clients' streams were measured never to share a work queue
     (``bench/mps_queue_probe.py``), so the count is not what hung."""
-    grids = max(1, 100 // world_size)
+    grids = 100 / world_size  # exactly 1 / W: 12 % (not 12.5) left W = 8 on 132 SMs 15 each, and
+    # their spinning limit 7, under every side-stream point's fewest comm_ctas (8)
     pct = int(os.environ.get("CUCO_MPS_THREAD_PERCENTAGE", "").strip() or MPS_PERCENTAGE)
     env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct), GRID_SHARE_VAR: f"{min(1.0, grids / pct):.6f}"}
     if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
