@@ -68,6 +68,7 @@ step_command() {
     cp_attention_kernel_quick) echo "python3 bench/cp_attention_kernel.py --quick" ;;
     tests_emulated)  echo "$PT tests/test_emulated_world_gpu.py" ;;
     tests_runtime)   echo "$PT tests/test_runtime_gpu.py" ;;
+    tests_emulated_spin) echo "$PT -k spin tests/test_emulated_world_gpu.py" ;;
     tests_integrity) echo "$PT tests/test_evaluator_gpu.py tests/test_evaluator_in_kernel_gpu.py" ;;
     tests_ev_side)   echo "$PT tests/test_evaluator_gpu.py" ;;
     # the side-stream plants alone, each cut by pytest at 120 s (so one that hangs still

@@ -190,3 +190,20 @@ def test_a_ragged_shape_searches_every_placement(wl):
         by_placement.setdefault(d.placement.value, d)
     for d in by_placement.values():
         assert wl.render(d).source
+
+
+@pytest.mark.parametrize("workload", ["gemm_allreduce", "gemm_reducescatter", "allgather_gemm"])
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", ["1024x1024x2048", "3000x1544x4096", "256x8192x1536"])
+def test_every_side_stream_point_has_a_chunk_the_small_check_shape_cuts(workload, world, shape):
+    """The evaluator checks each point at its workload's small shape first: a chunk valid at
+    the problem must cut the small shape's rows too (AllGather's small K is 512 W, so its
+    rows are wider: at W = 8 a 32 KiB chunk held 4 of 8192 bytes and every AllGather
+    side-stream default was refused at the static stage)."""
+    from cuco import make_problem
+    from cuco.design.tiles import ChunkPlan
+    from cuco.workloads.base import for_problem
+    wl = for_problem(make_problem(workload, shape, world_size=world))
+    small = for_problem(wl.small_problem())
+    for d in wl.space(["side_stream"]).enumerate():
+        ChunkPlan.for_problem(small.pattern_problem, wl.small_directives(d, small))

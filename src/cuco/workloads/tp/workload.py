@@ -313,6 +313,10 @@ class GemmWorkload(Workload):
         chunk = d.chunk_bytes
         while chunk > fit and chunk > (1 << 15):
             chunk //= 2
+        # the small shape's rows can be wider than the problem's (AllGather's K is not split:
+        # 4096 at W = 8): a chunk too small to cut them grows to the least that does
+        while small.supported(d.replace(chunk_bytes=chunk)) and chunk < d.chunk_bytes * 64:
+            chunk *= 2
         return d.replace(chunk_bytes=chunk)
 
     def layout(self) -> ArenaLayout:
