@@ -94,6 +94,7 @@ step_command() {
     emulated_world)  echo "python3 bench/emulated_world.py $R" ;;
     # issue #35's last part: every workload, placement and backend at 8 ranks on one GPU
     mps_clients_probe) echo "python3 bench/mps_clients_probe.py --clients 16 --connections 8 --clients 16 --connections 4 --clients 16 --connections 1 --clients 32 --connections 1" ;;
+    mps_barrier_probe) echo "python3 bench/mps_barrier_probe.py --world 2 --world 4 --world 8" ;;
     emulated_world_w8_ag) echo "python3 bench/emulated_world.py --worlds 8 --only allgather_gemm --name emulated_world_w8_allgather $R" ;;
     emulated_world_w8) echo "python3 bench/emulated_world.py --worlds 8 --name emulated_world_w8 $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
