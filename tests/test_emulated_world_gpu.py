@@ -56,9 +56,25 @@ def test_lsa_and_nvshmem_collectives_are_right(world, cubins, op, elements):
     assert any(n.startswith("lsa") for n in merged), merged.keys()
 
 
+def test_the_ranks_kernels_run_together_a_barrier_in_microseconds(world):
+    """Under MPS, W processes beside the group's ranks meet in 2000 all-to-all IPC barriers
+    inside one launch each, microseconds apiece; time-sliced, a round trip costs ~4.5 ms and
+    the 5 s limit leaves the rounds unfinished."""
+    from cuco.runtime.mps_barrier import barrier_us
+    got = barrier_us(world.world_size, rounds=2000, limit_s=5.0, env=world.mps_env)
+    assert [r for r, _, _ in got] == list(range(world.world_size))
+    assert all(n == 2000 for _, n, _ in got), got
+    assert max(us for _, _, us in got) < 200, got
+
+
 def test_spin_waits_meet_in_microseconds_not_time_slices(world, cubins):
     """Under MPS the ranks' kernels run at once: a one-shot all-reduce (two barriers across
-    ranks) takes well under the ~4.5 ms per round trip that time-slicing costs."""
+    ranks) takes well under the ~4.5 ms per round trip that time-slicing costs. A job's call
+    also waits out the skew of the W hosts' launches: at W = 8 on 1 x H200 that was 8-12 ms a
+    call while the in-launch barrier above took 20 us (bench/logs/mps_barrier_probe_h200_a25b474.log,
+    tests_emulated_w8_host_skew_h200_461ad5e.log), so W = 8 rests on that test alone."""
+    if world.world_size > 4:
+        pytest.skip("at W = 8 a job's per-call time holds 8 hosts' launch skew; the in-launch barrier test covers it")
     from cuco.evaluate.collective_job import CollectiveCase
     from cuco.runtime.records import merge_ranks
     case = CollectiveCase("allreduce", 1 << 16, variants=("host_nccl", "lsa_oneshot"), ctas=(8,),

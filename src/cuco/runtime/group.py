@@ -118,6 +118,12 @@ class WorkerGroup:
     #: ``CUCO_VERIFIER``, else ``process``. CPU-only groups check nothing: ``inline``
     verifier: str | None = None
 
+    @property
+    def mps_env(self) -> dict[str, str]:
+        """Where the MPS daemon of this emulated group listens (empty where it has none), for
+        a process that must join the ranks' MPS server (:mod:`cuco.runtime.mps_barrier`)."""
+        return dict(self._mps.env) if self._mps is not None else {}
+
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"world_size={self.world_size} must be >= 1")
