@@ -9,6 +9,15 @@ from cuco.design import Directives
 from cuco.kernels import Compiler
 
 
+def fitting_comm_ctas(group, want: int) -> int:
+    """``want`` communication CTAs, or fewer in an emulated world: the most a rank's share of
+    the one GPU lets spin beside the work they wait on (:func:`~cuco.runtime.emulated.spinning_grid_limit`:
+    16 at W = 4 and 8 at W = 8 on 132 SMs), where the evaluator refuses more."""
+    from cuco.runtime.emulated import spinning_grid_limit
+    fits = min(i["persistent_sms"] for i in group.infos)
+    return min(want, spinning_grid_limit(fits, group.emulated))
+
+
 def assert_variants_correct(group, wl, points: Sequence[Directives], *, seeds=(5, 6), timeout: int = 150,
                             programs: Sequence[str] = ("host_nccl",)) -> None:
     """Builds ``points`` for ``wl`` and runs them with ``programs`` on fresh ``seeds``: every

@@ -11,6 +11,7 @@ from cuco.evaluate import Evaluator, StageTimeouts
 from cuco.kernels import evolve
 from cuco.workloads import GemmAllReduce
 from conftest import TEST_WORLD
+from gpu_checks import fitting_comm_ctas
 
 pytestmark = pytest.mark.gpu(count=1)
 
@@ -185,8 +186,8 @@ def test_a_batch_times_the_candidates_that_pass_their_checks_together(ev):
     programs and the bound timed once, interleaved with all of them); a wrong one is judged
     at its check as always; each verdict carries its own time and every call verified."""
     from cuco.evaluate import Candidate
-    others = [Directives(placement="side_stream", sync_scope="chunk", comm_ctas=c, issuer=i,
-                         chunk_bytes=256 << 10) for c, i in ((8, "warp"), (16, "cta"))]
+    others = [Directives(placement="side_stream", sync_scope="chunk", comm_ctas=fitting_comm_ctas(ev.group, c),
+                         issuer=i, chunk_bytes=256 << 10) for c, i in ((8, "warp"), (16, "cta"))]
     wrong = Candidate(D, plant(ev, PLANTED["right_only_on_zeros"][0]))  # wrong at any world size
     results = ev.evaluate_many([Candidate(D), wrong, *(Candidate(d) for d in others)])
     assert [r.status for r in results] == ["ok", "wrong", "ok", "ok"], [r.error for r in results]

@@ -21,6 +21,7 @@ from cuco.kernels.tp import in_kernel
 from cuco.workloads import AllGatherGemm, GemmAllReduce, GemmReduceScatter
 from conftest import EMULATED, TEST_WORLD
 import torchrun
+from gpu_checks import fitting_comm_ctas
 
 SCRIPT = Path(__file__).parent / "gpu_scripts" / "torch_ops.py"
 SIDE = Directives(backend="lsa", placement="side_stream", sync_scope="chunk", comm_ctas=32,
@@ -54,7 +55,8 @@ def exported(group, root: Path, d: Directives) -> list[str]:
 @pytest.fixture(scope="module")
 def artifacts(group, tmp_path_factory):
     """Side-stream kernels (their launches carry per-call state from the host)."""
-    return exported(group, tmp_path_factory.mktemp("torch_ops_side"), SIDE)
+    side = SIDE.replace(comm_ctas=fitting_comm_ctas(group, SIDE.comm_ctas))  # 8 a rank at W = 8
+    return exported(group, tmp_path_factory.mktemp("torch_ops_side"), side)
 
 
 @pytest.fixture(scope="module")
