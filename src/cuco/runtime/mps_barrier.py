@@ -44,6 +44,14 @@ extern "C" __global__ void barriers(unsigned long long* const* peers, volatile u
 
 
 def _rank(rank: int, world: int, rounds: int, limit_s: float, env: dict[str, str], handles, barrier, q) -> None:
+    try:
+        _barriers(rank, world, rounds, limit_s, env, handles, barrier, q)
+    except Exception as exc:  # noqa: BLE001 - reported, and the peers' waits broken, not hung
+        barrier.abort()
+        q.put((rank, 0, float("inf"), f"{type(exc).__name__}: {exc}"[:200]))
+
+
+def _barriers(rank: int, world: int, rounds: int, limit_s: float, env: dict[str, str], handles, barrier, q) -> None:
     os.environ.update(env)
     import cupy
     import numpy
@@ -65,7 +73,7 @@ def _rank(rank: int, world: int, rounds: int, limit_s: float, env: dict[str, str
     end.synchronize()
     n = int(done.get()[0])
     ms = cupy.cuda.get_elapsed_time(start, end)
-    q.put((rank, n, 1000.0 * ms / max(1, n)))
+    q.put((rank, n, 1000.0 * ms / max(1, n), None))
     barrier.wait()
 
 
@@ -88,6 +96,9 @@ def barrier_us(world: int, rounds: int = 2000, limit_s: float = 5.0,
         got = sorted(q.get(timeout=120) for _ in procs)
         for p in procs:
             p.join(timeout=60)
-        return got
+        errors = [f"rank {r}: {e}" for r, _, _, e in got if e]
+        if errors:
+            raise RuntimeError("MPS barrier probe: " + "; ".join(errors))
+        return [(r, n, us) for r, n, us, _ in got]
     finally:
         manager.shutdown()

@@ -25,7 +25,7 @@ START_TIMEOUT_S = 120.0
 #: clients own their queues out of one pool all clients share, and at W = 8 ranks on one GPU
 #: (8 workers and 8 verifiers) the workers' 8 each left no room: a verifier's context failed
 #: with cudaErrorMemoryAllocation (bench/logs/emulated_world_w8_verifier_oom_h200_88e7346.log,
-#: bench/logs/mps_clients_probe_h200_*.log).
+#: bench/logs/mps_clients_probe_h200_293598f.log: 15 of 16 contexts at 8 queues each).
 VERIFIER_WORK_QUEUES = 1
 
 
