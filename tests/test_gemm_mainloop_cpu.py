@@ -141,7 +141,7 @@ def test_split_tail_walks_every_k_tile_of_every_tile_once(tmp_path, w, bmt, nt, 
             assert sum(len(v) > 1 for v in covered.values()) == tiles - dp
 
 
-@pytest.mark.parametrize("world,ctas", [(1, 132), (2, 66), (4, 33)])
+@pytest.mark.parametrize("world,ctas", [(1, 132), (2, 66), (4, 33), (8, 16)])
 def test_the_gpu_tests_tail_shape_runs_whole_waves_and_cuts_the_last(world, ctas):
     """tests/test_tp_in_kernel_gpu.py's tail shape, at each world size it runs at on one
     132-SM GPU (a rank's share of the SMs in an emulated world): for every family some split-K

@@ -19,10 +19,13 @@ SHAPES = {
 
 
 def grid(problem: GemmProblem) -> list[Directives]:
+    """Both backends, every issuer, a 64 KiB chunk and a larger one: 256 KiB, or at most what a
+    rank produces (AllGather's 128 KiB at W = 8)."""
     out = []
+    large = 1 << (min(256 << 10, problem.output_bytes_per_rank()).bit_length() - 1)
     for backend in ("lsa", "nvshmem"):
         for issuer in ("thread", "warp", "cta"):
-            for chunk in (64 << 10, 256 << 10):
+            for chunk in (64 << 10, large):
                 out.append(Directives(backend=backend, placement="side_stream", sync_scope="chunk",
                                       issuer=issuer, chunk_bytes=chunk, comm_ctas=4))
     return out

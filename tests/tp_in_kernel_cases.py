@@ -46,8 +46,11 @@ def grid_shapes(world: int) -> list[tuple[int, int, int]]:
 def tail(world: int) -> tuple[int, int, int]:
     """More tiles than a rank's CTAs with a short last wave (140 128x128 tiles at one rank on
     132 SMs, and at two or four emulated ranks on their 66 or 33): split-K runs the whole waves
-    unsplit and cuts only the last one's tiles (split_tail)."""
-    return (rows(1280, world), wide(1792, world), 1024)
+    unsplit and cuts only the last one's tiles (split_tail). K of 1024 at one or two ranks,
+    more beyond, so each rank's part keeps the 4 k-tiles a 4-way split needs (128 a rank at
+    W = 8 refused split_k = 4). At W = 8 (16 CTAs a rank) N is 7040: the scaled 7168 gave
+    AllReduce and ReduceScatter 896 tiles, whole waves with no tail to cut."""
+    return (rows(1280, world), wide(1792, world) if world <= 4 else 7040, wide(1024, world))
 
 
 def split_shapes(world: int) -> list[tuple[int, int, int]]:
