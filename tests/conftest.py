@@ -132,12 +132,15 @@ def postgres_url(tmp_path_factory):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    subprocess.run([*as_user, f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "cuco"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", str(data), "-w", "-l", str(root / "log"),
-                    "-o", f"-p {port} -k {sock} -h 127.0.0.1", "start"], check=True, capture_output=True)
-    subprocess.run([*as_user, f"{bindir}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "cuco",
-                    "cuco"], check=True, capture_output=True)
+    def run(*cmd: str) -> None:  # a failure says what the server tool printed
+        done = subprocess.run([*as_user, *cmd], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {(done.stderr or done.stdout).strip()[-800:]}")
+
+    run(f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "cuco")
+    run(f"{bindir}/pg_ctl", "-D", str(data), "-w", "-l", str(root / "log"),
+        "-o", f"-p {port} -k {sock} -h 127.0.0.1", "start")
+    run(f"{bindir}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "cuco", "cuco")
     yield f"postgresql+psycopg://cuco@127.0.0.1:{port}/cuco"
     subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
                    capture_output=True)
