@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 import cuco
-from cuco.errors import run_script
+from cuco.errors import install_extra, run_script
 
 HIDDEN, FFN = 4096, 14336
 #: token counts the layer sees (the table adds them to the default powers of two)
@@ -142,7 +142,7 @@ def main() -> int:
     try:
         import torch
     except ImportError:
-        print("cuco's torch ops need torch (pip install 'cuco[torch]'); this example has "
+        print(f"cuco's torch ops need torch ({install_extra('torch')}); this example has "
               "nothing to show without it")
         return 0
     if "RANK" in os.environ:

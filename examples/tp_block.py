@@ -36,7 +36,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from cuco.errors import ShapeError, run_script
+from cuco.errors import ShapeError, install_extra, run_script
 
 #: model -> (hidden, FFN, attention heads, KV heads); head dim 128
 MODELS = {"llama3-8b": (4096, 14336, 32, 8), "llama3-70b": (8192, 28672, 64, 8)}
@@ -557,7 +557,7 @@ def main(argv=None) -> int:
     try:
         import torch
     except ImportError:
-        print("tp_block needs torch (pip install 'cuco[torch]') and 2 GPUs; nothing to run here")
+        print(f"tp_block needs torch ({install_extra('torch')}) and 2 GPUs; nothing to run here")
         return 0
     gpus = torch.cuda.device_count()
     if "RANK" not in os.environ or gpus < 2:

@@ -34,7 +34,8 @@ def test_doctor_reports_toolchain_and_keys():
     assert "NVSHMEM" in out and "CUTLASS" in out
     assert "OPENAI_API_KEY not set" in out and "export OPENAI_API_KEY" in out
     assert "ANTHROPIC_API_KEY is set" in out
-    assert "cuco[torch]" in out or "torch (optional)" in out
+    assert '".[torch]"' in out or "torch (optional)" in out
+    assert "pip install 'cuco" not in out  # the index's cuco is another project
 
 
 def test_doctor_names_the_fix_for_missing_nvcc(tmp_path):

@@ -13,7 +13,7 @@ from cuco.agents import EvolutionAgent
 from cuco.agents.api import gpu_space
 from cuco.evaluate.analytic import AnalyticEvaluator
 
-ray = pytest.importorskip("ray", reason="Ray not installed (pip install 'cuco[ray]')")
+ray = pytest.importorskip("ray", reason="Ray not installed (python3 -m pip install -e '.[ray]')")
 
 P = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 

@@ -42,7 +42,8 @@ def test_import_cuco_without_torch_works_and_torch_ops_says_what_to_install():
             "    raise SystemExit('cuco.torch_ops imported without torch')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "cuco.torch_ops needs torch: pip install 'cuco[torch]'"
+    # from the clone: the name cuco on the package index is another project's
+    assert r.stdout.strip() == """cuco.torch_ops needs torch: python3 -m pip install -e ".[torch]" in cuco's clone"""
 
 
 # ---- fixtures: torch, a fake process group, registered artifacts ---------------------------

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuco.errors import CucoError
+from cuco.errors import CucoError, install_extra
 from cuco.kernels import toolchain
 
 
@@ -179,9 +179,9 @@ def run_checks(worker: bool = True) -> list[Check]:
         checks.extend(_torch_nccl_check())
     except ImportError:
         checks.append(Check("torch (optional)", "warn", "not installed",
-                            "pip install 'cuco[torch]' for PyTorch peers and export", required=False))
-    for mod, name, fix in (("ray", "Ray (cluster search)", "pip install 'cuco[ray]'"),
-                           ("psycopg", "psycopg (PostgreSQL DB)", "pip install 'cuco[postgres]'")):
+                            install_extra("torch") + " for PyTorch peers and export", required=False))
+    for mod, name, fix in (("ray", "Ray (cluster search)", install_extra("ray")),
+                           ("psycopg", "psycopg (PostgreSQL DB)", install_extra("postgres"))):
         try:
             m = __import__(mod)
             checks.append(Check(name, "ok", getattr(m, "__version__", "installed"), required=False))

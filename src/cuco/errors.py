@@ -109,6 +109,13 @@ class DatabaseNotWritable(InputError, DatabaseError):
     (its journal) even to read it, so the user picks a database in a folder they can write."""
 
 
+def install_extra(extra: str) -> str:
+    """How to install one of cuco's extras (``torch``, ``llm``, ``ray``, ``postgres``): from
+    cuco's clone, since the name ``cuco`` on the package index is another project's, which
+    ``pip install 'cuco[...]'`` would fetch over this one."""
+    return f'python3 -m pip install -e ".[{extra}]" in cuco\'s clone'
+
+
 def exit_code(exc: BaseException) -> int:
     """A command's exit status for ``exc``: 2 when the user fixes the command (a refused
     argument, shape or directive), 1 when the machine or data is at fault."""

@@ -61,7 +61,7 @@ from cuco.design.patterns import (ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCA
                                   Collective, TPPattern, find)
 from cuco.design.problem import GemmProblem
 from cuco.dispatch import CUCO, HOST, TORCH_FUSED, DispatchTable, Entry, Layer, TableMismatch
-from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError
+from cuco.errors import CucoError, EnvironmentProblem, InputError, ShapeError, install_extra
 from cuco.runtime.safety import one_work_queue
 
 
@@ -72,7 +72,7 @@ class TorchNotInstalled(CucoError, ImportError):
 try:
     import torch
 except ImportError as exc:  # keep `import cuco` free of torch; only this module needs it
-    raise TorchNotInstalled("cuco.torch_ops needs torch: pip install 'cuco[torch]'") from exc
+    raise TorchNotInstalled(f"cuco.torch_ops needs torch: {install_extra('torch')}") from exc
 
 
 # ---- errors: one kind per thing the caller fixes -------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+from cuco.errors import install_extra
 from cuco.llm.base import LLMError, LLMReply, MissingAPIKey
 
 
@@ -30,7 +31,7 @@ class OpenAIClient:
         try:
             import openai
         except ImportError:
-            raise MissingAPIKey("the OpenAI client needs the llm extra: pip install 'cuco[llm]'") from None
+            raise MissingAPIKey(f"the OpenAI client needs the llm extra: {install_extra('llm')}") from None
         self.model = model
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         key = api_key if base_url and api_key else _key(api_key, "OPENAI_API_KEY", "OpenAI")
@@ -65,7 +66,7 @@ class AnthropicClient:
         try:
             import anthropic
         except ImportError:
-            raise MissingAPIKey("the Anthropic client needs the llm extra: pip install 'cuco[llm]'") from None
+            raise MissingAPIKey(f"the Anthropic client needs the llm extra: {install_extra('llm')}") from None
         self.model = model
         self._client = anthropic.Anthropic(api_key=_key(api_key, "ANTHROPIC_API_KEY", "Anthropic"),
                                            base_url=base_url, max_retries=max_retries,

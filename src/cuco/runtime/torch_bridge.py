@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from cuco.errors import install_extra
+
 #: torch dtype names of cuco's dtypes (bf16 is stored as uint16 on CuPy)
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -22,7 +24,7 @@ def missing() -> str | None:
     try:
         import torch
     except ImportError:
-        return "torch is not installed (pip install 'cuco[torch]')"
+        return f"torch is not installed ({install_extra('torch')})"
     except Exception as exc:  # noqa: BLE001 - a broken install is a reason too
         return f"import torch failed: {type(exc).__name__}: {exc}"
     if not torch.version.cuda:

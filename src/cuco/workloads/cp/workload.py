@@ -39,7 +39,7 @@ from cuco.design.pipeline_ops import CP_ATTENTION
 from cuco.design.problem import CP_Q_TILE, DTYPE_BYTES
 from cuco.runtime.emulated import persistent_sms
 from cuco.design.tiles import sizes_cutting
-from cuco.errors import DirectiveError, EnvironmentProblem
+from cuco.errors import DirectiveError, EnvironmentProblem, install_extra
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
 from cuco.kernels.render import CTYPES, render
 from cuco.runtime import dtypes, torch_bridge
@@ -124,7 +124,7 @@ def _torch():
         return torch_bridge.on_current_device()
     except ImportError:
         raise EnvironmentProblem("cp_attention's host_torch_flash baseline runs PyTorch's flash "
-                                 "attention: install torch there (pip install 'cuco[torch]')") from None
+                                 f"attention: install torch there ({install_extra('torch')})") from None
 
 
 class AttentionKernel:
