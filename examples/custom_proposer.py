@@ -2,7 +2,7 @@
 
     python examples/custom_proposer.py
 
-Swap AnalyticEvaluator for cuco.evaluate.Evaluator(workload, group=WorkerGroup(2)) on a
+Swap AnalyticEvaluator(problem) for cuco.evaluate.Evaluator(problem, group=WorkerGroup(2)) on a
 GPU machine to measure instead of predict.
 """
 

@@ -451,3 +451,16 @@ def test_timing_iters_that_leave_no_timed_call_are_refused_with_the_fix():
     assert f"timing_iters={N_CHECKED} leaves no timed call" in str(e.value)
     assert str(e.value).endswith(f"use timing_iters={4 * N_CHECKED}")
     assert Evaluator(wl, timing_iters=N_CHECKED + 1).timing_iters == N_CHECKED + 1
+
+
+def test_an_evaluator_takes_a_problem_as_the_examples_say_and_refuses_anything_else():
+    """examples/coordinate_descent.py says to swap in ``Evaluator(problem, ...)``: a problem
+    stands for its workload; anything else is refused in one line, not an AttributeError."""
+    import cuco
+    from cuco.errors import InputError
+    from cuco.evaluate import Evaluator
+    from cuco.workloads import GemmAllReduce
+    ev = Evaluator(cuco.make_problem("gemm_allreduce", "1024x1024x2048", world_size=2))
+    assert isinstance(ev.workload, GemmAllReduce) and ev.workload.world_size == 2
+    with pytest.raises(InputError, match="takes a workload or a problem, not str"):
+        Evaluator("gemm_allreduce")

@@ -156,7 +156,7 @@ class Evaluator:
     >>> result = ev.evaluate(Directives(placement="side_stream", ...))          # doctest: +SKIP
     """
 
-    def __init__(self, workload: Workload, *, group=None, db: CandidateDB | None = None,
+    def __init__(self, workload: Workload | Problem, *, group=None, db: CandidateDB | None = None,
                  compiler: Compiler | None = None, seeds: tuple[int, int] | None = None,
                  timeouts: StageTimeouts | None = None, timing_iters: int = 30,
                  run_id: int | None = None, timing_batch: int = TIMING_BATCH, peers: bool = True,
@@ -165,6 +165,11 @@ class Evaluator:
             raise InputError(f"timing_iters={timing_iters} leaves no timed call beside the {N_CHECKED} "
                              f"checked ones",
                              param="timing_iters", fix=4 * N_CHECKED)
+        if isinstance(workload, Problem):  # make_problem's result: its workload
+            workload = for_problem(workload)
+        elif not isinstance(workload, Workload):
+            raise InputError(f"Evaluator takes a workload or a problem, not {type(workload).__name__}",
+                             param="workload", fix="cuco.make_problem('gemm_allreduce', '8192x8192x8192')")
         self.workload = workload
         #: where the checks run (None: the worker group's choice, its verifier process by
         #: default; ``"inline"``: in the workers): :mod:`cuco.runtime.verifier_mode`
