@@ -169,16 +169,16 @@ def test_cli_search_dry_run_and_missing_gpu_message(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cuco.cli", "search", "--budget", "5", "--db",
                         str(tmp_path / "d.db"), "--world-size", "64"], capture_output=True,
                        text=True, env=env, timeout=120)
-    assert r.returncode == 1 and "--dry-run" in r.stdout
+    assert r.returncode == 1 and "--dry-run" in r.stderr  # errors go to stderr
     env_nokey = {k: v for k, v in env.items() if k != "OPENAI_API_KEY"}
     r = subprocess.run([sys.executable, "-m", "cuco.cli", "search", "--dry-run", "--llm",
                         "openai:gpt-4o", "--db", str(tmp_path / "e.db")], capture_output=True,
                        text=True, env=env_nokey, timeout=120)
-    assert r.returncode == 1 and "export OPENAI_API_KEY" in r.stdout
+    assert r.returncode == 1 and "export OPENAI_API_KEY" in r.stderr
     assert not (tmp_path / "e.db").exists()  # refused before the database was made
     r = subprocess.run([sys.executable, "-m", "cuco.cli", "search", "--shape", "8192x8192",
                         "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
-    assert r.returncode == 2 and "MxKxN" in r.stdout
+    assert r.returncode == 2 and "MxKxN" in r.stderr
 
 
 HOST_PROGRAM = """

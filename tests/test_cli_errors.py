@@ -485,3 +485,14 @@ def test_fastpath_without_a_gpu_or_its_host_program(tmp_path):
     assert "add --dry-run" not in out  # fastpath has no --dry-run
     refused(cuco("fastpath", "--host-program", str(tmp_path / "missing.cu"), "--llm", "openai:m",
                  "--db", str(tmp_path / "c.db")), 2, "--host-program", "does not exist")
+
+
+def test_a_suggested_flag_value_can_be_pasted_into_a_shell(tmp_path):
+    """The fix an error spells is a value a shell takes as one word: compat:URL|MODEL quoted
+    (its bar unquoted would pipe), a plain shape left as it is; and it comes on stderr."""
+    from cuco.errors import InputError
+    assert InputError("x", param="llm", fix="compat:http://h:1|m").render("--llm") == "x; use --llm 'compat:http://h:1|m'"
+    assert InputError("x", param="shape", fix="1024x512x248").render("--shape") == "x; use --shape 1024x512x248"
+    r = cuco("search", "--shape", "12x", "--dry-run", "--db", str(tmp_path / "c.db"))
+    refused(r, 2, "error:", "MxKxN")
+    assert "MxKxN" in r.stderr and "MxKxN" not in r.stdout

@@ -70,4 +70,4 @@ def test_sqlite_to_postgres_migration(tmp_path, postgres_url):
     assert dst.add_candidate("w", source="new") == ids[-1] + 1  # sequences moved past copied ids
     r = subprocess.run([sys.executable, "-m", "cuco.cli", "db", "migrate", str(tmp_path / "c.db"), url],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "already holds cuco data" in r.stdout
+    assert r.returncode == 1 and "error: " in r.stderr and "already holds cuco data" in r.stderr

@@ -210,7 +210,7 @@ def test_cli_emulate_without_a_gpu_says_what_to_do_instead(tmp_path):
         r = subprocess.run([sys.executable, "-m", "cuco.cli", *args, "--emulate", "--db", str(db)],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert "--emulate still needs one GPU" in r.stdout and "Traceback" not in r.stdout + r.stderr
+        assert "--emulate still needs one GPU" in r.stderr and "Traceback" not in r.stdout + r.stderr
     assert not db.exists()
 
 

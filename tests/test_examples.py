@@ -139,9 +139,9 @@ def test_custom_op_goes_through_the_cli_as_a_plugin(tmp_path):
     bad = _run("-m", "cuco.cli", *plugin, "search", "--workload", "gemm_allgather", "--shape",
                "1024x512x250", "--dry-run", "--db", "c.db", cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
-    assert "N=250 makes rows of 500 bytes" in bad.stdout and "use --shape 1024x512x248" in bad.stdout
+    assert "N=250 makes rows of 500 bytes" in bad.stderr and "use --shape 1024x512x248" in bad.stderr
     unknown = _run("-m", "cuco.cli", "search", "--workload", "gemm_allgather", "--dry-run",
                    "--db", "c.db", cwd=tmp_path)  # without the plugin: not a known name
-    assert unknown.returncode == 2 and "unknown workload 'gemm_allgather'" in unknown.stdout
-    assert "cuco --plugin FILE" in unknown.stdout  # the way to make it known
+    assert unknown.returncode == 2 and "unknown workload 'gemm_allgather'" in unknown.stderr
+    assert "cuco --plugin FILE" in unknown.stderr  # the way to make it known
 

@@ -108,7 +108,7 @@ def test_unscored_candidates_are_not_exported(searched):
         export(db, cid, tmp / "nope", arch="sm_90a")
     r = subprocess.run([sys.executable, "-m", "cuco.cli", "export", str(cid), "-o", str(tmp / "x"),
                         "--arch", "sm_90a", "--db", str(tmp / "c.db")], capture_output=True, text=True)
-    assert r.returncode == 1 and "no successful evaluation" in r.stdout
+    assert r.returncode == 1 and "no successful evaluation" in r.stderr
 
 
 TUNE = textwrap.dedent("""

@@ -123,10 +123,10 @@ def test_cli_searches_a_pipeline_and_refuses_what_it_lacks(tmp_path):
     assert "layers=2,tokens=256,hidden=512,kv_dim=256," in ok.stdout and "w=2" in ok.stdout
     no = cuco("search", "--workload", "moe", "--dry-run", "--placements", "epilogue",
               "--db", str(tmp_path / "n.db"))
-    assert no.returncode == 2 and "placements side_stream" in no.stdout and "Traceback" not in no.stdout
+    assert no.returncode == 2 and "placements side_stream" in no.stderr and "Traceback" not in no.stderr
     bad = cuco("search", "--workload", "moe", "--shape", "tokens=64,experts=9", "--dry-run",
                "--db", str(tmp_path / "b.db"))
-    assert bad.returncode == 2 and "--shape tokens=64,experts=8" in bad.stdout, bad.stdout
+    assert bad.returncode == 2 and "--shape tokens=64,experts=8" in bad.stderr, bad.stderr
     assert not (tmp_path / "b.db").exists()
 
 

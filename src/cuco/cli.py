@@ -29,6 +29,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(bench_app, name="bench")
 app.add_typer(kernels_app, name="kernels")
 console = Console()
+#: errors go to stderr, one line each (a pipe of a command's output keeps its results only)
+err_console = Console(stderr=True, soft_wrap=True)
 
 DB_OPTION = typer.Option(os.environ.get("CUCO_DB", "cuco.db"), "--db",
                          help="database file or SQLAlchemy URL (env CUCO_DB)")
@@ -87,11 +89,11 @@ def _fail(exc: BaseException) -> int:
     elif isinstance(exc, OSError):
         code = 1
     else:
-        console.print(f"[red]internal error: {escape(type(exc).__name__)}: {escape(str(exc))}[/]; "
+        err_console.print(f"[red]internal error: {escape(type(exc).__name__)}: {escape(str(exc))}[/]; "
                       "rerun with --debug for the traceback and report it")
         return 1
     text = " ".join(_spell(exc).split())  # one line
-    console.print(f"[red]error:[/] {escape(text)}", soft_wrap=True)
+    err_console.print(f"[red]error:[/] {escape(text)}", soft_wrap=True)
     return code
 
 
@@ -201,7 +203,7 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
     try:
         counts = CandidateDB(source).copy_to(CandidateDB(target))
     except DatabaseError as exc:
-        console.print(f"[red]{escape(str(exc))}[/]")
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(exit_code(exc)) from None
     console.print("copied " + ", ".join(f"{n} {t}" for t, n in counts.items()))
 
@@ -210,7 +212,7 @@ def _folder_exists(path: Path, flag: str) -> None:
     """Exit 2 naming ``flag`` where ``path``'s folder does not exist (before anything runs)."""
     folder = path.parent
     if not folder.is_dir():
-        console.print(f"[red]error:[/] {flag} {escape(str(path))}: the directory "
+        err_console.print(f"[red]error:[/] {flag} {escape(str(path))}: the directory "
                       f"{escape(str(folder))} does not exist; create it (mkdir -p "
                       f"{escape(str(folder))}) or write {path.name} elsewhere", soft_wrap=True)
         raise typer.Exit(2)
@@ -223,7 +225,7 @@ def _writable(path: Path, flag: str) -> None:
     while not at.exists() and at != at.parent:
         at = at.parent
     if at.exists() and not os.access(at, os.W_OK):
-        console.print(f"[red]error:[/] {flag} {escape(str(path))}: {escape(str(at))} is read-only; "
+        err_console.print(f"[red]error:[/] {flag} {escape(str(path))}: {escape(str(at))} is read-only; "
                       f"give {flag} a path you can write", soft_wrap=True)
         raise typer.Exit(2)
 
@@ -237,7 +239,7 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
     from cuco.db.candidate_db import sqlite_file
     path = sqlite_file(db)
     if path is not None and not path.exists():
-        console.print(f"[red]error:[/] no candidate database at {escape(db)}; {how}", soft_wrap=True)
+        err_console.print(f"[red]error:[/] no candidate database at {escape(db)}; {how}", soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -372,7 +374,7 @@ def search(
                                        proposer=proposer, dry_run=dry_run, llm=llm,
                                        placements=picked, hosts=hosts)
         except UnknownId as exc:
-            console.print(f"[red]error:[/] {escape(str(exc))}; pass --resume one of those run "
+            err_console.print(f"[red]error:[/] {escape(str(exc))}; pass --resume one of those run "
                           "ids (and the same --db)", soft_wrap=True)
             raise typer.Exit(2) from None
     else:
@@ -384,7 +386,7 @@ def search(
     if emulate and not settings.dry_run:
         _emulate(problem.world_size)
     elif not settings.dry_run and cluster is None and visible_gpus() < problem.world_size:
-        console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs "
+        err_console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs "
                       f"{problem.world_size}; run on a GPU machine, or add --dry-run to search an "
                       "analytic model, or --emulate to check kernels on one GPU"
                       + ("" if resume is None else f" (run {resume} was measured on GPUs: resume it on one)"),
@@ -550,7 +552,7 @@ def _placements(text: str) -> tuple[str, ...]:
     picked = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in picked if p not in PLACEMENTS]
     if bad or not picked:
-        console.print(f"[red]error:[/] --placements {text!r}: choose among {', '.join(PLACEMENTS)}")
+        err_console.print(f"[red]error:[/] --placements {text!r}: choose among {', '.join(PLACEMENTS)}")
         raise typer.Exit(2)
     return picked
 
@@ -650,7 +652,7 @@ def _emulate(world_size: int, instead: str = "add --dry-run to search an analyti
     from cuco.runtime import visible_gpus
     from cuco.runtime.emulated import ENV_VAR, check_world
     if visible_gpus() < 1:
-        console.print(f"[red]error:[/] --emulate still needs one GPU, and none is visible; {instead}",
+        err_console.print(f"[red]error:[/] --emulate still needs one GPU, and none is visible; {instead}",
                       soft_wrap=True)
         raise typer.Exit(1)
     check_world(world_size)
@@ -685,14 +687,16 @@ def fastpath(
     check_count("max_rounds", rounds, "rounds", 6)
     _db_folder_exists(db)
     if llm and host_program is None:
-        console.print("[red]--llm needs --host-program FILE (the program to port)[/]")
+        err_console.print("[red]error:[/] --llm needs --host-program FILE (the program to port)", soft_wrap=True)
         raise typer.Exit(2)
     if emulate:
         _emulate(world_size, instead="the fast path proves its kernel correct on a GPU: run it "
                  "on a GPU machine, or `cuco search --dry-run` to search an analytic model")
     elif visible_gpus() < world_size:
-        console.print(f"[red]{visible_gpus()} GPU(s) visible but the fast path needs {world_size}[/] "
-                      "(it proves its kernel correct on them; --emulate puts every rank on one GPU)")
+        hint = ("--emulate puts every rank on one GPU" if visible_gpus() else
+                "on a machine without GPUs, `cuco search --dry-run` searches an analytic model")
+        err_console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the fast path needs {world_size} "
+                          f"(it proves its kernel correct on them; {hint})", soft_wrap=True)
         raise typer.Exit(1)
     res = run_fastpath(problem, db=db, llm=llm, max_rounds=rounds,
                        host_program=host_program.read_text() if host_program else None)
@@ -785,7 +789,7 @@ def tune_cmd(
     _writable(table, "--table")
     ms = buckets(m, default=() if only else DEFAULT_BUCKETS)
     if not ms:
-        console.print("[red]error:[/] --only with no --m: name the buckets to time")
+        err_console.print("[red]error:[/] --only with no --m: name the buckets to time")
         raise typer.Exit(2)
     picked = _placements(placements)
     command = "cuco " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -795,7 +799,7 @@ def tune_cmd(
     else:
         have = visible_gpus()
         if have < world_size:
-            console.print(f"[red]error:[/] timing {layer.key} needs {world_size} GPUs, {have} "
+            err_console.print(f"[red]error:[/] timing {layer.key} needs {world_size} GPUs, {have} "
                           "visible; run on the machine the table is for, or pass --dry-run for "
                           "the analytic model's table (marked model)")
             raise typer.Exit(1)
@@ -857,7 +861,7 @@ def main() -> None:
         elif debug:
             raise
         else:  # a flag typer cannot parse: one line, not a panel
-            console.print(f"[red]error:[/] {escape(_usage_line(exc))}", soft_wrap=True)
+            err_console.print(f"[red]error:[/] {escape(_usage_line(exc))}", soft_wrap=True)
         raise SystemExit(getattr(exc, "exit_code", 2)) from None
     except SystemExit:
         raise

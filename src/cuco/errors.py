@@ -10,6 +10,8 @@ reach the caller as themselves, not wrapped in a ``ValidationError``.
 
 from __future__ import annotations
 
+import shlex
+
 
 class CucoError(Exception):
     """Base class of every error cuco raises on purpose.
@@ -29,7 +31,8 @@ class CucoError(Exception):
         """The message, its fix spelled as ``flag VALUE`` (a CLI flag) or ``param=VALUE``."""
         if self.param is None or self.fix is None:
             return self.message
-        spelled = f"{flag} {self.fix}" if flag else f"{self.param}={self.fix!r}"
+        # a flag's value as a shell takes it (compat:URL|MODEL's bar would be a pipe)
+        spelled = f"{flag} {shlex.quote(str(self.fix))}" if flag else f"{self.param}={self.fix!r}"
         return (f"{self.message}; did you mean {spelled}?" if self.guess
                 else f"{self.message}; use {spelled}")
 
