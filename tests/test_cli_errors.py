@@ -496,3 +496,19 @@ def test_a_suggested_flag_value_can_be_pasted_into_a_shell(tmp_path):
     r = cuco("search", "--shape", "12x", "--dry-run", "--db", str(tmp_path / "c.db"))
     refused(r, 2, "error:", "MxKxN")
     assert "MxKxN" in r.stderr and "MxKxN" not in r.stdout
+
+
+def test_an_llm_nobody_answers_stops_the_search_at_once_with_the_reason(tmp_path):
+    """A wrong endpoint (here a closed local port, through the real OpenAI SDK) used to be
+    rejected proposal by proposal for the whole budget (minutes, exit 0, the reason only in the
+    database): now the first failure ends the run with the SDK's reason and the resume command,
+    and the run is kept, resumable."""
+    pytest.importorskip("openai")
+    db = tmp_path / "llm.db"
+    t0 = time.monotonic()
+    r = cuco("search", "--llm", "compat:http://127.0.0.1:1|m", "--dry-run", "--budget", "40", "--db", str(db))
+    assert time.monotonic() - t0 < 90
+    refused(r, 1, "error:", "APIConnectionError", "check the endpoint", "--resume 1",
+            "'compat:http://127.0.0.1:1|m'")
+    with CandidateDB(str(db)) as store:
+        assert store.run(1).status == "interrupted"

@@ -442,6 +442,7 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
     from rich.live import Live
 
     from cuco.agents import SearchInterrupted
+    from cuco.llm.base import LLMUnreachable
     from cuco.agents.api import search as run_search
     from cuco.db import CandidateDB
 
@@ -503,6 +504,10 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
                       + escape(resume_command(exc.run_id, db=db, dry_run=dry_run,
                                               llm=kw.get("llm"))), soft_wrap=True)
         raise typer.Exit(130) from None
+    except LLMUnreachable as exc:  # the first proposal showed no LLM can answer: say so now
+        err_console.print(f"[red]error:[/] {escape(str(exc))}; everything recorded is kept, resume with: "
+                          + escape(resume_command(exc.run_id, db=db, dry_run=dry_run, llm=kw.get("llm"))))
+        raise typer.Exit(1) from None
     if last:
         console.print(table(last[0]))
     with CandidateDB(db) as store:

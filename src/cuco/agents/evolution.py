@@ -28,6 +28,7 @@ from cuco.agents.topology import TOPOLOGIES
 from cuco.db.candidate_db import best_first
 from cuco.db import CandidateDB
 from cuco.design import DesignSpace, Directives
+from cuco.llm.base import LLMUnreachable
 from cuco.errors import InputError
 from cuco.evaluate.evaluator import Candidate, EvalResult, store_result
 
@@ -178,11 +179,13 @@ class EvolutionAgent(Agent):
     def _propose_new(self, parents: list[Individual], phase, rng: random.Random,
                      run_id: int | None = None, generation: int | None = None) -> Proposal | None:
         from cuco.agents.llm_proposer import ProposalRejected
-        from cuco.llm.base import LLMError
+        from cuco.llm.base import LLMError, LLMUnreachable
 
         for _ in range(30):
             try:
                 p = self.proposer.propose(parents, phase, rng)
+            except LLMUnreachable:  # no proposal will come: the run stops (see run)
+                raise
             except (ProposalRejected, LLMError) as exc:  # stored by the proposer; go on
                 self.rejected += 1
                 if run_id is not None:
@@ -213,6 +216,11 @@ class EvolutionAgent(Agent):
         except KeyboardInterrupt as exc:
             self.db.update_run(run_id, status="interrupted")
             raise SearchInterrupted(run_id) from exc
+        except LLMUnreachable as exc:  # resumable once the endpoint or key is fixed
+            self.db.update_run(run_id, status="interrupted")
+            self.db.log_event(run_id, "stopped", {"reason": str(exc)[:2000]})
+            exc.run_id = run_id
+            raise
         self.db.update_run(run_id, status="done")
         best = min((m for isl in self.islands for m in isl.members
                     if m.ok and self.db.disqualified(m.candidate_id) is None),

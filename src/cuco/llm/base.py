@@ -20,6 +20,26 @@ class LLMError(CucoError):
     """The provider failed after its retries."""
 
 
+class LLMUnreachable(LLMError):
+    """The provider cannot be reached, or refuses the key or the model: no proposal comes
+    until that is fixed, so a search stops at once (resumable) instead of rejecting every
+    proposal of its budget with the reason only in the database."""
+
+
+#: The SDK errors (openai's and anthropic's share these names) that no retry mends.
+UNREACHABLE = frozenset({"APIConnectionError", "APITimeoutError", "AuthenticationError",
+                         "PermissionDeniedError", "NotFoundError"})
+
+
+def provider_error(what: str, exc: Exception) -> LLMError:
+    """``exc`` from a provider's SDK (after its own retries) as cuco's error: unreachable
+    (:class:`LLMUnreachable`, with what to check) or a failed call."""
+    text = f"{what}: {type(exc).__name__}: {exc}"
+    if type(exc).__name__ in UNREACHABLE:
+        return LLMUnreachable(f"{text}; check the endpoint, the model name and the API key")
+    return LLMError(text)
+
+
 @dataclass(frozen=True)
 class LLMReply:
     text: str

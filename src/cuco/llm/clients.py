@@ -10,7 +10,7 @@ import os
 import time
 
 from cuco.errors import install_extra
-from cuco.llm.base import LLMError, LLMReply, MissingAPIKey
+from cuco.llm.base import LLMReply, MissingAPIKey, provider_error
 
 
 def _key(explicit: str | None, var: str, provider: str) -> str:
@@ -48,7 +48,7 @@ class OpenAIClient:
                 model=self.model, temperature=temperature, max_tokens=max_tokens,
                 messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
         except Exception as exc:  # the SDK already retried
-            raise LLMError(f"{self.provider} {self.model}: {type(exc).__name__}: {exc}") from exc
+            raise provider_error(f"{self.provider} {self.model}", exc) from exc
         usage = r.usage
         return LLMReply(r.choices[0].message.content or "", r.model or self.model, self.provider,
                         getattr(usage, "prompt_tokens", 0) or 0,
@@ -79,7 +79,7 @@ class AnthropicClient:
             r = self._client.messages.create(model=self.model, system=system, max_tokens=max_tokens,
                                              messages=[{"role": "user", "content": user}])
         except Exception as exc:
-            raise LLMError(f"anthropic {self.model}: {type(exc).__name__}: {exc}") from exc
+            raise provider_error(f"anthropic {self.model}", exc) from exc
         text = "".join(getattr(b, "text", "") for b in r.content)
         return LLMReply(text, r.model or self.model, self.provider, r.usage.input_tokens,
                         r.usage.output_tokens, time.perf_counter() - t0)
