@@ -60,7 +60,7 @@ def test_the_commit_defaults_to_cuco_rev_then_git(tmp_path, monkeypatch):
 ])
 def test_a_file_that_would_not_name_its_source_is_not_written(tmp_path, monkeypatch, kwargs, missing):
     monkeypatch.delenv("CUCO_REV", raising=False)
-    monkeypatch.chdir(tmp_path)  # not a git checkout: an empty commit cannot be filled in
+    monkeypatch.setattr(results, "SOURCE_TREE", tmp_path)  # no git checkout: an empty commit stays empty
     with pytest.raises(results.ResultsError, match=missing):
         results.write("x", [], out_dir=tmp_path, **kwargs)
     assert not (tmp_path / "x.json").exists()
@@ -154,3 +154,17 @@ def test_a_case_without_torch_peers_rows_say_why():
     summary = TPBench._summary(rows)[p.label]
     assert summary["variant"] == "lsa.x" and summary["strong_host_ms"] == 1.1
     assert summary["torch_fused_ms"] is None and summary["torch_fused_why"] == "torch is not installed"
+
+
+def test_the_commit_is_cuco_checkouts_wherever_the_command_runs(tmp_path, monkeypatch):
+    """From another repository (or none) a result still names cuco's own commit: git ran in
+    the working directory and named the other repository's, or refused after the timing."""
+    import subprocess
+    monkeypatch.delenv("CUCO_REV", raising=False)
+    subprocess.run(["git", "-C", str(tmp_path), "init", "-q"], check=True)
+    monkeypatch.chdir(tmp_path)
+    ours = subprocess.run(["git", "-C", str(results.SOURCE_TREE), "rev-parse", "--short=7", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if not ours:
+        pytest.skip("this cuco is not a git checkout")
+    assert results.current_commit().split("-")[0] == ours == results.require_commit().split("-")[0]

@@ -850,6 +850,8 @@ def bench_collectives(
         console.print(f"[yellow]{n} GPU(s) visible: timing the collectives needs {world_size} "
                       "GPUs with NVLink. Only the compile-only pass ran.[/]")
         return
+    from cuco import results
+    results.require_commit()  # before the timing, which a refused file would lose
     bench.run()
 
 

@@ -89,10 +89,16 @@ def default_command() -> str:
     return "python " + " ".join(shlex.quote(a) for a in args)
 
 
+#: cuco's own source tree: the checkout whose commit a result names, wherever the command
+#: runs (git in the working directory named another repository's commit, or none)
+SOURCE_TREE = Path(__file__).resolve().parent
+
+
 def current_commit(cwd: Path | str | None = None) -> str | None:
     """The commit being measured: ``$CUCO_REV`` (set by bench/gpu_session.sh, whose copy of
-    the tree may have no ``.git``), else git's short HEAD with ``-dirty`` when tracked files
-    differ from it; None when neither can tell."""
+    the tree may have no ``.git``), else git's short HEAD of cuco's checkout (``cwd``: :data:`SOURCE_TREE`) with
+    ``-dirty`` when tracked files differ from it; None when neither can tell."""
+    cwd = SOURCE_TREE if cwd is None else cwd
     rev = os.environ.get("CUCO_REV", "").strip()
     if rev and rev != "unknown":
         return rev
@@ -107,6 +113,17 @@ def current_commit(cwd: Path | str | None = None) -> str | None:
         return None
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return f"{head}-dirty" if dirty else head
+
+
+def require_commit() -> str:
+    """The commit a result file will name, checked before a benchmark spends its time (a run
+    whose file :func:`write` then refuses would be lost)."""
+    commit = current_commit()
+    if commit is None:
+        from cuco.errors import EnvironmentProblem
+        raise EnvironmentProblem("a result file names the commit it measured, and this cuco is no git "
+                                 "checkout: run from cuco's clone, or set CUCO_REV=<commit>")
+    return commit
 
 
 def provenance_problems(doc: dict[str, Any]) -> list[str]:
