@@ -512,3 +512,17 @@ def test_an_llm_nobody_answers_stops_the_search_at_once_with_the_reason(tmp_path
             "'compat:http://127.0.0.1:1|m'")
     with CandidateDB(str(db)) as store:
         assert store.run(1).status == "interrupted"
+
+
+def test_a_database_of_something_else_is_refused_and_left_as_it_was(tmp_path):
+    """`cuco db ls --db other.db` on another program's SQLite file used to add cuco's tables
+    to it; now every command refuses it in one line and the file keeps only its own table."""
+    import sqlite3
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("create table foo (x)")
+    for args in (("db", "ls"), ("search", "--dry-run", "--budget", "4")):
+        r = cuco(*args, "--db", str(path))
+        refused(r, 1, "holds tables of something else (foo) and no cuco data", "at a new file")
+    with sqlite3.connect(path) as conn:
+        assert [n for (n,) in conn.execute("select name from sqlite_master")] == ["foo"]

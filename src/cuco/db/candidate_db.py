@@ -195,6 +195,18 @@ class CandidateDB:
             self._setup_sqlite(timeout_s)
         self._ensure_schema()
 
+    def _refuse_foreign(self, conn) -> None:
+        """An SQLite file that holds another program's tables and no cuco data is not
+        written into (``cuco db ls --db other.db`` added cuco's tables to it)."""
+        if self.file is None:
+            return
+        from sqlalchemy import inspect
+        names = inspect(conn).get_table_names()
+        if names and S.meta.name not in names:
+            raise DatabaseError(
+                f"{self.file} holds tables of something else ({', '.join(sorted(names)[:5])}) and no "
+                "cuco data; point --db at a cuco database, or at a new file")
+
     # ---- engine setup ---------------------------------------------------------------
     def _setup_sqlite(self, timeout_s: float) -> None:
         @event.listens_for(self.engine, "connect")
@@ -228,6 +240,7 @@ class CandidateDB:
     def _ensure_schema(self) -> None:
         try:
             with self._write() as conn:
+                self._refuse_foreign(conn)
                 S.metadata.create_all(conn)
                 row = conn.execute(
                     select(S.meta.c.value).where(S.meta.c.key == "schema_version")
@@ -240,7 +253,8 @@ class CandidateDB:
                 if version > S.SCHEMA_VERSION:
                     raise DatabaseError(
                         f"{self.url} has schema version {version}, newer than this cuco "
-                        f"understands ({S.SCHEMA_VERSION}); upgrade cuco (pip install -U cuco)"
+                        f"understands ({S.SCHEMA_VERSION}); update cuco's clone (git pull) and "
+                        "reinstall it (python3 -m pip install -e .)"
                     )
                 for v in range(version + 1, S.SCHEMA_VERSION + 1):
                     S.MIGRATIONS[v](conn)
