@@ -70,3 +70,16 @@ def test_cli_search_on_a_local_cluster(tmp_path):
     db = CandidateDB(tmp_path / "c.db")
     hosts = {(e.extra or {}).get("host") for e in db.evaluations()}
     assert len(hosts) == 2
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line_with_the_fix(tmp_path):
+    """`--cluster ray://...` without Ray Client (or without a head there) used to be an
+    'internal error'; it is an environment problem naming the extra and the head."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "cuco.cli", "search", "--cluster", "ray://127.0.0.1:1",
+                        "--dry-run", "--budget", "4", "--db", str(tmp_path / "c.db")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cannot join the Ray cluster at ray://127.0.0.1:1" in r.stderr and "Traceback" not in r.stderr
+    assert "internal error" not in r.stderr and '".[ray]"' in r.stderr

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cuco.design import Directives
+from cuco.errors import EnvironmentProblem, install_extra
 from cuco.evaluate.evaluator import Candidate, EvalResult
 
 
@@ -64,7 +65,12 @@ class RayBackend:
             kw = dict(init_kwargs or {})
             if address is None:  # a local cluster stays on loopback
                 kw.setdefault("_node_ip_address", "127.0.0.1")
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
+            except (ValueError, ConnectionError) as exc:  # Ray Client's missing extra, no head
+                raise EnvironmentProblem(f"cannot join the Ray cluster at {address}: {exc}; for a ray:// "
+                                         f"address install the ray extra ({install_extra('ray')}), "
+                                         "and check that the head runs (ray start --head)") from None
         self._ray = ray
         self.problem = problem
         self.factory = factory
