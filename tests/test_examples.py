@@ -145,3 +145,17 @@ def test_custom_op_goes_through_the_cli_as_a_plugin(tmp_path):
     assert unknown.returncode == 2 and "unknown workload 'gemm_allgather'" in unknown.stderr
     assert "cuco --plugin FILE" in unknown.stderr  # the way to make it known
 
+
+
+def test_the_package_docstrings_first_look_runs_and_dir_lists_the_lazy_names(tmp_path):
+    """``help(cuco)`` opens with an example: it runs as written (in a folder of its own, so a
+    database it might write lands there) and leaves no file; ``dir(cuco)`` shows Evaluator and
+    WorkerGroup, which are imported on first use."""
+    import textwrap
+    import cuco
+    code = textwrap.dedent(cuco.__doc__.split("::", 1)[1].split("\n\nThe names", 1)[0])
+    r = _run("-c", code, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "valid points; the most conservative: lsa." in r.stdout
+    assert list(tmp_path.iterdir()) == []
+    assert {"Evaluator", "WorkerGroup", "search", "make_problem"} <= set(dir(cuco))

@@ -1,7 +1,22 @@
 """cuco: search, verify and tune GPU kernels that fuse computation with
 device-initiated inter-GPU communication (NCCL device API, NVSHMEM).
 
-Importing cuco needs neither torch nor a GPU.
+Importing cuco needs neither torch nor a GPU. A first look, on any machine (an analytic
+model scores the points; on GPUs ``cuco.search(..., dry_run=False)`` measures them, every
+call verified)::
+
+    import cuco
+    problem = cuco.make_problem("gemm_allreduce", "8192x8192x8192", world_size=2)  # MxKxN
+    space = cuco.DesignSpace(problem, backend=["lsa", "nvshmem"])
+    print(space.size, "valid points; the most conservative:", space.default().full_name)
+    result = cuco.search(problem, budget=20, dry_run=True, db=":memory:")  # or a file, a URL
+    print(result.best.directives.full_name if result.best else "none")
+
+The names: problems (``make_problem``, ``GemmProblem``, ...), the design space
+(``DesignSpace``, ``Directives``), the workloads (``GemmAllReduce``, ``MoE``, ...), the
+evaluator (``Evaluator``, on a ``WorkerGroup``), the searches (``search``, ``fastpath``,
+``EvolutionAgent``), the database (``CandidateDB``), export (``load``, ``tune``) and the
+errors, each a ``CucoError`` whose message says what to fix. ``dir(cuco)`` lists them all.
 """
 
 from cuco.db import EVIDENCE, Candidate, CandidateDB, Evaluation
@@ -38,6 +53,11 @@ def __getattr__(name: str):
         import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'cuco' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazily imported ones too (``Evaluator``, ``WorkerGroup``, ...)."""
+    return sorted(set(__all__) | set(globals()))
 
 
 def load(*args, **kwargs):
