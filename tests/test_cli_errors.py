@@ -526,3 +526,15 @@ def test_a_database_of_something_else_is_refused_and_left_as_it_was(tmp_path):
         refused(r, 1, "holds tables of something else (foo) and no cuco data", "at a new file")
     with sqlite3.connect(path) as conn:
         assert [n for (n,) in conn.execute("select name from sqlite_master")] == ["foo"]
+
+
+def test_api_refusals_name_the_fix_in_python_terms():
+    """A problem without a shape names one to use; the fast path's LLM route asks for the
+    host program in the API's words, not the CLI's."""
+    import cuco
+    from cuco.errors import InputError, ShapeError
+    with pytest.raises(ShapeError, match=r"gemm_allreduce needs a shape \(m, k, n\); use shape='8192x8192x8192'"):
+        cuco.make_problem("gemm_allreduce")
+    with pytest.raises(InputError, match="pass it as host_program=") as err:
+        cuco.fastpath("gemm_allreduce", "1024x1024x2048", llm="openai:gpt-4o", db=":memory:")
+    assert "--llm" not in str(err.value)

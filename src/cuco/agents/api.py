@@ -225,8 +225,8 @@ def fastpath(workload: str | Problem, shape: Shape = None, world_size: int = 2, 
                            placements=("side_stream",))
     check_count("max_rounds", max_rounds, "rounds", 6)
     if llm is not None and not host_program:
-        raise InputError("the LLM route needs the host program (host_program=...); without "
-                         "--llm the template route needs none")
+        raise InputError("the LLM route ports a host program: pass it as host_program= (its source), "
+                         "or leave llm out for the template route, which needs none")
     client = None
     if llm is not None:  # a missing key fails before the database is made or a GPU started
         from cuco.llm import make_client

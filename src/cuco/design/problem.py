@@ -439,6 +439,11 @@ def make_problem(workload: str, shape: str | Mapping[str, Any] | Sequence[Any] |
                          "string, a mapping or a sequence in that order", param="shape",
                          fix=",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
     values.update(fields)
+    missing = [f for f in cls.SHAPE if f not in values and cls.model_fields[f].is_required()]
+    if missing and len(missing) == len([f for f in cls.SHAPE if cls.model_fields[f].is_required()]):
+        example = ("x".join(str(_example(cls, f)) for f in cls.SHAPE) if cls.SHAPE == ("m", "k", "n")
+                   else ",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
+        raise ShapeError(f"{workload} needs a shape ({', '.join(cls.SHAPE)})", param="shape", fix=example)
     if dtype is not None:
         values["dtype"] = dtype
     return validated(cls, {**values, "workload": workload, "world_size": world_size})

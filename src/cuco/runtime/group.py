@@ -70,7 +70,9 @@ def check_gpus(world_size: int, devices: list[int] | None, need_p2p: bool) -> li
     if n == 0:
         raise NoGPUError(
             "no CUDA GPU is visible; cuco's runtime needs NVIDIA GPUs (check `nvidia-smi` and "
-            "CUDA_VISIBLE_DEVICES), or use WorkerGroup(gpu=False) for CPU-only jobs")
+            "CUDA_VISIBLE_DEVICES); without GPUs, a search can score an analytic model "
+            "(dry_run=True, `cuco search --dry-run`) and a worker group can run CPU-only jobs "
+            "(WorkerGroup(gpu=False))")
     devices = list(range(world_size)) if devices is None else list(devices)
     if len(devices) < world_size or n < world_size:
         raise TooFewGPUsError(
