@@ -538,3 +538,11 @@ def test_api_refusals_name_the_fix_in_python_terms():
     with pytest.raises(InputError, match="pass it as host_program=") as err:
         cuco.fastpath("gemm_allreduce", "1024x1024x2048", llm="openai:gpt-4o", db=":memory:")
     assert "--llm" not in str(err.value)
+
+
+def test_a_shape_too_small_for_any_chunk_says_so(tmp_path):
+    """8x8x8: every closest point moved a chunk larger than a rank's output, and the refusal
+    asked for a chunk size the CLI has no flag for; now it says the shape is too small."""
+    r = cuco("search", "--shape", "8x8x8", "--dry-run", "--db", str(tmp_path / "c.db"))
+    refused(r, 2, "is too small for a fused kernel: each rank produces 128 bytes", "use --shape 8192x8192x8192")
+    assert ":;" not in r.stderr and not (tmp_path / "c.db").exists()

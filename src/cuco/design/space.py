@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cuco.design.dimensions import (
-    Backend, ChunkSchedule, Core, Issuer, KIB, MIB, PeerCalls, Placement, Schedule, SyncScope,
+    Backend, ChunkSchedule, Core, Issuer, KIB, MIB, PeerCalls, Placement, Schedule, SyncScope, format_bytes,
 )
 from pydantic import TypeAdapter, ValidationError
 from typing import Annotated
@@ -241,8 +241,15 @@ class DesignSpace:
         if closest and all(b.startswith(("tile_m:", "tile_n:", "tile_k:")) for b in closest):
             return ShapeError(f"no kernel of this design space fits {self.problem.label if self.problem else 'the shape'}: "
                               + "; ".join(b.split(": ", 1)[1] for b in closest))
+        if closest and all(b.startswith("chunk_bytes:") and " exceeds the " in b for b in closest):
+            out = getattr(self.problem, "output_bytes_per_rank", lambda: None)()
+            smallest = format_bytes(min(self.choices["chunk_bytes"]))
+            return ShapeError(f"{self.problem.label if self.problem else 'the shape'} is too small for a fused "
+                              f"kernel: each rank produces {out} bytes, less than the smallest chunk one "
+                              f"moves ({smallest}); choose a larger shape", param="shape",
+                              fix="8192x8192x8192" if out is not None else None)
         return DirectiveError([f"the design space has no valid point{where}; its closest points "
-                               "break these rules (widen the choices they name):", *closest])
+                               "break these rules (widen the choices they name)", *closest])
 
     def enumerate(self) -> Iterator[Directives]:
         """Every valid point, in a fixed order."""
