@@ -265,3 +265,17 @@ def test_workers_ask_for_their_own_work_queues_whatever_the_parent_set(monkeypat
         res = group.run(_queues_env, timeout=60)
     assert res.ok, res.error_text()
     assert res.results == [(str(safety.WORK_QUEUES), "EAGER")] * 2
+
+
+def test_cli_emulate_refuses_a_dry_run_and_a_world_one_gpu_cannot_hold(tmp_path):
+    """--emulate with --dry-run was accepted and --emulate ignored; a world of 16 was told it
+    needs a GPU (on a machine without one) rather than that one GPU holds at most 8 ranks."""
+    import sys
+    db = tmp_path / "c.db"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "cuco.cli", "search", *a, "--db", str(db)],  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    r = run("--emulate", "--dry-run")
+    assert r.returncode == 2 and "--emulate checks kernels on one GPU and --dry-run runs none" in r.stderr
+    r = run("--emulate", "--world-size", "16")
+    assert r.returncode == 1 and "at most 8 ranks on one GPU, not 16" in r.stderr
+    assert not db.exists()

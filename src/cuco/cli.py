@@ -383,7 +383,11 @@ def search(
                                    proposer=proposer, dry_run=dry_run, llm=llm,
                                    placements=picked or PLACEMENTS, hosts=hosts)
     problem = settings.problem
-    if emulate and not settings.dry_run:
+    if emulate and settings.dry_run:  # one checks kernels on a GPU, the other runs none
+        err_console.print("[red]error:[/] --emulate checks kernels on one GPU and --dry-run runs none; "
+                          "drop one of them")
+        raise typer.Exit(2)
+    if emulate:
         _emulate(problem.world_size)
     elif not settings.dry_run and cluster is None and visible_gpus() < problem.world_size:
         err_console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs "
@@ -656,11 +660,11 @@ def _emulate(world_size: int, instead: str = "add --dry-run to search an analyti
     exit 1 saying why it cannot (``instead``: what to do without a GPU)."""
     from cuco.runtime import visible_gpus
     from cuco.runtime.emulated import ENV_VAR, check_world
+    check_world(world_size)  # a world one GPU cannot hold is refused first, GPU or not
     if visible_gpus() < 1:
         err_console.print(f"[red]error:[/] --emulate still needs one GPU, and none is visible; {instead}",
-                      soft_wrap=True)
+                          soft_wrap=True)
         raise typer.Exit(1)
-    check_world(world_size)
     os.environ[ENV_VAR] = str(world_size)
     console.print(f"emulated world: {world_size} ranks on one GPU; kernels are checked, "
                   "not timed (no speedups)")
