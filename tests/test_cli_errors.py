@@ -546,3 +546,8 @@ def test_a_shape_too_small_for_any_chunk_says_so(tmp_path):
     r = cuco("search", "--shape", "8x8x8", "--dry-run", "--db", str(tmp_path / "c.db"))
     refused(r, 2, "is too small for a fused kernel: each rank produces 128 bytes", "use --shape 8192x8192x8192")
     assert ":;" not in r.stderr and not (tmp_path / "c.db").exists()
+
+
+def test_a_database_url_no_driver_reads_names_what_to_give(tmp_path):
+    r = cuco("db", "ls", "--db", "notaurl://x")
+    refused(r, 1, "cannot open candidate database 'notaurl://x'", "give a file path", "sqlite:///cuco.db")

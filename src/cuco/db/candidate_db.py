@@ -190,7 +190,9 @@ class CandidateDB:
         try:
             self.engine: Engine = create_engine(self.url, **kwargs)
         except Exception as exc:  # bad URL, missing driver
-            raise DatabaseError(f"cannot open candidate database {self.url!r}: {exc}") from exc
+            raise DatabaseError(f"cannot open candidate database {self.url!r}: {exc}; give a file path "
+                                "(cuco.db) or an SQLAlchemy URL whose driver is installed (sqlite:///cuco.db, "
+                                "postgresql+psycopg://USER@HOST/DB)") from exc
         if self.is_sqlite:
             self._setup_sqlite(timeout_s)
         self._ensure_schema()
