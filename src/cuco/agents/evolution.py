@@ -179,7 +179,7 @@ class EvolutionAgent(Agent):
     def _propose_new(self, parents: list[Individual], phase, rng: random.Random,
                      run_id: int | None = None, generation: int | None = None) -> Proposal | None:
         from cuco.agents.llm_proposer import ProposalRejected
-        from cuco.llm.base import LLMError, LLMUnreachable
+        from cuco.llm.base import LLMError
 
         for _ in range(30):
             try:

@@ -25,6 +25,9 @@ class LLMUnreachable(LLMError):
     until that is fixed, so a search stops at once (resumable) instead of rejecting every
     proposal of its budget with the reason only in the database."""
 
+    #: the search run it stopped (set by the agent that stops it), for its resume command
+    run_id: int | None = None
+
 
 #: The SDK errors (openai's and anthropic's share these names) that no retry mends.
 UNREACHABLE = frozenset({"APIConnectionError", "APITimeoutError", "AuthenticationError",
