@@ -159,3 +159,18 @@ def test_the_package_docstrings_first_look_runs_and_dir_lists_the_lazy_names(tmp
     assert "valid points; the most conservative: lsa." in r.stdout
     assert list(tmp_path.iterdir()) == []
     assert {"Evaluator", "WorkerGroup", "search", "make_problem"} <= set(dir(cuco))
+
+
+def test_the_entry_points_show_their_real_signatures_and_stay_lazy():
+    """help(cuco.search) showed (*args, **kwargs) from a wrapper; the entry points are now
+    the functions themselves, imported on first use, so `import cuco` stays light."""
+    import inspect
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import sys, cuco; print('cuco.agents.api' in sys.modules, "
+                        "'cuco.export' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr
+    import cuco
+    for name, first in (("search", "workload"), ("fastpath", "workload"), ("tune", "workload"), ("load", "path")):
+        params = inspect.signature(getattr(cuco, name)).parameters
+        assert next(iter(params)) == first and "args" not in params, (name, params)

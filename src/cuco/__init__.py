@@ -45,6 +45,8 @@ _LAZY = {
     "OfflineProposer": "cuco.agents", "TPEProposer": "cuco.agents", "Budget": "cuco.agents",
     "WorkerGroup": "cuco.runtime", "Compiler": "cuco.kernels",
     "DispatchTable": "cuco.dispatch", "TableMismatch": "cuco.dispatch",
+    # the entry points themselves (help() shows their real signatures and docs)
+    "search": "cuco.agents.api", "fastpath": "cuco.agents.api", "tune": "cuco.export", "load": "cuco.export",
 }
 
 
@@ -60,35 +62,11 @@ def __dir__() -> list[str]:
     return sorted(set(__all__) | set(globals()))
 
 
-def load(*args, **kwargs):
-    """Load and check an exported artifact; see :func:`cuco.export.load`."""
-    from cuco.export import load as _load
-    return _load(*args, **kwargs)
-
-
-def tune(*args, **kwargs):
-    """Cached-or-searched artifact for a workload and shape; see :func:`cuco.export.tune`."""
-    from cuco.export import tune as _tune
-    return _tune(*args, **kwargs)
-
-
-def fastpath(*args, **kwargs):
-    """First correct fused kernel (template or LLM route); see :func:`cuco.agents.api.fastpath`."""
-    from cuco.agents.api import fastpath as _fastpath
-    return _fastpath(*args, **kwargs)
-
-
-def search(*args, **kwargs):
-    """Search fused kernels for a workload; see :func:`cuco.agents.api.search`."""
-    from cuco.agents.api import search as _search
-    return _search(*args, **kwargs)
-
-
 __all__ = [
     "Backend", "CPProblem", "Candidate", "CandidateDB", "ChunkSchedule", "CompileError", "Core",
     "CucoError", "DesignSpace", "DirectiveError", "Directives", "EVIDENCE", "EnvironmentProblem",
     "Evaluation", "GemmProblem", "Issuer", "KVProblem", "LibraryConflict", "LibraryNotFound",
     "MoEProblem", "NoGPUError", "PIPELINE_OPS", "PipelineOp", "Placement", "Problem", "Schedule", "ShapeError", "SyncScope",
-    "TP_PATTERNS", "TPPattern", "TooFewGPUsError", "__version__", "fastpath", "load", "make_problem", "search", "tune",
+    "TP_PATTERNS", "TPPattern", "TooFewGPUsError", "__version__", "make_problem",
     *sorted(_LAZY),
 ]
