@@ -374,10 +374,9 @@ def parse_shape(workload: str, text: str) -> dict[str, Any]:
         parts = text.lower().split("x")
         if len(parts) == len(cls.SHAPE) and all(p.strip().isdigit() for p in parts):
             return dict(zip(cls.SHAPE, (int(p) for p in parts)))
-        example = {f: _example(cls, f) for f in cls.SHAPE}
         raise InputError(f"shape {text!r} is not {'x'.join(f.upper() for f in cls.SHAPE)} (or "
                          f"{','.join(f'{f}=...' for f in cls.SHAPE)})", param="shape",
-                         fix=format_shape(cls, example))
+                         fix=example_shape(cls))
     items = [p.strip() for p in text.split(",") if p.strip()]
     out: dict[str, Any] = {}
     wrong: list[str] = []
@@ -439,11 +438,10 @@ def make_problem(workload: str, shape: str | Mapping[str, Any] | Sequence[Any] |
                          "string, a mapping or a sequence in that order", param="shape",
                          fix=",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
     values.update(fields)
-    missing = [f for f in cls.SHAPE if f not in values and cls.model_fields[f].is_required()]
-    if missing and len(missing) == len([f for f in cls.SHAPE if cls.model_fields[f].is_required()]):
-        example = ("x".join(str(_example(cls, f)) for f in cls.SHAPE) if cls.SHAPE == ("m", "k", "n")
-                   else ",".join(f"{f}={_example(cls, f)}" for f in cls.SHAPE))
-        raise ShapeError(f"{workload} needs a shape ({', '.join(cls.SHAPE)})", param="shape", fix=example)
+    required = [f for f in cls.SHAPE if cls.model_fields[f].is_required()]
+    if required and not any(f in values for f in required):  # no shape at all: name one
+        raise ShapeError(f"{workload} needs a shape ({', '.join(cls.SHAPE)})", param="shape",
+                         fix=example_shape(cls))
     if dtype is not None:
         values["dtype"] = dtype
     return validated(cls, {**values, "workload": workload, "world_size": world_size})
@@ -480,6 +478,12 @@ def validated(cls: type[Problem], values: dict[str, Any]) -> Problem:
             else None
         raise ShapeError(f"{values.get('workload')}: {found.line}", param=param, fix=found.fix,
                          guess=found.guess) from None
+
+
+def example_shape(cls: type[Problem]) -> str:
+    """A shape of ``cls`` as ``--shape`` takes it, for a refusal to suggest: its fields'
+    defaults, 8192 where one has none (``8192x8192x8192`` for GEMMs)."""
+    return format_shape(cls, {f: _example(cls, f) for f in cls.SHAPE})
 
 
 def format_shape(cls: type[Problem], fields: Mapping[str, Any]) -> str:

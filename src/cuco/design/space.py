@@ -21,7 +21,7 @@ from typing import Annotated
 
 from cuco.design import cores, stream_order
 from cuco.design.directives import Directives, check_field
-from cuco.design.problem import Problem
+from cuco.design.problem import Problem, example_shape
 from cuco.design.rules import violations
 from cuco.errors import CucoError, DirectiveError, ShapeError
 
@@ -247,7 +247,7 @@ class DesignSpace:
             return ShapeError(f"{self.problem.label if self.problem else 'the shape'} is too small for a fused "
                               f"kernel: each rank produces {out} bytes, less than the smallest chunk one "
                               f"moves ({smallest}); choose a larger shape", param="shape",
-                              fix="8192x8192x8192" if out is not None else None)
+                              fix=example_shape(type(self.problem)) if self.problem else None)
         return DirectiveError([f"the design space has no valid point{where}; its closest points "
                                "break these rules (widen the choices they name)", *closest])
 
