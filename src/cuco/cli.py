@@ -6,7 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -78,6 +78,13 @@ def _spell(exc) -> str:
     if exc.param in _context.get("positional", {}):  # e.g. cuco tune PATTERN: no --pattern flag
         return exc.render(_context["positional"][exc.param])
     return exc.render(FLAGS.get(exc.param, "--" + exc.param.replace("_", "-")))
+
+
+def _refuse(text: str, code: int) -> NoReturn:
+    """Exit ``code`` with one red ``error:`` line on stderr (``text``: rich markup, its
+    values escaped by the caller)."""
+    err_console.print(f"[red]error:[/] {text}")
+    raise typer.Exit(code)
 
 
 def _fail(exc: BaseException) -> int:
@@ -203,8 +210,7 @@ def db_migrate(source: str = typer.Argument(..., help="database to copy from (fi
     try:
         counts = CandidateDB(source).copy_to(CandidateDB(target))
     except DatabaseError as exc:
-        err_console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(exit_code(exc)) from None
+        _refuse(escape(str(exc)), exit_code(exc))
     console.print("copied " + ", ".join(f"{n} {t}" for t, n in counts.items()))
 
 
@@ -212,10 +218,9 @@ def _folder_exists(path: Path, flag: str) -> None:
     """Exit 2 naming ``flag`` where ``path``'s folder does not exist (before anything runs)."""
     folder = path.parent
     if not folder.is_dir():
-        err_console.print(f"[red]error:[/] {flag} {escape(str(path))}: the directory "
-                      f"{escape(str(folder))} does not exist; create it (mkdir -p "
-                      f"{escape(str(folder))}) or write {path.name} elsewhere", soft_wrap=True)
-        raise typer.Exit(2)
+        _refuse(f"{flag} {escape(str(path))}: the directory "
+                f"{escape(str(folder))} does not exist; create it (mkdir -p "
+                f"{escape(str(folder))}) or write {path.name} elsewhere", 2)
 
 
 def _writable(path: Path, flag: str) -> None:
@@ -225,9 +230,8 @@ def _writable(path: Path, flag: str) -> None:
     while not at.exists() and at != at.parent:
         at = at.parent
     if at.exists() and not os.access(at, os.W_OK):
-        err_console.print(f"[red]error:[/] {flag} {escape(str(path))}: {escape(str(at))} is read-only; "
-                      f"give {flag} a path you can write", soft_wrap=True)
-        raise typer.Exit(2)
+        _refuse(f"{flag} {escape(str(path))}: {escape(str(at))} is read-only; "
+                f"give {flag} a path you can write", 2)
 
 
 def _fmt(x: Optional[float]) -> str:
@@ -239,8 +243,7 @@ def _require_db(db: str, how: str = "pass --db PATH or set CUCO_DB") -> None:
     from cuco.db.candidate_db import sqlite_file
     path = sqlite_file(db)
     if path is not None and not path.exists():
-        err_console.print(f"[red]error:[/] no candidate database at {escape(db)}; {how}", soft_wrap=True)
-        raise typer.Exit(1)
+        _refuse(f"no candidate database at {escape(db)}; {how}", 1)
 
 
 def _db_folder_exists(db: str) -> None:
@@ -374,9 +377,8 @@ def search(
                                        proposer=proposer, dry_run=dry_run, llm=llm,
                                        placements=picked, hosts=hosts)
         except UnknownId as exc:
-            err_console.print(f"[red]error:[/] {escape(str(exc))}; pass --resume one of those run "
-                          "ids (and the same --db)", soft_wrap=True)
-            raise typer.Exit(2) from None
+            _refuse(f"{escape(str(exc))}; pass --resume one of those run "
+                    "ids (and the same --db)", 2)
     else:
         problem = _problem(workload or "gemm_allreduce", shape, 2 if world_size is None else world_size)
         settings = search_settings(problem, db=db, budget=budget, islands=islands, seed=seed,
@@ -384,18 +386,15 @@ def search(
                                    placements=picked or PLACEMENTS, hosts=hosts)
     problem = settings.problem
     if emulate and settings.dry_run:  # one checks kernels on a GPU, the other runs none
-        err_console.print("[red]error:[/] --emulate checks kernels on one GPU and --dry-run runs none; "
-                          "drop one of them")
-        raise typer.Exit(2)
+        _refuse("--emulate checks kernels on one GPU and --dry-run runs none; "
+                "drop one of them", 2)
     if emulate:
         _emulate(problem.world_size)
     elif not settings.dry_run and cluster is None and visible_gpus() < problem.world_size:
-        err_console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the search needs "
-                      f"{problem.world_size}; run on a GPU machine, or add --dry-run to search an "
-                      "analytic model, or --emulate to check kernels on one GPU"
-                      + ("" if resume is None else f" (run {resume} was measured on GPUs: resume it on one)"),
-                      soft_wrap=True)
-        raise typer.Exit(1)
+        _refuse(f"{visible_gpus()} GPU(s) visible but the search needs "
+                f"{problem.world_size}; run on a GPU machine, or add --dry-run to search an "
+                "analytic model, or --emulate to check kernels on one GPU"
+                + ("" if resume is None else f" (run {resume} was measured on GPUs: resume it on one)"), 1)
     _run_search(problem, db=db, budget=settings.budget, islands=settings.islands,
                 seed=settings.seed, proposer=settings.proposer, dry_run=settings.dry_run,
                 resume=resume, llm=llm, cluster=cluster, hosts=hosts,
@@ -509,9 +508,8 @@ def _run_search(problem, *, db: str, budget: int, dry_run: bool, resume: Optiona
                                               llm=kw.get("llm"))), soft_wrap=True)
         raise typer.Exit(130) from None
     except LLMUnreachable as exc:  # the first proposal showed no LLM can answer: say so now
-        err_console.print(f"[red]error:[/] {escape(str(exc))}; everything recorded is kept, resume with: "
-                          + escape(resume_command(exc.run_id, db=db, dry_run=dry_run, llm=kw.get("llm"))))
-        raise typer.Exit(1) from None
+        _refuse(f"{escape(str(exc))}; everything recorded is kept, resume with: "
+                + escape(resume_command(exc.run_id, db=db, dry_run=dry_run, llm=kw.get("llm"))), 1)
     if last:
         console.print(table(last[0]))
     with CandidateDB(db) as store:
@@ -561,8 +559,7 @@ def _placements(text: str) -> tuple[str, ...]:
     picked = tuple(p.strip() for p in text.split(",") if p.strip())
     bad = [p for p in picked if p not in PLACEMENTS]
     if bad or not picked:
-        err_console.print(f"[red]error:[/] --placements {text!r}: choose among {', '.join(PLACEMENTS)}")
-        raise typer.Exit(2)
+        _refuse(f"--placements {text!r}: choose among {', '.join(PLACEMENTS)}", 2)
     return picked
 
 
@@ -662,9 +659,7 @@ def _emulate(world_size: int, instead: str = "add --dry-run to search an analyti
     from cuco.runtime.emulated import ENV_VAR, check_world
     check_world(world_size)  # a world one GPU cannot hold is refused first, GPU or not
     if visible_gpus() < 1:
-        err_console.print(f"[red]error:[/] --emulate still needs one GPU, and none is visible; {instead}",
-                          soft_wrap=True)
-        raise typer.Exit(1)
+        _refuse(f"--emulate still needs one GPU, and none is visible; {instead}", 1)
     os.environ[ENV_VAR] = str(world_size)
     console.print(f"emulated world: {world_size} ranks on one GPU; kernels are checked, "
                   "not timed (no speedups)")
@@ -696,17 +691,15 @@ def fastpath(
     check_count("max_rounds", rounds, "rounds", 6)
     _db_folder_exists(db)
     if llm and host_program is None:
-        err_console.print("[red]error:[/] --llm needs --host-program FILE (the program to port)", soft_wrap=True)
-        raise typer.Exit(2)
+        _refuse("--llm needs --host-program FILE (the program to port)", 2)
     if emulate:
         _emulate(world_size, instead="the fast path proves its kernel correct on a GPU: run it "
                  "on a GPU machine, or `cuco search --dry-run` to search an analytic model")
     elif visible_gpus() < world_size:
         hint = ("--emulate puts every rank on one GPU" if visible_gpus() else
                 "on a machine without GPUs, `cuco search --dry-run` searches an analytic model")
-        err_console.print(f"[red]error:[/] {visible_gpus()} GPU(s) visible but the fast path needs {world_size} "
-                          f"(it proves its kernel correct on them; {hint})", soft_wrap=True)
-        raise typer.Exit(1)
+        _refuse(f"{visible_gpus()} GPU(s) visible but the fast path needs {world_size} "
+                f"(it proves its kernel correct on them; {hint})", 1)
     res = run_fastpath(problem, db=db, llm=llm, max_rounds=rounds,
                        host_program=host_program.read_text() if host_program else None)
     for what, status in res.tried:
@@ -798,8 +791,7 @@ def tune_cmd(
     _writable(table, "--table")
     ms = buckets(m, default=() if only else DEFAULT_BUCKETS)
     if not ms:
-        err_console.print("[red]error:[/] --only with no --m: name the buckets to time")
-        raise typer.Exit(2)
+        _refuse("--only with no --m: name the buckets to time", 2)
     picked = _placements(placements)
     command = "cuco " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     group = None
@@ -808,10 +800,9 @@ def tune_cmd(
     else:
         have = visible_gpus()
         if have < world_size:
-            err_console.print(f"[red]error:[/] timing {layer.key} needs {world_size} GPUs, {have} "
-                          "visible; run on the machine the table is for, or pass --dry-run for "
-                          "the analytic model's table (marked model)")
-            raise typer.Exit(1)
+            _refuse(f"timing {layer.key} needs {world_size} GPUs, {have} "
+                    "visible; run on the machine the table is for, or pass --dry-run for "
+                    "the analytic model's table (marked model)", 1)
         from cuco.runtime import WorkerGroup
         group = WorkerGroup(world_size).start()
         measure = GpuMeasure(group, arch=arch)
