@@ -9,13 +9,18 @@ from cuco.design import Directives
 from cuco.kernels import Compiler
 
 
+def rank_sms(group) -> int:
+    """The SMs a rank's persistent grids may fill (its share of one GPU in an emulated world),
+    the fewest over the group's ranks."""
+    return min(i["persistent_sms"] for i in group.infos)
+
+
 def fitting_comm_ctas(group, want: int) -> int:
     """``want`` communication CTAs, or fewer in an emulated world: the most a rank's share of
     the one GPU lets spin beside the work they wait on (:func:`~cuco.runtime.emulated.spinning_grid_limit`:
     16 at W = 4 and 8 at W = 8 on 132 SMs), where the evaluator refuses more."""
     from cuco.runtime.emulated import spinning_grid_limit
-    fits = min(i["persistent_sms"] for i in group.infos)
-    return min(want, spinning_grid_limit(fits, group.emulated))
+    return min(want, spinning_grid_limit(rank_sms(group), group.emulated))
 
 
 def assert_variants_correct(group, wl, points: Sequence[Directives], *, seeds=(5, 6), timeout: int = 150,
@@ -63,7 +68,7 @@ def assert_collectives_correct(group, cubins: dict[str, str], op: str, elements:
     from cuco.runtime.records import merge_ranks
     merged: dict = {}
     # a grid of 32 CTAs, or the most a rank of an emulated world holds resident (16 at W = 8)
-    wide = min([32] + [i["persistent_sms"] for i in group.infos if "persistent_sms" in i])
+    wide = min(32, rank_sms(group))
     for seed in seeds:
         case = CollectiveCase(op, elements * 2, ctas=(7, wide), seed=seed, time=False,
                               lsa_cubin=cubins["lsa"], nvshmem_cubin=cubins.get("nvshmem", ""))

@@ -9,7 +9,7 @@ import pytest
 
 from cuco.kernels import Compiler
 from cuco.kernels.collectives import lsa_collectives, nvshmem_collectives
-from gpu_checks import assert_collectives_correct
+from gpu_checks import assert_collectives_correct, rank_sms
 
 pytestmark = pytest.mark.gpu
 
@@ -89,7 +89,7 @@ def test_a_collective_grid_wider_than_a_ranks_share_is_refused_not_hung(world, c
     """Every rank's barrier CTAs must be resident together: one more CTA than a rank's share
     is refused at once with the count that fits (at W = 8, 32 CTAs a rank hung)."""
     from cuco.evaluate.collective_job import CollectiveCase
-    fits = min(i["persistent_sms"] for i in world.infos)
+    fits = rank_sms(world)
     case = CollectiveCase("allreduce", 1 << 12, variants=("host_nccl", "lsa_oneshot"), ctas=(8, fits + 1),
                           seed=5, time=False, lsa_cubin=cubins["lsa"])
     res = world.run(case, timeout=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import TEST_WORLD
+from gpu_checks import rank_sms
 
 from cuco.design import Directives, GemmProblem
 from cuco.kernels import Compiler
@@ -100,7 +101,7 @@ def test_a_communication_grid_too_wide_for_the_ranks_share_is_refused_before_any
 
     from cuco.runtime.emulated import spinning_grid_limit
 
-    fits = min(i["persistent_sms"] for i in gpu_group.infos)
+    fits = rank_sms(gpu_group)
     most = spinning_grid_limit(fits, gpu_group.emulated)
     if most >= 64:
         pytest.skip(f"each rank may spin {most} CTAs, more than the 64 comm_ctas may name")
