@@ -99,6 +99,8 @@ step_command() {
     emulated_world_w8) echo "python3 bench/emulated_world.py --worlds 8 --name emulated_world_w8 $R" ;;
     tests_sealed)    echo "$PT tests/test_sealed_reference_gpu.py tests/test_jobs_gpu.py" ;;
     tests_adversary) echo "$PT tests/test_adversary_gpu.py" ;;
+    # the planted lossy all-reduces alone (gpu_checks.lost_bits: two bits at W = 8)
+    tests_precision_plants) echo "$PT -k 'one_bit_less or drops_precision' tests/test_adversary_gpu.py tests/test_evaluator_gpu.py" ;;
     # the shared-job plants and the sync regions' own tests (a region per variant; writes into
     # another's caught): the route each took is printed (-rA)
     tests_shared_plants) echo "python3 -m pytest -v -rA -p no:xdist --tb=short --timeout ${TEST_TIMEOUT:-240} -k 'forger or every_shared_job or forged_flags or tamper or pair' tests/test_adversary_gpu.py" ;;

@@ -11,7 +11,7 @@ from cuco.evaluate import Evaluator, StageTimeouts
 from cuco.kernels import evolve
 from cuco.workloads import GemmAllReduce
 from conftest import TEST_WORLD
-from gpu_checks import fitting_comm_ctas
+from gpu_checks import bf16_low_mask, fitting_comm_ctas, lost_bits
 
 pytestmark = pytest.mark.gpu(count=1)
 
@@ -170,12 +170,15 @@ def test_a_kernel_that_behaves_differently_when_timed_scores_nothing(ev, tell):
 def test_a_kernel_that_drops_precision_is_wrong(ev):
     """Each reduced bf16 loses its lowest mantissa bit (as compressed communication would):
     inside the element-wise tolerance, but about twice as far from the reference as the host
-    (at 2 ranks the 2x default admitted it: the TP layers' slack is 1.25)."""
+    (at 2 ranks the 2x default admitted it: the TP layers' slack is 1.25). At 8 ranks the
+    host's own ring rounds 7 times and one bit is inside the slack (1.17x), so two go
+    (:func:`~gpu_checks.lost_bits`)."""
     src, _ = ev.template(ev.problem, D)
     body = evolve.blocks(src)["chunk_allreduce"]
     old = "const uint4 v = reduce_peers(a, p_off, byte);"
-    lossy = body.replace(old, "uint4 v = reduce_peers(a, p_off, byte); v.x &= 0xFFFEFFFEu; "
-                         "v.y &= 0xFFFEFFFEu; v.z &= 0xFFFEFFFEu; v.w &= 0xFFFEFFFEu;")
+    m = bf16_low_mask(lost_bits(TEST_WORLD))
+    lossy = body.replace(old, f"uint4 v = reduce_peers(a, p_off, byte); v.x &= {m}; "
+                         f"v.y &= {m}; v.z &= {m}; v.w &= {m};")
     assert lossy != body
     r = ev.evaluate(D, evolve.splice(src, {"chunk_allreduce": lossy}))
     assert r.status == "wrong" and r.score == 0.0, (r.status, r.error)

@@ -30,15 +30,6 @@ EPILOGUE = in_kernel("epilogue", "lsa", "cta")
 SHAPE = (2048, 4096, 4096)  # m, n, k
 
 
-@pytest.fixture(scope="module")
-def group():
-    pytest.importorskip("torch")
-    from cuco.runtime import WorkerGroup
-    g = WorkerGroup(TEST_WORLD).start()
-    yield g
-    g.close()
-
-
 def exported(group, root: Path, d: Directives) -> list[str]:
     """One checked kernel of ``d`` per pattern, exported."""
     db = CandidateDB(root / "c.db")
@@ -53,16 +44,51 @@ def exported(group, root: Path, d: Directives) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def artifacts(group, tmp_path_factory):
-    """Side-stream kernels (their launches carry per-call state from the host)."""
-    side = SIDE.replace(comm_ctas=fitting_comm_ctas(group, SIDE.comm_ctas))  # 8 a rank at W = 8
-    return exported(group, tmp_path_factory.mktemp("torch_ops_side"), side)
+def mps():
+    """In an emulated world, one MPS daemon for the module, named in this process's
+    environment: the worker group finds it (and leaves it running when it closes), and
+    torchrun's ranks, which inherit the environment, are its clients too."""
+    if not EMULATED:
+        yield
+        return
+    from cuco.runtime.emulated import MpsDaemon
+    daemon = MpsDaemon.ensure()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in daemon.env.items():
+            mp.setenv(k, v)
+        yield
+    daemon.stop()
 
 
 @pytest.fixture(scope="module")
-def in_kernel_artifacts(group, tmp_path_factory):
-    """Epilogue kernels (one launch per call; call state on the device)."""
-    return exported(group, tmp_path_factory.mktemp("torch_ops_in_kernel"), EPILOGUE)
+def all_artifacts(mps, tmp_path_factory):
+    """Side-stream kernels (their launches carry per-call state from the host) and epilogue
+    kernels (one launch per call; call state on the device), each checked and exported by a
+    worker group that is closed before torchrun starts its own ranks: in an emulated world
+    both sets of processes are MPS clients of the one GPU, and at W = 8 the group's 16 and
+    torchrun's 8 together asked for more work queues than MPS has (torchrun's ranks failed
+    ``set_device`` with out of memory)."""
+    pytest.importorskip("torch")
+    from cuco.runtime import WorkerGroup
+    group = WorkerGroup(TEST_WORLD).start()
+    try:
+        # 8 CTAs a rank at W = 8; a chunk no larger than what a rank produces (2 MiB at W = 8)
+        side = SIDE.replace(comm_ctas=fitting_comm_ctas(group, SIDE.comm_ctas),
+                            chunk_bytes=min(SIDE.chunk_bytes, SHAPE[0] * SHAPE[1] * 2 // TEST_WORLD))
+        return {"side": exported(group, tmp_path_factory.mktemp("torch_ops_side"), side),
+                "in_kernel": exported(group, tmp_path_factory.mktemp("torch_ops_in_kernel"), EPILOGUE)}
+    finally:
+        group.close()
+
+
+@pytest.fixture(scope="module")
+def artifacts(all_artifacts):
+    return all_artifacts["side"]
+
+
+@pytest.fixture(scope="module")
+def in_kernel_artifacts(all_artifacts):
+    return all_artifacts["in_kernel"]
 
 
 def run_script(mode: str, paths: list[str], tmp_path: Path, timeout: int = 600) -> dict:

@@ -147,8 +147,13 @@ class AddressSpaceScan:
             st = InputSet({}, ref, (), 0.0, ())
             # wrong on its first BAD elements (the marker's among them), right after: each
             # count is BAD, a value no size or offset in the worker is likely to hold
-            out = self.upload(host_ref)
-            out[:self.bad] = 7.0
+            # made wrong on the host: a kernel the worker launches over the first BAD elements
+            # carries the count in its parameters, which the driver stages in its own memory
+            # (at W = 8 the scan found the count in one 4 MiB host and one 4 MiB device range
+            # of every rank, before any tally, with the slice filled on the device)
+            host_out = host_ref.copy()
+            host_out[:self.bad] = 7.0
+            out = self.upload(host_out)
             chk = ProcessChecker(ctx, client)
             chk.begin(4)
             try:
