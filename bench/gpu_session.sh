@@ -106,6 +106,11 @@ step_command() {
     tests_shared_plants) echo "python3 -m pytest -v -rA -p no:xdist --tb=short --timeout ${TEST_TIMEOUT:-240} -k 'forger or every_shared_job or forged_flags or tamper or pair' tests/test_adversary_gpu.py" ;;
     # the verifier in its own process (issue #36); verifier_smoke first: it prints each stage
     tests_verifier)  echo "$PT tests/test_verifier_process_gpu.py" ;;
+    # the address-space scan alone, its control (a plain launch parameter) printed (-rP)
+    tests_verifier_scan) echo "$PT -rP -k holds_no_reference tests/test_verifier_process_gpu.py" ;;
+    # the MoE file's parts, each inside one step's limit at 8 emulated ranks
+    tests_moe_routing) echo "$PT -k 'routing_tables and empty_experts' tests/test_moe_gpu.py" ;;
+    tests_moe_programs) echo "$PT -k every_moe_program tests/test_moe_gpu.py" ;;
     verifier_smoke)  echo "python3 bench/verifier_smoke.py" ;;
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;

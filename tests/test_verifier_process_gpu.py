@@ -115,6 +115,10 @@ def test_each_check_sees_its_own_calls_output(group):
 
 
 # ---- (c) nothing in the worker's device memory to find -------------------------------------
+#: passed to the scan kernel unmasked: where it turns up, launch parameters are in reach
+SENTINEL = 0x0DDC0FFEE0DDF00D
+
+
 class AddressSpaceScan:
     """While the verifier holds a reference and a job's counts, a kernel in the worker (the
     candidate's process) reads every device allocation of the worker it can reach: the host
@@ -147,10 +151,7 @@ class AddressSpaceScan:
             st = InputSet({}, ref, (), 0.0, ())
             # wrong on its first BAD elements (the marker's among them), right after: each
             # count is BAD, a value no size or offset in the worker is likely to hold
-            # made wrong on the host: a kernel the worker launches over the first BAD elements
-            # carries the count in its parameters, which the driver stages in its own memory
-            # (at W = 8 the scan found the count in one 4 MiB host and one 4 MiB device range
-            # of every rank, before any tally, with the slice filled on the device)
+            # made wrong on the host: no launch of the worker's carries the count as a parameter
             host_out = host_ref.copy()
             host_out[:self.bad] = 7.0
             out = self.upload(host_out)
@@ -209,23 +210,32 @@ class AddressSpaceScan:
     def scan(ranges, marker, n):
         import cupy
         import numpy
+        # what it hunts for goes in masked (XOR with KEY): a launch's parameters are staged in
+        # driver memory the walk reaches, and the scan must not plant what it looks for there
+        # (at W = 8 every rank found the plain count once in a 4 MiB host and a 4 MiB device
+        # range, with the marker, passed as four 4-byte parameters, never found)
         kernel = cupy.RawKernel(r"""
+        #define KEY 0x5A17C3E9u
         extern "C" __global__ void hunt(const unsigned* p, unsigned long long words, unsigned m0, unsigned m1,
                                         unsigned m2, unsigned m3, unsigned long long count,
-                                        unsigned long long* hits) {
+                                        unsigned long long sentinel, unsigned long long* hits) {
+          m0 ^= KEY; m1 ^= KEY; m2 ^= KEY; m3 ^= KEY; count ^= ((unsigned long long)KEY << 32) | KEY;
           for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i + 4 <= words;
                i += (unsigned long long)gridDim.x * blockDim.x) {
             if (p[i] == m0 && p[i + 1] == m1 && p[i + 2] == m2 && p[i + 3] == m3) atomicAdd(hits, 1ull);
             if ((i & 1) == 0 && *(const unsigned long long*)(p + i) == count) atomicAdd(hits + 1, 1ull);
+            if ((i & 1) == 0 && *(const unsigned long long*)(p + i) == sentinel) atomicAdd(hits + 2, 1ull);
           }
         }""", "hunt")
-        hits = cupy.zeros(2, dtype=cupy.uint64)
+        key = 0x5A17C3E9
+        hits = cupy.zeros(3, dtype=cupy.uint64)
         where = []  # (base, size, hits so far) of each range that added a hit: the report
-        before = [0, 0]
+        before = [0, 0, 0]
         for base, size in ranges:
             words = size // 4
-            kernel((1024,), (256,), (numpy.uint64(base), numpy.uint64(words), *(numpy.uint32(m) for m in marker),
-                                     numpy.uint64(n), hits))
+            kernel((1024,), (256,), (numpy.uint64(base), numpy.uint64(words),
+                                     *(numpy.uint32(int(m) ^ key) for m in marker),
+                                     numpy.uint64(n ^ ((key << 32) | key)), numpy.uint64(SENTINEL), hits))
             now = [int(x) for x in hits.get()]
             if now != before:  # and whether the range is host memory the device maps (1) or device memory (2)
                 kind = int(cupy.cuda.runtime.pointerGetAttributes(base).type)
@@ -241,4 +251,7 @@ def test_the_worker_holds_no_reference_and_no_count(group):
         assert r["ranges"] >= 1 and r["bytes"] > 0, r
         assert r["counts"] == [AddressSpaceScan.bad] * 4, r  # the verifier counted the wrong part
     # neither the reference's words nor the count in reach of any rank (all ranks' reports)
-    assert all(r["hits"] == [0, 0] for r in res.results), res.results
+    assert all(r["hits"][:2] == [0, 0] for r in res.results), res.results
+    # the control, reported: a value passed plainly as a launch parameter, found where the
+    # driver stages parameters (the reason the scan masks what it hunts for)
+    print("plain parameter found:", [r["hits"][2] for r in res.results])
