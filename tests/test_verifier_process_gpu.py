@@ -115,7 +115,8 @@ def test_each_check_sees_its_own_calls_output(group):
 
 
 # ---- (c) nothing in the worker's device memory to find -------------------------------------
-#: passed to the scan kernel unmasked: where it turns up, launch parameters are in reach
+#: passed to the scan kernel unmasked, reported: where it turns up, a launch's parameters
+#: are in reach of the walk
 SENTINEL = 0x0DDC0FFEE0DDF00D
 
 
@@ -210,10 +211,13 @@ class AddressSpaceScan:
     def scan(ranges, marker, n):
         import cupy
         import numpy
-        # what it hunts for goes in masked (XOR with KEY): a launch's parameters are staged in
-        # driver memory the walk reaches, and the scan must not plant what it looks for there
-        # (at W = 8 every rank found the plain count once in a 4 MiB host and a 4 MiB device
-        # range, with the marker, passed as four 4-byte parameters, never found)
+        # what it hunts for goes in masked (XOR with KEY), so the scan plants nothing it
+        # looks for: with the count passed plainly, every rank at W = 8 found it once in a
+        # 4 MiB host range and once in a 4 MiB device range, the marker (four 4-byte
+        # parameters) never (bench/logs/tests_verifier_emulated_w8_scan_hit_h100_ec806d7.log);
+        # masked, none did (..._scan_emulated_w8_h100_34685ae.log). The plain control
+        # (SENTINEL) was not found in that run either, so which memory held the count, a
+        # launch's staged parameters or another, is not shown
         kernel = cupy.RawKernel(r"""
         #define KEY 0x5A17C3E9u
         extern "C" __global__ void hunt(const unsigned* p, unsigned long long words, unsigned m0, unsigned m1,
@@ -252,6 +256,5 @@ def test_the_worker_holds_no_reference_and_no_count(group):
         assert r["counts"] == [AddressSpaceScan.bad] * 4, r  # the verifier counted the wrong part
     # neither the reference's words nor the count in reach of any rank (all ranks' reports)
     assert all(r["hits"][:2] == [0, 0] for r in res.results), res.results
-    # the control, reported: a value passed plainly as a launch parameter, found where the
-    # driver stages parameters (the reason the scan masks what it hunts for)
-    print("plain parameter found:", [r["hits"][2] for r in res.results])
+    # the control, reported with each rank's walk: a value passed plainly as a parameter
+    print("plain parameter found:", [(r["hits"][2], r["ranges"], r["bytes"]) for r in res.results])

@@ -23,6 +23,20 @@ if TYPE_CHECKING:
 COMBINE_THREADS, COMBINE_CTAS = 256, 528
 
 
+def combine_grid_limit(ctx) -> int:
+    """The most CTAs the combine may have. Its CTAs spin until every rank's expert outputs are
+    ready, so in an emulated world, where the W ranks' combines share one GPU, it is held to
+    what a rank may spin on (:func:`~cuco.runtime.emulated.spinning_grid_limit`): the early
+    ranks' combines must not hold every SM while the last rank's grouped GEMMs wait for one
+    (with experts left empty, so ranks finish far apart, W = 8 on 1 x H100 hung:
+    ``bench/logs/tests_moe_programs_emulated_w8_hang_h100_34685ae.log``). A GPU of its own
+    keeps :data:`COMBINE_CTAS`."""
+    if not ctx.options.emulated:
+        return COMBINE_CTAS
+    from cuco.runtime.emulated import persistent_sms, spinning_grid_limit
+    return min(COMBINE_CTAS, spinning_grid_limit(persistent_sms(), True))
+
+
 class MoERunner:
     """One fused call, device-side end to end (see ``moe.cu.j2``): routing and the counts'
     exchange, then rows dispatched on the side stream while the compute stream runs each
@@ -61,8 +75,8 @@ class MoERunner:
         self.dn = GroupedGemm(lib, ctx.device, el, s.hidden, s.ffn, sms)
         self.start = cupy.cuda.Event(disable_timing=True)
         self.done = cupy.cuda.Event(disable_timing=True)
-        self.combine_ctas = max(1, min(COMBINE_CTAS, -(-s.tokens * (self.wl.row_bytes // 16)
-                                                       // COMBINE_THREADS)))
+        self.combine_ctas = max(1, min(combine_grid_limit(ctx), -(-s.tokens * (self.wl.row_bytes // 16)
+                                                                  // COMBINE_THREADS)))
         ctx.stream.synchronize()
 
     def expert_tables(self) -> None:
