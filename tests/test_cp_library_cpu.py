@@ -5,12 +5,13 @@
   ``pair_kind`` and a brute-force mask of token positions); a peer's phase waits for exactly
   the halves that peer sends; the same for the grouped plan (``peer_calls=grouped``: the own
   phase, then calls over runs of the receive buffer), whose calls' keys are one run of rows
-  and whose waits cover exactly the chunks sent;
+  and whose waits cover exactly the chunks sent; and the all_keys plan (non-causal: one call
+  over every rank's keys, the own shard's rows included, waiting for every peer's chunks);
 * the whole route with PyTorch's CPU attention standing in for the GPU library (the same
   views, calls and merge table; the merge's arithmetic mirrored from ``lse_merge.cuh``, reading
   the partials through the table's addresses and strides): equal to attention under the mask,
   per peer and grouped (over a receive buffer filled as the comm kernel fills it, NaN where
-  nothing is sent);
+  nothing is sent), and all_keys (the own shard copied in, one call, no merge);
 * the directive: a value of ``core`` that only an op naming the library has, refused
   elsewhere with the fix; the CP space sweeps it; names and JSON;
 * the rendered source (the merge and the wait, no attention kernel) and its table layout,
@@ -116,19 +117,55 @@ def test_the_grouped_calls_attend_exactly_the_mask_once(w, causal):
         assert lib.calls_of(me, w, causal, PeerCalls.GROUPED) <= 3 <= lib.max_parts()
 
 
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5, 8])
+def test_the_all_keys_call_attends_every_key_exactly_once(w):
+    """``peer_calls=all_keys`` (non-causal): no phase, one call whose blocks are every half of
+    every rank's shard, the own included, one run of the receive buffer from its first row."""
+    chunk = 4
+    for me in range(w):
+        phases, groups = lib.library_plan(me, w, False, PeerCalls.ALL_KEYS)
+        got = sum(_attended(c, me, w, chunk) for p in phases for c in p.calls)
+        got = got + sum(_grouped_attended(g, me, w, chunk) for g in groups)
+        assert (got == 1).all()  # every (query, key) pair once: no mask, no merge
+        assert phases == [] and len(groups) == 1 and lib.single_call(phases, groups)
+        assert lib.copies_own(groups, me) and lib.calls_of(me, w, False, PeerCalls.ALL_KEYS) == 1
+        rows = [receive_row(me, s, h, w, chunk, grouped=True) for s, h in groups[0].blocks]
+        assert rows == list(range(0, 2 * w * chunk, chunk))  # one run, the own shard's halves last
+        assert groups[0].blocks[-2:] == ((me, 0), (me, 1))
+        with pytest.raises(ValueError, match="causal shard needs peer_calls=per_peer or grouped"):
+            lib.library_plan(me, w, True, PeerCalls.ALL_KEYS)
+    # per peer and grouped plans are never one call of every row (they merge)
+    for calls in (PeerCalls.PER_PEER, PeerCalls.GROUPED):
+        if w > 1:
+            assert not lib.single_call(*lib.library_plan(0, w, False, calls))
+
+
+def test_the_all_keys_call_waits_for_every_peers_chunks_and_not_its_own():
+    n = 8
+    for w in (2, 3, 4, 8):
+        for me in range(w):
+            _, (call,) = lib.library_plan(me, w, False, PeerCalls.ALL_KEYS)
+            waited = sorted(i for first, count in peer_groups.wait_ranges(call, n, me)
+                            for i in range(first, first + count))
+            sent = sorted(s * n + c for s in range(w) if s != me for h in (0, 1)
+                          if split.needs_half(s, h, me, w, False) for c in range(h * n // 2, (h + 1) * n // 2))
+            assert waited == sent and len(sent) == (w - 1) * n  # every peer's every chunk, once
+            assert len(peer_groups.wait_ranges(call, n, me)) <= 2  # before and after its own counters
+
+
 def test_a_grouped_call_waits_for_exactly_the_chunks_its_halves_are_sent_in():
     n = 8
     for w in (3, 4, 8):
         for me in range(w):
             for causal in (True, False):
                 _, groups = lib.library_plan(me, w, causal, PeerCalls.GROUPED)
-                waited = [i for g in groups for first, count in peer_groups.wait_ranges(g, n)
+                waited = [i for g in groups for first, count in peer_groups.wait_ranges(g, n, me)
                           for i in range(first, first + count)]
                 sent = {s * n + c for s in range(w) if s != me for h in (0, 1)
                         if split.needs_half(s, h, me, w, causal) for c in range(h * n // 2, (h + 1) * n // 2)}
                 assert sorted(waited) == sorted(sent)  # each counter once, none unsent
                 for g in groups:  # adjacent counters are one wait kernel
-                    ranges = peer_groups.wait_ranges(g, n)
+                    ranges = peer_groups.wait_ranges(g, n, me)
                     assert all(a[0] + a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
 
 
@@ -269,6 +306,28 @@ def test_grouped_calls_over_the_receive_buffer_and_merge_give_attention_under_th
         np.testing.assert_allclose(_merged(results, chunk, heads, d),
                                    _attention_by_positions(torch, shards, me, w, chunk, causal),
                                    rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 4])
+def test_the_all_keys_call_over_the_receive_buffer_gives_attention(w):
+    """The own shard copied into the buffer (NaN there before, as the arena's poison), the
+    one call, its output written out (no merge): attention over every key; without the copy
+    the call reads the NaN."""
+    torch = pytest.importorskip("torch")
+    chunk, heads, d = 8, 2, 16
+    shards = _shards(torch, w, 300 + w, chunk, heads, d)
+    for me in range(w):
+        q = shards[me][0]
+        phases, groups = lib.library_plan(me, w, False, PeerCalls.ALL_KEYS)
+        regions = _grouped_buffer(shards, me, w, chunk, False)
+        results = lib.run_plan(_cpu_attend, phases, q, {}, chunk)
+        results += lib.run_grouped(_cpu_attend, groups, q, regions, me, w, chunk, own=shards[me][1:])
+        out = torch.full((2 * chunk, heads, d), float("nan"))
+        lib.write_output(None, results, chunk, None, 2 * chunk, 0, None, out)  # no merge kernel
+        np.testing.assert_allclose(out.numpy(), _attention_by_positions(torch, shards, me, w, chunk, False),
+                                   rtol=1e-4, atol=1e-5)
+        skipped = lib.run_grouped(_cpu_attend, groups, q, _grouped_buffer(shards, me, w, chunk, False), me, w, chunk)
+        assert torch.isnan(skipped[0][1]).all()
 
 
 def test_the_table_refuses_more_partials_than_the_kernel_takes():

@@ -10,9 +10,11 @@ kernel of the template merges the phases' partial results. So a library core exi
 beside a side-stream communication kernel, and only for an op that names it.
 
 ``peer_calls`` says how a library core calls over the peers' data: a phase per peer
-(``per_peer``), or the peers' data together in as few calls as the mask allows
-(``grouped``). Only a library core makes calls, and grouping changes nothing where a rank
-has one peer (two ranks), so ``grouped`` is refused there.
+(``per_peer``), the peers' data together in as few calls as the mask allows (``grouped``),
+or one call over every rank's keys, the own included (``all_keys``). Only a library core
+makes calls. Grouping changes nothing where a rank has one peer (two ranks), so ``grouped``
+is refused there; ``all_keys`` is not (one call instead of two and a merge), but it needs a
+peer and an unmasked problem: one library call has no mask for a causal zig-zag shard.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from cuco.design.dimensions import Core, PeerCalls, Placement
 from cuco.design.pipeline_ops import find_op
-from cuco.design.problem import Problem
+from cuco.design.problem import CPProblem, Problem
 
 __all__ = ["peer_calls_violations", "repair", "violations"]
 
@@ -57,28 +59,42 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
 
 
 def peer_calls_violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str]:
-    """``peer_calls=grouped`` needs a library core (cuco's own kernel makes no calls to
-    group) and, for ``problem``, more than two ranks (one peer is one call either way)."""
-    if PeerCalls(_v(d.get("peer_calls", PeerCalls.PER_PEER))) is PeerCalls.PER_PEER:
+    """``peer_calls`` other than ``per_peer`` needs a library core (cuco's own kernel makes
+    no calls to group); for ``problem``, ``grouped`` needs more than two ranks (one peer is
+    one call either way) and ``all_keys`` a peer and no causal mask."""
+    calls = PeerCalls(_v(d.get("peer_calls", PeerCalls.PER_PEER)))
+    if calls is PeerCalls.PER_PEER:
         return []
     core = Core(_v(d.get("core", Core.OWN)))
     if not core.library:
-        return [f"peer_calls: peer_calls=grouped groups a library core's calls; core={core.value} "
+        return [f"peer_calls: peer_calls={calls.value} groups a library core's calls; core={core.value} "
                 f"walks its own tiles: set core=flash or core=cudnn, or peer_calls=per_peer"]
-    if problem is not None and problem.world_size < 3:
-        return [f"peer_calls: with world_size={problem.world_size} a rank has at most one peer, so "
+    if problem is None:
+        return []
+    w = problem.world_size
+    if calls is PeerCalls.GROUPED and w < 3:
+        return [f"peer_calls: with world_size={w} a rank has at most one peer, so "
                 f"peer_calls=grouped makes the same calls as per_peer; set peer_calls=per_peer"]
+    if calls is PeerCalls.ALL_KEYS and w < 2:
+        return [f"peer_calls: with world_size={w} there are no peers' keys to join, so "
+                f"peer_calls=all_keys makes the same call as per_peer; set peer_calls=per_peer"]
+    if calls is PeerCalls.ALL_KEYS and isinstance(problem, CPProblem) and problem.causal:
+        fix = "peer_calls=per_peer" + (" or grouped" if w >= 3 else "")
+        return [f"peer_calls: peer_calls=all_keys attends every key in one unmasked library call, "
+                f"and a causal zig-zag shard sees only some of them; set {fix}, or causal=false"]
     return []
 
 
-def repair(values: dict[str, Any], choices: Mapping[str, Sequence[Any]]) -> None:
+def repair(values: dict[str, Any], choices: Mapping[str, Sequence[Any]],
+           problem: Problem | None = None) -> None:
     """Fix the couplings a single-field change breaks (a library core moved into an in-kernel
-    placement goes back to ``own``; ``own`` calls nothing to group, so ``peer_calls`` goes
-    back to ``per_peer``; used by :meth:`cuco.design.DesignSpace.mutate`)."""
+    placement goes back to ``own``; ``peer_calls`` that the core or ``problem`` refuses —
+    ``own`` calls nothing to group, ``grouped`` at two ranks, ``all_keys`` under a causal
+    mask — goes back to ``per_peer``; used by :meth:`cuco.design.DesignSpace.mutate`)."""
     core = values.get("core", Core.OWN)
     if Core(_v(core)).library and Placement(_v(values["placement"])).in_kernel \
             and Core.OWN in choices.get("core", (Core.OWN,)):
         values["core"] = Core.OWN
-    if not Core(_v(values.get("core", Core.OWN))).library \
+    if peer_calls_violations(values, problem) \
             and PeerCalls.PER_PEER in choices.get("peer_calls", (PeerCalls.PER_PEER,)):
         values["peer_calls"] = PeerCalls.PER_PEER

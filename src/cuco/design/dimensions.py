@@ -92,14 +92,22 @@ class Core(str, Enum):
 
 
 class PeerCalls(str, Enum):
-    """How a library core calls its attention over the peers' K/V (context-parallel
-    attention; :mod:`cuco.design.cores` has the rules): one phase per peer, each peer's K/V
-    as it arrives (``per_peer``), or the peers' K/V together, laid out contiguously in the
-    receive buffer, in as few calls as the mask allows (``grouped``: fewer, longer calls and
-    fewer partials to merge; the calls wait for more peers' data at once)."""
+    """How a library core calls its attention over the K/V of other ranks (context-parallel
+    attention; :mod:`cuco.design.cores` has the rules):
+
+    * ``per_peer``: one phase per peer, each peer's K/V as it arrives, after the own phase;
+    * ``grouped``: the own phase, then the peers' K/V together, laid out contiguously in the
+      receive buffer, in as few calls as the mask allows (fewer, longer calls and fewer
+      partials to merge; the calls wait for more peers' data at once);
+    * ``all_keys``: the rank's own K/V copied into the receive buffer beside the peers', and
+      one call of every query over every rank's keys once all have arrived: no partials, no
+      merge, the library's largest shape (the call a host program makes after its
+      all-gather), but nothing computes while the peers' K/V travel. Non-causal only (one
+      unmasked call cannot hold the causal zig-zag mask)."""
 
     PER_PEER = "per_peer"
     GROUPED = "grouped"
+    ALL_KEYS = "all_keys"
 
 
 class ChunkSchedule(str, Enum):

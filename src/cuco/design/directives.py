@@ -100,9 +100,11 @@ class Directives(BaseModel):
                        "template's own kernel (own) or a library's kernel per phase (flash, "
                        "cudnn: context-parallel attention), beside the communication kernel")
     peer_calls: PeerCalls = Field(default=PeerCalls.PER_PEER, description="a library core: one "
-                                  "phase of calls per peer's K/V as it arrives (per_peer), or "
+                                  "phase of calls per peer's K/V as it arrives (per_peer), "
                                   "every peer's K/V together, contiguous in the receive buffer, in "
-                                  "as few calls as the mask allows (grouped)")
+                                  "as few calls as the mask allows (grouped), or one call over "
+                                  "every rank's K/V once all have arrived, no merge (all_keys: "
+                                  "non-causal)")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -144,13 +146,14 @@ class Directives(BaseModel):
     @property
     def name(self) -> str:
         """Short variant name: the five dimensions, backend first, then a library core
-        where one computes (``lsa.side_stream.chunk.warp.c4M.cudnn``) and ``grouped`` where
-        it calls the peers' K/V together (``...c4M.cudnn.grouped``)."""
+        where one computes (``lsa.side_stream.chunk.warp.c4M.cudnn``) and how it calls over
+        the peers' K/V where that is not a call per peer (``...c4M.cudnn.grouped``,
+        ``...c4M.cudnn.all_keys``)."""
         return ".".join((
             self.backend.value, self.placement.value, self.sync_scope.value,
             self.issuer.value, "c" + format_bytes(self.chunk_bytes),
             *((self.core.value,) if self.core.library else ()),
-            *((self.peer_calls.value,) if self.peer_calls is PeerCalls.GROUPED else ()),
+            *((self.peer_calls.value,) if self.peer_calls is not PeerCalls.PER_PEER else ()),
         ))
 
     @property

@@ -94,8 +94,9 @@ class PipelineOp:
 
     @property
     def peer_calls(self) -> tuple[PeerCalls, ...]:
-        """How its library cores may call over the peers' data: a phase per peer, or grouped
-        (where it has library cores); ``per_peer`` alone otherwise."""
+        """How its library cores may call over the peers' data: every :class:`PeerCalls` value
+        (a phase per peer, grouped, one call over all keys) where it has library cores;
+        ``per_peer`` alone otherwise."""
         return tuple(PeerCalls) if self.library_cores else (PeerCalls.PER_PEER,)
 
     def sync_scopes(self, side_stream_only: bool = True) -> tuple[SyncScope, ...]:

@@ -359,7 +359,7 @@ class DesignSpace:
                 and SyncScope.CHUNK in self.choices["sync_scope"]):
             values["sync_scope"] = SyncScope.CHUNK
         stream_order.repair(values, self.choices)
-        cores.repair(values, self.choices)
+        cores.repair(values, self.choices, self.problem)
         if not values["placement"].in_kernel:  # tile order, comm warps, split-K, clusters: in-kernel only
             for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1), ("cluster_m", 1)):
                 if neutral in self.choices[f]:

@@ -24,6 +24,10 @@ With ``peer_calls=grouped`` (:func:`library_plan`) only the own phase is called 
 the peers' K/V, received in the grouped layout (:mod:`~cuco.workloads.cp.receive_layout`),
 are called in as few runs of the receive buffer as the mask allows
 (:mod:`~cuco.workloads.cp.peer_groups`), each behind a wait for every chunk it reads.
+With ``peer_calls=all_keys`` (non-causal) there is no phase: the own shard is copied into the
+receive buffer beside the peers' (:func:`copy_own`, on the compute stream ahead of the wait,
+so it overlaps the transfer) and one call attends every key; its output is the result
+(:func:`single_call`: :func:`write_output` copies it out, no merge).
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from cuco.design.dimensions import Core, PeerCalls
 from cuco.errors import EnvironmentProblem
 from cuco.workloads.cp import peer_groups
 from cuco.workloads.cp.fused_call import FusedCall
-from cuco.workloads.cp.peer_groups import GroupedCall, first_row, grouped_calls
-from cuco.workloads.cp.receive_layout import v_rows_after_k
+from cuco.workloads.cp.peer_groups import GroupedCall, all_keys_call, first_row, grouped_calls
+from cuco.workloads.cp.receive_layout import receive_row, v_rows_after_k
 from cuco.workloads.cp.split import DIAGONAL, FULL, SKIP, pair_kind, slot_order, zigzag_chunk
 
 #: cuco/ops/lse_merge.cuh: the partials one merge takes (its ``kMaxParts``)
@@ -117,13 +121,30 @@ def phase_plan(me: int, w: int, causal: bool) -> list[Phase]:
 
 def library_plan(me: int, w: int, causal: bool, peer_calls: PeerCalls = PeerCalls.PER_PEER
                  ) -> tuple[list[Phase], list[GroupedCall]]:
-    """Rank ``me``'s phases over whole shards (:func:`phase_plan`: every rank's, or only its
-    own where the peers' K/V are called grouped) and its grouped calls over the receive
-    buffer (:func:`~cuco.workloads.cp.peer_groups.grouped_calls`; none per peer)."""
+    """Rank ``me``'s phases over whole shards (:func:`phase_plan`: every rank's, only its
+    own where the peers' K/V are called grouped, none for all_keys) and its calls over the
+    receive buffer (:func:`~cuco.workloads.cp.peer_groups.grouped_calls`; the one
+    :func:`~cuco.workloads.cp.peer_groups.all_keys_call`; none per peer)."""
+    if peer_calls is PeerCalls.ALL_KEYS:
+        if causal:
+            raise ValueError("peer_calls=all_keys makes one unmasked call: a causal shard needs "
+                             "peer_calls=per_peer or grouped")
+        return [], [all_keys_call(me, w)]
     phases = phase_plan(me, w, causal)
     if peer_calls is PeerCalls.PER_PEER:
         return phases, []
     return [p for p in phases if p.slot == me], grouped_calls(me, w, causal)
+
+
+def single_call(phases: list[Phase], groups: list[GroupedCall]) -> bool:
+    """Is the plan one call of every query row (all_keys)? Its output is then the result:
+    a softmax over every key the rows see, nothing to merge."""
+    return not phases and len(groups) == 1 and groups[0].q_halves == (0, 1)
+
+
+def copies_own(groups: list[GroupedCall], me: int) -> bool:
+    """Do the calls read rank ``me``'s own shard from the receive buffer (all_keys)?"""
+    return any(s == me for g in groups for s, _ in g.blocks)
 
 
 def calls_of(me: int, w: int, causal: bool, peer_calls: PeerCalls = PeerCalls.PER_PEER) -> int:
@@ -177,10 +198,11 @@ def parts_table(rows: list[tuple]) -> np.ndarray:
 
 
 # ---- the library calls (torch) ----------------------------------------------------------
-def library_attention(core: Core):
+def library_attention(core: Core, lse: bool = True):
     """``attend(q, k, v, causal) -> (out, lse)`` of ``core`` on [B, H, S, D] views: the
     library's attention with the log-sum-exp of every row (natural log of the scaled scores'
-    exponentials). Imports torch."""
+    exponentials; ``lse=False``: cuDNN computes none, for a call whose output is the result
+    and merges with nothing — flash always returns it). Imports torch."""
     import torch
     aten = torch.ops.aten
     if core is Core.FLASH:
@@ -189,7 +211,7 @@ def library_attention(core: Core):
             return r[0], r[1]
     elif core is Core.CUDNN:
         def attend(q, k, v, causal: bool):
-            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, lse, 0.0, causal, False)
             return r[0], r[1]
     else:
         raise ValueError(f"core={core.value} is no library core")
@@ -238,17 +260,45 @@ def grouped_views(call: GroupedCall, q, k_region, v_region, me: int, w: int, chu
     return bhsd(q, lo, lo + len(call.q_halves) * chunk), bhsd(k_region, k0, k1), bhsd(v_region, k0, k1)
 
 
+def copy_own(regions: tuple, k, v, me: int, w: int, chunk: int) -> None:
+    """Rank ``me``'s K and V shards ([2C, H, D] torch tensors) into the receive buffer's rows
+    of its own shard (:mod:`~cuco.workloads.cp.receive_layout`: halves 0 and 1 adjacent), on
+    torch's current stream."""
+    r = receive_row(me, me, 0, w, chunk, grouped=True)
+    assert receive_row(me, me, 1, w, chunk, grouped=True) == r + chunk  # one run of 2C rows
+    regions[0][r:r + 2 * chunk].copy_(k)
+    regions[1][r:r + 2 * chunk].copy_(v)
+
+
 def run_grouped(attend, calls: list[GroupedCall], q, regions: tuple, me: int, w: int, chunk: int,
-                before=None) -> list[tuple]:
+                before=None, own=None) -> list[tuple]:
     """Every grouped call in order over ``regions = (k_region, v_region)``; ``before(call)``
-    is enqueued ahead of each (a fused call's wait for its halves). ``[(call, out, lse)]``."""
+    is enqueued ahead of each (a fused call's wait for its halves). ``own = (k, v)``: this
+    rank's shard, copied into the buffer (:func:`copy_own`) ahead of the first call that
+    reads it and of that call's wait (so it overlaps the transfer). ``[(call, out, lse)]``."""
     results = []
     for call in calls:
+        if own is not None and any(s == me for s, _ in call.blocks):
+            copy_own(regions, *own, me, w, chunk)
+            own = None
         if before is not None:
             before(call)
         o, lse = attend(*grouped_views(call, q, *regions, me, w, chunk), call.causal)
         results.append((call, o, lse))
     return results
+
+
+def write_output(kernel, results: list[tuple], chunk: int, out, rows: int, grid: int, stream,
+                 out_view=None) -> None:
+    """The output into ``out``: where the plan was one call of every row (:func:`single_call`)
+    its output copied into ``out_view`` (``out`` as a [2C, H, D] torch tensor) on torch's
+    current stream, else :func:`merge` of every partial on ``stream``."""
+    if out_view is not None:
+        (call, o, _), = results  # the plan's one call
+        assert call.q_halves == (0, 1) and o.shape[2] == out_view.shape[0], (call, o.shape)
+        out_view.copy_(o[0].transpose(0, 1))
+        return
+    merge(kernel, results, chunk, out, rows, grid, stream)
 
 
 def merge(kernel, results: list[tuple], chunk: int, out, rows: int, grid: int, stream) -> None:
@@ -287,7 +337,9 @@ class LibraryRunner(FusedCall):
     the side stream (as for ``core=own``); on the compute stream the library's attention runs
     per phase (:func:`library_plan`: a peer's phase, or a grouped call over the receive
     buffer, behind ``wait_flags`` on the counters of the chunks it reads), and ``cp_merge``
-    writes the output from every partial."""
+    writes the output from every partial; with ``peer_calls=all_keys`` the own shard is
+    copied into the receive buffer, one call waits for every peer and its output is copied
+    out (:func:`write_output`)."""
 
     COMM_KERNELS = ("comm_kernel", "set_peer_flag", "wait_flags", "cp_merge")
 
@@ -302,10 +354,13 @@ class LibraryRunner(FusedCall):
         s = wl.shape
         shape = (wl.shard, s.heads, s.head_dim)
         self.plan, self.groups = library_plan(ctx.rank, wl.world_size, s.causal, d.peer_calls)
-        self.attend_fn = library_attention(d.core)
+        self.single = single_call(self.plan, self.groups)
+        self.attend_fn = library_attention(d.core, lse=not self.single)
         self.q = torch_bridge.tensor_at(int(inputs["q"].data.ptr), shape, wl.dtype)
         self.kv = {p: (torch_bridge.tensor_at(kb, shape, wl.dtype), torch_bridge.tensor_at(vb, shape, wl.dtype))
                    for p, (kb, vb) in enumerate(zip(*self.kv_bases))}
+        self.own_kv = self.kv[ctx.rank] if copies_own(self.groups, ctx.rank) else None
+        self.out_views: dict[int, object] = {}  # a single call's output copied into them, by address
         self.regions = receive_regions(wl, arena.ptr + self.layout.data["kvg"]) if self.groups else None
         self.tstream = torch_bridge.stream(ctx)
         self.grid = merge_grid(wl.shard, s.heads, s.head_dim, wl.esz)
@@ -327,12 +382,25 @@ class LibraryRunner(FusedCall):
                                               np.int32(count), np.uint64(self.d.comm_ctas)),
                                  stream=ctx.stream)
 
+    def _out_view(self, out):
+        """``out`` as a [2C, H, D] torch tensor where the plan is one call (else None)."""
+        if not self.single:
+            return None
+        ptr = int(out.data.ptr)
+        if ptr not in self.out_views:
+            from cuco.runtime import torch_bridge
+            wl = self.wl
+            self.out_views[ptr] = torch_bridge.tensor_at(ptr, (wl.shard, wl.shape.heads, wl.shape.head_dim),
+                                                         wl.dtype)
+        return self.out_views[ptr]
+
     def _compute(self, out, kv, wait: bool, release=None) -> None:
-        """Every phase's library calls, then the grouped calls, then the merge into ``out``;
-        the partials stay referenced until the merge is enqueued behind them on the same
-        stream (the caching allocator reuses their memory only after it). ``release(after)``,
-        where given, is called once, before the first call over a peer's K/V, with an event
-        of the compute stream recorded there."""
+        """Every phase's library calls, then the grouped calls (all_keys: the own shard copied
+        into the receive buffer first), then the output into ``out`` (the merge, or the one
+        call's output); the partials stay referenced until the merge is enqueued behind them
+        on the same stream (the caching allocator reuses their memory only after it).
+        ``release(after)``, where given, is called once, before the first call over a peer's
+        K/V, with an event of the compute stream recorded there."""
         import torch
         me, w, chunk = self.ctx.rank, self.wl.world_size, self.wl.chunk
         pending = [release] if release is not None else []
@@ -351,14 +419,15 @@ class LibraryRunner(FusedCall):
         def before_group(call: GroupedCall) -> None:
             released()
             if wait:
-                self._wait(peer_groups.wait_ranges(call, self.n))
+                self._wait(peer_groups.wait_ranges(call, self.n, me))
         hooks = wait or release is not None
         with torch.cuda.stream(self.tstream):
             results = run_plan(self.attend_fn, self.plan, self.q, kv, chunk, before=before if hooks else None)
             results += run_grouped(self.attend_fn, self.groups, self.q, self.regions, me, w, chunk,
-                                   before=before_group if hooks else None)
-        released()
-        merge(self.f["cp_merge"], results, chunk, out, self.wl.shard, self.grid, self.ctx.stream)
+                                   before=before_group if hooks else None, own=self.own_kv)
+            released()
+            write_output(self.f["cp_merge"], results, chunk, out, self.wl.shard, self.grid, self.ctx.stream,
+                         self._out_view(out))
 
     def __call__(self) -> None:
         # checked and stressed calls hold the transfers until the own phase has run on the GPU:
@@ -398,8 +467,8 @@ def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int]
                     peer_calls: PeerCalls = PeerCalls.PER_PEER):
     """The compute of a ``core`` fused call with every K/V present (slot p's at ``kbases[p]``,
     ``vbases[p]``; grouped calls read the receive buffer's rows from ``kbases[0]`` and
-    ``vbases[0]``, as many as the slots hold): every call, then the merge into ``out``, on
-    ``ctx.stream``."""
+    ``vbases[0]``, as many as the slots hold; all_keys copies the own shard there first):
+    every call, then the merge (or the one call's output) into ``out``, on ``ctx.stream``."""
     from cuco.runtime import torch_bridge
     import torch
     torch_bridge.on_current_device()
@@ -411,14 +480,17 @@ def library_compute(ctx, wl, core: Core, q, kbases: list[int], vbases: list[int]
     me, w = ctx.rank, wl.world_size
     plan, groups = library_plan(me, w, s.causal, peer_calls)
     regions = receive_regions(wl, kbases[0], vbases[0]) if groups else None
-    attend = library_attention(core)
+    own = kv[me] if copies_own(groups, me) else None
+    single = single_call(plan, groups)
+    out_view = view(int(out.data.ptr)) if single else None
+    attend = library_attention(core, lse=not single)
     fn, grid, tstream = merge_kernel(ctx, wl), merge_grid(wl.shard, s.heads, s.head_dim, wl.esz), torch_bridge.stream(ctx)
 
     def run():
         with torch.cuda.stream(tstream):
             results = run_plan(attend, plan, qt, kv, wl.chunk)
-            results += run_grouped(attend, groups, qt, regions, me, w, wl.chunk)
-        merge(fn, results, wl.chunk, out, wl.shard, grid, ctx.stream)
+            results += run_grouped(attend, groups, qt, regions, me, w, wl.chunk, own=own)
+            write_output(fn, results, wl.chunk, out, wl.shard, grid, ctx.stream, out_view)
     return run
 
 

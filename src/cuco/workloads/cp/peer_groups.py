@@ -1,4 +1,5 @@
-"""The grouped calls of the library route (``peer_calls=grouped``; CPU).
+"""The calls of the library route over the receive buffer (``peer_calls=grouped`` and
+``all_keys``; CPU).
 
 With the peers' K/V in the grouped receive layout (:mod:`~cuco.workloads.cp.receive_layout`),
 the halves a rank attends in full lie in runs of rows with one row stride. Each run whose
@@ -8,9 +9,13 @@ all the peers' K/V, or (causal zig-zag) one over the earlier peers' halves 0 and
 the later peers' both halves. Fewer, longer calls than a phase per peer, and fewer partials
 to merge (at most three), at the cost of waiting for more peers at once.
 
-:func:`default_peer_calls` is the regime's default: group where the own phase can hide the
-transfer of every peer's K/V (so waiting for all of them costs no overlap) and a rank's
-tokens are few enough that one call over every peer measured faster than a call per peer.
+With ``peer_calls=all_keys`` (non-causal) the own shard is copied into the buffer after the
+peers' (the grouped layout's last rows) and :func:`all_keys_call` is the rank's only call:
+every query against every rank's keys, one run of rows, once every peer's chunks are there.
+Its output is the result (no partials, no merge), the call a host program makes after its
+all-gather; nothing computes while the peers' K/V travel.
+
+:func:`default_peer_calls` is the regime's default.
 """
 
 from __future__ import annotations
@@ -71,18 +76,26 @@ def grouped_calls(me: int, w: int, causal: bool, chunk: int = 1) -> list[Grouped
     return calls
 
 
+def all_keys_call(me: int, w: int) -> GroupedCall:
+    """Rank ``me``'s one call of ``peer_calls=all_keys`` (non-causal): both query halves
+    against every half of every rank's shard, its own included, in buffer order (one run)."""
+    blocks = [(s, h) for s in range(w) for h in (0, 1)]
+    return GroupedCall((0, 1), tuple(sorted(blocks, key=lambda b: receive_row(me, *b, w, 1, grouped=True))))
+
+
 def first_row(call: GroupedCall, me: int, w: int, chunk: int) -> int:
     """The K row of the receive buffer where ``call``'s keys start."""
     slot, half = call.blocks[0]
     return receive_row(me, slot, half, w, chunk, grouped=True)
 
 
-def wait_ranges(call: GroupedCall, n_chunks: int) -> list[tuple[int, int]]:
-    """``(first, count)`` of the arrival counters to wait on before ``call``: every transfer
-    chunk of its halves (slot ``s``'s chunk ``c`` is counter ``s * n_chunks + c``), adjacent
-    counters joined into one range."""
+def wait_ranges(call: GroupedCall, n_chunks: int, me: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of the arrival counters rank ``me`` waits on before ``call``: every
+    transfer chunk of its peers' halves (slot ``s``'s chunk ``c`` is counter
+    ``s * n_chunks + c``; its own halves are copied in on the compute stream, not sent),
+    adjacent counters joined into one range."""
     per_half = n_chunks // 2
-    firsts = sorted(s * n_chunks + h * per_half for s, h in call.blocks)
+    firsts = sorted(s * n_chunks + h * per_half for s, h in call.blocks if s != me)
     out: list[tuple[int, int]] = []
     for f in firsts:
         if out and out[-1][0] + out[-1][1] == f:
@@ -93,18 +106,31 @@ def wait_ranges(call: GroupedCall, n_chunks: int) -> list[tuple[int, int]]:
 
 
 def default_peer_calls(problem: CPProblem) -> PeerCalls:
-    """The regime's way of calling over the peers' data: grouped where there is more than
-    one peer, a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one
-    call over every peer ran slower than a call per peer, causal or not) and the own phase's
-    attention (``4 T^2 H D`` flops, half that under the causal mask, at
-    :data:`ATTENTION_TFLOPS`) lasts at least as long as every peer's K/V takes to arrive
-    (``W-1`` shards of K and V at :data:`RECEIVE_GBS`: modelled), so waiting for all of them
-    hides as much as a phase per peer."""
+    """The regime's way of calling over the peers' data.
+
+    * Non-causal, two ranks or more: ``all_keys``. The one call is the host program's own
+      (every query over every key: the library's largest, most efficient shape, and no merge).
+      This rests on two measured rows (1 x H200, W = 2, 8k tokens a rank, non-causal,
+      bench/results/cp_attention_kernel.json at d3e3b02), where the per-peer calls and merge
+      ran 0.9256x (32 heads of 64) and 0.9494x (64 of 128) torch's one cuDNN call; the
+      all_keys rows themselves are not measured yet. The cost is modelled only: nothing
+      computes while every peer's K/V arrives (``W-1`` shards of K and V at
+      :data:`RECEIVE_GBS`, about 8 % of the call at W = 2 and 8k tokens at
+      :data:`ATTENTION_TFLOPS`), where a call per peer hides it behind the own phase.
+    * Causal (all_keys cannot hold the mask): ``grouped`` where there is more than one peer,
+      a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one call over
+      every peer ran slower than a call per peer) and the own phase's attention (``2 T^2 H
+      D`` flops at :data:`ATTENTION_TFLOPS`) lasts at least as long as every peer's K/V takes
+      to arrive (modelled), so waiting for all of them hides as much as a phase per peer;
+      else ``per_peer``.
+    * One rank: ``per_peer`` (nothing to gather)."""
     w = problem.world_size
+    if w >= 2 and not problem.causal:
+        return PeerCalls.ALL_KEYS
     tokens = problem.seq // w
     if w < 3 or tokens > GROUPED_MAX_TOKENS:
         return PeerCalls.PER_PEER
     elems = tokens * problem.heads * problem.head_dim
-    own_s = (2.0 if problem.causal else 4.0) * tokens * elems / (ATTENTION_TFLOPS * 1e12)
+    own_s = 2.0 * tokens * elems / (ATTENTION_TFLOPS * 1e12)
     arrive_s = (w - 1) * 2 * elems * problem.dtype_bytes / (RECEIVE_GBS * 1e9)
     return PeerCalls.GROUPED if own_s >= arrive_s else PeerCalls.PER_PEER

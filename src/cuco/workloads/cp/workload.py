@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cuco.design import CPProblem, Directives, PeerCalls
+from cuco.design import CPProblem, Directives
 from cuco.design.cores import peer_calls_violations
 from cuco.design.pipeline_ops import CP_ATTENTION
 from cuco.design.problem import CP_Q_TILE, DTYPE_BYTES
@@ -48,8 +48,9 @@ from cuco.runtime.cublas import gemm
 from cuco.runtime.peaks import Work
 from cuco.workloads.base import EPS, Buffers, Runner, register
 from cuco.workloads.cp.fused_call import FusedCall
-from cuco.workloads.cp.library import LibraryRunner, fastest, library_compute
+from cuco.workloads.cp.library import LibraryRunner, fastest, library_compute, library_plan, single_call
 from cuco.workloads.cp.peer_groups import default_peer_calls
+from cuco.workloads.cp.receive_layout import grouped_receive
 from cuco.workloads.cp.split import (  # noqa: F401 - the split's names, also read from here
     DIAGONAL, FULL, SKIP, needs_half, pair_kind, slot_order, token_positions, zigzag_chunk,
 )
@@ -261,11 +262,16 @@ class CPAttention(PipelineWorkload):
                      heads=s.heads, head_dim=s.head_dim, causal=s.causal, comm_ctas=d.comm_ctas,
                      threads=THREADS, max_ranks=MAX_RANKS, open_slot=OPEN_SLOT,
                      name=d.full_name, core=d.core.value, library=d.core.library,
-                     grouped=d.peer_calls is PeerCalls.GROUPED, **self.plan(d))
+                     grouped=grouped_receive(d.peer_calls),
+                     peer_calls=d.peer_calls.value, one_call=self.one_call(d), **self.plan(d))
         needs = ("nvshmem",) if d.backend.value == "nvshmem" else ("nccl",)
         kernels = ("comm_kernel", "set_peer_flag") + (("wait_flags", "cp_merge") if d.core.library
                                                      else ("cp_attend",))
         return KernelSource(self.kernel_name(d), src, needs, kernels)
+
+    def one_call(self, d: Directives) -> bool:
+        """Is a library core's plan one call of every query over every key (``all_keys``)?"""
+        return d.core.library and single_call(*library_plan(0, self.world_size, self.shape.causal, d.peer_calls))
 
     def grid(self) -> list[Directives]:
         half_bytes = self.chunk * self.row_elems * self.esz
