@@ -4,6 +4,8 @@ same rank's work -> bench/results/cp_attention_kernel.json
     python bench/cp_attention_kernel.py                 # library cores vs torch, W = 2 and 4 (~5 min on an H100)
     python bench/cp_attention_kernel.py --quick         # three small rows, no result file (~1 min)
     python bench/cp_attention_kernel.py --own-core      # also cuco's own mma.sync core: its checks and rows
+    python bench/cp_attention_kernel.py --worlds 2 --only T8192H32D64full --only T8192H64D128full \
+        --name cp_attention_kernel_w2_full8k            # the cases whose case name holds a pattern
 
 A rank of a W-rank zig-zag split is simulated on one GPU: its queries [T, H, D] (T tokens per
 rank), every rank's K/V as the fused call holds them (one [T, H, D] shard per rank, all
@@ -18,6 +20,10 @@ not; W = 2 and 4; the first and last rank where the mask makes their calls diffe
   allows over the peers' K/V laid out as the fused call receives them (the grouped receive
   layout, filled once outside the timed calls, as the sequence-ordered K/V of the torch
   programs are); each row names the regime's default grouping (``default_peer_calls``);
+* ``library.flash.all_keys`` / ``library.cudnn.all_keys`` (non-causal, W >= 2): with
+  ``peer_calls=all_keys``, the own shard copied into that receive buffer beside the peers'
+  (timed: the fused call's compute stream makes the copy), then one call of every query over
+  every rank's keys, its output copied out (no merge);
 * ``torch_flash``: what a torch user writes (as the workload's ``host_torch_flash``, without
   the all-gather): K/V in sequence order, flash attention over all keys (causal: one call per
   q half over the keys up to its chunk's end, flash's bottom-right mask);
@@ -46,7 +52,8 @@ from typing import NamedTuple
 import numpy as np
 
 from cuco import results
-from cuco.errors import run_script
+from cuco.design import PeerCalls
+from cuco.errors import InputError, run_script
 
 
 def setup(seq, heads, head_dim, causal, w, dtype="bf16"):
@@ -208,10 +215,11 @@ def timed(fn, iters=8):
 NAME = "cp_attention_kernel"
 TOKENS, HEADS, HEAD_DIMS, WORLDS = (8192, 16384, 32768), (32, 64), (64, 128), (2, 4)
 QUICK = [(8192, 32, 128, True, 2, 0), (8192, 32, 64, False, 2, 0), (8192, 32, 64, False, 4, 0)]
-LIBRARY = ("library.flash", "library.cudnn", "library.flash.grouped", "library.cudnn.grouped")
+GROUPINGS = tuple(g.value for g in PeerCalls)  # per_peer, grouped, all_keys
 #: the variant of each core and way of calling over the peers' K/V
-VARIANTS = {(core, calls): f"library.{core}" + (".grouped" if calls == "grouped" else "")
-            for core in ("flash", "cudnn") for calls in ("per_peer", "grouped")}
+VARIANTS = {(core, calls): f"library.{core}" + ("" if calls == "per_peer" else f".{calls}")
+            for core in ("flash", "cudnn") for calls in GROUPINGS}
+LIBRARY = tuple(VARIANTS.values())
 PROGRAMS = ("torch_flash", "torch_cudnn")  # correct torch programs: the bar is the fastest
 BAR = 0.95
 #: GPU clock cycles of the spin before each timed call (~0.1 ms): its launches are all queued
@@ -243,13 +251,14 @@ class Row(NamedTuple):
                            head_dim=self.head_dim, causal=self.causal, dtype="bf16")
 
 
-def library_rows(worlds=WORLDS, quick: bool = False) -> list[Row]:
+def library_rows(worlds=WORLDS, quick: bool = False, only: tuple[str, ...] = ()) -> list[Row]:
     """The timed cases: every tokens x heads x head_dim x mask x world; causal rows for the
-    first and the last rank (their calls differ), non-causal for rank 0 (all alike)."""
-    if quick:
-        return [Row(*r) for r in QUICK]
-    return [Row(t, h, d, c, w, me) for w in worlds for t in TOKENS for h in HEADS for d in HEAD_DIMS
-            for c in (True, False) for me in ((0, w - 1) if c else (0,))]
+    first and the last rank (their calls differ), non-causal for rank 0 (all alike). ``only``:
+    the cases whose name holds one of these patterns (``T8192H32D64full/W2``)."""
+    rows = [Row(*r) for r in QUICK] if quick else [
+        Row(t, h, d, c, w, me) for w in worlds for t in TOKENS for h in HEADS for d in HEAD_DIMS
+        for c in (True, False) for me in ((0, w - 1) if c else (0,))]
+    return [r for r in rows if not only or any(p in r.case for p in only)]
 
 
 def flops(row: Row) -> float:
@@ -290,13 +299,16 @@ def make_rows(row: Row, ms: dict[str, float], checks: dict[str, dict]) -> list[d
 
 def summarize(rows: list[dict]) -> dict:
     """Per case: the fastest correct torch program over the fastest correct library core
-    (the ratio the issue bars at 0.95), also per core, and over the torch kernels alone
-    (torch_flash and cuDNN's calls unmerged: the strictest floor); per core, each case's
-    per-peer time over its grouped time (W >= 3)."""
+    (the ratio the issue bars at 0.95), also per core and with each case's default grouping
+    only (the fastest correct core calling over the peers' K/V the way ``default_peer_calls``
+    picks there), and over the torch kernels alone (torch_flash and cuDNN's calls unmerged:
+    the strictest floor); per core, each case's per-peer time over its grouped time (W >= 3)
+    and over its all_keys time (non-causal)."""
     cases: dict[str, dict[str, dict]] = {}
     for r in rows:
         cases.setdefault(r["case"], {})[r["variant"]] = r
-    ratio, by_core, kernels, below, gain = {}, {c: {} for c in LIBRARY}, {}, [], {}
+    ratio, by_core, kernels, below, by_default, below_default = {}, {c: {} for c in LIBRARY}, {}, [], {}, []
+    gain: dict[str, dict] = {g: {} for g in GROUPINGS if g != "per_peer"}
     for case, vs in cases.items():
         lib = [vs[n] for n in LIBRARY if n in vs and vs[n]["correct"]]
         base = next((v["baseline_ms"] for v in vs.values() if v.get("baseline_ms")), None)
@@ -309,22 +321,35 @@ def summarize(rows: list[dict]) -> dict:
                 by_core[c][case] = round(base / vs[c]["ms"], 4)
         if ratio[case] is None or ratio[case] < BAR:
             below.append(case)
+        pick = next((v["default_peer_calls"] for v in lib if "default_peer_calls" in v), None)
+        picked = [v["ms"] for v in lib if pick and v["variant"] in (VARIANTS[c, pick] for c in ("flash", "cudnn"))]
+        by_default[case] = round(base / min(picked), 4) if base and picked else None
+        if by_default[case] is None or by_default[case] < BAR:
+            below_default.append(case)
         for core in ("flash", "cudnn"):
-            one, grouped = vs.get(VARIANTS[core, "per_peer"]), vs.get(VARIANTS[core, "grouped"])
-            if one and grouped and one["correct"] and grouped["correct"]:
-                gain.setdefault(core, {})[case] = round(one["ms"] / grouped["ms"], 4)
+            one = vs.get(VARIANTS[core, "per_peer"])
+            for g in gain:
+                other = vs.get(VARIANTS[core, g])
+                if one and other and one["correct"] and other["correct"]:
+                    gain[g].setdefault(core, {})[case] = round(one["ms"] / other["ms"], 4)
     vals = [v for v in ratio.values() if v is not None]
+    dvals = [v for v in by_default.values() if v is not None]
     worst = min(ratio, key=lambda c: ratio[c] if ratio[c] is not None else -1.0) if ratio else None
+
+    def spread(g: dict) -> dict:
+        return {c: {"min": min(x.values()), "max": max(x.values()), "cases": x} for c, x in g.items()}
     return {"cases": len(cases), "bar": BAR,
             "all_correct": all(r["correct"] is not False for r in rows),
             "tolerance": TOLERANCE,
             "min_ratio_vs_fastest_torch": min(vals) if len(vals) == len(ratio) and vals else None,
             "worst_case": worst,
+            "min_ratio_default_grouping": min(dvals) if len(dvals) == len(by_default) and dvals else None,
+            "cases_below_bar_default_grouping": below_default,
             "min_ratio_by_core": {c: (min(v.values()) if v else None) for c, v in by_core.items()},
             "min_ratio_vs_torch_kernels": min((v for v in kernels.values() if v is not None), default=None),
             "cases_below_bar": below, "met": bool(ratio) and not below,
-            "grouped_speedup_over_per_peer": {c: {"min": min(g.values()), "max": max(g.values()), "cases": g}
-                                              for c, g in gain.items()}}
+            "grouped_speedup_over_per_peer": spread(gain["grouped"]),
+            "all_keys_speedup_over_per_peer": spread(gain["all_keys"])}
 
 
 def table(rows: list[dict]) -> str:
@@ -418,14 +443,16 @@ def torch_programs(wl, me, q, k, v):
 
 def grouped_receive(wl, me, k, v):
     """Rank ``me``'s receive buffer in the grouped layout (``cuco/ops/cp_receive.cuh``), K and V
-    [rows, H, D], filled with every half a peer sends it, as the comm kernel fills it."""
+    [rows, H, D], filled with every half a peer sends it, as the comm kernel fills it; NaN
+    elsewhere (the own shard's rows: a call that reads them before all_keys copies the shard
+    there is wrong)."""
     import torch
     from cuco.workloads.cp import needs_half
     from cuco.workloads.cp.receive_layout import receive_row, v_rows_after_k
     s, w, c = wl.shape, wl.world_size, wl.chunk
     rows = v_rows_after_k(w, c, grouped=True)
-    kr = torch.zeros(rows, s.heads, s.head_dim, dtype=k.dtype, device=k.device)
-    vr = torch.zeros_like(kr)
+    kr = torch.full((rows, s.heads, s.head_dim), float("nan"), dtype=k.dtype, device=k.device)
+    vr = torch.full_like(kr, float("nan"))
     for src in range(w):
         for h in (0, 1):
             if src != me and needs_half(src, h, me, w, s.causal):
@@ -437,27 +464,41 @@ def grouped_receive(wl, me, k, v):
 
 def library_program(wl, me, q, k, v, core, merge_fn, out, peer_calls=None):
     """The fused call's compute of ``core`` with every K/V present: the plan's calls (a phase
-    per peer, or grouped over the receive buffer), then cp_merge into ``out`` [T, H, D] (the
-    functions the fused call runs)."""
+    per peer, grouped over the receive buffer, or all_keys: the own shard copied into it, then
+    one call), then cp_merge (or the one call's output) into ``out`` [T, H, D] (the functions
+    the fused call runs)."""
     import cupy
     import torch
     from cuco.design import PeerCalls
     from cuco.workloads.cp import library as lib
+    from cuco.workloads.cp.receive_layout import receive_row
     s, w = wl.shape, wl.world_size
     calls = PeerCalls.PER_PEER if peer_calls is None else PeerCalls(peer_calls)
     plan, groups = lib.library_plan(me, w, s.causal, calls)
-    attend = lib.library_attention(core)
+    single = lib.single_call(plan, groups)
+    attend = lib.library_attention(core, lse=not single)
     kv = {p: (k[p], v[p]) for p in range(w)}
     regions = grouped_receive(wl, me, k, v) if groups else None
+    own = kv[me] if lib.copies_own(groups, me) else None
+    out_view = out if single else None
     grid = lib.merge_grid(wl.shard, s.heads, s.head_dim, 2)
+    own_rows = slice(receive_row(me, me, 0, w, wl.chunk, grouped=True),
+                     receive_row(me, me, 0, w, wl.chunk, grouped=True) + wl.shard)
+
+    def poison():
+        """The own shard's rows of the receive buffer, NaN: each call must copy them in."""
+        for t in regions:
+            t[own_rows].fill_(float("nan"))
 
     def run():
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         results = lib.run_plan(attend, plan, q, kv, wl.chunk)
-        results += lib.run_grouped(attend, groups, q, regions, me, w, wl.chunk)
-        lib.merge(merge_fn, results, wl.chunk, out.data_ptr(), wl.shard, grid, stream)
+        results += lib.run_grouped(attend, groups, q, regions, me, w, wl.chunk, own=own)
+        lib.write_output(merge_fn, results, wl.chunk, out.data_ptr(), wl.shard, grid, stream, out_view)
         return out
     run.keepalive = regions
+    if own is not None:
+        run.poison = poison
     return run
 
 
@@ -514,6 +555,7 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
     interleaved, check the last timed output again; the case's result rows."""
     import torch
     from cuco.design import Core
+    from cuco.design.cores import peer_calls_violations
     wl = row.workload()
     q, k, v = tensors(wl, row.rank, 1000 + row.tokens // 1024 + row.heads + row.head_dim + row.rank)
     heads = sorted({0, row.heads - 1})
@@ -521,8 +563,8 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
     progs, _keep = torch_programs(wl, row.rank, q, k, v)
     outs = {}
     for (core, calls), name in VARIANTS.items():
-        if calls == "grouped" and row.world < 3:
-            continue  # one peer: the same calls as per_peer (the directive refuses it)
+        if peer_calls_violations({"core": core, "peer_calls": calls}, wl.problem):
+            continue  # refused here: grouped with one peer, all_keys under a causal mask
         outs[name] = torch.empty_like(q)
         progs[name] = library_program(wl, row.rank, q, k, v, Core(core), merge_fns[row.head_dim], outs[name],
                                       calls)
@@ -533,6 +575,7 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
     for name, fn in progs.items():
         if name in outs:
             outs[name].fill_(float("nan"))
+        getattr(fn, "poison", lambda: None)()  # what a program fills itself each call
         got = fn()
         if got is not None:
             checks[name] = check_against(wl, assemble(got), ref, heads, None if name == "torch_flash" else bar)
@@ -544,6 +587,7 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if name in outs:  # poisoned before every call (untimed): a stale output fails the last check
                 outs[name].fill_(float("nan"))
+            getattr(fn, "poison", lambda: None)()
             torch.cuda._sleep(BUSY_CYCLES)  # the host enqueues the call while the GPU is busy
             a.record()
             last[name] = fn()
@@ -614,18 +658,26 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="three small rows (one W=4 with the grouped "
                     "variants), no result file")
     ap.add_argument("--worlds", default="2,4", help="world sizes simulated (default 2,4)")
+    ap.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                    help="only the cases whose name holds PATTERN (repeatable; a case is named like "
+                    "T8192H32D64full/W2r0: tokens per rank, heads, head dim, mask, world, rank)")
+    ap.add_argument("--name", default=NAME, help=f"the result file's name (default {NAME}; give "
+                    "another with --only, so a subset does not replace the whole grid's file)")
     ap.add_argument("--own-core", action="store_true",
                     help="also cuco's own mma.sync core: its kernel checks and rows (W = 2)")
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args(argv)
+    rows = library_rows(tuple(int(w) for w in args.worlds.split(",")), args.quick, tuple(args.only))
+    if not rows:
+        raise InputError(f"--only {' '.join(args.only)}: no case of --worlds {args.worlds} matches; "
+                         "a case is named like T8192H32D64full/W2r0")
     import os
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # no module load beside a spinning kernel
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference in fp32
     t0 = time.time()
-    rows = library_rows(tuple(int(w) for w in args.worlds.split(",")), args.quick)
     merges = build_merges(sorted({(r.heads, r.head_dim) for r in rows}))
     own, checks = None, []
     if args.own_core:
@@ -642,7 +694,7 @@ def main(argv=None) -> int:
     report: list[dict] = []
 
     def write(partial: bool):
-        return results.write(NAME, report, device=f"1 x {torch.cuda.get_device_name()}",
+        return results.write(args.name, report, device=f"1 x {torch.cuda.get_device_name()}",
                              world_size=1, emulated=False, out_dir=args.out_dir,
                              extra={"summary": summarize(report), "partial": partial,
                                     "own_core_checks": checks or None})

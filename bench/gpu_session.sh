@@ -63,9 +63,14 @@ step_command() {
     tests_cp)        echo "$PT tests/test_cp_attention_gpu.py" ;;
     # CP attention's library cores (core=flash / cudnn) in the evaluator's job (2 GPUs or EMULATE=W)
     tests_cp_library) echo "$PT tests/test_cp_library_gpu.py" ;;
+    # their one-call variant (peer_calls=all_keys, non-causal) alone: run at EMULATE=2 and EMULATE=4
+    tests_cp_all_keys) echo "$PT -k all_keys tests/test_cp_library_gpu.py" ;;
     # their compute against torch's attention on one GPU (issue #37); _quick: two rows, no file
     cp_attention_kernel)       echo "python3 bench/cp_attention_kernel.py $R" ;;
     cp_attention_kernel_quick) echo "python3 bench/cp_attention_kernel.py --quick" ;;
+    # the two cases below the bar with a call per peer (W = 2, 8k tokens, full), every variant
+    # (all_keys among them), into a file of their own
+    cp_attention_kernel_w2_full8k) echo "python3 bench/cp_attention_kernel.py --worlds 2 --only T8192H32D64full --only T8192H64D128full --name cp_attention_kernel_w2_full8k $R" ;;
     tests_emulated)  echo "$PT tests/test_emulated_world_gpu.py" ;;
     tests_runtime)   echo "$PT tests/test_runtime_gpu.py" ;;
     tests_emulated_spin) echo "$PT -k spin tests/test_emulated_world_gpu.py" ;;

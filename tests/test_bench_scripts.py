@@ -259,6 +259,7 @@ def test_cp_kernel_help_needs_no_gpu():
                        text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--quick" in r.stdout and "--own-core" in r.stdout and "--worlds" in r.stdout
+    assert "--only" in r.stdout and "--name" in r.stdout
 
 
 def test_cp_kernel_rows_cover_the_issue_grid(cpk):
@@ -340,7 +341,7 @@ def test_cp_kernel_grouped_rows_and_their_gain(cpk):
     summary gives each core's per-peer time over its grouped time; library rows name the
     regime's default grouping."""
     assert {"library.cudnn.grouped", "library.flash.grouped"} <= set(cpk.LIBRARY)
-    row = cpk.Row(8192, 32, 64, False, 4, 0)
+    row = cpk.Row(8192, 32, 64, True, 4, 0)  # causal: grouped is the default there
     names = ("torch_flash", "torch_cudnn", "library.flash", "library.cudnn", "library.flash.grouped",
              "library.cudnn.grouped")
     rows = cpk.make_rows(row, dict(zip(names, (10.0, 5.0, 10.5, 5.4, 10.2, 5.1))), {n: _ok() for n in names})
@@ -353,11 +354,51 @@ def test_cp_kernel_grouped_rows_and_their_gain(cpk):
     gain = s["grouped_speedup_over_per_peer"]
     assert gain["cudnn"]["min"] == pytest.approx(5.4 / 5.1, abs=1e-4)
     assert gain["flash"]["cases"] == {row.case: pytest.approx(10.5 / 10.2, abs=1e-4)}
-    two = cpk.Row(8192, 32, 64, False, 2, 0)  # one peer: no grouped variant, per_peer is the default
+    two = cpk.Row(8192, 32, 64, True, 2, 0)  # one peer, causal: no grouped variant, per_peer is the default
     rows2 = cpk.make_rows(two, {"torch_cudnn": 5.0, "library.cudnn": 5.2},
                           {n: _ok() for n in ("torch_cudnn", "library.cudnn")})
     assert rows2[1]["default_peer_calls"] == "per_peer"
     assert cpk.summarize(rows2)["grouped_speedup_over_per_peer"] == {}
+
+
+def test_cp_kernel_all_keys_rows_the_default_ratio_and_the_case_filter(cpk):
+    """The all_keys variants are rows of their own (non-causal, W = 2 included), checked
+    alike; the summary gives each core's per-peer time over its all_keys time, and the
+    minimum ratio with each case's default grouping (all_keys there), beside the best of
+    every variant; --only picks cases by name."""
+    assert {"library.cudnn.all_keys", "library.flash.all_keys"} <= set(cpk.LIBRARY)
+    row = cpk.Row(8192, 32, 64, False, 2, 0)
+    names = ("torch_flash", "torch_cudnn", "library.flash", "library.cudnn", "library.flash.all_keys",
+             "library.cudnn.all_keys")
+    ms = dict(zip(names, (10.0, 5.0, 10.5, 5.4, 10.2, 5.1)))
+    rows = cpk.make_rows(row, ms, {n: _ok() for n in names})
+    by = {r["variant"]: r for r in rows}
+    assert by["library.cudnn.all_keys"]["correct"] is True
+    assert {r["default_peer_calls"] for r in rows if r["variant"].startswith("library.")} == {"all_keys"}
+    s = cpk.summarize(rows)
+    assert s["min_ratio_default_grouping"] == pytest.approx(5.0 / 5.1, abs=1e-4)
+    assert s["all_keys_speedup_over_per_peer"]["cudnn"]["min"] == pytest.approx(5.4 / 5.1, abs=1e-4)
+    assert s["cases_below_bar_default_grouping"] == []
+    # the default grouping slower than the per-peer one: the default's ratio says so, the best's not
+    slow = cpk.make_rows(row, {**ms, "library.cudnn.all_keys": 5.6, "library.flash.all_keys": 11.0},
+                         {n: _ok() for n in names})
+    s2 = cpk.summarize(slow)
+    assert s2["min_ratio_vs_fastest_torch"] == pytest.approx(5.0 / 5.4, abs=1e-4)
+    assert s2["min_ratio_default_grouping"] == pytest.approx(5.0 / 5.6, abs=1e-4)
+    assert s2["cases_below_bar_default_grouping"] == [row.case]
+    # a wrong all_keys output is no candidate for either ratio
+    bad = cpk.make_rows(row, ms, {**{n: _ok() for n in names}, "library.cudnn.all_keys": _ok(bad_ref=2),
+                                  "library.flash.all_keys": _ok(bad_torch=1)})
+    s3 = cpk.summarize(bad)
+    assert s3["min_ratio_default_grouping"] is None and s3["all_correct"] is False
+    # the cases by name: the two below the bar with a call per peer
+    only = cpk.library_rows((2,), only=("T8192H32D64full", "T8192H64D128full"))
+    assert [r.case for r in only] == ["cp_attention_kernel/T8192H32D64full/W2r0/bf16",
+                                      "cp_attention_kernel/T8192H64D128full/W2r0/bf16"]
+    assert cpk.library_rows((2,), only=("nothing",)) == []
+    r = subprocess.run([sys.executable, "bench/cp_attention_kernel.py", "--only", "nothing"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    assert r.returncode == 2 and r.stderr.startswith("error: --only nothing: no case") and "Traceback" not in r.stderr
 
 
 def test_evaluator_bench_directive_candidates_are_each_a_build_of_their_own():
