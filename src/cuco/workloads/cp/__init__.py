@@ -5,8 +5,9 @@ query chunk attends, which halves a peer needs; ``cuco/ops/cp_split.cuh`` mirror
 :mod:`~cuco.workloads.cp.workload`: the workload, the tiles cuco's attention kernel walks and
 its fused call (``core=own``). :mod:`~cuco.workloads.cp.library`: the library cores' fused
 call (``core=flash`` / ``core=cudnn``: a library call per phase, the merge).
-:mod:`~cuco.workloads.cp.peer_groups`: the library cores' grouped calls over the peers' K/V
-(``peer_calls=grouped``) and their default per regime; :mod:`~cuco.workloads.cp.receive_layout`:
+:mod:`~cuco.workloads.cp.peer_groups`: the library cores' calls over the receive buffer
+(``peer_calls=grouped``; ``all_keys``: one call over every rank's keys) and their default per
+regime; :mod:`~cuco.workloads.cp.receive_layout`:
 where the receive buffer holds each peer's K/V (``cuco/ops/cp_receive.cuh`` mirrors it).
 :mod:`~cuco.workloads.cp.fused_call`: what the two fused calls share.
 """
