@@ -8,8 +8,8 @@ last gap: at W = 2, non-causal, 8k tokens a rank, two calls and a merge ran 0.92
   where it is valid;
 * the receive layout: the own shard's K and V rows lie where the one call reads them, after
   every peer's, inside the arena's region;
-* the default: ``all_keys`` for every non-causal problem of two ranks or more, resting on
-  the two measured rows below the bar; causal choices as before;
+* the default: ``all_keys`` for non-causal problems of two ranks, resting on the two
+  measured rows below the bar; the choices as before elsewhere;
 * the rendered variant: the grouped receive layout, the same kernels as ``grouped``.
 (The plan against a brute-force mask, its waits and the route on the CPU are in
 test_cp_library_cpu.)
@@ -140,11 +140,14 @@ def test_the_own_shard_lies_where_the_one_call_reads_it(w):
 
 
 # ---- the default ---------------------------------------------------------------------------
-def test_the_default_is_all_keys_wherever_the_mask_allows():
-    for w in (2, 4, 8):
-        for tokens in (1024, 8192, 32768):
-            for heads, d in ((32, 64), (64, 128)):
-                assert default_peer_calls(problem(w, tokens, False, heads, d)) is PeerCalls.ALL_KEYS
+def test_the_default_is_all_keys_at_two_ranks_without_a_mask():
+    for tokens in (1024, 8192, 32768):
+        for heads, d in ((32, 64), (64, 128)):
+            assert default_peer_calls(problem(2, tokens, False, heads, d)) is PeerCalls.ALL_KEYS
+    # more ranks: a call per peer or group keeps the transfer of W-1 shards covered
+    assert default_peer_calls(problem(4, 8192, False)) is PeerCalls.GROUPED
+    assert default_peer_calls(problem(4, 32768, False)) is PeerCalls.PER_PEER
+    assert default_peer_calls(problem(8, 1024, False)) is PeerCalls.PER_PEER
     # causal: the choices as before (grouped at 8k and W = 4, a call per peer at W = 2)
     assert default_peer_calls(problem(4, 8192, True)) is PeerCalls.GROUPED
     assert default_peer_calls(problem(2, 8192, True)) is PeerCalls.PER_PEER

@@ -98,8 +98,10 @@ def test_the_default_grouping_follows_the_regime():
     # one peer, or too short an own phase
     assert default_peer_calls(problem(2, 8192, True)) is PeerCalls.PER_PEER
     assert default_peer_calls(problem(8, 1024, True)) is PeerCalls.PER_PEER
-    # non-causal: one call over every rank's keys (test_cp_all_keys_cpu holds the rest)
-    assert default_peer_calls(problem(4, 8192, False)) is PeerCalls.ALL_KEYS
+    # non-causal at W = 4: the own phase (all its flops) outlasts the transfers too
+    assert default_peer_calls(problem(4, 8192, False)) is PeerCalls.GROUPED
+    # non-causal at W = 2: one call over both shards (test_cp_all_keys_cpu holds the rest)
+    assert default_peer_calls(problem(2, 8192, False)) is PeerCalls.ALL_KEYS
     # the space's default takes it where its core allows: own calls nothing to group
     wl = CPAttention(4, seq=4 * 8192, heads=32, causal=True)
     assert wl.space().default().peer_calls is PeerCalls.PER_PEER  # core=own

@@ -108,29 +108,33 @@ def wait_ranges(call: GroupedCall, n_chunks: int, me: int) -> list[tuple[int, in
 def default_peer_calls(problem: CPProblem) -> PeerCalls:
     """The regime's way of calling over the peers' data.
 
-    * Non-causal, two ranks or more: ``all_keys``. The one call is the host program's own
-      (every query over every key: the library's largest, most efficient shape, and no merge).
-      This rests on two measured rows (1 x H200, W = 2, 8k tokens a rank, non-causal,
-      bench/results/cp_attention_kernel.json at d3e3b02), where the per-peer calls and merge
-      ran 0.9256x (32 heads of 64) and 0.9494x (64 of 128) torch's one cuDNN call; the
-      all_keys rows themselves are not measured yet. The cost is modelled only: nothing
-      computes while every peer's K/V arrives (``W-1`` shards of K and V at
-      :data:`RECEIVE_GBS`, about 8 % of the call at W = 2 and 8k tokens at
-      :data:`ATTENTION_TFLOPS`), where a call per peer hides it behind the own phase.
-    * Causal (all_keys cannot hold the mask): ``grouped`` where there is more than one peer,
-      a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one call over
-      every peer ran slower than a call per peer) and the own phase's attention (``2 T^2 H
-      D`` flops at :data:`ATTENTION_TFLOPS`) lasts at least as long as every peer's K/V takes
-      to arrive (modelled), so waiting for all of them hides as much as a phase per peer;
-      else ``per_peer``.
+    * Non-causal, two ranks: ``all_keys``. A rank has one peer, so the choice is the own
+      and the peer's call plus a merge (``per_peer``) or the host program's one call over
+      both shards. The split measured 0.9256x (32 heads of 64) and 0.9494x (64 of 128)
+      torch's one cuDNN call (1 x H200, 8k tokens a rank,
+      bench/results/cp_attention_kernel.json at d3e3b02); what it buys, computing while the
+      peer's K/V travel, is modelled at about as much (one shard of K and V at
+      :data:`RECEIVE_GBS` against the call at :data:`ATTENTION_TFLOPS`: 7.6 % of it at 8k
+      tokens, less at more). So the overlap pays back only what the split costs, and the one
+      call keeps the library's measured speed. Neither the all_keys rows nor a fused call
+      are measured yet.
+    * Non-causal, three ranks or more, and causal: ``grouped`` where there is more than one
+      peer, a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one
+      call over every peer ran slower than a call per peer, causal or not) and the own
+      phase's attention (``4 T^2 H D`` flops, half that under the causal mask, at
+      :data:`ATTENTION_TFLOPS`) lasts at least as long as every peer's K/V takes to arrive
+      (``W-1`` shards of K and V at :data:`RECEIVE_GBS`: modelled), so waiting for all of
+      them hides as much as a phase per peer; else ``per_peer``. There the calls per peer or
+      group measured at least 0.95x torch's one call, and ``all_keys`` would leave the
+      transfer of W-1 shards uncovered. (All_keys cannot hold a causal mask.)
     * One rank: ``per_peer`` (nothing to gather)."""
     w = problem.world_size
-    if w >= 2 and not problem.causal:
+    if w == 2 and not problem.causal:
         return PeerCalls.ALL_KEYS
     tokens = problem.seq // w
     if w < 3 or tokens > GROUPED_MAX_TOKENS:
         return PeerCalls.PER_PEER
     elems = tokens * problem.heads * problem.head_dim
-    own_s = 2.0 * tokens * elems / (ATTENTION_TFLOPS * 1e12)
+    own_s = (2.0 if problem.causal else 4.0) * tokens * elems / (ATTENTION_TFLOPS * 1e12)
     arrive_s = (w - 1) * 2 * elems * problem.dtype_bytes / (RECEIVE_GBS * 1e9)
     return PeerCalls.GROUPED if own_s >= arrive_s else PeerCalls.PER_PEER
