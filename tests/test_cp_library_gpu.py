@@ -54,15 +54,19 @@ def test_library_cores_are_correct(gpu_group, causal, head_dim):
 @pytest.mark.parametrize("causal", [True, False])
 def test_library_cores_timed_calls_are_verified(gpu_group, causal):
     """A timing job: checked calls at random places among timed ones, every call verified."""
+    assert_timed_calls_verified(gpu_group, _wl(causal, 128), [lib("flash"), lib("cudnn", "nvshmem", "cta")], 11)
+
+
+def assert_timed_calls_verified(group, wl, points: list[Directives], seed: int) -> None:
+    """A timing job of ``points`` (checked calls at random places among timed ones): each
+    correct on every call, and timed."""
     from cuco.evaluate.jobs import Case, VariantSpec
     from cuco.kernels import Compiler
     from cuco.runtime.records import merge_ranks
-    wl = _wl(causal, 128)
-    points = [lib("flash"), lib("cudnn", "nvshmem", "cta")]
     sources = [wl.render(d) for d in points]
     built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
     specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
-    res = gpu_group.run(Case(wl, specs, seed=11, warmup=2, iters=6), timeout=240)
+    res = group.run(Case(wl, specs, seed=seed, warmup=2, iters=6), timeout=240)
     assert res.ok, res.error_text()
     merged = merge_ranks(res.results)
     for s in specs:
@@ -94,19 +98,8 @@ def test_all_keys_variants_are_correct(gpu_group, head_dim):
 
 def test_all_keys_timed_calls_are_verified(gpu_group):
     """A timing job of the all_keys variants beside a call per peer: every call verified."""
-    from cuco.evaluate.jobs import Case, VariantSpec
-    from cuco.kernels import Compiler
-    from cuco.runtime.records import merge_ranks
-    wl = _wl(False, 128)
-    points = [lib("cudnn"), lib("cudnn", peer_calls="all_keys"), lib("flash", "nvshmem", "cta", peer_calls="all_keys")]
-    sources = [wl.render(d) for d in points]
-    built = Compiler().compile_many([(s.name, s.source, s.needs) for s in sources])
-    specs = [VariantSpec(d.full_name, d.to_json(), str(b.path)) for d, b in zip(points, built)]
-    res = gpu_group.run(Case(wl, specs, seed=12, warmup=2, iters=6), timeout=240)
-    assert res.ok, res.error_text()
-    merged = merge_ranks(res.results)
-    for s in specs:
-        assert merged[s.name].correct and merged[s.name].timed, merged[s.name]
+    assert_timed_calls_verified(gpu_group, _wl(False, 128), [
+        lib("cudnn"), lib("cudnn", peer_calls="all_keys"), lib("flash", "nvshmem", "cta", peer_calls="all_keys")], 12)
 
 
 def test_an_all_keys_variant_that_skips_its_wait_is_caught(gpu_group):
