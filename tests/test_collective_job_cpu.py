@@ -11,6 +11,7 @@ import types
 import numpy as np
 import pytest
 
+from bf16_model import bf16
 from cuco.errors import InputError
 from cuco.evaluate.collective_job import CollectiveCase, tolerance
 from cuco.evaluate.schedule import N_SETS
@@ -127,12 +128,6 @@ def test_each_op_counts_as_nccl_does():
     assert CollectiveInputs(ALL_GATHER, 1000, "bf16").elems == 500
     e = CollectiveInputs(REDUCE_SCATTER, 8000, "bf16").extent(4)
     assert (e.in_elems, e.out_elems, e.count, e.nbytes(e.count)) == (4000, 1000, 1000, 2000)
-
-
-def bf16(x) -> np.ndarray:
-    """fp32 rounded to the nearest bf16 (ties to even), as fp32."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
-    return (((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16) << 16).astype(np.uint32).view(np.float32)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])

@@ -8,23 +8,10 @@ import numpy as np
 import pytest
 
 from cuco.workloads import GemmAllReduce
+from bf16_model import bf16, bf16_bits, from_bf16_bits
 from gpu_checks import bf16_low_mask, bf16_round_half, lost_bits
 
 SLACK = GemmAllReduce.accuracy_slack
-
-
-def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """fp32 to bf16 (round to nearest even), as 16-bit patterns."""
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
-
-
-def from_bf16_bits(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-def bf16(x: np.ndarray) -> np.ndarray:
-    return from_bf16_bits(to_bf16_bits(x))
 
 
 def literal(text: str) -> int:
@@ -46,8 +33,8 @@ def errors(world: int, bits: int, n: int = 1 << 18) -> tuple[float, float, float
     for r in range(1, world):  # each hop adds in fp32 and stores bf16
         ring = bf16(ring + parts[r])
     mask, half = literal(bf16_low_mask(bits)), literal(bf16_round_half(bits))
-    cleared = from_bf16_bits(to_bf16_bits(parts.sum(0, dtype=np.float32)) & mask)
-    short = [from_bf16_bits(((to_bf16_bits(p) + half) & mask) & 0xFFFF) for p in parts[1:]]
+    cleared = from_bf16_bits(bf16_bits(parts.sum(0, dtype=np.float32)) & mask)
+    short = [from_bf16_bits(((bf16_bits(p) + half) & mask) & 0xFFFF) for p in parts[1:]]
     peer = bf16(parts[0] + np.sum(short, axis=0, dtype=np.float32))
     return l2(ring), l2(cleared), l2(peer)
 

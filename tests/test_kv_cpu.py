@@ -20,6 +20,7 @@ from cuco.errors import DirectiveError, ShapeError
 from cuco.runtime.dtypes import EPS
 from cuco.workloads import for_problem
 from cuco.workloads.kv import KVTransfer
+from bf16_model import bf16
 from fake_gpu import STREAM_OPS, Arena, Ctx, Event, Stream, run_streams, stream_op
 
 SMALL = dict(layers=2, tokens=256, hidden=512, kv_dim=256, heads=4, head_dim=64, ffn=1024)
@@ -123,11 +124,6 @@ def test_new_fields_are_refused_with_the_fix(shape, field, fix):
     assert (p.kv_heads, p.heads, p.head_dim, p.ffn, p.hidden) == (8, 64, 128, 28672, 8192)
 
 
-def _bf16(x):
-    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
-
-
 def _layer_chain(x, w, s, rnd, dt):
     """The chain of cuco.workloads.kv.prefill in numpy, rounding with ``rnd`` where the GPU
     rounds to the dtype: the cache [layers, T, kv_dim]."""
@@ -154,7 +150,7 @@ def _layer_chain(x, w, s, rnd, dt):
     return np.stack(cache)
 
 
-def test_the_tolerance_holds_for_a_bf16_emulation_of_the_layer_chain():
+def test_the_tolerance_holds_for_abf16_emulation_of_the_layer_chain():
     """bf16 rounding where the GPU chain rounds, against float64: every cache element of every
     layer within the workload's tolerance, and the last layer's error not far below it (the
     tolerance is not loose by orders of magnitude)."""
@@ -162,12 +158,12 @@ def test_the_tolerance_holds_for_a_bf16_emulation_of_the_layer_chain():
     wl = KVTransfer(2, layers=3, tokens=128, hidden=256, kv_dim=256, heads=4, head_dim=64, ffn=512)
     s = wl.shape
     rs = np.random.RandomState(0)
-    x = _bf16(rs.standard_normal((s.tokens, s.hidden)))
-    w = {k: _bf16(rs.standard_normal((s.layers, i, o)) / math.sqrt(i))
+    x = bf16(rs.standard_normal((s.tokens, s.hidden)))
+    w = {k: bf16(rs.standard_normal((s.layers, i, o)) / math.sqrt(i))
          for k, (i, o) in weight_shapes(s).items()}
     ref = _layer_chain(x.astype(np.float64), {k: v.astype(np.float64) for k, v in w.items()}, s,
                        lambda v: v, np.float64)
-    got = _layer_chain(x, w, s, _bf16, np.float32)
+    got = _layer_chain(x, w, s, bf16, np.float32)
     rtol, atol_f = wl.tolerance()
     atol = atol_f * np.abs(ref).max()
     assert (np.abs(got - ref) <= rtol * np.abs(ref) + atol).all()

@@ -278,7 +278,7 @@ def run_grouped(attend, calls: list[GroupedCall], q, regions: tuple, me: int, w:
     reads it and of that call's wait (so it overlaps the transfer). ``[(call, out, lse)]``."""
     results = []
     for call in calls:
-        if own is not None and any(s == me for s, _ in call.blocks):
+        if own is not None and copies_own([call], me):
             copy_own(regions, *own, me, w, chunk)
             own = None
         if before is not None:
