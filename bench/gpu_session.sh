@@ -85,6 +85,7 @@ step_command() {
     tests_in_kernel_grid)     echo "$PT -k 'grid or one_build or skips' tests/test_tp_in_kernel_gpu.py" ;;
     tests_in_kernel_tools)    echo "$PT -k 'split_k_and_64_row or wave_tiles' tests/test_tp_in_kernel_gpu.py" ;;
     tests_in_kernel_clusters) echo "$PT -k clusters tests/test_tp_in_kernel_gpu.py" ;;
+    tests_in_kernel_clusters_ag) echo "$PT -k 'clusters and allgather_gemm' tests/test_tp_in_kernel_gpu.py" ;;
     # what tests_in_kernel_grid left at 4 emulated ranks on 1 x H200 (b2d37ec): its last six
     tests_in_kernel_rest)     echo "$PT -k 'allgather_gemm and one_build or skips' tests/test_tp_in_kernel_gpu.py" ;;
     # the two ping-pong plants tests_in_kernel_rest did not reach in 160 s at 4 emulated ranks (bf67bbb)
