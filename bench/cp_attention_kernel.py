@@ -1,7 +1,7 @@
 """Context-parallel attention's compute on one GPU, against PyTorch's fastest attention on the
 same rank's work -> bench/results/cp_attention_kernel.json
 
-    python bench/cp_attention_kernel.py                 # library cores vs torch, W = 2 and 4 (~5 min on an H100)
+    python bench/cp_attention_kernel.py                 # library cores vs torch, W = 2 and 4 (~7 min on an H100)
     python bench/cp_attention_kernel.py --quick         # three small rows, no result file (~1 min)
     python bench/cp_attention_kernel.py --own-core      # also cuco's own mma.sync core: its checks and rows
     python bench/cp_attention_kernel.py --worlds 2 --only T8192H32D64full --only T8192H64D128full \
@@ -38,7 +38,15 @@ poisoned with NaN first; every element of heads 0 and H-1 against an fp32 refere
 products exact in fp32, softmax in fp32, P split into two bf16 terms for P @ V) within the
 workload's tolerance (|x - ref| <= 3 eps |ref| + 3 eps max|ref|, eps = 2^-8), and every
 element of every head against torch_flash's output within twice that. Timed: CUDA events
-around each program, programs interleaved round by round, the median.
+around each program, programs interleaved round by round in a balanced order (a Williams
+design: over its rounds every program is timed right after each of the others equally
+often; ``cuco.runtime.timing.balanced_order``), the median. What a long cuDNN call leaves
+behind slows what follows it: in a fixed order two programs making the same one call
+differed by up to 11 % at 32k tokens, the one always timed after a cuDNN call the slower
+(H100, 63bfbfc). ``torch_cudnn.repeat``
+is torch_cudnn timed a second time, as its own variant: the ratio of the two (the summary's
+``same_program_spread``) is how far apart timing puts one program from itself, the noise a
+difference from the bar must exceed.
 """
 
 from __future__ import annotations
@@ -221,6 +229,8 @@ VARIANTS = {(core, calls): f"library.{core}" + ("" if calls == "per_peer" else f
             for core in ("flash", "cudnn") for calls in GROUPINGS}
 LIBRARY = tuple(VARIANTS.values())
 PROGRAMS = ("torch_flash", "torch_cudnn")  # correct torch programs: the bar is the fastest
+#: a program timed again under another name: the same-program spread, no candidate for the bar
+REPEAT = "torch_cudnn.repeat"
 BAR = 0.95
 #: GPU clock cycles of the spin before each timed call (~0.1 ms): its launches are all queued
 #: before its first kernel starts, so host overhead is not timed where the GPU would hide it
@@ -282,7 +292,7 @@ def make_rows(row: Row, ms: dict[str, float], checks: dict[str, dict]) -> list[d
     f = flops(row)
     out = []
     for name, t in ms.items():
-        r = {"case": row.case, "variant": name, "ms": round(t, 5), "baseline": base,
+        r = {"case": row.case, "variant": name, "ms": round(t, 5), "baseline": base, "control": name == REPEAT,
              "baseline_ms": round(ms[base], 5) if base else None,
              "speedup": round(ms[base] / t, 4) if base else None,
              "correct": ok(name) if name in checks else None, "program": name in checks,
@@ -309,7 +319,10 @@ def summarize(rows: list[dict]) -> dict:
         cases.setdefault(r["case"], {})[r["variant"]] = r
     ratio, by_core, kernels, below, by_default, below_default = {}, {c: {} for c in LIBRARY}, {}, [], {}, []
     gain: dict[str, dict] = {g: {} for g in GROUPINGS if g != "per_peer"}
+    repeat: dict[str, float] = {}
     for case, vs in cases.items():
+        if REPEAT in vs and "torch_cudnn" in vs:
+            repeat[case] = round(vs["torch_cudnn"]["ms"] / vs[REPEAT]["ms"], 4)
         lib = [vs[n] for n in LIBRARY if n in vs and vs[n]["correct"]]
         base = next((v["baseline_ms"] for v in vs.values() if v.get("baseline_ms")), None)
         floor = min((vs[n]["ms"] for n in ("torch_flash", "torch_cudnn_kernels") if n in vs), default=None)
@@ -348,6 +361,9 @@ def summarize(rows: list[dict]) -> dict:
             "min_ratio_by_core": {c: (min(v.values()) if v else None) for c, v in by_core.items()},
             "min_ratio_vs_torch_kernels": min((v for v in kernels.values() if v is not None), default=None),
             "cases_below_bar": below, "met": bool(ratio) and not below,
+            "same_program_spread": ({"min": min(repeat.values()), "max": max(repeat.values()),
+                                     "what": "torch_cudnn's ms over the same program's, timed again "
+                                             "in the same rounds (1.0: no noise)"} if repeat else None),
             "grouped_speedup_over_per_peer": spread(gain["grouped"]),
             "all_keys_speedup_over_per_peer": spread(gain["all_keys"])}
 
@@ -435,7 +451,7 @@ def torch_programs(wl, me, q, k, v):
             outs.append(((op.float() * wp + od.float() * wd) / (wp + wd)).to(q.dtype))
         return outs
 
-    progs = {"torch_flash": flash, "torch_cudnn": cudnn_program}
+    progs = {"torch_flash": flash, "torch_cudnn": cudnn_program, REPEAT: cudnn_program}
     if s.causal:
         progs["torch_cudnn_kernels"] = lambda: (cudnn_calls(lse=False), None)[1]
     return progs, (ks, vs)
@@ -552,8 +568,9 @@ def check_against(wl, got, ref, heads, bar=None):
 
 def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) -> list[dict]:
     """One case: build every program, check each once (poisoned output), time them
-    interleaved, check the last timed output again; the case's result rows."""
+    interleaved in a balanced order, check the last timed output again; the case's rows."""
     import torch
+    from cuco.runtime.timing import balanced_order, design_rounds
     from cuco.design import Core
     from cuco.design.cores import peer_calls_violations
     wl = row.workload()
@@ -582,8 +599,11 @@ def measure(row: Row, merge_fns: dict, *, rounds: int, warmup: int, own=None) ->
     torch.cuda.synchronize()
     samples: dict[str, list[float]] = {n: [] for n in progs}
     last = {}
-    for i in range(warmup + rounds):
-        for name, fn in progs.items():
+    names = list(progs)
+    timed = max(rounds, design_rounds(len(names)))  # every program after every other alike
+    for i in range(warmup + timed):
+        for name in balanced_order(names, i - warmup):
+            fn = progs[name]
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if name in outs:  # poisoned before every call (untimed): a stale output fails the last check
                 outs[name].fill_(float("nan"))
@@ -665,7 +685,8 @@ def main(argv=None) -> int:
                     "another with --only, so a subset does not replace the whole grid's file)")
     ap.add_argument("--own-core", action="store_true",
                     help="also cuco's own mma.sync core: its kernel checks and rows (W = 2)")
-    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median)")
+    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median; at least the balanced order's rounds: "
+                    "the case's programs, twice that when odd)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args(argv)

@@ -336,6 +336,25 @@ def test_cp_kernel_rows_and_summary(cpk, tmp_path, monkeypatch):
     assert doc["commit"] == "abc1234" and doc["summary"]["met"] is True and doc["rows"] == rows
 
 
+def test_cp_kernel_repeat_is_a_control_not_a_bar(cpk):
+    """torch_cudnn timed again is a row marked as a control: never the baseline (were it
+    faster than torch_cudnn by noise, the bar would be noise), and the summary reports the
+    two times' ratio per case as the same-program spread."""
+    row = cpk.Row(8192, 32, 64, False, 2, 0)
+    names = ("torch_flash", "torch_cudnn", cpk.REPEAT, "library.cudnn")
+    rows = cpk.make_rows(row, dict(zip(names, (10.0, 5.0, 4.8, 5.1))), {n: _ok() for n in names})
+    by = {r["variant"]: r for r in rows}
+    assert {r["baseline"] for r in rows} == {"torch_cudnn"} and by[cpk.REPEAT]["control"] is True
+    assert not by["torch_cudnn"]["control"] and not by["library.cudnn"]["control"]
+    two = cpk.Row(16384, 32, 64, False, 2, 0)
+    rows2 = cpk.make_rows(two, dict(zip(names, (10.0, 5.0, 5.5, 5.1))), {n: _ok() for n in names})
+    s = cpk.summarize(rows + rows2)
+    assert s["min_ratio_vs_fastest_torch"] == pytest.approx(5.0 / 5.1, abs=1e-4)  # not 4.8 / 5.1
+    assert s["same_program_spread"]["min"] == pytest.approx(5.0 / 5.5, abs=1e-4)
+    assert s["same_program_spread"]["max"] == pytest.approx(5.0 / 4.8, abs=1e-4)
+    assert cpk.summarize(cpk.make_rows(row, {"torch_cudnn": 5.0}, {"torch_cudnn": _ok()}))["same_program_spread"] is None
+
+
 def test_cp_kernel_grouped_rows_and_their_gain(cpk):
     """The grouped variants are rows of their own, checked alike, candidates for the bar; the
     summary gives each core's per-peer time over its grouped time; library rows name the

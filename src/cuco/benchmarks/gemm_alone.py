@@ -12,7 +12,8 @@ could call from the host: ``torch.matmul`` (when torch is importable), cuBLAS ``
 (default algorithm) and cuBLASLt's top :data:`LT_TOP` heuristic algorithms, all in one
 process. Each output is poisoned, computed and compared element by element with an fp32
 reference before timing and again after the last timed round; a wrong program is never
-timed nor a baseline. Timing: rounds of every program in a rotating order, each sample
+timed nor a baseline. Timing: rounds of every program in a balanced order (each right after
+every other equally often: ``cuco.runtime.timing.balanced_order``), each sample
 ``calls`` back-to-back calls between CUDA events behind a spin kernel (so the host's
 enqueueing is not timed), the median of the samples. A case's row is cuco's fastest correct
 point against the fastest correct library program (its ``baseline``), with the default's time
@@ -339,7 +340,7 @@ class GemmAloneBench:
 
     def _case(self, shape: tuple[int, int, int], dtype: str, built: dict, sms: int) -> dict[str, Any]:
         import cupy
-        from cuco.runtime.timing import spin
+        from cuco.runtime.timing import balanced_order, spin
         m, n, k = shape
         a, b, ref = _operands(m, n, k, dtype)
         progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
@@ -365,8 +366,7 @@ class GemmAloneBench:
         names = list(ok)
         marks: dict[str, list] = {v: [] for v in names}
         for r in range(self.rounds):
-            order = names[r % len(names):] + names[:r % len(names)] if names else []
-            for v in order:
+            for v in balanced_order(names, r):
                 spin(cupy.cuda.get_current_stream(), 20 + ENQUEUE_US * calls)
                 s, e = cupy.cuda.Event(), cupy.cuda.Event()
                 s.record()

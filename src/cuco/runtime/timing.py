@@ -1,8 +1,9 @@
 """CUDA-event timing inside a worker: warm-up, many samples, interleaved variants.
 
-Variants are timed round-robin within one loop (A B C, B C A, ...) so that
-clock and thermal drift hit all of them alike; every rank runs the same order,
-since collective kernels wait for their peers.
+Variants are timed interleaved within one loop, in a balanced order that changes
+every round (:func:`balanced_order`), so that clock and thermal drift, and what one
+variant leaves behind for the next, hit all of them alike; every rank runs the same
+order, since collective kernels wait for their peers.
 
 Before each sample a short spin kernel keeps the GPU busy while the host
 enqueues the timed call, so the events measure device time and not the host's
@@ -35,6 +36,37 @@ def _spin_kernel():
     return _spin
 
 
+def balanced_order(names: list[str], i: int) -> list[str]:
+    """Round ``i``'s order of ``names``: row ``i`` of a Williams design (a Latin square whose
+    rows, read in turn, put every variant right after each of the others equally often:
+    once over ``len(names)`` rounds when that is even, twice over ``2 len(names)`` when odd,
+    the rows then followed by their reverses). What a call leaves behind for the next one
+    (clocks lowered by a power-hungry kernel, a warm or cold cache) so weighs on every
+    variant alike; a fixed or merely rotated order (A B C, B C A, ...) would put each
+    variant after the same neighbour in almost every round. Every variant also takes every
+    position in the round equally often (drift over the run hits all alike)."""
+    n = len(names)
+    if n == 0:
+        return []
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    period = n if n % 2 == 0 else 2 * n
+    k = i % period
+    row = [names[(x + k) % n] for x in first]
+    return row if k < n else row[::-1]
+
+
+def design_rounds(n: int) -> int:
+    """Rounds of :func:`balanced_order`'s design for ``n`` variants (every ordered pair
+    adjacent equally often once they are all run)."""
+    return n if n % 2 == 0 else 2 * n
+
+
 def spin(stream, us: float) -> None:
     """Keep ``stream`` busy for ``us`` microseconds (a one-thread clock spin)."""
     import numpy
@@ -63,8 +95,7 @@ def time_interleaved(fns: dict[str, Callable[[], None]], stream, *, warmup: int 
                 fns[name]()
         marks: dict[str, list[tuple]] = {n: [] for n in names}
         for i in range(iters):
-            order = names[i % len(names):] + names[: i % len(names)]
-            for name in order:
+            for name in balanced_order(names, i):
                 if flush is not None:
                     flush.fill(i & 0xFF)
                 if align is not None:

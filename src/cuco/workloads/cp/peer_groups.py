@@ -116,8 +116,12 @@ def default_peer_calls(problem: CPProblem) -> PeerCalls:
       peer's K/V travel, is modelled at about as much (one shard of K and V at
       :data:`RECEIVE_GBS` against the call at :data:`ATTENTION_TFLOPS`: 7.6 % of it at 8k
       tokens, less at more). So the overlap pays back only what the split costs, and the one
-      call keeps the library's measured speed. Neither the all_keys rows nor a fused call
-      are measured yet.
+      call keeps the library's measured speed. The all_keys rows, first timed at 63bfbfc
+      (1 x H100, bench/logs/cp_attention_kernel_w1_h100_63bfbfc.log), ran ahead of the call
+      per peer at 8k tokens and behind it at 16k-32k, but in a fixed order that put them
+      right after the per-peer cuDNN call, which slows whatever follows it; so did the
+      grouped rows behind GROUPED_MAX_TOKENS. The bench now times in a balanced order; both
+      choices wait on that rerun. No fused call is measured yet.
     * Non-causal, three ranks or more, and causal: ``grouped`` where there is more than one
       peer, a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one
       call over every peer ran slower than a call per peer, causal or not) and the own
