@@ -39,11 +39,11 @@ products exact in fp32, softmax in fp32, P split into two bf16 terms for P @ V) 
 workload's tolerance (|x - ref| <= 3 eps |ref| + 3 eps max|ref|, eps = 2^-8), and every
 element of every head against torch_flash's output within twice that. Timed: CUDA events
 around each program, programs interleaved round by round in a balanced order (a Williams
-design: over its rounds every program is timed right after each of the others equally
-often; ``cuco.runtime.timing.balanced_order``), the median. What a long cuDNN call leaves
-behind slows what follows it: in a fixed order two programs making the same one call
-differed by up to 11 % at 32k tokens, the one always timed after a cuDNN call the slower
-(H100, 63bfbfc). ``torch_cudnn.repeat``
+design: over its rounds every program is timed right after each of the others once, once
+or twice for an odd count; ``cuco.runtime.timing.balanced_order``), the median. In a fixed
+order, two programs making the same one call differed by up to 11 % at 32k tokens, the one
+always timed right after a cuDNN call the slower (H100, 63bfbfc,
+bench/logs/cp_attention_kernel_w1_h100_63bfbfc.log). ``torch_cudnn.repeat``
 is torch_cudnn timed a second time, as its own variant: the ratio of the two (the summary's
 ``same_program_spread``) is how far apart timing puts one program from itself, the noise a
 difference from the bar must exceed.
@@ -686,7 +686,7 @@ def main(argv=None) -> int:
     ap.add_argument("--own-core", action="store_true",
                     help="also cuco's own mma.sync core: its kernel checks and rows (W = 2)")
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median; at least the balanced order's rounds: "
-                    "the case's programs, twice that when odd)")
+                    "the case's programs, one more when odd)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args(argv)

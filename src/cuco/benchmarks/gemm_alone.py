@@ -13,7 +13,7 @@ could call from the host: ``torch.matmul`` (when torch is importable), cuBLAS ``
 process. Each output is poisoned, computed and compared element by element with an fp32
 reference before timing and again after the last timed round; a wrong program is never
 timed nor a baseline. Timing: rounds of every program in a balanced order (each right after
-every other equally often: ``cuco.runtime.timing.balanced_order``), each sample
+every other once or twice over its rounds: ``cuco.runtime.timing.balanced_order``), each sample
 ``calls`` back-to-back calls between CUDA events behind a spin kernel (so the host's
 enqueueing is not timed), the median of the samples. A case's row is cuco's fastest correct
 point against the fastest correct library program (its ``baseline``), with the default's time

@@ -38,33 +38,32 @@ def _spin_kernel():
 
 def balanced_order(names: list[str], i: int) -> list[str]:
     """Round ``i``'s order of ``names``: row ``i`` of a Williams design (a Latin square whose
-    rows, read in turn, put every variant right after each of the others equally often:
-    once over ``len(names)`` rounds when that is even, twice over ``2 len(names)`` when odd,
-    the rows then followed by their reverses). What a call leaves behind for the next one
-    (clocks lowered by a power-hungry kernel, a warm or cold cache) so weighs on every
-    variant alike; a fixed or merely rotated order (A B C, B C A, ...) would put each
-    variant after the same neighbour in almost every round. Every variant also takes every
-    position in the round equally often (drift over the run hits all alike)."""
+    rows put every variant right after each of the others exactly once over ``len(names)``
+    rounds, and in every position once). An odd count takes the design of one more with the
+    extra left out: over ``len(names) + 1`` rounds every variant then follows each other
+    once or twice. What a call leaves behind for the next one (clocks lowered by a
+    power-hungry kernel, a warm or cold cache) so weighs on every variant about alike; a
+    fixed or merely rotated order (A B C, B C A, ...) would put each variant after the same
+    neighbour in almost every round."""
     n = len(names)
     if n == 0:
         return []
-    first, lo, hi = [0], 1, n - 1
-    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+    m = design_rounds(n)
+    first, lo, hi = [0], 1, m - 1
+    while len(first) < m:  # 0, 1, m-1, 2, m-2, ...
         first.append(lo)
         lo += 1
-        if len(first) < n:
+        if len(first) < m:
             first.append(hi)
             hi -= 1
-    period = n if n % 2 == 0 else 2 * n
-    k = i % period
-    row = [names[(x + k) % n] for x in first]
-    return row if k < n else row[::-1]
+    k = i % m
+    return [names[j] for j in ((x + k) % m for x in first) if j < n]
 
 
 def design_rounds(n: int) -> int:
-    """Rounds of :func:`balanced_order`'s design for ``n`` variants (every ordered pair
-    adjacent equally often once they are all run)."""
-    return n if n % 2 == 0 else 2 * n
+    """Rounds of :func:`balanced_order`'s design for ``n`` variants: ``n``, or ``n + 1``
+    when odd (a Williams square needs an even order)."""
+    return n + (n % 2)
 
 
 def spin(stream, us: float) -> None:
