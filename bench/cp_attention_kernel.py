@@ -292,7 +292,8 @@ def make_rows(row: Row, ms: dict[str, float], checks: dict[str, dict]) -> list[d
     f = flops(row)
     out = []
     for name, t in ms.items():
-        r = {"case": row.case, "variant": name, "ms": round(t, 5), "baseline": base, "control": name == REPEAT,
+        r = {"case": row.case, "variant": name, "ms": round(t, 5), "baseline": base,
+             "control": name == REPEAT,  # the same-program spread's second timing
              "baseline_ms": round(ms[base], 5) if base else None,
              "speedup": round(ms[base] / t, 4) if base else None,
              "correct": ok(name) if name in checks else None, "program": name in checks,
@@ -685,8 +686,8 @@ def main(argv=None) -> int:
                     "another with --only, so a subset does not replace the whole grid's file)")
     ap.add_argument("--own-core", action="store_true",
                     help="also cuco's own mma.sync core: its kernel checks and rows (W = 2)")
-    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median; at least the balanced order's rounds: "
-                    "the case's programs, one more when odd)")
+    ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median; at least "
+                    "the balanced order's rounds: the case's programs, one more when odd)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args(argv)
