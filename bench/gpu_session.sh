@@ -4,6 +4,8 @@
 #   bench/gpu_session.sh STEP[:SECONDS] ...      (SECONDS: that step's time limit, default 300)
 #   EMULATE=W bench/gpu_session.sh STEP ...      (one GPU: the multi-rank tests in an emulated
 #                                                  world of W ranks under one MPS daemon)
+#   CLOCKS=1 bench/gpu_session.sh STEP ...       (the SM clock, power and temperature sampled
+#                                                  beside each step, in its log's _clocks.csv)
 #
 # Each step writes its log to $OUT/logs/<step>.log (headed by the commit in $CUCO_REV and the
 # exact command) and its result files to $OUT/results/; copy what matters into bench/logs and
@@ -179,9 +181,18 @@ for spec in "$@"; do
   { echo "# commit ${CUCO_REV:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)${EMULATE:+; emulated world of $EMULATE ranks on one GPU (CUCO_EMULATE=$EMULATE)}"
     echo "# $cmd   (limit ${limit}s)"; } > "$log"
   mps_fresh
+  # CLOCKS=1: the GPU's SM clock, power and temperature sampled every 250 ms beside the step
+  # (what a long call leaves behind for the next one shows there), in <log>_clocks.csv
+  clocks=""
+  if [ -n "${CLOCKS:-}" ]; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 250 \
+      > "${log%.log}_clocks.csv" 2>&1 &
+    clocks=$!
+  fi
   t0=$(date +%s)
   timeout --kill-after=10 "$limit" bash -c "$cmd" >> "$log" 2>&1
   rc=$?
+  [ -n "$clocks" ] && kill "$clocks" 2>/dev/null
   dt=$(( $(date +%s) - t0 ))
   echo "# exit $rc after ${dt}s" >> "$log"
   summary+=("$(printf '%-22s rc=%-4s %4ss  %s' "$name" "$rc" "$dt" "$(grep -E 'passed|failed|error' "$log" | tail -1 | cut -c1-90)")")
