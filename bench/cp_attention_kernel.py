@@ -1,7 +1,7 @@
 """Context-parallel attention's compute on one GPU, against PyTorch's fastest attention on the
 same rank's work -> bench/results/cp_attention_kernel.json
 
-    python bench/cp_attention_kernel.py                 # library cores vs torch, W = 2 and 4 (~7 min on an H100)
+    python bench/cp_attention_kernel.py                 # library cores vs torch, W = 2 and 4 (~5 min on an H100)
     python bench/cp_attention_kernel.py --quick         # three small rows, no result file (~1 min)
     python bench/cp_attention_kernel.py --own-core      # also cuco's own mma.sync core: its checks and rows
     python bench/cp_attention_kernel.py --worlds 2 --only T8192H32D64full --only T8192H64D128full \
