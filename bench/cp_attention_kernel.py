@@ -501,8 +501,8 @@ def library_program(wl, me, q, k, v, core, merge_fn, out, peer_calls=None):
     own = kv[me] if lib.copies_own(groups, me) else None
     out_view = out if single else None
     grid = lib.merge_grid(wl.shard, s.heads, s.head_dim, 2)
-    own_rows = slice(receive_row(me, me, 0, w, wl.chunk, grouped=True),
-                     receive_row(me, me, 0, w, wl.chunk, grouped=True) + wl.shard)
+    own_first = receive_row(me, me, 0, w, wl.chunk, grouped=True)
+    own_rows = slice(own_first, own_first + wl.shard)
 
     def poison():
         """The own shard's rows of the receive buffer, NaN: each call must copy them in."""
