@@ -356,6 +356,31 @@ def test_cp_kernel_repeat_is_a_control_not_a_bar(cpk):
     assert cpk.summarize(alone)["same_program_spread"] is None
 
 
+def test_cp_kernel_own_copy_is_a_control_and_its_serial_ratio_is_reported(cpk):
+    """all_keys' copy of the own shard, timed alone, is a control row with no ratio to the bar
+    and no flops (it makes no attention; were it a candidate, a copy would beat every program);
+    the summary gives the best all_keys variant's ratio with that copy added, so what the
+    timed calls leave to the transfer's shadow is in the file."""
+    row = cpk.Row(8192, 32, 64, False, 2, 0)
+    names = ("torch_flash", "torch_cudnn", "library.cudnn", "library.cudnn.all_keys",
+             "library.flash.all_keys", cpk.OWN_COPY)
+    checks = {n: _ok() for n in names if n != cpk.OWN_COPY}
+    rows = cpk.make_rows(row, dict(zip(names, (10.0, 5.0, 5.4, 5.1, 9.0, 0.05))), checks)
+    by = {r["variant"]: r for r in rows}
+    assert by[cpk.OWN_COPY]["control"] is True and by[cpk.OWN_COPY]["speedup"] is None
+    assert by[cpk.OWN_COPY]["tflops"] is None and by[cpk.OWN_COPY]["program"] is False
+    assert not by["library.cudnn.all_keys"]["control"]
+    s = cpk.summarize(rows)
+    assert s["min_ratio_vs_fastest_torch"] == pytest.approx(5.0 / 5.1, abs=1e-4)  # the copy is no candidate
+    assert s["all_keys_with_own_copy_serial"]["min"] == pytest.approx(5.0 / 5.15, abs=1e-4)
+    assert "own_copy" in cpk.table(rows)
+    wrong = {**checks, "library.cudnn.all_keys": _ok(bad_ref=3)}  # a wrong all_keys: no serial ratio
+    s2 = cpk.summarize(cpk.make_rows(row, dict(zip(names, (10.0, 5.0, 5.4, 5.1, 9.0, 0.05))), wrong))
+    assert s2["all_keys_with_own_copy_serial"]["min"] == pytest.approx(5.0 / 9.05, abs=1e-4)
+    assert cpk.summarize(cpk.make_rows(row, {"torch_cudnn": 5.0}, {"torch_cudnn": _ok()}))[
+        "all_keys_with_own_copy_serial"] is None
+
+
 def test_cp_kernel_grouped_rows_and_their_gain(cpk):
     """The grouped variants are rows of their own, checked alike, candidates for the bar; the
     summary gives each core's per-peer time over its grouped time; library rows name the
