@@ -148,10 +148,10 @@ def test_the_default_is_all_keys_at_two_ranks_without_a_mask():
     assert default_peer_calls(problem(4, 8192, False)) is PeerCalls.GROUPED
     assert default_peer_calls(problem(4, 32768, False)) is PeerCalls.PER_PEER
     assert default_peer_calls(problem(8, 1024, False)) is PeerCalls.PER_PEER
-    # causal: the choices as before (grouped at 8k and W = 4, a call per peer at W = 2)
+    # causal: grouped at W = 4 (any tokens a rank), a call per peer at W = 2
     assert default_peer_calls(problem(4, 8192, True)) is PeerCalls.GROUPED
     assert default_peer_calls(problem(2, 8192, True)) is PeerCalls.PER_PEER
-    assert default_peer_calls(problem(4, 32768, True)) is PeerCalls.PER_PEER
+    assert default_peer_calls(problem(4, 32768, True)) is PeerCalls.GROUPED
     assert default_peer_calls(problem(1, 8192, False)) is PeerCalls.PER_PEER  # no peer: nothing to join
     # the space's default with a library core takes it; core=own keeps per_peer
     wl = CPAttention(2, seq=2 * 8192, heads=32, head_dim=64, causal=False)
@@ -162,20 +162,31 @@ def test_the_default_is_all_keys_at_two_ranks_without_a_mask():
     assert cudnn.default().peer_calls is PeerCalls.ALL_KEYS
 
 
-def test_the_default_rests_on_the_two_rows_below_the_bar():
-    """The measured basis of the choice (bench/results/cp_attention_kernel.json): the only
-    cases below 0.95 are W = 2, non-causal, 8k tokens, where the best library variant is the
-    per-peer one (two calls and a merge); the default there is now the one call."""
-    doc = json.loads((ROOT / "bench/results/cp_attention_kernel.json").read_text())
-    below = doc["summary"]["cases_below_bar"]
-    assert sorted(below) == ["cp_attention_kernel/T8192H32D64full/W2r0/bf16",
-                             "cp_attention_kernel/T8192H64D128full/W2r0/bf16"]
-    for case in below:
-        rows = {r["variant"]: r for r in doc["rows"] if r["case"] == case}
-        assert rows["library.cudnn"]["speedup"] < 0.95
-        r = rows["library.cudnn"]
-        assert default_peer_calls(problem(r["world"], r["tokens_per_rank"], r["causal"], r["heads"],
-                                          r["head_dim"])) is PeerCalls.ALL_KEYS
+def test_the_default_rests_on_the_balanced_rows():
+    """The measured basis of the choice (bench/results/cp_attention_kernel.json, timed in a
+    balanced order): every case meets the 0.95 bar with its best variant; at W = 2 without a
+    mask, where the default is the one call, the per-peer split (two calls and a merge) ran
+    behind it on most rows and below the bar on some; the one call met the bar on every row
+    (with its own-shard copy timed inside the call, a second run, it too fell below it on
+    three rows, 0.913 at worst, where the same program timed twice ran 4.5 % apart)."""
+    for name in ("cp_attention_kernel", "cp_attention_kernel_own_copy_timed"):
+        doc = json.loads((ROOT / f"bench/results/{name}.json").read_text())
+        assert doc["summary"]["all_correct"] and doc["summary"]["cases"] == 72
+        rows = [r for r in doc["rows"] if r["world"] == 2 and not r["causal"]]
+        by = {(r["case"], r["variant"]): r for r in rows}
+        cases = sorted({r["case"] for r in rows})
+        assert len(cases) == 12
+        ahead = 0
+        for case in cases:
+            one, split = by[case, "library.cudnn.all_keys"], by[case, "library.cudnn"]
+            assert one["default_peer_calls"] == "all_keys" and one["correct"] and split["correct"]
+            assert one["speedup"] >= 0.9 and one["ms"] <= 1.06 * split["ms"], (name, case)
+            ahead += one["ms"] < split["ms"]
+        assert ahead >= 9, (name, ahead)
+        if name == "cp_attention_kernel":
+            assert doc["summary"]["met"] and doc["summary"]["cases_below_bar"] == []
+            assert min(by[c, "library.cudnn.all_keys"]["speedup"] for c in cases) >= 0.95
+        assert min(by[c, "library.cudnn"]["speedup"] for c in cases) < 0.95
 
 
 # ---- the rendered variant ---------------------------------------------------------------------

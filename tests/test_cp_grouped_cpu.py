@@ -93,8 +93,10 @@ def test_the_default_grouping_follows_the_regime():
     # peers' transfers at 8k tokens a rank: grouped
     assert default_peer_calls(problem(4, 8192, True)) is PeerCalls.GROUPED
     assert default_peer_calls(problem(4, 8192, True, 64, 128)) is PeerCalls.GROUPED
-    # more tokens a rank: one call over every peer measured slower than a call per peer
-    assert default_peer_calls(problem(4, 32768, True, 64, 128)) is PeerCalls.PER_PEER
+    # more tokens a rank: under the mask grouped still ran ahead on average; without it, one
+    # call over every peer measured slower than a call per peer
+    assert default_peer_calls(problem(4, 32768, True, 64, 128)) is PeerCalls.GROUPED
+    assert default_peer_calls(problem(4, 16384, False, 64, 128)) is PeerCalls.PER_PEER
     # one peer, or too short an own phase
     assert default_peer_calls(problem(2, 8192, True)) is PeerCalls.PER_PEER
     assert default_peer_calls(problem(8, 1024, True)) is PeerCalls.PER_PEER
@@ -114,37 +116,43 @@ def test_the_default_grouping_follows_the_regime():
 
 
 def test_the_default_grouping_is_within_three_percent_of_the_faster_one_on_every_measured_row():
-    """Held to bench/results/cp_attention_kernel.json: on every case with more than one
-    grouping measured (W = 4, causal or not, first and last rank), the grouping
-    :func:`default_peer_calls` picks for cuDNN ran within 3 % of the fastest of them, same
-    run, same rank's work (one token threshold for both masks: at 16k causal tokens, grouped
-    ran up to 2.7 % ahead on some rows and 10 % behind on one). A pick the file has no row of
-    (``all_keys``, non-causal, until the file is made again) is not held here: it rests on the
-    per-peer rows below the bar (test_cp_all_keys_cpu)."""
+    """Held to bench/results/cp_attention_kernel.json (balanced order) and to its run with
+    the all_keys copy timed inside the call (cp_attention_kernel_own_copy_timed.json): on
+    every case with more than one grouping measured, the grouping :func:`default_peer_calls`
+    picks for cuDNN ran within 3 % of the fastest of those it weighs, same run, same rank's
+    work, beyond that case's noise (how far apart torch's cuDNN program and the same program
+    timed again in the same rounds ran: 4.5 % on one W = 2 row at 483d380). At W = 2 (no mask) those are per_peer and all_keys; at W >= 3 per_peer and
+    grouped: all_keys, faster there in a compute-alone bench, would leave the transfer of
+    W-1 shards uncovered, which this bench cannot show."""
     import json
     from collections import defaultdict
     from pathlib import Path
 
-    doc = json.loads((Path(__file__).parents[1] / "bench/results/cp_attention_kernel.json").read_text())
     variant = {g: "library.cudnn" + ("" if g is PeerCalls.PER_PEER else f".{g.value}") for g in PeerCalls}
-    cases: dict = defaultdict(dict)
-    for r in doc["rows"]:
-        if r["variant"] in variant.values() and r["correct"]:
+    for name in ("cp_attention_kernel", "cp_attention_kernel_own_copy_timed"):
+        doc = json.loads((Path(__file__).parents[1] / f"bench/results/{name}.json").read_text())
+        cases: dict = defaultdict(dict)
+        ms = {(r["case"], r["variant"]): r["ms"] for r in doc["rows"]}
+        noise = {c: abs(1 - ms[c, "torch_cudnn"] / ms[c, v]) for c, v in ms if v == "torch_cudnn.repeat"}
+        assert len(noise) == 72 and max(noise.values()) < 0.05, "the noise control is missing or wide"
+        for r in doc["rows"]:
             key = (r["world"], r["rank"], r["tokens_per_rank"], r["heads"], r["head_dim"], r["causal"])
-            cases[key][r["variant"]] = r["speedup"]
-    several = {k: v for k, v in cases.items() if len(v) >= 2}
-    assert len(several) >= 24, "the file has too few cases with more than one grouping"
-    held, unmeasured = 0, []
-    for (w, rank, tokens, heads, d, causal), v in several.items():
-        pick = default_peer_calls(problem(w, tokens, causal, heads, d))
-        if variant[pick] not in v:
-            unmeasured.append((w, tokens, causal, pick))
-            continue
-        got = v[variant[pick]]
-        assert got >= 0.97 * max(v.values()), f"W={w} r{rank} T={tokens} H={heads} D={d} causal={causal}: {pick.value} ran {got}, {v}"
-        held += 1
-    assert held >= 24, f"only {held} measured picks held"  # every causal W = 4 case at least
-    assert all(not causal and pick is PeerCalls.ALL_KEYS for _, _, causal, pick in unmeasured), unmeasured
+            cases[key]["noise"] = noise[r["case"]]
+            if r["variant"] in variant.values() and r["correct"]:
+                cases[key][r["variant"]] = r["speedup"]
+        held = {2: 0, 4: 0}
+        for (w, rank, tokens, heads, d, causal), v in cases.items():
+            slack = 0.03 + v.pop("noise")
+            weighed = {PeerCalls.PER_PEER, PeerCalls.ALL_KEYS if w == 2 else PeerCalls.GROUPED}
+            v = {n: x for n, x in v.items() if n in {variant[g] for g in weighed}}
+            if len(v) < 2:
+                continue
+            pick = default_peer_calls(problem(w, tokens, causal, heads, d))
+            got = v[variant[pick]]
+            assert got >= (1 - slack) * max(v.values()), \
+                f"{name}: W={w} r{rank} T={tokens} H={heads} D={d} causal={causal}: {pick.value} ran {got}, {v}"
+            held[w] += 1
+        assert held == {2: 12, 4: 36}, f"{name}: {held} picks held"  # every row that weighs two
 
 
 # ---- the receive buffer's layout ------------------------------------------------------------

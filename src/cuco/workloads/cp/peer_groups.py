@@ -27,15 +27,17 @@ from cuco.workloads.cp.receive_layout import receive_row
 from cuco.workloads.cp.split import FULL, SKIP, pair_kind, zigzag_chunk
 
 #: Modelled rates for :func:`default_peer_calls` (not measured per machine): cuDNN's
-#: non-causal attention ran 470-680 TFLOPS on one H200 (bench/results/cp_attention_kernel.json);
-#: a rank receives over NVLink at about this many GB/s with every peer sending at once.
+#: non-causal attention ran 470-680 TFLOPS on one H200 (bench/results/cp_attention_kernel.json
+#: at d3e3b02); a rank receives over NVLink at about this many GB/s with every peer sending at once.
 ATTENTION_TFLOPS, RECEIVE_GBS = 500.0, 400.0
-#: The most tokens a rank at which grouping is the default (measured, 1 x H200, W = 4,
-#: bench/results/cp_attention_kernel.json at d3e3b02): at 8k tokens a rank the grouped cuDNN
-#: calls ran ahead of a call per peer on all twelve rows, causal or not (non-causal 0.968
-#: against 0.947 at worst); at 16k and 32k they ran behind on 6 of 8 non-causal rows (0.877
-#: against 0.965 at worst) and up to 10 % behind on causal ones (ahead by at most 2.7 % on
-#: others): one call over every peer's K/V is slower there than a call per peer and a merge.
+#: The most tokens a rank at which grouping is the default without a mask (measured on
+#: 1 x H100, W = 4, in a balanced order, bench/results/cp_attention_kernel.json at ff50a27 and
+#: bench/results/cp_attention_kernel_own_copy_timed.json at 483d380): at 8k tokens a rank
+#: the grouped cuDNN calls ran about even with a call per peer without a mask (geometric mean
+#: 1.014 in both runs); at 16k and 32k they ran behind on 15 of 16 rows (0.927 at worst): one
+#: call over every peer's K/V and no mask is slower there than a call per peer and a merge.
+#: Under the causal mask no limit: grouped ran ahead at every token count on average (8k:
+#: 1.027 and 1.028, all 16 rows; 16k: 1.014 and 1.005; 32k: 0.998 and 1.010).
 GROUPED_MAX_TOKENS = 8192
 
 
@@ -120,23 +122,25 @@ def default_peer_calls(problem: CPProblem) -> PeerCalls:
       (1 x H100, bench/logs/cp_attention_kernel_w1_h100_63bfbfc.log), ran ahead of the call
       per peer at 8k tokens and behind it at 16k-32k, but in a fixed order that put them
       right after the per-peer cuDNN call, which slows whatever follows it; so did the
-      grouped rows behind GROUPED_MAX_TOKENS. The bench now times in a balanced order; both
-      choices wait on that rerun. No fused call is measured yet.
-    * Non-causal, three ranks or more, and causal: ``grouped`` where there is more than one
-      peer, a rank holds at most :data:`GROUPED_MAX_TOKENS` tokens (measured: beyond, one
-      call over every peer ran slower than a call per peer, causal or not) and the own
-      phase's attention (``4 T^2 H D`` flops, half that under the causal mask, at
-      :data:`ATTENTION_TFLOPS`) lasts at least as long as every peer's K/V takes to arrive
-      (``W-1`` shards of K and V at :data:`RECEIVE_GBS`: modelled), so waiting for all of
-      them hides as much as a phase per peer; else ``per_peer``. There the calls per peer or
-      group measured at least 0.95x torch's one call, and ``all_keys`` would leave the
-      transfer of W-1 shards uncovered. (All_keys cannot hold a causal mask.)
+      grouped rows behind GROUPED_MAX_TOKENS. Timed again in a balanced order on 1 x H100
+      (bench/results/cp_attention_kernel.json at ff50a27; at 483d380 the own shard's copy
+      timed inside the call), the one call ran ahead of the call per peer with cuDNN on 10
+      of 12 rows (0.7 % behind on the other two) and 9 of 12 (5 % behind at worst, on a
+      row whose same-program control was 4.5 % apart). No fused call is measured yet.
+    * Three ranks or more: ``grouped`` where a rank holds at most :data:`GROUPED_MAX_TOKENS`
+      tokens or the shard is causal (measured: beyond, without a mask, one call over every
+      peer ran slower than a call per peer), and the own phase's attention (``4 T^2 H D``
+      flops, half that under the causal mask, at :data:`ATTENTION_TFLOPS`) lasts at least as
+      long as every peer's K/V takes to arrive (``W-1`` shards of K and V at
+      :data:`RECEIVE_GBS`: modelled), so waiting for all of them hides as much as a phase per
+      peer; else ``per_peer``. ``all_keys`` ran faster still in the compute-alone bench at
+      W = 4 without a mask, but it would leave the transfer of W-1 shards uncovered.
     * One rank: ``per_peer`` (nothing to gather)."""
     w = problem.world_size
     if w == 2 and not problem.causal:
         return PeerCalls.ALL_KEYS
     tokens = problem.seq // w
-    if w < 3 or tokens > GROUPED_MAX_TOKENS:
+    if w < 3 or (tokens > GROUPED_MAX_TOKENS and not problem.causal):
         return PeerCalls.PER_PEER
     elems = tokens * problem.heads * problem.head_dim
     own_s = (2.0 if problem.causal else 4.0) * tokens * elems / (ATTENTION_TFLOPS * 1e12)
