@@ -70,11 +70,9 @@ step_command() {
     # their compute against torch's attention on one GPU (issue #37); _quick: two rows, no file
     cp_attention_kernel)       echo "python3 bench/cp_attention_kernel.py $R" ;;
     cp_attention_kernel_quick) echo "python3 bench/cp_attention_kernel.py --quick" ;;
-    # the two cases below the bar with a call per peer (W = 2, 8k tokens, full), every variant
-    # (all_keys among them), into a file of their own
-    # the non-causal cases next to the bar: every W = 2 one, W = 4 at 8k tokens
+    # the non-causal cases next to the bar, every variant, into a file of their own: every
+    # W = 2 one, W = 4 at 8k tokens
     cp_attention_kernel_full) echo "python3 bench/cp_attention_kernel.py --only full/W2 --only T8192H32D64full/W4 --only T8192H32D128full/W4 --only T8192H64D64full/W4 --only T8192H64D128full/W4 --name cp_attention_kernel_full $R" ;;
-    cp_attention_kernel_w2_full8k) echo "python3 bench/cp_attention_kernel.py --worlds 2 --only T8192H32D64full --only T8192H64D128full --name cp_attention_kernel_w2_full8k $R" ;;
     tests_emulated)  echo "$PT tests/test_emulated_world_gpu.py" ;;
     tests_runtime)   echo "$PT tests/test_runtime_gpu.py" ;;
     tests_emulated_spin) echo "$PT -k spin tests/test_emulated_world_gpu.py" ;;
