@@ -124,6 +124,7 @@ step_command() {
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
+    tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
     tests_buffers)   echo "$PT tests/test_buffer_lifetime_gpu.py" ;;
     tests_scrub)     echo "$PT tests/test_scrub_gpu.py" ;;
     tests_side_rest) echo "$PT -k 'M3001N1544-fp16 or too_wide' tests/test_tp_gpu.py" ;;

@@ -58,12 +58,13 @@ def test_same_seed_same_search(tmp_path):
 
 
 def test_offline_search_reaches_the_grid_best_within_a_fifth_of_the_grid(tmp_path):
-    """200 evaluations of the 1092 points (100 of 552 before the 192- and 64-wide tiles and
-    the 2x1 clusters doubled the in-kernel mainloops)."""
+    """200 evaluations of the 1308 points (100 of 552 before the 192- and 64-wide tiles and
+    the 2x1 clusters doubled the in-kernel mainloops; 1092 before the two swapped mainloops
+    fitted to the shape)."""
     space = gpu_space(P)
     ev = AnalyticEvaluator(P)
     grid_best = max(ev.evaluate(d).score for d in space.enumerate())
-    assert space.size <= 5 * 220
+    assert space.size <= 6 * 220
     res = agent(CandidateDB(tmp_path / "c.db"), budget=200, seed=1).run()
     assert res.best.score == pytest.approx(grid_best)
 

@@ -223,10 +223,10 @@ def test_bad_coupled_groups_are_refused_naming_what_to_fix(coupled, says):
 def test_the_tensor_parallel_spaces_grid_is_the_mainloops_not_their_product():
     """Listing a TP space walked 2.28M combinations (a minute on 2 cores) once the mainloops
     had six coupled fields; it walks the listed mainloops'."""
-    from cuco.kernels.tp import MAINLOOPS as TP_MAINLOOPS
+    from cuco.kernels.tp import Mainloop, mainloops_for
     from cuco.workloads import GemmAllReduce
-    space = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2).space()
+    workload = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2)
+    space = workload.space()
     assert space.grid_size < 200_000
-    seen = {(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k, d.cluster_m)
-            for d in space.enumerate() if d.placement.in_kernel}
-    assert seen <= set(TP_MAINLOOPS) and len(seen) >= 3  # those that render at this shape
+    seen = {Mainloop.of(d) for d in space.enumerate() if d.placement.in_kernel}
+    assert seen <= set(mainloops_for(workload.pattern_problem)) and len(seen) >= 3  # those that render here

@@ -187,7 +187,9 @@ def test_the_space_sweeps_the_new_mainloops():
     problem = GemmProblem(workload="gemm_reducescatter", m=2048, k=4096, n=2048, world_size=2)
     space = for_problem(problem).space(["epilogue"])
     seen = {Mainloop.of(d) for d in space.enumerate()}
-    assert seen == {ml for ml in MAINLOOPS if not tp.supported(problem, tp.with_mainloop(in_kernel("epilogue"), ml))}
+    assert seen == {ml for ml in tp.mainloops_for(problem)
+                    if not tp.supported(problem, tp.with_mainloop(in_kernel("epilogue"), ml))}
+    assert any(ml.swap_ab for ml in seen)
     assert any(ml.split_k > 1 for ml in seen) and any(ml.tile_m == 64 for ml in seen)
     bad = in_kernel("epilogue", tile_n=256, stages=3, split_k=2)
     assert any("the in-kernel mainloops of this space are" in v for v in space.violations(bad))

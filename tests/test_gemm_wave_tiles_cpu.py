@@ -22,12 +22,19 @@ def test_tile_widths_192_and_64_are_directives_with_named_refusals():
     assert in_kernel("epilogue", tile_m=64, tile_n=64, stages=8, schedule="pingpong").chunk_bytes == 8192
     with pytest.raises(DirectiveError, match=r"tile_n=96 is not supported; choose one of \(64, 128, 192, 256\)"):
         in_kernel("epilogue", tile_n=96)
-    with pytest.raises(DirectiveError, match=r"tile_m=192 is not supported; choose one of \(64, 128, 256\)"):
+    with pytest.raises(DirectiveError, match=r"tile_m=200 is not supported; choose one of \(64, 128, 256\), or "
+                                             "with swap_ab=true a multiple of 16"):
+        in_kernel("epilogue", tile_m=200)
+    with pytest.raises(DirectiveError, match=r"tile_m: 192 rows are wgmma's M without swap_ab.*set swap_ab=true"):
         in_kernel("epilogue", tile_m=192)
-    # a chunk of 3 x 2^k bytes is one 192-column tile; 5 x 2^k is no tile and no power of two
+    # a chunk of 3 x 2^k bytes is one 192-column tile; 5 x 2^k is the bytes of a swapped
+    # 160x256 tile, which side_stream's chunks (a power of two, or three times one) are not
     assert Directives(chunk_bytes=3 << 14).chunk_bytes == 49152
-    with pytest.raises(DirectiveError, match="power of two"):
-        Directives(chunk_bytes=5 << 14)
+    assert in_kernel("epilogue", tile_m=160, swap_ab=True).chunk_bytes == 5 << 14
+    with pytest.raises(DirectiveError, match="side_stream cuts chunks of a power of two bytes"):
+        Directives(placement="side_stream", chunk_bytes=5 << 14, comm_ctas=8)
+    with pytest.raises(DirectiveError, match="a multiple of 1K"):
+        Directives(chunk_bytes=5000)
     # pingpong: one warpgroup holds a whole tile's accumulators
     with pytest.raises(DirectiveError, match=r"schedule: under pingpong one warpgroup holds a whole 128x192"):
         in_kernel("epilogue", tile_n=192, stages=4, schedule="pingpong")

@@ -32,9 +32,11 @@ def test_pingpong_is_refused_where_it_cannot_apply():
 
 
 def test_the_space_sweeps_both_schedules_only_with_their_mainloops():
-    points = list(for_problem(PROBLEM).space().enumerate())
+    from cuco.kernels.tp import swapped_mainloops
+    workload = for_problem(PROBLEM)
+    points = list(workload.space().enumerate())
     seen = {Mainloop.of(d) for d in points if d.placement.in_kernel}
-    assert seen == set(MAINLOOPS)
+    assert seen == {*MAINLOOPS, *swapped_mainloops(workload.pattern_problem)}
     assert not any(d.schedule is Schedule.PINGPONG for d in points if not d.placement.in_kernel)
 
 
@@ -55,10 +57,13 @@ def test_the_gemm_alone_benchmark_covers_every_mainloop_on_every_shape():
 
     assert nine_pair_gemms() == [(8192, 8192, 4096), (8192, 4096, 8192), (4096, 28672, 4096),
                                  (4096, 14336, 8192), (2048, 4096, 2048), (2048, 2048, 4096)]
+    from cuco.kernels.tp import swapped_mainloops
     seen = set()
     for shape in GemmAloneBench().shapes:
-        for d in mainloop_points(shape):
+        points = mainloop_points(shape)
+        assert {Mainloop.of(d) for d in points if d.swap_ab} == set(swapped_mainloops(problem_of(*shape)))
+        for d in points:
             seen.add(Mainloop.of(d))
             src = render_tp(problem_of(*shape), d, gemm_only=True)[0]
             assert src.name.startswith("profile.gemm_only.") and "cuco_fused_launch" in src.source
-    assert seen == set(MAINLOOPS)
+    assert {ml for ml in seen if not ml.swap_ab} == set(MAINLOOPS)

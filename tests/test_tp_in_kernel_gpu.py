@@ -1,6 +1,6 @@
 """GPU tests: the in-kernel placements (epilogue, dedicated_ctas) are correct on fresh seeds
 at four shapes, one of them ragged (short last tiles in M, N and K), and so are issue #37's
-mainloops (split-K, 64-row tiles, 192- and 64-wide tiles, 2x1 clusters); one build runs
+mainloops (split-K, 64-row tiles, 192- and 64-wide tiles, 2x1 clusters, A and B swapped); one build runs
 every shape (2 ranks where there are two GPUs, else one: the mainloops, tile orders and
 epilogue handovers need no peer), and a variant that skips its flag waits is caught (2 GPUs)."""
 
@@ -13,7 +13,8 @@ from cuco.kernels import Compiler
 from cuco.kernels.tp import in_kernel, render_tp
 from conftest import TEST_WORLD
 from tp_in_kernel_cases import (FAMILIES, cluster_shapes, clusters, grid_points, grid_shapes, one_build_points,
-                                one_build_shapes, split_and_64_rows, split_shapes, wave_shapes, wave_tiles)
+                                one_build_shapes, split_and_64_rows, split_shapes, swapped, swapped_shapes, wave_shapes,
+                                wave_tiles)
 
 pytestmark = pytest.mark.gpu(count=1)
 
@@ -98,6 +99,21 @@ def test_clusters_are_correct(world_group, family, shape):
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in clusters() if not supported(problem, d)]
     assert len(points) == len(clusters())
+    right_on_two_seeds(world_group, problem, build(problem, points))
+
+
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in swapped_shapes(TEST_WORLD)])
+def test_swapped_mainloops_are_correct(world_group, family, shape):
+    """Each swapped mainloop (C^T = B^T A^T, the tile's rows on wgmma's N, staged transposed)
+    is correct on two fresh seeds, every element against the fp32 reference: ragged M, N and K
+    (a short last tile of 80 or 112 rows), a decode-like M of 136, many tiles per CTA (both
+    pingpong warpgroups), and split-K's short last wave."""
+    from cuco.kernels.tp import supported
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = [d for d in swapped() if not supported(problem, d)]
+    assert {d.swap_ab for d in points} == {True} and len({d.schedule for d in points}) == 2
     right_on_two_seeds(world_group, problem, build(problem, points))
 
 

@@ -145,3 +145,21 @@ def clusters():
             in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_n=128, stages=6, schedule="pingpong",
                       comm_warps=2, cluster_m=2),
             in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, raster_group=4, cluster_m=2)]
+
+
+def swapped_shapes(world: int) -> list[tuple[int, int, int]]:
+    return [(512, 1024, 2048), decode(world), MANY_TILES, ragged(world), tail(world)]
+
+
+def swapped():
+    """Issue #37's mainloops with A and B swapped (the tile's rows on wgmma's N: 48 to 112 of
+    them, multiples of 16 but not of 64), under both schedules, with the epilogue on the
+    consumers, on spare warps or on dedicated CTAs, one cut into slices of K."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_m=80, tile_n=128, stages=6, swap_ab=True),
+            in_kernel("epilogue", "nvshmem", "warp", tile_m=112, tile_n=256, stages=3, comm_warps=3,
+                      raster_group=8, swap_ab=True),
+            in_kernel("epilogue", "lsa", "thread", tile_m=112, tile_n=64, stages=8, schedule="pingpong",
+                      swap_ab=True),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=96, tile_n=128, stages=6,
+                      schedule="pingpong", comm_warps=2, swap_ab=True),
+            in_kernel("epilogue", "lsa", "cta", tile_m=48, tile_n=128, stages=8, split_k=2, swap_ab=True)]

@@ -38,7 +38,7 @@ from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
 from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
-    MAINLOOPS, SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices,
+    MAINLOOPS, SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
     modelled_time, render_tp, split_tail, split_workspace_bytes, supported, with_mainloop,
 )
 
@@ -108,9 +108,12 @@ def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | No
     where it cuts some tiles (:func:`~cuco.kernels.tp.split_tail`: fewer tiles than SMs, or a
     partial last wave at most half full) and each slice keeps 4 k-tiles; the tiles
     192 or 64 wide (:data:`~cuco.kernels.tp.WAVE_TILES`) only where their fuller last wave makes
-    them modelled :data:`WAVE_TIMED` of pingpong 128x128's time or less (:func:`~cuco.kernels.tp.modelled_time`); other 64-row tiles only where M <= 1024.
+    them modelled :data:`WAVE_TIMED` of pingpong 128x128's time or less (:func:`~cuco.kernels.tp.modelled_time`); other 64-row tiles only where M <= 1024;
+    the swapped mainloops fitted to the shape (:func:`~cuco.kernels.tp.swapped_mainloops`) always.
     :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
     m, n, k = shape
+    if ml.swap_ab:  # fitted to the shape already (swapped_mainloops)
+        return None
     if ml.cluster_m > 1 and -(-m // ml.tile_m) < ml.cluster_m:
         return f"{ml.cluster_m}x1 clusters: M={m} is fewer m-tiles than a cluster's CTAs"
     if ml in WAVE_TILES:
@@ -144,12 +147,13 @@ def tile_orders(m_tiles: int) -> dict[int, int]:
 
 def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS) -> list[Directives]:
     """The timed cuco points of one case: each mainloop :func:`worth` timing that its template
-    takes at the shape, in each tile order that differs there, and the default point
-    (:func:`default_point`)."""
+    takes at the shape (:data:`MAINLOOPS`, and the swapped ones fitted to it:
+    :func:`~cuco.kernels.tp.swapped_mainloops`), in each tile order that differs there, and the
+    default point (:func:`default_point`)."""
     problem = problem_of(*shape, dtype)
     pick = default_mainloop(problem, sms).mainloop
     out: list[Directives] = []
-    for ml in MAINLOOPS:
+    for ml in mainloops_for(problem, sms):
         if worth(ml, shape, sms) and ml != pick:
             continue
         d = with_mainloop(BASE, ml, problem.dtype_bytes)

@@ -8,13 +8,11 @@ from cuco.design.dimensions import (
     Backend, ChunkSchedule, Core, Issuer, PeerCalls, Placement, Schedule, SyncScope, format_bytes,
 )
 from cuco.design.field_errors import describe, with_fix
-from cuco.design.placement_rules import launch_time_fields
+from cuco.design.placement_rules import SWAPPED_TILE_M, TILE_M, launch_time_fields
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
 
-#: Rows of an output tile: 64 (pingpong, one warpgroup's wgmma rows), 128 or 256.
-TILE_M = (64, 128, 256)
 #: Columns of an output tile: CUTLASS's Hopper collective takes any multiple of 64 its
 #: wgmma N and swizzled B layout allow; 64 and 192 fix wave quantization where 128 and 256
 #: leave a partial last wave (cuco.kernels.tp.default_mainloop weighs them).
@@ -30,20 +28,23 @@ CLUSTER_M = (1, 2)
 
 
 def chunk_size_ok(v: int) -> bool:
-    """A power of two, or three times one: the in-kernel placements move one output tile per
-    flag, and a tile 192 columns wide is 3 x 2^k bytes."""
-    return v > 0 and (v & (v - 1) == 0 or (v % 3 == 0 and (v // 3) & (v // 3 - 1) == 0))
+    """A power of two, three times one, or a multiple of 1 KiB: the in-kernel placements move
+    one output tile per flag, and a tile 192 columns wide is 3 x 2^k bytes, one whose rows are
+    wgmma's N (``swap_ab``) any multiple of 16 rows of 64+ columns (side_stream takes the first
+    two only: :func:`cuco.design.placement_rules.violations`)."""
+    return v > 0 and (v & (v - 1) == 0 or (v % 3 == 0 and (v // 3) & (v // 3 - 1) == 0) or v % 1024 == 0)
 
 
 def check_field(field: str, v: int) -> int:
     """Range checks of single tunables that pydantic's ``Field`` cannot express."""
     if field == "chunk_bytes" and (v < 4096 or v > (1 << 28) or not chunk_size_ok(v)):
         raise ValueError(
-            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144), or "
-            "three times one (the bytes of a 192-column tile)"
+            f"chunk_bytes={v} must be a power of two between 4K and 256M (e.g. 262144), three "
+            "times one (the bytes of a 192-column tile) or a multiple of 1K (an in-kernel tile's)"
         )
-    if field == "tile_m" and v not in TILE_M:
-        raise ValueError(f"tile_m={v} is not supported; choose one of {TILE_M}")
+    if field == "tile_m" and v not in TILE_M + SWAPPED_TILE_M:
+        raise ValueError(f"tile_m={v} is not supported; choose one of {TILE_M}, or with swap_ab=true "
+                         "a multiple of 16 from 32 to 256")
     if field == "tile_n" and v not in TILE_N:
         raise ValueError(f"tile_n={v} is not supported; choose one of {TILE_N}")
     if field == "raster_group" and v not in RASTER_GROUPS:
@@ -96,6 +97,10 @@ class Directives(BaseModel):
     cluster_m: int = Field(default=1, description="in-kernel placements: CTAs of a cluster along "
                            "M (2: each pair of CTAs computes two adjacent m-tiles of one n-tile in "
                            "lock-step, B loaded once for both by TMA multicast; 1: no cluster)")
+    swap_ab: bool = Field(default=False, description="in-kernel placements: the mainloop computes "
+                          "C^T = B^T A^T, the tile's rows on wgmma's N (tile_m any multiple of 16 "
+                          "from 32 to 256: a tile fitted to few or ragged rows) and its columns on "
+                          "wgmma's M (false: the rows on wgmma's M, tile_m 64, 128 or 256)")
     core: Core = Field(default=Core.OWN, description="what computes the op's steps: the "
                        "template's own kernel (own) or a library's kernel per phase (flash, "
                        "cudnn: context-parallel attention), beside the communication kernel")
@@ -172,6 +177,8 @@ class Directives(BaseModel):
             extra += f".sk{self.split_k}"
         if self.cluster_m != 1:
             extra += f".cl{self.cluster_m}"
+        if self.swap_ab:
+            extra += ".ab"
         return f"{self.name}.{extra}.{self.chunk_schedule.value}"
 
     def build_point(self) -> "Directives":

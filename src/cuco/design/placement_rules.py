@@ -17,6 +17,14 @@ from cuco.design.problem import ROW_BYTES, GemmProblem
 #: The placements' names, ``side_stream`` (takes every workload and shape) first, then the
 #: in-kernel ones in :class:`Placement`'s order: the default of every search and help text.
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in sorted(Placement, key=lambda p: p.in_kernel))
+#: Rows of an output tile of the in-kernel mainloop: wgmma's M, so 64 (pingpong, one
+#: warpgroup's rows), 128 or 256.
+TILE_M = (64, 128, 256)
+#: Rows of an output tile with A and B swapped (``swap_ab``): wgmma's N, any multiple of 16
+#: from 32 to 256 (a tile fitted to few or ragged rows, or to whole waves of tiles). wgmma
+#: takes any multiple of 8, but CUTLASS 4.2's TMA box for an odd number of 8-row swizzle atoms
+#: fails its layout divisibility checks (72, 104: seen with nvcc; 48, 80, 112, 144, 160 build).
+SWAPPED_TILE_M = tuple(range(32, 257, 16))
 #: Communication CTAs ``dedicated_ctas`` may reserve, so that most SMs run the GEMM.
 MAX_DEDICATED_CTAS = 32
 #: Directives an in-kernel kernel takes per launch, not per build (with the GEMM's shape):
@@ -80,7 +88,31 @@ def violations(d: Mapping[str, Any]) -> list[str]:
             "split_k: placement=side_stream runs a vendor GEMM per chunk; split_k cuts the K "
             "loop of the in-kernel placements' mainloop only; set split_k=1"
         )
-    return out + cluster_violations(d)
+    return out + cluster_violations(d) + swap_violations(d)
+
+
+def swap_violations(d: Mapping[str, Any]) -> list[str]:
+    """The rules of ``swap_ab`` (part of :func:`violations`): it swaps the operands of the
+    in-kernel mainloop, whose tile rows are wgmma's M without it (64, 128 or 256) and its N
+    with it (any multiple of 16); side_stream's chunks run a vendor GEMM, whose tiles and
+    chunk sizes are its own (a power of two, or three times one)."""
+    swap, placement, tm = d.get("swap_ab", False), _v(d["placement"]), d["tile_m"]
+    if not Placement(placement).in_kernel:
+        out = []
+        if swap:
+            out.append("swap_ab: placement=side_stream runs a vendor GEMM per chunk; swap_ab swaps "
+                       "the operands of the in-kernel placements' mainloop only; set swap_ab=false")
+        chunk = d["chunk_bytes"]
+        if not (chunk & (chunk - 1) == 0 or (chunk % 3 == 0 and (chunk // 3) & (chunk // 3 - 1) == 0)):
+            out.append(f"chunk_bytes: placement=side_stream cuts chunks of a power of two bytes, or "
+                       f"three times one; chunk_bytes={chunk} is neither (e.g. "
+                       f"{1 << (chunk.bit_length() - 1)})")
+        return out
+    if not swap and tm not in TILE_M:
+        return [f"tile_m: {tm} rows are wgmma's M without swap_ab, which takes 64, 128 or 256; "
+                f"set swap_ab=true (the tile's rows on wgmma's N, any multiple of 16) or tile_m 64, "
+                "128 or 256"]
+    return []
 
 
 def cluster_violations(d: Mapping[str, Any]) -> list[str]:

@@ -48,6 +48,7 @@ DEFAULT_CHOICES: dict[str, tuple[Any, ...]] = {
     "schedule": (Schedule.COOPERATIVE,),
     "split_k": (1,),
     "cluster_m": (1,),
+    "swap_ab": (False,),
     "chunk_schedule": tuple(ChunkSchedule),
     "core": (Core.OWN,),  # library cores: workloads whose op has them list them
     "peer_calls": (PeerCalls.PER_PEER,),  # grouped: workloads with library cores list it
@@ -360,8 +361,9 @@ class DesignSpace:
             values["sync_scope"] = SyncScope.CHUNK
         stream_order.repair(values, self.choices)
         cores.repair(values, self.choices, self.problem)
-        if not values["placement"].in_kernel:  # tile order, comm warps, split-K, clusters: in-kernel only
-            for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1), ("cluster_m", 1)):
+        if not values["placement"].in_kernel:  # tile order, comm warps, split-K, clusters, swap: in-kernel only
+            for f, neutral in (("raster_group", 1), ("comm_warps", 0), ("split_k", 1), ("cluster_m", 1),
+                               ("swap_ab", False)):
                 if neutral in self.choices[f]:
                     values[f] = neutral
         elif self.problem is not None:  # in-kernel placements move one output tile per flag

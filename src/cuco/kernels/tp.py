@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from cuco.design import Directives, GemmProblem, placement_rules
 from cuco.design.dimensions import Placement, Schedule
 from cuco.design.patterns import TP_NAMES, LocalGemm, TPPattern, find
-from cuco.design.rules import SMEM_LIMIT_BYTES, smem_bytes
+from cuco.design.rules import PINGPONG_TILE_ELEMS, SMEM_LIMIT_BYTES, smem_bytes
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
@@ -42,7 +42,8 @@ CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 class Mainloop(NamedTuple):
     """One in-kernel mainloop a search sweeps: the consumer schedule, the tile (``tile_m`` x
     ``tile_n`` x 64), the pipeline's stages, how many slices of K each tile is cut into and
-    the CTAs of a cluster along M (2: B multicast to a pair of m-tiles)."""
+    the CTAs of a cluster along M (2: B multicast to a pair of m-tiles), and whether A and B
+    are swapped (the tile's rows on wgmma's N: any multiple of 16)."""
 
     schedule: str
     tile_n: int
@@ -50,15 +51,17 @@ class Mainloop(NamedTuple):
     tile_m: int = 128
     split_k: int = 1
     cluster_m: int = 1
+    swap_ab: bool = False
 
     @classmethod
     def of(cls, d: Directives) -> "Mainloop":
-        return cls(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k, d.cluster_m)
+        return cls(d.schedule.value, d.tile_n, d.stages, d.tile_m, d.split_k, d.cluster_m, d.swap_ab)
 
     def text(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n} with {self.stages} stages"
                 + (f", K in {self.split_k} slices" if self.split_k > 1 else "")
-                + (f", {self.cluster_m}x1 clusters" if self.cluster_m > 1 else ""))
+                + (f", {self.cluster_m}x1 clusters" if self.cluster_m > 1 else "")
+                + (", A and B swapped" if self.swap_ab else ""))
 
 
 #: Tiles 192 or 64 columns wide, for GEMMs whose 128- and 256-wide tiles leave a partial last
@@ -104,7 +107,8 @@ SPLIT_K_WORKSPACE_LIMIT = 256 << 20
 SMS = 132
 #: The mainloop fields of :func:`in_kernel`, and their values when neither they nor a problem
 #: are given (the cooperative 128x256 mainloop, three stages, K whole).
-MAINLOOP_FIELDS = dict(schedule="cooperative", tile_n=256, stages=3, tile_m=128, split_k=1, cluster_m=1)
+MAINLOOP_FIELDS = dict(schedule="cooperative", tile_n=256, stages=3, tile_m=128, split_k=1, cluster_m=1,
+                       swap_ab=False)
 
 
 class Pick(NamedTuple):
@@ -242,9 +246,56 @@ def _waves(problem: GemmProblem, ml: Mainloop, sms: int, m64_rate: float) -> flo
     rows, w = placement_rules.row_block(problem), problem.world_size
     slices, per = k_slices(k, ml.split_k)
     units = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n) * slices
-    rate = TILE_N_RATE.get(ml.tile_n, 1.0) * (m64_rate if ml.tile_m == 64 else 1.0)
+    rate = tile_rate(ml, m64_rate)
     area = ml.tile_m * ml.tile_n / (128 * 128)
     return -(-units // sms) * area * (per + FOLD_KTILES * (slices - 1)) / -(-k // 64) / rate
+
+
+def tile_rate(ml: Mainloop, m64_rate: float = TILE_M64_RATE) -> float:
+    """``ml``'s tile's mainloop throughput relative to a 128x128 tile's (modelled, not
+    measured): the width on wgmma's N (the tile's columns, or its rows with A and B swapped)
+    at :data:`TILE_N_RATE` (below 128, linear through 64's), 64 rows on wgmma's M at ``m64_rate``."""
+    wg_n, wg_m = (ml.tile_m, ml.tile_n) if ml.swap_ab else (ml.tile_n, ml.tile_m)
+    n_rate = 1.0 if wg_n >= 128 else 1.0 - (1.0 - TILE_N_RATE[64]) * (128 - wg_n) / 64
+    return n_rate * (m64_rate if wg_m == 64 else 1.0)
+
+
+#: The frames of the swapped mainloops :func:`swapped_mainloops` fits to a GEMM: the schedule
+#: and the tile's columns (wgmma's M: split between two warpgroups, or one warpgroup's).
+SWAP_FRAMES = (("cooperative", 128), ("cooperative", 256), ("pingpong", 64), ("pingpong", 128))
+
+
+def most_stages(tile_m: int, tile_n: int, dtype_bytes: int = 2, most: int = 8) -> int:
+    """The most pipeline stages (up to ``most``) that fit beside the staged output tile."""
+    left = SMEM_LIMIT_BYTES - 1024 - tile_m * (tile_n + 8) * dtype_bytes
+    return min(most, left // smem_bytes(tile_m, tile_n, 64, 1))
+
+
+def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> list[Mainloop]:
+    """The ``swap_ab`` mainloops fitted to ``problem``: in each of :data:`SWAP_FRAMES`, the
+    tile rows (a multiple of 16, wgmma's N) that :func:`modelled_time` puts fastest there (a
+    whole number of waves, little of the last tile's rows wasted), with the most stages that
+    fit, among those the templates render there (:func:`supported`); the ``top`` fastest
+    frames, fastest first. Unlike :data:`MAINLOOPS` they depend on the
+    shape: the rows are fitted to it, as cuBLASLt's tiles are (its 72- to 160-wide tiles on
+    these GEMMs' M, bench/results/gemm_mainloop.json's library_algos)."""
+    fitted = []
+    for schedule, tn in SWAP_FRAMES:
+        rows = [tm for tm in placement_rules.SWAPPED_TILE_M
+                if (schedule == "cooperative" or tm * tn <= PINGPONG_TILE_ELEMS)
+                and most_stages(tm, tn, problem.dtype_bytes) >= 3]
+        mls = [Mainloop(schedule, tn, most_stages(tm, tn, problem.dtype_bytes), tm, swap_ab=True) for tm in rows]
+        mls = [ml for ml in mls if not supported(problem, with_mainloop(in_kernel("epilogue"), ml, problem.dtype_bytes))]
+        if mls:
+            fitted.append(min(mls, key=lambda ml: (modelled_time(problem, ml, sms), -ml.tile_m)))
+    fitted.sort(key=lambda ml: (modelled_time(problem, ml, sms), -ml.tile_m * ml.tile_n))
+    return fitted[:top]
+
+
+def mainloops_for(problem: GemmProblem, sms: int = SMS) -> tuple[Mainloop, ...]:
+    """The in-kernel mainloops a search sweeps at ``problem``: :data:`MAINLOOPS` and the
+    swapped ones fitted to its shape (:func:`swapped_mainloops`)."""
+    return tuple(dict.fromkeys((*MAINLOOPS, *swapped_mainloops(problem, sms))))
 
 
 def _fuller_waves(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
@@ -271,7 +322,7 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
               stages: int | None = None, comm_ctas: int = 0, dtype_bytes: int = 2,
               raster_group: int | None = None, comm_warps: int = 0, schedule: str | None = None,
               tile_m: int | None = None, split_k: int | None = None, cluster_m: int | None = None,
-              problem: GemmProblem | None = None) -> Directives:
+              swap_ab: bool | None = None, problem: GemmProblem | None = None) -> Directives:
     """An ``epilogue``/``dedicated_ctas`` point: tile ``tile_m`` x ``tile_n`` x 64, one tile per
     flag, K cut into ``split_k`` slices.
 
@@ -280,7 +331,7 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
     order, unless ``raster_group`` is given); otherwise those not given take
     :data:`MAINLOOP_FIELDS` (cooperative 128x256, 3 stages; tile order 1)."""
     given = dict(schedule=schedule, tile_n=tile_n, stages=stages, tile_m=tile_m, split_k=split_k,
-                 cluster_m=cluster_m)
+                 cluster_m=cluster_m, swap_ab=swap_ab)
     ml = {f: v for f, v in given.items() if v is not None}
     if not ml and problem is not None:
         pick = default_mainloop(problem)
@@ -292,14 +343,16 @@ def in_kernel(placement: str, backend: str = "lsa", issuer: str = "cta", tile_n:
                       tile_m=ml["tile_m"], tile_n=ml["tile_n"], tile_k=64, stages=ml["stages"],
                       comm_ctas=comm_ctas, chunk_bytes=ml["tile_m"] * ml["tile_n"] * dtype_bytes,
                       raster_group=1 if raster_group is None else raster_group, comm_warps=comm_warps,
-                      schedule=ml["schedule"], split_k=ml["split_k"], cluster_m=ml["cluster_m"])
+                      schedule=ml["schedule"], split_k=ml["split_k"], cluster_m=ml["cluster_m"],
+                      swap_ab=ml["swap_ab"])
 
 
 def with_mainloop(d: Directives, ml: Mainloop, dtype_bytes: int = 2) -> Directives:
     """``d`` (an in-kernel point) with the mainloop ``ml``: its tile, stages, schedule and
     split, the chunk one tile."""
     return d.replace(schedule=ml.schedule, tile_m=ml.tile_m, tile_n=ml.tile_n, stages=ml.stages,
-                     split_k=ml.split_k, cluster_m=ml.cluster_m, chunk_bytes=ml.tile_m * ml.tile_n * dtype_bytes)
+                     split_k=ml.split_k, cluster_m=ml.cluster_m, swap_ab=ml.swap_ab,
+                     chunk_bytes=ml.tile_m * ml.tile_n * dtype_bytes)
 
 
 def pattern_of(problem: GemmProblem) -> TPPattern:
@@ -382,11 +435,13 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
                    "placement=side_stream only")
     if problem.dtype not in CUTLASS_TYPES:
         out.append(f"dtype: placement={p} runs a CUTLASS bf16/fp16 mainloop, not {problem.dtype}")
-    if d.schedule is Schedule.COOPERATIVE and d.tile_m not in (128, 256):
+    if d.swap_ab:
+        out += swap_refusals(d)
+    elif d.schedule is Schedule.COOPERATIVE and d.tile_m not in (128, 256):
         out.append(f"tile_m: placement={p} with schedule=cooperative splits each tile's rows "
                    "between two consumer warpgroups of 64+ rows; choose tile_m 128 or 256 (or "
                    "schedule=pingpong)")
-    if d.schedule is Schedule.PINGPONG and d.tile_m not in (64, 128):
+    elif d.schedule is Schedule.PINGPONG and d.tile_m not in (64, 128):
         out.append(f"tile_m: placement={p} with schedule=pingpong gives each consumer warpgroup "
                    "whole tiles; choose tile_m 64 or 128")
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
@@ -412,6 +467,24 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     return out
 
 
+def swap_refusals(d: Directives) -> list[str]:
+    """What the template cannot render of a ``swap_ab`` point: its columns are wgmma's M (a
+    cooperative tile's split between two consumer warpgroups of 64 or 128 rows, a pingpong
+    tile's one warpgroup's 64 or 128), and its clusters pair m-tiles along wgmma's M."""
+    out = []
+    if d.schedule is Schedule.COOPERATIVE and d.tile_n not in (128, 256):
+        out.append(f"tile_n: with swap_ab=true the tile's {d.tile_n} columns are wgmma's M, which "
+                   "schedule=cooperative splits between two consumer warpgroups; choose tile_n 128 "
+                   "or 256 (or schedule=pingpong)")
+    if d.schedule is Schedule.PINGPONG and d.tile_n not in (64, 128):
+        out.append(f"tile_n: with swap_ab=true the tile's {d.tile_n} columns are wgmma's M, one "
+                   "consumer warpgroup's under schedule=pingpong; choose tile_n 64 or 128")
+    if d.cluster_m > 1:
+        out.append("cluster_m: the in-kernel clusters pair m-tiles on wgmma's M, which swap_ab=true "
+                   "gives the tile's columns; set cluster_m=1 or swap_ab=false")
+    return out
+
+
 def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = False) -> dict[str, Any]:
     """What ``tp_fused.cu.j2`` is rendered with for the in-kernel point ``d`` (one that
     :func:`supported` accepts): no shape, which each launch passes (:func:`local_gemm`), so
@@ -425,7 +498,7 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
                 schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG, split_k=d.split_k,
-                cluster_m=d.cluster_m,
+                cluster_m=d.cluster_m, swap_ab=d.swap_ab,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
                 flag_stride=FLAG_STRIDE, name=d.build_point().full_name, gemm_only=gemm_only,
                 launch_entry=fused_launch.ENTRY,

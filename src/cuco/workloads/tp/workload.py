@@ -235,15 +235,17 @@ class GemmWorkload(Workload):
         problem = self.problem
         side = sorted(chunk_sizes(problem, (2, 4, 8, 16, 32), floor_log2=15))
         in_kernel = [p for p in placements if p.in_kernel]
-        tiles = sorted({ml.tile_m * ml.tile_n * problem.dtype_bytes for ml in templates.MAINLOOPS}) \
+        mainloops = templates.mainloops_for(self.pattern_problem)
+        tiles = sorted({ml.tile_m * ml.tile_n * problem.dtype_bytes for ml in mainloops}) \
             if in_kernel else []
         comm = ([8, 16, 32, 64] if Placement.SIDE_STREAM in placements else []) \
             + ([0] if Placement.EPILOGUE in placements else []) \
             + ([8, 16] if Placement.DEDICATED_CTAS in placements else [])
 
-        fields = self._mainloop_choices(bool(in_kernel))
-        return DesignSpace(problem, rules=lambda values, _p: self.space_refusals(values, side),
-                           coupled={templates.Mainloop._fields: self._mainloop_rows(placements, fields)},
+        fields = self._mainloop_choices(mainloops if in_kernel else ())
+        return DesignSpace(problem, rules=lambda values, _p: self.space_refusals(values, side, mainloops),
+                           coupled={templates.Mainloop._fields: self._mainloop_rows(placements, fields,
+                                                                                    mainloops)},
                            backend=[b.value for b in self.backends],
                            placement=list(placements), sync_scope=["chunk"],
                            chunk_bytes=sorted({*side, *tiles}), tile_k=[64], **fields,
@@ -252,35 +254,39 @@ class GemmWorkload(Workload):
                            comm_warps=[0, 3] if in_kernel else [0], chunk_schedule=["direct"])
 
     @staticmethod
-    def _mainloop_choices(in_kernel: bool) -> dict[str, list]:
+    def _mainloop_choices(mainloops: Sequence[templates.Mainloop]) -> dict[str, list]:
         """Each :class:`~cuco.kernels.tp.Mainloop` field's choices in :meth:`space`: the values
-        the in-kernel mainloops (:data:`~cuco.kernels.tp.MAINLOOPS`) take, or side_stream's
-        alone (its vendor GEMM per chunk: 128x128x64 tile fields, 4 stages, no split or cluster)."""
-        if not in_kernel:
-            return dict(schedule=["cooperative"], tile_n=[128], stages=[4], tile_m=[128], split_k=[1], cluster_m=[1])
-        return {f: sorted({getattr(ml, f) for ml in templates.MAINLOOPS}) for f in templates.Mainloop._fields}
+        the in-kernel ``mainloops`` (:func:`~cuco.kernels.tp.mainloops_for` the shape) take, or,
+        with none, side_stream's alone (its vendor GEMM per chunk: 128x128x64 tile fields, 4
+        stages, no split, cluster or swap)."""
+        if not mainloops:
+            return dict(schedule=["cooperative"], tile_n=[128], stages=[4], tile_m=[128], split_k=[1], cluster_m=[1],
+                        swap_ab=[False])
+        return {f: sorted({getattr(ml, f) for ml in mainloops}) for f in templates.Mainloop._fields}
 
     @staticmethod
-    def _mainloop_rows(placements: Sequence[Placement], fields: dict[str, list]) -> list[tuple]:
+    def _mainloop_rows(placements: Sequence[Placement], fields: dict[str, list],
+                       mainloops: Sequence[templates.Mainloop]) -> list[tuple]:
         """The joint values of a :class:`~cuco.kernels.tp.Mainloop`'s fields (coupled in
         :meth:`space`, which offers these mainloops, not the product of their choices): each in-kernel
         mainloop (:data:`~cuco.kernels.tp.MAINLOOPS`), and side_stream's fixed 128x128x64 tile
-        fields of 4 stages with every schedule, split and cluster choice of ``fields`` (its
-        rules refuse those it cannot take). Listing them makes the grid the mainloops' count,
+        fields of 4 stages, unswapped, with every schedule, split and cluster choice of
+        ``fields`` (its rules refuse those it cannot take). Listing them makes the grid the mainloops' count,
         not the product of the six fields' choices: a space's points are listed in seconds, not
         a minute."""
-        rows = [tuple(ml) for ml in templates.MAINLOOPS] if any(p.in_kernel for p in placements) else []
+        rows = [tuple(ml) for ml in mainloops] if any(p.in_kernel for p in placements) else []
         if Placement.SIDE_STREAM in placements:
             rows += [tuple(templates.Mainloop(s, 128, 4, 128, k, c))
                      for s in fields["schedule"] for k in fields["split_k"] for c in fields["cluster_m"]]
         return rows
 
-    def space_refusals(self, values: dict, side_chunks: Sequence[int]) -> list[str]:
+    def space_refusals(self, values: dict, side_chunks: Sequence[int],
+                       mainloops: Sequence[templates.Mainloop] | None = None) -> list[str]:
         """Why :meth:`space` leaves out the point ``values`` of its grid, beyond the design
         rules (:func:`cuco.design.rules.violations`): the points it offers (side_stream's
         chunk sizes ``side_chunks``, its unused tile fields fixed so that no point repeats;
-        the in-kernel :data:`~cuco.kernels.tp.MAINLOOPS` and CTA counts), then
-        :meth:`supported`."""
+        the in-kernel ``mainloops``, by default :func:`~cuco.kernels.tp.mainloops_for` the
+        shape, and CTA counts), then :meth:`supported`."""
         if values["placement"] is Placement.SIDE_STREAM:
             out = []
             if values["chunk_bytes"] not in side_chunks:
@@ -291,10 +297,12 @@ class GemmWorkload(Workload):
             return out or self.supported(Directives.model_construct(**values))
         if values["placement"] is Placement.DEDICATED_CTAS and values["comm_ctas"] > 16:
             return ["comm_ctas: dedicated_ctas reserves 8 or 16 CTAs in this space"]
+        if mainloops is None:
+            mainloops = templates.mainloops_for(self.pattern_problem)
         if templates.Mainloop(values["schedule"].value, values["tile_n"], values["stages"], values["tile_m"],
-                              values["split_k"], values["cluster_m"]) not in templates.MAINLOOPS:
+                              values["split_k"], values["cluster_m"], values["swap_ab"]) not in mainloops:
             return ["stages: the in-kernel mainloops of this space are " + "; ".join(
-                ml.text() for ml in templates.MAINLOOPS)]
+                ml.text() for ml in mainloops)]
         return self.supported(Directives.model_construct(**values))
 
     def small_problem(self) -> GemmProblem:
