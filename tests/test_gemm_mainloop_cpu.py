@@ -255,12 +255,17 @@ def test_the_default_is_within_1_2_percent_of_the_best_measured_point():
     if not runs:
         pytest.skip("gemm_mainloop.json holds no per-variant rows of the three first mainloops")
     assert len(runs) == 12
+    swapped = 0
     for shape, times in runs.items():
         pick = default_mainloop(ga.problem_of(*shape))
         ml = pick.mainloop
+        if ml.swap_ab:  # timed beside the rest in today's file (the test below)
+            swapped += 1
+            continue
         key = (ml.schedule, ml.tile_n, ml.stages, pick.raster_group)
         assert key in times, (shape, key)
         assert times[key] <= 1.012 * min(times.values()), (shape, pick, times[key], min(times.values()))
+    assert swapped <= 3  # the rule this file measured still picks for most of its GEMMs
 
 
 def test_the_default_at_few_tiles_is_near_the_best_timed_point():
@@ -289,14 +294,14 @@ def test_the_default_at_few_tiles_is_near_the_best_timed_point():
     ((6144, 5120, 6144), Mainloop("pingpong", 128, 6)),
     ((512, 4096, 8192), Mainloop("pingpong", 128, 6)),
     ((256, 1536, 8192), Mainloop("pingpong", 128, 8, tile_m=64, split_k=2)),
-    ((200, 4096, 4096), Mainloop("pingpong", 128, 8, tile_m=64)),
+    ((200, 4096, 4096), Mainloop("pingpong", 64, 8, tile_m=112, swap_ab=True)),  # 2 x 64 tiles, 224 rows
     ((128, 8192, 28672), Mainloop("pingpong", 128, 8, tile_m=64)),
     ((64, 8192, 8192), Mainloop("pingpong", 128, 8, tile_m=64, split_k=2)),
     ((64, 28672, 8192), Mainloop("pingpong", 128, 8, tile_m=64)),
 ])
 def test_the_default_per_shape(shape, expect):
     pick = default_mainloop(ga.problem_of(*shape))
-    assert pick.mainloop == expect and pick.mainloop in MAINLOOPS and pick.why
+    assert pick.mainloop == expect and pick.mainloop in tp.mainloops_for(ga.problem_of(*shape)) and pick.why
 
 
 def test_in_kernel_takes_the_default_when_no_mainloop_is_picked():

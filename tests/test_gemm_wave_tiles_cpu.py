@@ -73,18 +73,23 @@ def test_modelled_time_counts_a_partial_last_wave_as_a_whole_one():
 
 
 @pytest.mark.parametrize("shape,expect", [
-    ((2176, 2048, 8192), Mainloop("pingpong", 192, 6, tile_m=64)),
-    ((1536, 1536, 1536), Mainloop("cooperative", 192, 4)),
     ((1024, 1536, 28672), Mainloop("pingpong", 192, 6, tile_m=64)),
     # the wave model keeps a measured pick it does not beat by WAVE_GAIN
     ((2048, 2048, 4096), Mainloop("pingpong", 128, 6)),
-    ((1000, 5120, 5120), Mainloop("pingpong", 128, 6)),
+    # a swapped mainloop's rows fitted to the waves (SWAP_GAIN): 2176 rows in 15 tiles of 144
+    # (x 8 of 256 columns: 120 tiles, one wave) instead of 374 64x192 tiles; 1536 in 11 of 144
+    # (132 tiles, one wave) instead of 96 128x192 ones; 1000 in 6 of 176 (240 tiles)
+    ((2176, 2048, 8192), Mainloop("cooperative", 256, 3, tile_m=144, swap_ab=True)),
+    ((1536, 1536, 1536), Mainloop("cooperative", 128, 5, tile_m=144, swap_ab=True)),
+    ((1000, 5120, 5120), Mainloop("cooperative", 128, 4, tile_m=176, swap_ab=True)),
 ])
 def test_the_default_weighs_wave_efficiency(shape, expect):
     pick = default_mainloop(ga.problem_of(*shape))
     assert pick.mainloop == expect
     if expect in WAVE_TILES:
         assert "modelled, not measured" in pick.why and "waves" in pick.why
+    if expect.swap_ab:
+        assert "A and B swapped" in pick.why and "SWAP_GAIN" not in pick.why and "waves" in pick.why
 
 
 def test_the_benchmark_times_wave_tiles_where_the_model_says_they_can_win():

@@ -129,7 +129,7 @@ def wave_fill(tiles: int, sms: int) -> tuple[float, float]:
 
 def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     """The in-kernel mainloop a user who does not search gets at ``problem`` (one of
-    :data:`MAINLOOPS`), and its tile order.
+    :func:`mainloops_for` it), and its tile order.
 
     Measured (``bench/results/gemm_mainloop.json``, 1 x H200, 12 GEMMs, the three mainloops
     it had): cooperative 128x256 won every GEMM whose 128x256 tiles fill more than 1.5 waves of
@@ -143,9 +143,13 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     k-tiles deep. Modelled, not measured: where the measured pick is pingpong 128x128, the
     unsplit mainloop (the 192- and 64-wide tiles included) that :func:`modelled_time` puts
     :data:`WAVE_GAIN` below it, if any (wave quantization: 2176x2048 takes pingpong 64x192;
-    every GEMM the picks were measured on keeps its pick).
+    every GEMM the picks were measured on keeps its pick). Then, where the swapped mainloop
+    fitted to the shape (:func:`swapped_mainloops`' first) is modelled below :data:`SWAP_GAIN`
+    of that pick's time, the swapped one (measured on 1 x H100 at 3e23e54: it ran faster than
+    the unswapped pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at
+    2176x2048x8192; above the bar it lost on 512x14336x4096).
     """
-    pick = _default_mainloop(problem, sms)
+    pick = _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
         return pick
     for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, ml.cluster_m, -ml.tile_m * ml.tile_n)):  # the largest tiles
@@ -153,6 +157,31 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
             return Pick(ml, pick.raster_group, f"{ml.text()}: the first mainloop that renders here "
                         f"({pick.mainloop.text()} does not)")
     return pick  # nothing renders: render_tp names why
+
+
+#: A swapped mainloop replaces the default's pick where :func:`modelled_time` puts it below
+#: this fraction of the pick's time (measured: gemm_mainloop.json at 3e23e54, 1 x H100).
+SWAP_GAIN = 0.97
+
+
+def _swapped_if_fitter(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
+    """``pick``, or the swapped mainloop fitted to ``problem`` where its tiles fill the waves
+    so much better (:data:`SWAP_GAIN`)."""
+    fitted = swapped_mainloops(problem, sms, top=1)
+    if not fitted:
+        return pick
+    ml, base = fitted[0], modelled_time(problem, pick.mainloop, sms)
+    t = modelled_time(problem, ml, sms)
+    if t >= SWAP_GAIN * base:
+        return pick
+    m, n, _ = local_gemm(problem)
+    rows, w = placement_rules.row_block(problem), problem.world_size
+    tiles = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n)
+    waves, eff = wave_fill(tiles, sms)
+    return Pick(ml, 8, f"{tiles} {ml.tile_m}x{ml.tile_n} tiles, A and B swapped (the rows on wgmma's N), fill "
+                f"{waves:.2f} waves, the last {eff:.0%} full: modelled {t / base:.0%} of "
+                f"{pick.mainloop.text()}'s time (measured faster wherever modelled below "
+                f"{SWAP_GAIN:.0%}: gemm_mainloop.json)")
 
 
 def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
