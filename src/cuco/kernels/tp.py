@@ -174,10 +174,7 @@ def _swapped_if_fitter(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
     t = modelled_time(problem, ml, sms)
     if t >= SWAP_GAIN * base:
         return pick
-    m, n, _ = local_gemm(problem)
-    rows, w = placement_rules.row_block(problem), problem.world_size
-    tiles = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n)
-    waves, eff = wave_fill(tiles, sms)
+    tiles, waves, eff = tile_waves(problem, ml, sms)
     return Pick(ml, 8, f"{tiles} {ml.tile_m}x{ml.tile_n} tiles, A and B swapped (the rows on wgmma's N), fill "
                 f"{waves:.2f} waves, the last {eff:.0%} full: modelled {t / base:.0%} of "
                 f"{pick.mainloop.text()}'s time (measured faster wherever modelled below "
@@ -327,6 +324,14 @@ def mainloops_for(problem: GemmProblem, sms: int = SMS) -> tuple[Mainloop, ...]:
     return tuple(dict.fromkeys((*MAINLOOPS, *swapped_mainloops(problem, sms))))
 
 
+def tile_waves(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> tuple[int, float, float]:
+    """``(tiles, waves, efficiency)`` of ``ml``'s whole tiles at ``problem`` (:func:`wave_fill`)."""
+    n = local_gemm(problem).n
+    rows, w = placement_rules.row_block(problem), problem.world_size
+    tiles = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n)
+    return (tiles, *wave_fill(tiles, sms))
+
+
 def _fuller_waves(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
     """``pick`` (a measured one), or the unsplit mainloop of :data:`MAINLOOPS` whose tiles
     fill the waves so much better that :func:`modelled_time` puts it :data:`WAVE_GAIN` below
@@ -338,10 +343,7 @@ def _fuller_waves(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
     t = modelled_time(problem, best, sms)
     if t > WAVE_GAIN * base:
         return pick
-    m, n, _ = local_gemm(problem)
-    rows, w = placement_rules.row_block(problem), problem.world_size
-    tiles = w * -(-rows // best.tile_m) * -(-n // best.tile_n)
-    waves, eff = wave_fill(tiles, sms)
+    tiles, waves, eff = tile_waves(problem, best, sms)
     return Pick(best, 8, f"{tiles} {best.tile_m}x{best.tile_n} tiles fill {waves:.2f} waves, the last "
                 f"{eff:.0%} full: modelled {t / base:.0%} of {pick.mainloop.text()}'s time "
                 "(modelled, not measured)")
@@ -464,15 +466,10 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
                    "placement=side_stream only")
     if problem.dtype not in CUTLASS_TYPES:
         out.append(f"dtype: placement={p} runs a CUTLASS bf16/fp16 mainloop, not {problem.dtype}")
-    if d.swap_ab:
-        out += swap_refusals(d)
-    elif d.schedule is Schedule.COOPERATIVE and d.tile_m not in (128, 256):
-        out.append(f"tile_m: placement={p} with schedule=cooperative splits each tile's rows "
-                   "between two consumer warpgroups of 64+ rows; choose tile_m 128 or 256 (or "
-                   "schedule=pingpong)")
-    elif d.schedule is Schedule.PINGPONG and d.tile_m not in (64, 128):
-        out.append(f"tile_m: placement={p} with schedule=pingpong gives each consumer warpgroup "
-                   "whole tiles; choose tile_m 64 or 128")
+    out += wgmma_m_refusals(d, p)
+    if d.swap_ab and d.cluster_m > 1:
+        out.append("cluster_m: the in-kernel clusters pair m-tiles on wgmma's M, which swap_ab=true "
+                   "gives the tile's columns; set cluster_m=1 or swap_ab=false")
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
     if smem > SMEM_LIMIT_BYTES - 1024:
         fit = (SMEM_LIMIT_BYTES - 1024 - d.tile_m * (d.tile_n + 8) * problem.dtype_bytes) \
@@ -496,22 +493,20 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     return out
 
 
-def swap_refusals(d: Directives) -> list[str]:
-    """What the template cannot render of a ``swap_ab`` point: its columns are wgmma's M (a
-    cooperative tile's split between two consumer warpgroups of 64 or 128 rows, a pingpong
-    tile's one warpgroup's 64 or 128), and its clusters pair m-tiles along wgmma's M."""
-    out = []
-    if d.schedule is Schedule.COOPERATIVE and d.tile_n not in (128, 256):
-        out.append(f"tile_n: with swap_ab=true the tile's {d.tile_n} columns are wgmma's M, which "
-                   "schedule=cooperative splits between two consumer warpgroups; choose tile_n 128 "
-                   "or 256 (or schedule=pingpong)")
-    if d.schedule is Schedule.PINGPONG and d.tile_n not in (64, 128):
-        out.append(f"tile_n: with swap_ab=true the tile's {d.tile_n} columns are wgmma's M, one "
-                   "consumer warpgroup's under schedule=pingpong; choose tile_n 64 or 128")
-    if d.cluster_m > 1:
-        out.append("cluster_m: the in-kernel clusters pair m-tiles on wgmma's M, which swap_ab=true "
-                   "gives the tile's columns; set cluster_m=1 or swap_ab=false")
-    return out
+def wgmma_m_refusals(d: Directives, p: str) -> list[str]:
+    """What the template cannot render of the tile's side on wgmma's M (its rows, or with
+    ``swap_ab`` its columns): a cooperative tile's is split between two consumer warpgroups
+    of 64 or 128, a pingpong tile's is one warpgroup's 64 or 128."""
+    field, size, side = ("tile_n", d.tile_n, "columns") if d.swap_ab else ("tile_m", d.tile_m, "rows")
+    there = " (swap_ab=true puts the tile's columns on wgmma's M)" if d.swap_ab else ""
+    if d.schedule is Schedule.COOPERATIVE and size not in (128, 256):
+        return [f"{field}: placement={p} with schedule=cooperative splits each tile's {side} between "
+                f"two consumer warpgroups of 64+ {side}{there}; choose {field} 128 or 256 (or "
+                "schedule=pingpong)"]
+    if d.schedule is Schedule.PINGPONG and size not in (64, 128):
+        return [f"{field}: placement={p} with schedule=pingpong gives each consumer warpgroup whole "
+                f"tiles{there}; choose {field} 64 or 128"]
+    return []
 
 
 def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = False) -> dict[str, Any]:
