@@ -51,3 +51,12 @@ def test_the_fitted_mainloops_render_and_fill_the_waves_best(shape):
             other = ml._replace(tile_m=tm, stages=tp.most_stages(tm, ml.tile_n))
             if other.stages >= 3 and not tp.supported(p, with_mainloop(ga.BASE, other)):
                 assert tp.modelled_time(p, ml) <= tp.modelled_time(p, other) + 1e-12, (ml, tm)
+
+
+def test_ci_builds_a_swapped_kernel():
+    """The catalog CI compiles with nvcc (tests/test_kernels.py, `cuco kernels check`) holds a
+    swapped in-kernel build beside the unswapped ones."""
+    from cuco.kernels.catalog import in_kernel_sources
+    srcs = [s.source for s in in_kernel_sources()]
+    assert sum("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in s for s in srcs) == 1
+    assert sum("cutlass::layout::ColumnMajor" not in s for s in srcs) == len(srcs) - 1

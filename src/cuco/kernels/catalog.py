@@ -73,6 +73,10 @@ def in_kernel_sources() -> list[KernelSource]:
     out.append(render_tp(GemmProblem(workload=GEMM_REDUCESCATTER.name, **small),
                          in_kernel("dedicated_ctas", "nvshmem", "thread", comm_ctas=4, tile_m=64, tile_n=128,
                                    stages=8, schedule="pingpong", split_k=4))[0])
+    # A and B swapped (the tile's rows on wgmma's N, 80 of them), the epilogue on spare warps
+    out.append(render_tp(GemmProblem(workload=ALLGATHER_GEMM.name, **small),
+                         in_kernel("epilogue", "lsa", "warp", tile_m=80, tile_n=128, stages=6, comm_warps=3,
+                                   raster_group=8, swap_ab=True))[0])
     return out
 
 
