@@ -14,7 +14,7 @@ import pytest
 from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
 from cuco.kernels import tp
-from cuco.kernels.tp import MAINLOOPS, Mainloop, default_mainloop, in_kernel, k_slices, render_tp
+from cuco.kernels.tp import Mainloop, default_mainloop, in_kernel, k_slices, render_tp
 from build_checks import assert_points_compile, host_rows
 
 ROOT = Path(__file__).resolve().parents[1]

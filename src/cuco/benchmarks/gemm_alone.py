@@ -38,7 +38,7 @@ from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
 from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
-    MAINLOOPS, SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
+    SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
     modelled_time, render_tp, split_tail, split_workspace_bytes, supported, with_mainloop,
 )
 

@@ -8,7 +8,7 @@ from cuco.design.dimensions import (
     Backend, ChunkSchedule, Core, Issuer, PeerCalls, Placement, Schedule, SyncScope, format_bytes,
 )
 from cuco.design.field_errors import describe, with_fix
-from cuco.design.placement_rules import SWAPPED_TILE_M, TILE_M, launch_time_fields
+from cuco.design.placement_rules import SWAPPED_TILE_M, TILE_M, launch_time_fields, power_of_two_or_thrice
 from cuco.design.problem import Problem
 from cuco.design.rules import violations
 from cuco.errors import DirectiveError
@@ -32,7 +32,7 @@ def chunk_size_ok(v: int) -> bool:
     one output tile per flag, and a tile 192 columns wide is 3 x 2^k bytes, one whose rows are
     wgmma's N (``swap_ab``) any multiple of 16 rows of 64+ columns (side_stream takes the first
     two only: :func:`cuco.design.placement_rules.violations`)."""
-    return v > 0 and (v & (v - 1) == 0 or (v % 3 == 0 and (v // 3) & (v // 3 - 1) == 0) or v % 1024 == 0)
+    return power_of_two_or_thrice(v) or (v > 0 and v % 1024 == 0)
 
 
 def check_field(field: str, v: int) -> int:

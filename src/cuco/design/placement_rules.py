@@ -91,6 +91,12 @@ def violations(d: Mapping[str, Any]) -> list[str]:
     return out + cluster_violations(d) + swap_violations(d)
 
 
+def power_of_two_or_thrice(v: int) -> bool:
+    """Whether ``v`` bytes are a power of two or three times one: side_stream's chunk sizes,
+    and every unswapped in-kernel tile's (a 192-column tile is 3 x 2^k bytes)."""
+    return v > 0 and (v & (v - 1) == 0 or (v % 3 == 0 and (v // 3) & (v // 3 - 1) == 0))
+
+
 def swap_violations(d: Mapping[str, Any]) -> list[str]:
     """The rules of ``swap_ab`` (part of :func:`violations`): it swaps the operands of the
     in-kernel mainloop, whose tile rows are wgmma's M without it (64, 128 or 256) and its N
@@ -103,7 +109,7 @@ def swap_violations(d: Mapping[str, Any]) -> list[str]:
             out.append("swap_ab: placement=side_stream runs a vendor GEMM per chunk; swap_ab swaps "
                        "the operands of the in-kernel placements' mainloop only; set swap_ab=false")
         chunk = d["chunk_bytes"]
-        if not (chunk & (chunk - 1) == 0 or (chunk % 3 == 0 and (chunk // 3) & (chunk // 3 - 1) == 0)):
+        if not power_of_two_or_thrice(chunk):
             out.append(f"chunk_bytes: placement=side_stream cuts chunks of a power of two bytes, or "
                        f"three times one; chunk_bytes={chunk} is neither (e.g. "
                        f"{1 << (chunk.bit_length() - 1)})")

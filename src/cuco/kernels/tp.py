@@ -291,10 +291,16 @@ def tile_rate(ml: Mainloop, m64_rate: float = TILE_M64_RATE) -> float:
 SWAP_FRAMES = (("cooperative", 128), ("cooperative", 256), ("pingpong", 64), ("pingpong", 128))
 
 
+def stages_that_fit(tile_m: int, tile_n: int, tile_k: int = 64, dtype_bytes: int = 2) -> int:
+    """The pipeline stages that fit in shared memory beside the staged output tile (its rows
+    padded by 8 elements) and the kernel's last KiB (:func:`supported` refuses more)."""
+    left = SMEM_LIMIT_BYTES - 1024 - tile_m * (tile_n + 8) * dtype_bytes
+    return left // smem_bytes(tile_m, tile_n, tile_k, 1)
+
+
 def most_stages(tile_m: int, tile_n: int, dtype_bytes: int = 2, most: int = 8) -> int:
     """The most pipeline stages (up to ``most``) that fit beside the staged output tile."""
-    left = SMEM_LIMIT_BYTES - 1024 - tile_m * (tile_n + 8) * dtype_bytes
-    return min(most, left // smem_bytes(tile_m, tile_n, 64, 1))
+    return min(most, stages_that_fit(tile_m, tile_n, 64, dtype_bytes))
 
 
 def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> list[Mainloop]:
@@ -307,11 +313,11 @@ def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> lis
     these GEMMs' M, bench/results/gemm_mainloop.json's library_algos)."""
     fitted = []
     for schedule, tn in SWAP_FRAMES:
-        rows = [tm for tm in placement_rules.SWAPPED_TILE_M
-                if (schedule == "cooperative" or tm * tn <= PINGPONG_TILE_ELEMS)
-                and most_stages(tm, tn, problem.dtype_bytes) >= 3]
-        mls = [Mainloop(schedule, tn, most_stages(tm, tn, problem.dtype_bytes), tm, swap_ab=True) for tm in rows]
-        mls = [ml for ml in mls if not supported(problem, with_mainloop(in_kernel("epilogue"), ml, problem.dtype_bytes))]
+        mls = [Mainloop(schedule, tn, most_stages(tm, tn, problem.dtype_bytes), tm, swap_ab=True)
+               for tm in placement_rules.SWAPPED_TILE_M
+               if schedule == "cooperative" or tm * tn <= PINGPONG_TILE_ELEMS]
+        mls = [ml for ml in mls if ml.stages >= 3
+               and not supported(problem, with_mainloop(in_kernel("epilogue"), ml, problem.dtype_bytes))]
         if mls:
             fitted.append(min(mls, key=lambda ml: (modelled_time(problem, ml, sms), -ml.tile_m)))
     fitted.sort(key=lambda ml: (modelled_time(problem, ml, sms), -ml.tile_m * ml.tile_n))
@@ -472,8 +478,7 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
                    "gives the tile's columns; set cluster_m=1 or swap_ab=false")
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
     if smem > SMEM_LIMIT_BYTES - 1024:
-        fit = (SMEM_LIMIT_BYTES - 1024 - d.tile_m * (d.tile_n + 8) * problem.dtype_bytes) \
-            // smem_bytes(d.tile_m, d.tile_n, d.tile_k, 1)
+        fit = stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes)
         out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
                    f"{d.stages} mainloop stages ({smem // 1024} KiB > {SMEM_LIMIT_BYTES // 1024 - 1} KiB); "
                    + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile"))
