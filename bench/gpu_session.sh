@@ -123,6 +123,7 @@ step_command() {
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
+    gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
     tests_buffers)   echo "$PT tests/test_buffer_lifetime_gpu.py" ;;

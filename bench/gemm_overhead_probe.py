@@ -1,0 +1,112 @@
+"""Where a small GEMM's time goes in cuco's in-kernel build, against the library's (issue #37).
+
+    python bench/gemm_overhead_probe.py [--shape MxNxK ...]
+
+For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
+calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
+programs and of the default cuco point, built as it is and with one part taken out:
+``no_epoch`` (the call's epoch a constant: no atomic in the prologue) and ``no_store`` (the
+epilogue stores nothing: its output is wrong, timed only). A probe: it prints a table and
+writes nothing to bench/results; its ratios say which part costs what, not a speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from cuco.benchmarks import gemm_alone as ga
+from cuco.errors import run_script
+from cuco.kernels.tp import render_tp, split_workspace_bytes
+
+SHAPES = ((128, 128, 128), (200, 4096, 4096), (1536, 1536, 1536), (2048, 2048, 4096))
+CALL_BEGIN = "cuco::call_begin(p.arena.at(p.calls_off, me));"
+NO_EPOCH = "if (threadIdx.x == 0) cuco::call_epoch_of_cta = 1; __syncthreads();"
+STORE = "cuco::store16(dst"
+PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, NO_EPOCH)],
+         "no_store": [(STORE, "if (rows < 0) cuco::store16(dst")]}
+
+
+def gpu_ms(fn, calls: int, enqueue_us: float, rounds: int = 15) -> float:
+    import cupy
+    from cuco.runtime.timing import spin
+    out = []
+    for _ in range(rounds):
+        spin(cupy.cuda.get_current_stream(), 20 + enqueue_us * calls)
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        e.synchronize()
+        out.append(cupy.cuda.get_elapsed_time(s, e) / calls)
+    return statistics.median(out)
+
+
+def host_us(fn, calls: int = 200) -> float:
+    import cupy
+    cupy.cuda.get_current_stream().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls * 1e6
+    cupy.cuda.get_current_stream().synchronize()
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
+    args = ap.parse_args(argv)
+    import cupy
+    from cuco.kernels import Compiler
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    shapes = args.shape or SHAPES
+    items, keys = [], []
+    for shape in shapes:
+        d = ga.default_point(shape, "bf16", sms)
+        src = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0]
+        for part, edits in PARTS.items():
+            text = src.source
+            for old, new in edits:
+                assert old in text, (part, old)
+                text = text.replace(old, new)
+            items.append((f"{src.name}_{part}", text, src.needs))
+            keys.append((shape, part, d))
+    built = Compiler().compile_many(items)
+    lines = []
+    for shape in shapes:
+        m, n, k = shape
+        a, b, ref = ga._operands(m, n, k, "bf16")
+        progs, _, _ = ga._libraries(a, b, m, n, k, "bf16", 1)
+        state = cupy.zeros(ga.CALL_STATE_ELEMS, dtype=cupy.uint16)
+        text: dict[str, str] = {}
+        for (s, part, d), lib in zip(keys, built):
+            if s != shape:
+                continue
+            if not hasattr(lib, "path"):
+                print(f"{shape} {part}: {lib}")
+                continue
+            c = ga.dtypes_empty(m, n, "bf16")
+            ws = split_workspace_bytes(ga.problem_of(*shape), d)
+            work = cupy.zeros(max(ws, 1), dtype=cupy.uint8)
+            progs[f"cuco.{part}"] = (ga._launcher(str(lib.path), d.raster_group, a, b, c, state, work, ws, sms), c)
+            text[f"cuco.{part}"] = ga.mainloop_text(d)
+        bad = {v: ga._check(fn, c, ref, k, "bf16") for v, (fn, c) in progs.items()}
+        for v, (fn, _) in progs.items():
+            for _ in range(5):
+                fn()
+            h = host_us(fn)
+            g40 = gpu_ms(fn, 20, 40.0) * 1e3
+            g200 = gpu_ms(fn, 20, 200.0) * 1e3
+            lines.append(f"{'x'.join(map(str, shape)):>16} {v:<22} host {h:6.1f} us  gpu {g40:7.2f} us "
+                         f"(spin 200: {g200:7.2f})  bad {bad[v]}  {text.get(v, '')}")
+            print(lines[-1], flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)
