@@ -57,14 +57,14 @@ def test_same_seed_same_search(tmp_path):
     assert [c.directives for c in CandidateDB(tmp_path / "x.db").candidates(run_id=other.run_id)] != runs[0]
 
 
-def test_offline_search_reaches_the_grid_best_within_a_fifth_of_the_grid(tmp_path):
-    """200 evaluations of the 1308 points (100 of 552 before the 192- and 64-wide tiles and
+def test_offline_search_reaches_the_grid_best_within_a_seventh_of_the_grid(tmp_path):
+    """200 evaluations of the 1524 points (100 of 552 before the 192- and 64-wide tiles and
     the 2x1 clusters doubled the in-kernel mainloops; 1092 before the two swapped mainloops
-    fitted to the shape)."""
+    fitted to the shape; 1308 before their clusters along N)."""
     space = gpu_space(P)
     ev = AnalyticEvaluator(P)
     grid_best = max(ev.evaluate(d).score for d in space.enumerate())
-    assert space.size <= 6 * 220
+    assert space.size <= 7 * 220
     res = agent(CandidateDB(tmp_path / "c.db"), budget=200, seed=1).run()
     assert res.best.score == pytest.approx(grid_best)
 

@@ -20,8 +20,6 @@ def test_swap_ab_is_a_directive_with_named_refusals():
     with pytest.raises(DirectiveError, match="tile_n: placement=epilogue with schedule=cooperative splits each "
                                              "tile's columns .* choose tile_n 128 or 256"):
         render_tp(p, in_kernel("epilogue", tile_m=112, tile_n=64, stages=8, swap_ab=True))
-    with pytest.raises(DirectiveError, match="cluster_m: .* set cluster_m=1 or swap_ab=false"):
-        render_tp(p, in_kernel("epilogue", tile_m=112, tile_n=128, stages=6, swap_ab=True, cluster_m=2))
     with pytest.raises(DirectiveError, match="swap_ab: placement=side_stream runs a vendor GEMM .* set swap_ab=false"):
         Directives(placement="side_stream", comm_ctas=8, swap_ab=True)
     with pytest.raises(DirectiveError, match="tile_m=72 is not supported.*a multiple of 16"):
@@ -36,6 +34,39 @@ def test_only_a_swapped_point_renders_the_swapped_mainloop():
     assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in swapped and "cutlass::layout::ColumnMajor" in swapped
     assert "Shape<Int<kTileN>, Int<kTileM>, Int<kTileK>>" in swapped and "make_coord(nt, mt, _, 0)" in swapped
     assert "EXTENDED" not in plain and "ColumnMajor" not in plain and "make_coord(nt, mt" not in plain
+
+
+def test_a_swapped_cluster_pairs_n_tiles_and_multicasts_a():
+    """With swap_ab the mainloop's M is N: a cluster's CTAs take adjacent n-tiles of one m-tile
+    (CUTLASS's cluster along its M multicasts its B, our A), a phantom pads the n-tiles, and
+    the unswapped cluster keeps pairing m-tiles."""
+    p = ga.problem_of(200, 4096, 4096)
+    ml = tp.Mainloop("pingpong", 64, 8, 112, cluster_m=2, swap_ab=True)
+    assert ml.text() == "pingpong 112x64 with 8 stages, clusters of 2 along N, A and B swapped"
+    src = render_tp(p, with_mainloop(ga.BASE, ml), gemm_only=True)[0].source
+    plain = render_tp(p, with_mainloop(ga.BASE, tp.Mainloop("pingpong", 128, 6, cluster_m=2)), gemm_only=True)[0].source
+    for both in ("using ClusterShape = Shape<_2, _1, _1>;", "cute::block_rank_in_cluster()"):
+        assert both in src and both in plain
+    swapped_only = ("cluster_slots(d.nt, d.block_mt, raster_group)", "tile_of(p.dims.pairs, i, me, blk, nt, mt);",
+                    "nt = min(nt, p.dims.nt - 1);", "if (nt < p.dims.nt)")
+    plain_only = ("cluster_slots(d.block_mt, d.nt, raster_group)", "tile_of(p.dims.pairs, i, me, blk, mt, nt);",
+                  "mt = min(mt, p.dims.block_mt - 1);", "if (mt < p.dims.block_mt)")
+    for a, b in zip(swapped_only, plain_only):
+        assert a in src and a not in plain and b in plain and b not in src, (a, b)
+
+
+def test_the_search_and_the_bench_take_the_fitted_mainloops_in_clusters_along_n():
+    p = ga.problem_of(200, 4096, 4096)
+    fitted = swapped_mainloops(p)
+    mls = tp.mainloops_for(p)
+    assert [ml._replace(cluster_m=2) for ml in fitted] == [ml for ml in mls if ml.swap_ab and ml.cluster_m == 2]
+    timed = {tp.Mainloop.of(d) for d in ga.mainloop_points((200, 4096, 4096))}
+    assert {ml._replace(cluster_m=2) for ml in fitted} <= timed
+    # the tile orders of a cluster along N are those of its n-tiles (64 of 64 columns: 1, 8, 16)
+    twin = fitted[0]._replace(cluster_m=2)
+    assert ga.walked_tiles((200, 4096, 4096), twin) == -(-4096 // twin.tile_n)
+    # one n-tile: no pair to share A with
+    assert not tp.cluster_twins(ga.problem_of(200, 64, 4096), [fitted[0]._replace(tile_n=64)])
 
 
 @pytest.mark.parametrize("shape", [(200, 4096, 4096), (1536, 1536, 1536), (2176, 2048, 8192), (64, 8192, 8192)])

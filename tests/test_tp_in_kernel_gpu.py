@@ -13,7 +13,8 @@ from cuco.kernels import Compiler
 from cuco.kernels.tp import in_kernel, render_tp
 from conftest import TEST_WORLD
 from tp_in_kernel_cases import (FAMILIES, cluster_shapes, clusters, grid_points, grid_shapes, one_build_points,
-                                one_build_shapes, split_and_64_rows, split_shapes, swapped, swapped_shapes, wave_shapes,
+                                one_build_shapes, split_and_64_rows, split_shapes, swapped, swapped_cluster_shapes,
+                                swapped_clusters, swapped_shapes, wave_shapes,
                                 wave_tiles)
 
 pytestmark = pytest.mark.gpu(count=1)
@@ -114,6 +115,21 @@ def test_swapped_mainloops_are_correct(world_group, family, shape):
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in swapped() if not supported(problem, d)]
     assert {d.swap_ab for d in points} == {True} and len({d.schedule for d in points}) == 2
+    right_on_two_seeds(world_group, problem, build(problem, points))
+
+
+@pytest.mark.parametrize("family,shape", [(f, s) for f in FAMILIES for s in swapped_cluster_shapes(TEST_WORLD)])
+def test_swapped_clusters_are_correct(world_group, family, shape):
+    """Each swapped mainloop in clusters along N (a pair of adjacent n-tiles of one m-tile,
+    A's tile multicast to both) is correct on two fresh seeds, every element against the fp32
+    reference: an odd number of n-tiles (the last one's partner a phantom), ragged rows, a
+    decode-like M, many tiles per CTA."""
+    from cuco.kernels.tp import supported
+
+    m, n, k = shape
+    problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = [d for d in swapped_clusters() if not supported(problem, d)]
+    assert len(points) == len(swapped_clusters())
     right_on_two_seeds(world_group, problem, build(problem, points))
 
 

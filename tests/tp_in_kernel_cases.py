@@ -147,6 +147,24 @@ def clusters():
             in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=2, raster_group=4, cluster_m=2)]
 
 
+def swapped_cluster_shapes(world: int) -> list[tuple[int, int, int]]:
+    """An even number of n-tiles; an odd one, whose last n-tile's partner is a phantom (1040
+    columns: 9 of 128, 17 of 64, the last short), with ragged rows; a decode-like M; many
+    tiles per CTA."""
+    return [(512, 1024, 2048), (rows(300, world), wide(1040, world), 1024), decode(world), MANY_TILES]
+
+
+def swapped_clusters():
+    """Issue #37's swapped mainloops in clusters of 2 along N (A multicast to a pair of
+    n-tiles), under both schedules, with the epilogue on the consumers, on spare warps or on
+    dedicated CTAs, in every tile order."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_m=80, tile_n=128, stages=6, swap_ab=True, cluster_m=2),
+            in_kernel("epilogue", "nvshmem", "warp", tile_m=112, tile_n=64, stages=8, schedule="pingpong",
+                      comm_warps=3, raster_group=8, swap_ab=True, cluster_m=2),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=96, tile_n=128, stages=6,
+                      schedule="pingpong", comm_warps=2, raster_group=16, swap_ab=True, cluster_m=2)]
+
+
 def swapped_shapes(world: int) -> list[tuple[int, int, int]]:
     return [(512, 1024, 2048), decode(world), MANY_TILES, ragged(world), tail(world)]
 

@@ -135,6 +135,13 @@ def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | No
     return None
 
 
+def walked_tiles(shape: tuple[int, int, int], ml: Mainloop) -> int:
+    """The tiles a tile order groups: m-tiles, or n-tiles where a swapped mainloop's clusters
+    walk n-tiles in the place of m-tiles (tp_fused.cu.j2)."""
+    m, n, _ = shape
+    return -(-n // ml.tile_n) if ml.swap_ab and ml.cluster_m > 1 else -(-m // ml.tile_m)
+
+
 def tile_orders(m_tiles: int) -> dict[int, int]:
     """The distinct tile orders of :data:`RASTER_GROUPS` where a block has ``m_tiles`` m-tiles:
     ``{m-tiles walked together: the smallest group that walks them}`` (8 and 16 are one order
@@ -159,7 +166,7 @@ def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int =
         d = with_mainloop(BASE, ml, problem.dtype_bytes)
         if supported(problem, d):
             continue
-        out += [d.replace(raster_group=g) for g in tile_orders(-(-shape[0] // ml.tile_m)).values()]
+        out += [d.replace(raster_group=g) for g in tile_orders(walked_tiles(shape, ml)).values()]
     return list(dict.fromkeys([*out, default_point(shape, dtype, sms)]))
 
 
@@ -168,7 +175,7 @@ def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = S
     as :func:`mainloop_points` times it (the smallest group that walks the same order)."""
     problem = problem_of(*shape, dtype)
     pick = default_mainloop(problem, sms)
-    m_tiles = -(-shape[0] // pick.mainloop.tile_m)
+    m_tiles = walked_tiles(shape, pick.mainloop)
     g = tile_orders(m_tiles).get(min(pick.raster_group, m_tiles), pick.raster_group)
     return with_mainloop(BASE, pick.mainloop, problem.dtype_bytes).replace(raster_group=g)
 

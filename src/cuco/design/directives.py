@@ -95,8 +95,10 @@ class Directives(BaseModel):
                          "tile is cut into, each slice a unit of work of its own, summed in fp32 by "
                          "the slice that finishes last before the tile's epilogue (1: whole K)")
     cluster_m: int = Field(default=1, description="in-kernel placements: CTAs of a cluster along "
-                           "M (2: each pair of CTAs computes two adjacent m-tiles of one n-tile in "
-                           "lock-step, B loaded once for both by TMA multicast; 1: no cluster)")
+                           "the mainloop's M (2: each pair of CTAs computes two adjacent m-tiles of "
+                           "one n-tile in lock-step, B loaded once for both by TMA multicast; with "
+                           "swap_ab, whose mainloop's M is N, two adjacent n-tiles of one m-tile, A "
+                           "loaded once for both; 1: no cluster)")
     swap_ab: bool = Field(default=False, description="in-kernel placements: the mainloop computes "
                           "C^T = B^T A^T, the tile's rows on wgmma's N (tile_m any multiple of 16 "
                           "from 32 to 256: a tile fitted to few or ragged rows) and its columns on "

@@ -60,7 +60,7 @@ class Mainloop(NamedTuple):
     def text(self) -> str:
         return (f"{self.schedule} {self.tile_m}x{self.tile_n} with {self.stages} stages"
                 + (f", K in {self.split_k} slices" if self.split_k > 1 else "")
-                + (f", {self.cluster_m}x1 clusters" if self.cluster_m > 1 else "")
+                + (f", clusters of {self.cluster_m} along {'N' if self.swap_ab else 'M'}" if self.cluster_m > 1 else "")
                 + (", A and B swapped" if self.swap_ab else ""))
 
 
@@ -324,10 +324,21 @@ def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> lis
     return fitted[:top]
 
 
+def cluster_twins(problem: GemmProblem, mls: list[Mainloop]) -> list[Mainloop]:
+    """Each swapped mainloop of ``mls`` in clusters of 2 CTAs along N (two adjacent n-tiles of
+    one m-tile, X's tile loaded once for both by TMA multicast: cuBLASLt's "2x1" and "4x1"
+    clusters at decode-like M, bench/results/gemm_mainloop.json's library_algos), where N has
+    at least two n-tiles."""
+    n = local_gemm(problem).n
+    return [ml._replace(cluster_m=2) for ml in mls if ml.swap_ab and ml.cluster_m == 1 and -(-n // ml.tile_n) >= 2]
+
+
 def mainloops_for(problem: GemmProblem, sms: int = SMS) -> tuple[Mainloop, ...]:
-    """The in-kernel mainloops a search sweeps at ``problem``: :data:`MAINLOOPS` and the
-    swapped ones fitted to its shape (:func:`swapped_mainloops`)."""
-    return tuple(dict.fromkeys((*MAINLOOPS, *swapped_mainloops(problem, sms))))
+    """The in-kernel mainloops a search sweeps at ``problem``: :data:`MAINLOOPS`, the swapped
+    ones fitted to its shape (:func:`swapped_mainloops`) and their clusters along N
+    (:func:`cluster_twins`)."""
+    fitted = swapped_mainloops(problem, sms)
+    return tuple(dict.fromkeys((*MAINLOOPS, *fitted, *cluster_twins(problem, fitted))))
 
 
 def tile_waves(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> tuple[int, float, float]:
@@ -473,9 +484,6 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     if problem.dtype not in CUTLASS_TYPES:
         out.append(f"dtype: placement={p} runs a CUTLASS bf16/fp16 mainloop, not {problem.dtype}")
     out += wgmma_m_refusals(d, p)
-    if d.swap_ab and d.cluster_m > 1:
-        out.append("cluster_m: the in-kernel clusters pair m-tiles on wgmma's M, which swap_ab=true "
-                   "gives the tile's columns; set cluster_m=1 or swap_ab=false")
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
     if smem > SMEM_LIMIT_BYTES - 1024:
         fit = stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes)
