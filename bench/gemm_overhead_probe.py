@@ -5,8 +5,8 @@
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
 programs and of the default cuco point, built as it is and with one part taken out:
-``no_epoch`` (the call's epoch a constant: no atomic in the prologue) and ``no_store`` (the
-epilogue stores nothing: its output is wrong, timed only). A probe: it prints a table and
+``no_epoch`` (the call's epoch a constant: no L2 round trip for it) and ``old_prologue``
+(the epoch read and arrived at by thread 0 before the pipeline's barrier, as before c8cc981). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
 """
 
@@ -20,28 +20,36 @@ from cuco.benchmarks import gemm_alone as ga
 from cuco.errors import run_script
 from cuco.kernels.tp import render_tp, split_workspace_bytes
 
-SHAPES = ((128, 128, 128), (200, 4096, 4096), (1536, 1536, 1536), (2048, 2048, 4096))
-CALL_BEGIN = "cuco::call_begin(p.arena.at(p.calls_off, me));"
-NO_EPOCH = "if (threadIdx.x == 0) cuco::call_epoch_of_cta = 1; __syncthreads();"
-STORE = "cuco::store16(dst"
-PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, NO_EPOCH)],
-         "no_store": [(STORE, "if (rows < 0) cuco::store16(dst")]}
+SHAPES = ((128, 128, 128), (200, 4096, 4096), (256, 1536, 8192), (1536, 1536, 1536), (2048, 2048, 4096))
+ENTER = "if (threadIdx.x == 128) cuco::call_enter(p.arena.at(p.calls_off, me));"
+RANK = "const int me = p.arena.rank();\n"
+UNSET = "cuco::call_epoch_unset();"
+#: as built; the epoch a constant (no L2 round trip at all); the prologue before c8cc981
+#: (thread 0 reads the epoch and arrives before the pipeline's barrier, every thread waiting)
+PARTS = {"as_is": [],
+         "no_epoch": [(ENTER, "if (threadIdx.x == 128) cuco::call_epoch_of_cta = 1;")],
+         "old_prologue": [(ENTER, ""), (UNSET, ""),
+                          (RANK, RANK + "  cuco::call_begin(p.arena.at(p.calls_off, me));\n")]}
 
 
-def gpu_ms(fn, calls: int, enqueue_us: float, rounds: int = 15) -> float:
+def gpu_us(fns: dict, calls: int = 20, enqueue_us: float = 40.0, rounds: int = 21) -> dict[str, float]:
+    """Each program's median time per call (us) over ``rounds`` samples of ``calls`` calls,
+    the programs interleaved round by round in a balanced order (cuco.runtime.timing)."""
     import cupy
-    from cuco.runtime.timing import spin
-    out = []
-    for _ in range(rounds):
-        spin(cupy.cuda.get_current_stream(), 20 + enqueue_us * calls)
-        s, e = cupy.cuda.Event(), cupy.cuda.Event()
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        e.synchronize()
-        out.append(cupy.cuda.get_elapsed_time(s, e) / calls)
-    return statistics.median(out)
+    from cuco.runtime.timing import balanced_order, spin
+    marks: dict[str, list] = {v: [] for v in fns}
+    for r in range(rounds):
+        for v in balanced_order(list(fns), r):
+            spin(cupy.cuda.get_current_stream(), 20 + enqueue_us * calls)
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record()
+            for _ in range(calls):
+                fns[v]()
+            e.record()
+            marks[v].append((s, e))
+        cupy.cuda.get_current_stream().synchronize()
+    return {v: statistics.median(cupy.cuda.get_elapsed_time(s, e) / calls for s, e in m) * 1e3
+            for v, m in marks.items()}
 
 
 def host_us(fn, calls: int = 200) -> float:
@@ -94,14 +102,15 @@ def main(argv: list[str] | None = None) -> int:
             progs[f"cuco.{part}"] = (ga._launcher(str(lib.path), d.raster_group, a, b, c, state, work, ws, sms), c)
             text[f"cuco.{part}"] = ga.mainloop_text(d)
         bad = {v: ga._check(fn, c, ref, k, "bf16") for v, (fn, c) in progs.items()}
-        for v, (fn, _) in progs.items():
+        fns = {v: fn for v, (fn, _) in progs.items()}
+        for fn in fns.values():
             for _ in range(5):
                 fn()
-            h = host_us(fn)
-            g40 = gpu_ms(fn, 20, 40.0) * 1e3
-            g200 = gpu_ms(fn, 20, 200.0) * 1e3
-            lines.append(f"{'x'.join(map(str, shape)):>16} {v:<22} host {h:6.1f} us  gpu {g40:7.2f} us "
-                         f"(spin 200: {g200:7.2f})  bad {bad[v]}  {text.get(v, '')}")
+        host = {v: host_us(fn) for v, fn in fns.items()}
+        gpu = gpu_us(fns)
+        for v in fns:
+            lines.append(f"{'x'.join(map(str, shape)):>16} {v:<22} host {host[v]:6.1f} us  gpu {gpu[v]:7.2f} us  "
+                         f"bad {bad[v]}  {text.get(v, '')}")
             print(lines[-1], flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
     print("\n".join(lines))
