@@ -5,9 +5,10 @@
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
 programs and of the default cuco point, built as it is and with one part taken out:
-``no_epoch`` (the call's epoch a constant: no L2 round trip for it) and ``old_prologue``
-(the epoch read and arrived at by thread 0 before the pipeline's barrier, as before c8cc981). A probe: it prints a table and
-writes nothing to bench/results; its ratios say which part costs what, not a speedup.
+``no_epoch`` (the call's epoch a constant: no read of it, no arrival). At ce0c73d it also
+timed the epoch taken by a consumer thread while the first loads were in flight (c8cc981):
+slower than both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a
+table and writes nothing to bench/results; its ratios say which part costs what, not a speedup.
 """
 
 from __future__ import annotations
@@ -21,15 +22,10 @@ from cuco.errors import run_script
 from cuco.kernels.tp import render_tp, split_workspace_bytes
 
 SHAPES = ((128, 128, 128), (200, 4096, 4096), (256, 1536, 8192), (1536, 1536, 1536), (2048, 2048, 4096))
-ENTER = "if (threadIdx.x == 128) cuco::call_enter(p.arena.at(p.calls_off, me));"
-RANK = "const int me = p.arena.rank();\n"
-UNSET = "cuco::call_epoch_unset();"
-#: as built; the epoch a constant (no L2 round trip at all); the prologue before c8cc981
-#: (thread 0 reads the epoch and arrives before the pipeline's barrier, every thread waiting)
-PARTS = {"as_is": [],
-         "no_epoch": [(ENTER, "if (threadIdx.x == 128) cuco::call_epoch_of_cta = 1;")],
-         "old_prologue": [(ENTER, ""), (UNSET, ""),
-                          (RANK, RANK + "  cuco::call_begin(p.arena.at(p.calls_off, me));\n")]}
+CALL_BEGIN = "cuco::call_begin(p.arena.at(p.calls_off, me));"
+#: as built; the call's epoch a constant (no L2 round trip for it: a bound on what a cheaper
+#: epoch could gain, its output otherwise the same)
+PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, "if (threadIdx.x == 0) cuco::call_epoch_of_cta = 1; __syncthreads();")]}
 
 
 def gpu_us(fns: dict, calls: int = 20, enqueue_us: float = 40.0, rounds: int = 21) -> dict[str, float]:

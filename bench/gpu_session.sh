@@ -126,6 +126,7 @@ step_command() {
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
+    tests_swapped_clusters) echo "$PT -k 'swapped_clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_buffers)   echo "$PT tests/test_buffer_lifetime_gpu.py" ;;
     tests_scrub)     echo "$PT tests/test_scrub_gpu.py" ;;
     tests_side_rest) echo "$PT -k 'M3001N1544-fp16 or too_wide' tests/test_tp_gpu.py" ;;

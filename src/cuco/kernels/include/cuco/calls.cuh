@@ -18,37 +18,23 @@ namespace cuco {
 static __shared__ uint64_t call_epoch_of_cta;
 
 // Slots at `state`: [0] the last call's epoch, [1] CTAs of this call that have read it.
-// One thread of each CTA calls it once; the CTA's other threads read call_epoch() only after a
-// barrier that follows it (call_begin's, or the caller's own: a kernel whose TMA producer never
-// needs the epoch lets its loads start while this thread's two L2 round trips are in flight).
-__device__ __forceinline__ void call_enter(char* state) {
-  cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
-  cuda::atomic_ref<uint64_t, cuda::thread_scope_device> arrived(*reinterpret_cast<uint64_t*>(state + 8));
-  const uint64_t epoch = last.load(cuda::memory_order_relaxed) + 1;
-  *static_cast<volatile uint64_t*>(&call_epoch_of_cta) = epoch;  // never 0: call_epoch_spin's "not yet"
-  const uint64_t ctas = (uint64_t)gridDim.x * gridDim.y * gridDim.z;
-  if (arrived.fetch_add(1, cuda::memory_order_acq_rel) == ctas - 1) {  // every CTA has read
-    arrived.store(0, cuda::memory_order_relaxed);
-    last.store(epoch, cuda::memory_order_relaxed);
-  }
-}
-
-// call_enter by thread 0, then a CTA barrier: every thread calls it once, first thing.
+// Every thread of the CTA calls it once, first thing; it ends with a CTA barrier.
 __device__ __forceinline__ void call_begin(char* state) {
-  if (threadIdx.x == 0) call_enter(state);
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> arrived(*reinterpret_cast<uint64_t*>(state + 8));
+    const uint64_t epoch = last.load(cuda::memory_order_relaxed) + 1;
+    call_epoch_of_cta = epoch;
+    const uint64_t ctas = (uint64_t)gridDim.x * gridDim.y * gridDim.z;
+    if (arrived.fetch_add(1, cuda::memory_order_acq_rel) == ctas - 1) {  // every CTA has read
+      arrived.store(0, cuda::memory_order_relaxed);
+      last.store(epoch, cuda::memory_order_relaxed);
+    }
+  }
   __syncthreads();
 }
 
-// The epoch of the call in progress (after call_begin, or call_enter and a barrier).
+// The epoch of the call in progress (after call_begin).
 __device__ __forceinline__ uint64_t call_epoch() { return call_epoch_of_cta; }
-
-// For a thread that meets no barrier after call_enter: "not read yet", set by one thread
-// before a CTA barrier that precedes call_enter; call_epoch_spin then waits for the value.
-__device__ __forceinline__ void call_epoch_unset() { call_epoch_of_cta = 0; }
-__device__ __forceinline__ uint64_t call_epoch_spin() {
-  uint64_t e;
-  while ((e = *static_cast<volatile uint64_t*>(&call_epoch_of_cta)) == 0) {}
-  return e;
-}
 
 }  // namespace cuco
