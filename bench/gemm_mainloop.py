@@ -6,6 +6,7 @@
     python bench/gemm_mainloop.py --quick               # 6 GEMMs x bf16, fp16 (~2 min)
     python bench/gemm_mainloop.py --shape 6144x5120x6144 --dtype bf16 --rounds 25
     python bench/gemm_mainloop.py --list                # the cases and their timed points, no GPU
+    python bench/gemm_mainloop.py --cluster-n --name gemm_mainloop_cluster_n   # + swapped clusters along N
 
 Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). Each row: cuco's fastest
 correct point, the fastest correct library program (``baseline``), their ratio (``speedup``),
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} GEMMs: {QUICK}")
     ap.add_argument("--rounds", type=int, default=9, help="timed samples per program (>= 3)")
     ap.add_argument("--lt-top", type=int, default=LT_TOP, help="cuBLASLt heuristic algorithms timed")
+    ap.add_argument("--cluster-n", action="store_true",
+                    help="also time the swapped mainloops in clusters along N (46 more builds on the default cases)")
     ap.add_argument("--name", default=NAME)
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--list", action="store_true", help="print the cases and their timed points; no GPU")
@@ -61,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def bench_of(args: argparse.Namespace) -> GemmAloneBench:
     shapes = tuple(args.shape) if args.shape else QUICK if args.quick else default_shapes()
     return GemmAloneBench(shapes=shapes, dtypes=tuple(args.dtype or DTYPES), rounds=args.rounds,
-                          lt_top=args.lt_top, name=args.name, out_dir=Path(args.out_dir))
+                          lt_top=args.lt_top, cluster_n=args.cluster_n, name=args.name, out_dir=Path(args.out_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

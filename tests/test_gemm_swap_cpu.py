@@ -60,8 +60,10 @@ def test_the_search_and_the_bench_take_the_fitted_mainloops_in_clusters_along_n(
     fitted = swapped_mainloops(p)
     mls = tp.mainloops_for(p)
     assert [ml._replace(cluster_m=2) for ml in fitted] == [ml for ml in mls if ml.swap_ab and ml.cluster_m == 2]
-    timed = {tp.Mainloop.of(d) for d in ga.mainloop_points((200, 4096, 4096))}
+    timed = {tp.Mainloop.of(d) for d in ga.mainloop_points((200, 4096, 4096), cluster_n=True)}
     assert {ml._replace(cluster_m=2) for ml in fitted} <= timed
+    # without --cluster-n (the default run) none of them is timed
+    assert not any(d.swap_ab and d.cluster_m > 1 for d in ga.mainloop_points((200, 4096, 4096)))
     # the tile orders of a cluster along N are those of its n-tiles (64 of 64 columns: 1, 8, 16)
     twin = fitted[0]._replace(cluster_m=2)
     assert ga.walked_tiles((200, 4096, 4096), twin) == -(-4096 // twin.tile_n)

@@ -152,15 +152,22 @@ def tile_orders(m_tiles: int) -> dict[int, int]:
     return out
 
 
-def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS) -> list[Directives]:
+def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS,
+                    cluster_n: bool = False) -> list[Directives]:
     """The timed cuco points of one case: each mainloop :func:`worth` timing that its template
     takes at the shape (:data:`MAINLOOPS`, and the swapped ones fitted to it:
     :func:`~cuco.kernels.tp.swapped_mainloops`), in each tile order that differs there, and the
-    default point (:func:`default_point`)."""
+    default point (:func:`default_point`). The swapped ones' clusters along N
+    (:func:`~cuco.kernels.tp.cluster_twins`) only with ``cluster_n``: timed on every case at
+    3d52a99 (bench/results/gemm_mainloop_cluster_n_3d52a99.json), the best point on 7 of 64 and
+    by at most 2.7%, they would add 46 builds to the 78 of a run, which then outlasts a
+    10-minute call on a 16-core machine."""
     problem = problem_of(*shape, dtype)
     pick = default_mainloop(problem, sms).mainloop
     out: list[Directives] = []
     for ml in mainloops_for(problem, sms):
+        if ml.swap_ab and ml.cluster_m > 1 and not cluster_n and ml != pick:
+            continue
         if worth(ml, shape, sms) and ml != pick:
             continue
         d = with_mainloop(BASE, ml, problem.dtype_bytes)
@@ -294,6 +301,7 @@ class GemmAloneBench:
     dtypes: tuple[str, ...] = DTYPES
     rounds: int = 9
     lt_top: int = LT_TOP
+    cluster_n: bool = False
     name: str = "gemm_mainloop"
     out_dir: Any = results.RESULTS_DIR
     console: Console = field(default_factory=Console)
@@ -307,7 +315,7 @@ class GemmAloneBench:
         from cuco.kernels import Compiler
         sources: dict[tuple[str, str], Any] = {}
         for shape, dt in self.cases():
-            for d in mainloop_points(shape, dt, sms):
+            for d in mainloop_points(shape, dt, sms, self.cluster_n):
                 key = (dt, d.build_point().full_name)
                 if key not in sources:
                     try:
@@ -357,7 +365,7 @@ class GemmAloneBench:
         progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
         points = {}
         calls_state = cupy.zeros(CALL_STATE_ELEMS, dtype=cupy.uint16)
-        for d in mainloop_points(shape, dtype, sms):
+        for d in mainloop_points(shape, dtype, sms, self.cluster_n):
             path = built.get((dtype, d.build_point().full_name))
             if path is None:
                 continue
