@@ -5,7 +5,8 @@
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
 programs and of the default cuco point, built as it is and with one part taken out:
-``no_epoch`` (the call's epoch a constant: no read of it, no arrival). At ce0c73d it also
+``no_epoch`` (the call's epoch a constant: no read of it, no arrival), and call_begin spelled out
+with the read's and the arrival's memory orders weakened one by one. At ce0c73d it also
 timed the epoch taken by a consumer thread while the first loads were in flight (c8cc981):
 slower than both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a
 table and writes nothing to bench/results; its ratios say which part costs what, not a speedup.
@@ -23,9 +24,29 @@ from cuco.kernels.tp import render_tp, split_workspace_bytes
 
 SHAPES = ((128, 128, 128), (200, 4096, 4096), (256, 1536, 8192), (1536, 1536, 1536), (2048, 2048, 4096))
 CALL_BEGIN = "cuco::call_begin(p.arena.at(p.calls_off, me));"
-#: as built; the call's epoch a constant (no L2 round trip for it: a bound on what a cheaper
-#: epoch could gain, its output otherwise the same)
-PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, "if (threadIdx.x == 0) cuco::call_epoch_of_cta = 1; __syncthreads();")]}
+#: cuco/calls.cuh's call_begin, spelled out with the read's and the arrival's memory orders as
+#: parameters: where its time goes (a variant weaker than acq_rel is timed, not proposed)
+EPOCH = """if (threadIdx.x == 0) {
+    char* state = p.arena.at(p.calls_off, me);
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> arrived(*reinterpret_cast<uint64_t*>(state + 8));
+    const uint64_t epoch = last.load(cuda::memory_order_%s) + 1;
+    cuco::call_epoch_of_cta = epoch;
+    %s
+  }
+  __syncthreads();"""
+ARRIVE = """if (arrived.fetch_add(1, cuda::memory_order_%s) == (uint64_t)gridDim.x - 1) {
+      arrived.store(0, cuda::memory_order_relaxed);
+      last.store(epoch, cuda::memory_order_relaxed);
+    }"""
+#: as built; the epoch a constant (no L2 round trip for it: a bound on what a cheaper epoch
+#: could gain); call_begin as built spelled out (acq_rel: the same code, a control); the
+#: arrival relaxed; the read acquiring and the arrival acquiring; the read alone (no arrival)
+PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, "if (threadIdx.x == 0) cuco::call_epoch_of_cta = 1; __syncthreads();")],
+         "acq_rel": [(CALL_BEGIN, EPOCH % ("relaxed", ARRIVE % "acq_rel"))],
+         "relaxed": [(CALL_BEGIN, EPOCH % ("relaxed", ARRIVE % "relaxed"))],
+         "acquire": [(CALL_BEGIN, EPOCH % ("acquire", ARRIVE % "acquire"))],
+         "read_only": [(CALL_BEGIN, EPOCH % ("relaxed", ""))]}
 
 
 def gpu_us(fns: dict, calls: int = 20, enqueue_us: float = 40.0, rounds: int = 21) -> dict[str, float]:

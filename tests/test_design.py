@@ -222,11 +222,12 @@ def test_bad_coupled_groups_are_refused_naming_what_to_fix(coupled, says):
 
 def test_the_tensor_parallel_spaces_grid_is_the_mainloops_not_their_product():
     """Listing a TP space walked 2.28M combinations (a minute on 2 cores) once the mainloops
-    had six coupled fields; it walks the listed mainloops'."""
+    had six coupled fields; it walks the listed mainloops' (201,960 here since the swapped
+    ones' clusters along N)."""
     from cuco.kernels.tp import Mainloop, mainloops_for
     from cuco.workloads import GemmAllReduce
     workload = GemmAllReduce(m=8192, n=8192, k=8192, world_size=2)
     space = workload.space()
-    assert space.grid_size < 200_000
+    assert space.grid_size < 250_000
     seen = {Mainloop.of(d) for d in space.enumerate() if d.placement.in_kernel}
     assert seen <= set(mainloops_for(workload.pattern_problem)) and len(seen) >= 3  # those that render here

@@ -87,9 +87,10 @@ def test_the_fitted_mainloops_render_and_fill_the_waves_best(shape):
 
 
 def test_ci_builds_a_swapped_kernel():
-    """The catalog CI compiles with nvcc (tests/test_kernels.py, `cuco kernels check`) holds a
-    swapped in-kernel build beside the unswapped ones."""
+    """The catalog CI compiles with nvcc (tests/test_kernels.py, `cuco kernels check`) holds
+    two swapped in-kernel builds beside the unswapped ones, one in clusters along N."""
     from cuco.kernels.catalog import in_kernel_sources
     srcs = [s.source for s in in_kernel_sources()]
-    assert sum("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in s for s in srcs) == 1
-    assert sum("cutlass::layout::ColumnMajor" not in s for s in srcs) == len(srcs) - 1
+    assert sum("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in s for s in srcs) == 2
+    assert sum("cutlass::layout::ColumnMajor" not in s for s in srcs) == len(srcs) - 2
+    assert sum("tile_of(p.dims.pairs, i, me, blk, nt, mt);" in s for s in srcs) == 1

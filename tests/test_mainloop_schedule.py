@@ -32,11 +32,12 @@ def test_pingpong_is_refused_where_it_cannot_apply():
 
 
 def test_the_space_sweeps_both_schedules_only_with_their_mainloops():
-    from cuco.kernels.tp import swapped_mainloops
+    from cuco.kernels.tp import cluster_twins, swapped_mainloops
     workload = for_problem(PROBLEM)
     points = list(workload.space().enumerate())
     seen = {Mainloop.of(d) for d in points if d.placement.in_kernel}
-    assert seen == {*MAINLOOPS, *swapped_mainloops(workload.pattern_problem)}
+    fitted = swapped_mainloops(workload.pattern_problem)
+    assert seen == {*MAINLOOPS, *fitted, *cluster_twins(workload.pattern_problem, fitted)}
     assert not any(d.schedule is Schedule.PINGPONG for d in points if not d.placement.in_kernel)
 
 

@@ -73,10 +73,14 @@ def in_kernel_sources() -> list[KernelSource]:
     out.append(render_tp(GemmProblem(workload=GEMM_REDUCESCATTER.name, **small),
                          in_kernel("dedicated_ctas", "nvshmem", "thread", comm_ctas=4, tile_m=64, tile_n=128,
                                    stages=8, schedule="pingpong", split_k=4))[0])
-    # A and B swapped (the tile's rows on wgmma's N, 80 of them), the epilogue on spare warps
+    # A and B swapped (the tile's rows on wgmma's N, 80 of them), the epilogue on spare warps;
+    # and in clusters of 2 along N (A multicast to a pair of n-tiles), on the consumers
     out.append(render_tp(GemmProblem(workload=ALLGATHER_GEMM.name, **small),
                          in_kernel("epilogue", "lsa", "warp", tile_m=80, tile_n=128, stages=6, comm_warps=3,
                                    raster_group=8, swap_ab=True))[0])
+    out.append(render_tp(GemmProblem(workload=GEMM_REDUCESCATTER.name, **small),
+                         in_kernel("epilogue", "nvshmem", "cta", tile_m=112, tile_n=64, stages=8,
+                                   schedule="pingpong", swap_ab=True, cluster_m=2))[0])
     return out
 
 
