@@ -49,24 +49,10 @@ PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, "if (threadIdx.x == 0) cuco::cal
          "read_only": [(CALL_BEGIN, EPOCH % ("relaxed", ""))]}
 
 
-def gpu_us(fns: dict, calls: int = 20, enqueue_us: float = 40.0, rounds: int = 21) -> dict[str, float]:
-    """Each program's median time per call (us) over ``rounds`` samples of ``calls`` calls,
-    the programs interleaved round by round in a balanced order (cuco.runtime.timing)."""
-    import cupy
-    from cuco.runtime.timing import balanced_order, spin
-    marks: dict[str, list] = {v: [] for v in fns}
-    for r in range(rounds):
-        for v in balanced_order(list(fns), r):
-            spin(cupy.cuda.get_current_stream(), 20 + enqueue_us * calls)
-            s, e = cupy.cuda.Event(), cupy.cuda.Event()
-            s.record()
-            for _ in range(calls):
-                fns[v]()
-            e.record()
-            marks[v].append((s, e))
-        cupy.cuda.get_current_stream().synchronize()
-    return {v: statistics.median(cupy.cuda.get_elapsed_time(s, e) / calls for s, e in m) * 1e3
-            for v, m in marks.items()}
+def gpu_us(fns: dict, calls: int = 20, rounds: int = 21) -> dict[str, float]:
+    """Each program's median time per call (us), sampled as the bench samples
+    (:func:`cuco.benchmarks.gemm_alone.sample_rounds`)."""
+    return {v: statistics.median(t) * 1e3 for v, t in ga.sample_rounds(fns, rounds, calls).items()}
 
 
 def host_us(fn, calls: int = 200) -> float:

@@ -359,7 +359,6 @@ class GemmAloneBench:
 
     def _case(self, shape: tuple[int, int, int], dtype: str, built: dict, sms: int) -> dict[str, Any]:
         import cupy
-        from cuco.runtime.timing import balanced_order, spin
         m, n, k = shape
         a, b, ref = _operands(m, n, k, dtype)
         progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
@@ -383,18 +382,7 @@ class GemmAloneBench:
         est = _one_call_ms(ok.get(GEMMEX) or next(iter(ok.values()))) if ok else 1.0
         calls = calls_for(est)
         names = list(ok)
-        marks: dict[str, list] = {v: [] for v in names}
-        for r in range(self.rounds):
-            for v in balanced_order(names, r):
-                spin(cupy.cuda.get_current_stream(), 20 + ENQUEUE_US * calls)
-                s, e = cupy.cuda.Event(), cupy.cuda.Event()
-                s.record()
-                for _ in range(calls):
-                    ok[v]()
-                e.record()
-                marks[v].append((s, e))
-            cupy.cuda.get_current_stream().synchronize()
-        times = {v: [cupy.cuda.get_elapsed_time(s, e) / calls for s, e in marks[v]] for v in names}
+        times = sample_rounds(ok, self.rounds, calls)
         for v in names:  # the last timed call's output, checked again
             bad[v] += _bad(progs[v][1], ref, k, dtype)
         med = {v: statistics.median(t) for v, t in times.items() if bad[v] == 0}
@@ -439,6 +427,27 @@ CALL_STATE_ELEMS = 8
 def dtypes_empty(m: int, n: int, dtype: str):
     from cuco.runtime import dtypes
     return dtypes.empty(m * n, dtype).reshape(m, n)
+
+
+def sample_rounds(fns: dict[str, Callable[[], None]], rounds: int, calls: int) -> dict[str, list[float]]:
+    """Each program's ms per call in each of ``rounds`` samples of ``calls`` back-to-back calls
+    between CUDA events, a spin kernel ahead of each sample covering the host's enqueueing
+    (:data:`ENQUEUE_US` a call), the programs in a balanced order that changes every round."""
+    import cupy
+    from cuco.runtime.timing import balanced_order, spin
+    stream = cupy.cuda.get_current_stream()
+    marks: dict[str, list] = {v: [] for v in fns}
+    for r in range(rounds):
+        for v in balanced_order(list(fns), r):
+            spin(stream, 20 + ENQUEUE_US * calls)
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record()
+            for _ in range(calls):
+                fns[v]()
+            e.record()
+            marks[v].append((s, e))
+        stream.synchronize()
+    return {v: [cupy.cuda.get_elapsed_time(s, e) / calls for s, e in m] for v, m in marks.items()}
 
 
 def _operands(m: int, n: int, k: int, dtype: str):
