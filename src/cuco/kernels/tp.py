@@ -42,8 +42,9 @@ CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 class Mainloop(NamedTuple):
     """One in-kernel mainloop a search sweeps: the consumer schedule, the tile (``tile_m`` x
     ``tile_n`` x 64), the pipeline's stages, how many slices of K each tile is cut into and
-    the CTAs of a cluster along M (2: B multicast to a pair of m-tiles), and whether A and B
-    are swapped (the tile's rows on wgmma's N: any multiple of 16)."""
+    the CTAs of a cluster along the mainloop's M (2: B multicast to a pair of m-tiles, or with
+    A and B swapped, A to a pair of n-tiles), and whether A and B are swapped (the tile's rows
+    on wgmma's N: any multiple of 16)."""
 
     schedule: str
     tile_n: int
