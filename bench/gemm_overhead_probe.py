@@ -6,7 +6,8 @@ For each shape (bf16): the host's enqueue cost per call of each program (wall ti
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
 programs and of the default cuco point, built as it is and with one part taken out:
 ``no_epoch`` (the call's epoch a constant: no read of it, no arrival), and call_begin spelled out
-with the read's and the arrival's memory orders weakened one by one. At ce0c73d it also
+with the read's and the arrival's memory orders weakened one by one, and ``red_publish`` (no
+RMW at a CTA's start: block 0's producer publishes the next epoch once every CTA arrived). At ce0c73d it also
 timed the epoch taken by a consumer thread while the first loads were in flight (c8cc981):
 slower than both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a
 table and writes nothing to bench/results; its ratios say which part costs what, not a speedup.
@@ -39,6 +40,27 @@ ARRIVE = """if (arrived.fetch_add(1, cuda::memory_order_%s) == (uint64_t)gridDim
       arrived.store(0, cuda::memory_order_relaxed);
       last.store(epoch, cuda::memory_order_relaxed);
     }"""
+#: a design that keeps the RMW off every CTA's start: the read and a fire-and-forget arrival
+#: (red: no round trip waited on), and block 0's producer thread, once its last loads are
+#: issued, waits for every arrival and publishes the next epoch (the next call starts after
+#: this one ends). Timed at one rank, where no flag reads the epoch.
+RED_BEGIN = """if (threadIdx.x == 0) {
+    char* state = p.arena.at(p.calls_off, me);
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
+    cuco::call_epoch_of_cta = last.load(cuda::memory_order_relaxed) + 1;
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" :: "l"(state + 8) : "memory");
+  }
+  __syncthreads();"""
+LOAD_TAIL = "mainloop.load_tail(pipeline, st);"
+RED_PUBLISH = LOAD_TAIL + """
+    if (blockIdx.x == 0 && threadIdx.x == 0) {  // every CTA has read: the next call's epoch
+      char* state = p.arena.at(p.calls_off, me);
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> arrived(*reinterpret_cast<uint64_t*>(state + 8));
+      while (arrived.load(cuda::memory_order_relaxed) < (uint64_t)gridDim.x) {}
+      arrived.store(0, cuda::memory_order_relaxed);
+      last.store(cuco::call_epoch(), cuda::memory_order_relaxed);
+    }"""
 #: as built; the epoch a constant (no L2 round trip for it: a bound on what a cheaper epoch
 #: could gain); call_begin as built spelled out (acq_rel: the same code, a control); the
 #: arrival relaxed; the read acquiring and the arrival acquiring; the read alone (no arrival)
@@ -46,7 +68,8 @@ PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, "if (threadIdx.x == 0) cuco::cal
          "acq_rel": [(CALL_BEGIN, EPOCH % ("relaxed", ARRIVE % "acq_rel"))],
          "relaxed": [(CALL_BEGIN, EPOCH % ("relaxed", ARRIVE % "relaxed"))],
          "acquire": [(CALL_BEGIN, EPOCH % ("acquire", ARRIVE % "acquire"))],
-         "read_only": [(CALL_BEGIN, EPOCH % ("relaxed", ""))]}
+         "read_only": [(CALL_BEGIN, EPOCH % ("relaxed", ""))],
+         "red_publish": [(CALL_BEGIN, RED_BEGIN), (LOAD_TAIL, RED_PUBLISH)]}
 
 
 def gpu_us(fns: dict, calls: int = 20, rounds: int = 21) -> dict[str, float]:
