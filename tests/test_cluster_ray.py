@@ -19,15 +19,22 @@ P = GemmProblem(workload="gemm_allreduce", m=8192, n=8192, k=8192, world_size=2)
 
 
 class DiesOnce(AnalyticEvaluator):
-    """The host process dies the first time it sees a warp-issued candidate."""
+    """The host process dies the first time any host sees a warp-issued candidate: the one
+    that creates the marker (O_EXCL: two hosts meeting warp candidates at once would both
+    have found it missing and both died)."""
 
     def __init__(self, marker: str):
         super().__init__(P, delay_s=0.02)
         self.marker = marker
 
     def evaluate(self, cand):
-        if cand.directives.issuer.value == "warp" and not os.path.exists(self.marker):
-            Path(self.marker).write_text("died")
+        if cand.directives.issuer.value == "warp":
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return super().evaluate(cand)
+            os.write(fd, b"died")
+            os.close(fd)
             os._exit(1)
         return super().evaluate(cand)
 
