@@ -183,13 +183,8 @@ def _swapped_if_fitter(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
 
 
 def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
-    m, n, k = local_gemm(problem)
-    rows, w = placement_rules.row_block(problem), problem.world_size
-
-    def tiles(tm: int, tn: int) -> int:
-        return w * -(-rows // tm) * -(-n // tn)
-
-    waves, eff = wave_fill(tiles(128, 256), sms)
+    k = local_gemm(problem).k
+    waves, eff = wave_fill(tiles_of(problem, 128, 256), sms)
     if waves > 1.5 and eff >= 0.95:
         return Pick(Mainloop("cooperative", 256, 3), 16, f"128x256 tiles fill {waves:.2f} waves, "
                     f"the last {eff:.0%} full (measured: cooperative 128x256 wins there)")
@@ -201,7 +196,7 @@ def _default_mainloop(problem: GemmProblem, sms: int) -> Pick:
         return _fuller_waves(problem, pick, sms)
     best = min((ml for ml in MAINLOOPS if few_tile_candidate(problem, ml)),
                key=lambda ml: (few_tile_time(problem, ml, sms), ml.split_k, -ml.tile_n))
-    units = w * -(-rows // best.tile_m) * -(-n // best.tile_n) * k_slices(k, best.split_k)[0]
+    units = tiles_of(problem, best.tile_m, best.tile_n) * k_slices(k, best.split_k)[0]
     return Pick(best, 8, f"{t} {tm}x128 tiles are {t / sms:.2f} of a wave: {best.text()} makes {units} units "
                 "of work, modelled fastest among the 64-row mainloops (few_tile_time: waves of units, "
                 f"{FOLD_KTILES} k-tiles per extra slice of K; fitted to gemm_mainloop.json's few-tile rows)")
@@ -219,10 +214,8 @@ FOLD_KTILES = 12
 def regime_tiles(problem: GemmProblem) -> tuple[int, int]:
     """``(tile_m, tiles)`` that :func:`default_mainloop`'s regimes are told apart by: 128x128
     tiles, 64x128 where a rank's block is at most 64 rows, over every rank's block."""
-    n = local_gemm(problem).n
-    rows, w = placement_rules.row_block(problem), problem.world_size
-    tm = 64 if rows <= 64 else 128
-    return tm, w * -(-rows // tm) * -(-n // 128)
+    tm = 64 if placement_rules.row_block(problem) <= 64 else 128
+    return tm, tiles_of(problem, tm, 128)
 
 
 def few_tiles(problem: GemmProblem, sms: int = SMS) -> bool:
@@ -269,10 +262,9 @@ def modelled_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
 def _waves(problem: GemmProblem, ml: Mainloop, sms: int, m64_rate: float) -> float:
     """The wave model both regimes rank mainloops by (:func:`modelled_time`), 64-row tiles at
     ``m64_rate``."""
-    m, n, k = local_gemm(problem)
-    rows, w = placement_rules.row_block(problem), problem.world_size
+    k = local_gemm(problem).k
     slices, per = k_slices(k, ml.split_k)
-    units = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n) * slices
+    units = tiles_of(problem, ml.tile_m, ml.tile_n) * slices
     rate = tile_rate(ml, m64_rate)
     area = ml.tile_m * ml.tile_n / (128 * 128)
     return -(-units // sms) * area * (per + FOLD_KTILES * (slices - 1)) / -(-k // 64) / rate
@@ -344,9 +336,7 @@ def mainloops_for(problem: GemmProblem, sms: int = SMS) -> tuple[Mainloop, ...]:
 
 def tile_waves(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> tuple[int, float, float]:
     """``(tiles, waves, efficiency)`` of ``ml``'s whole tiles at ``problem`` (:func:`wave_fill`)."""
-    n = local_gemm(problem).n
-    rows, w = placement_rules.row_block(problem), problem.world_size
-    tiles = w * -(-rows // ml.tile_m) * -(-n // ml.tile_n)
+    tiles = tiles_of(problem, ml.tile_m, ml.tile_n)
     return (tiles, *wave_fill(tiles, sms))
 
 
@@ -420,11 +410,16 @@ def local_gemm(problem: GemmProblem) -> LocalGemm:
                                           world_size=problem.world_size)
 
 
-def fused_tiles(problem: GemmProblem, d: Directives) -> int:
+def tiles_of(problem: GemmProblem, tile_m: int, tile_n: int) -> int:
     """Output tiles of one rank's fused GEMM: each rank's block of M/w rows cut into
     ``tile_m``-row tiles (the last one short where they do not divide), N likewise."""
     n = local_gemm(problem).n
-    return problem.world_size * -(-placement_rules.row_block(problem) // d.tile_m) * -(-n // d.tile_n)
+    return problem.world_size * -(-placement_rules.row_block(problem) // tile_m) * -(-n // tile_n)
+
+
+def fused_tiles(problem: GemmProblem, d: Directives) -> int:
+    """:func:`tiles_of` the point ``d``'s tile."""
+    return tiles_of(problem, d.tile_m, d.tile_n)
 
 
 def k_slices(k: int, split_k: int, tile_k: int = 64) -> tuple[int, int]:

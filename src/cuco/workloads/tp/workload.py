@@ -268,8 +268,8 @@ class GemmWorkload(Workload):
     def _mainloop_rows(placements: Sequence[Placement], fields: dict[str, list],
                        mainloops: Sequence[templates.Mainloop]) -> list[tuple]:
         """The joint values of a :class:`~cuco.kernels.tp.Mainloop`'s fields (coupled in
-        :meth:`space`, which offers these mainloops, not the product of their choices): each in-kernel
-        mainloop (:data:`~cuco.kernels.tp.MAINLOOPS`), and side_stream's fixed 128x128x64 tile
+        :meth:`space`, which offers these mainloops, not the product of their choices): each of
+        the in-kernel ``mainloops`` (:func:`~cuco.kernels.tp.mainloops_for` the shape), and side_stream's fixed 128x128x64 tile
         fields of 4 stages, unswapped, with every schedule, split and cluster choice of
         ``fields`` (its rules refuse those it cannot take). Listing them makes the grid the mainloops' count,
         not the product of the six fields' choices: a space's points are listed in seconds, not
