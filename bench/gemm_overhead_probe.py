@@ -4,13 +4,12 @@
 
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
-programs and of the default cuco point, built as it is and with one part taken out:
-``no_epoch`` (the call's epoch a constant: no read of it, no arrival), and call_begin spelled out
-with the read's and the arrival's memory orders weakened one by one, and ``red_publish`` (no
-RMW at a CTA's start: block 0's producer publishes the next epoch once every CTA arrived). At ce0c73d it also
-timed the epoch taken by a consumer thread while the first loads were in flight (c8cc981):
-slower than both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a
-table and writes nothing to bench/results; its ratios say which part costs what, not a speedup.
+programs and of the default cuco point, built as it is and with its call epoch (cuco/calls.cuh)
+taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``blocking`` (every
+CTA waits for it before the pipeline starts, as up to 26cf46d). At ce0c73d it also timed the
+epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
+both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
+writes nothing to bench/results; its ratios say which part costs what, not a speedup.
 """
 
 from __future__ import annotations
@@ -24,52 +23,18 @@ from cuco.errors import run_script
 from cuco.kernels.tp import render_tp, split_workspace_bytes
 
 SHAPES = ((128, 128, 128), (200, 4096, 4096), (256, 1536, 8192), (1536, 1536, 1536), (2048, 2048, 4096))
-CALL_BEGIN = "cuco::call_begin(p.arena.at(p.calls_off, me));"
-#: cuco/calls.cuh's call_begin, spelled out with the read's and the arrival's memory orders as
-#: parameters: where its time goes (a variant weaker than acq_rel is timed, not proposed)
-EPOCH = """if (threadIdx.x == 0) {
-    char* state = p.arena.at(p.calls_off, me);
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> arrived(*reinterpret_cast<uint64_t*>(state + 8));
-    const uint64_t epoch = last.load(cuda::memory_order_%s) + 1;
-    cuco::call_epoch_of_cta = epoch;
-    %s
-  }
-  __syncthreads();"""
-ARRIVE = """if (arrived.fetch_add(1, cuda::memory_order_%s) == (uint64_t)gridDim.x - 1) {
-      arrived.store(0, cuda::memory_order_relaxed);
-      last.store(epoch, cuda::memory_order_relaxed);
-    }"""
-#: a design that keeps the RMW off every CTA's start: the read and a fire-and-forget arrival
-#: (red: no round trip waited on), and block 0's producer thread, once its last loads are
-#: issued, waits for every arrival and publishes the next epoch (the next call starts after
-#: this one ends). Timed at one rank, where no flag reads the epoch.
-RED_BEGIN = """if (threadIdx.x == 0) {
-    char* state = p.arena.at(p.calls_off, me);
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
-    cuco::call_epoch_of_cta = last.load(cuda::memory_order_relaxed) + 1;
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" :: "l"(state + 8) : "memory");
-  }
-  __syncthreads();"""
-LOAD_TAIL = "mainloop.load_tail(pipeline, st);"
-RED_PUBLISH = LOAD_TAIL + """
-    if (blockIdx.x == 0 && threadIdx.x == 0) {  // every CTA has read: the next call's epoch
-      char* state = p.arena.at(p.calls_off, me);
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> last(*reinterpret_cast<uint64_t*>(state));
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> arrived(*reinterpret_cast<uint64_t*>(state + 8));
-      while (arrived.load(cuda::memory_order_relaxed) < (uint64_t)gridDim.x) {}
-      arrived.store(0, cuda::memory_order_relaxed);
-      last.store(cuco::call_epoch(), cuda::memory_order_relaxed);
-    }"""
-#: as built; the epoch a constant (no L2 round trip for it: a bound on what a cheaper epoch
-#: could gain); call_begin as built spelled out (acq_rel: the same code, a control); the
-#: arrival relaxed; the read acquiring and the arrival acquiring; the read alone (no arrival)
-PARTS = {"as_is": [], "no_epoch": [(CALL_BEGIN, "if (threadIdx.x == 0) cuco::call_epoch_of_cta = 1; __syncthreads();")],
-         "acq_rel": [(CALL_BEGIN, EPOCH % ("relaxed", ARRIVE % "acq_rel"))],
-         "relaxed": [(CALL_BEGIN, EPOCH % ("relaxed", ARRIVE % "relaxed"))],
-         "acquire": [(CALL_BEGIN, EPOCH % ("acquire", ARRIVE % "acquire"))],
-         "read_only": [(CALL_BEGIN, EPOCH % ("relaxed", ""))],
-         "red_publish": [(CALL_BEGIN, RED_BEGIN), (LOAD_TAIL, RED_PUBLISH)]}
+PENDING = "if (threadIdx.x == kEpochWarp * 32) cuco::call_pending();"
+TAKE = "if (lane == 0) cuco::call_take(calls);"
+#: as built (the epoch taken by the producer warpgroup's warp 1 after the CTA barrier, waited
+#: for only where first used); the epoch a constant (no L2 round trip for it: a bound on what
+#: a cheaper epoch could gain); and the epoch as taken up to 26cf46d (thread 0 of every CTA
+#: before the CTA went on: call_begin). At 26cf46d the probe also timed the read's and the
+#: arrival's memory orders weakened, and a fire-and-forget arrival with block 0's producer
+#: publishing the next epoch: none was as cheap as not waiting
+#: (bench/logs/gemm_overhead_probe_w1_h200_26cf46d.log).
+PARTS = {"as_is": [],
+         "no_epoch": [(TAKE, "if (lane == 0) cuco::call_epoch_slot().store(1, cuda::memory_order_relaxed);")],
+         "blocking": [(PENDING, "cuco::call_begin(calls);"), (TAKE, "")]}
 
 
 def gpu_us(fns: dict, calls: int = 20, rounds: int = 21) -> dict[str, float]:

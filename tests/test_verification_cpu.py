@@ -181,7 +181,7 @@ def test_in_kernel_arguments_carry_nothing_check_only(placement):
     # is the kernel's own)
     assert params.count(",") == 20 and params.rstrip().endswith("unsigned long long workspace_bytes")
     assert "unsigned long long calls_off, void* workspace," in " ".join(params.split())
-    assert "p.epoch" not in src and "cuco::call_begin(" in src
+    assert "p.epoch" not in src and "cuco::call_take(calls);" in src
 
 
 # What an edited EVOLVE-BLOCK may not contain (each one an attack seen in practice: the
