@@ -79,10 +79,15 @@ def test_the_fitted_mainloops_render_and_fill_the_waves_best(shape):
     for ml in fitted:
         assert ml.swap_ab and ml.tile_m in SWAPPED_TILE_M and ml.stages >= 3
         assert not tp.supported(p, with_mainloop(ga.BASE, ml))
-        # no other row count of its frame is modelled faster
+        # no other row count of its frame is modelled faster (among those the rules take: a
+        # pingpong warpgroup holds at most 128x128 accumulators)
         for tm in SWAPPED_TILE_M:
             other = ml._replace(tile_m=tm, stages=tp.most_stages(tm, ml.tile_n))
-            if other.stages >= 3 and not tp.supported(p, with_mainloop(ga.BASE, other)):
+            try:
+                refused = other.stages < 3 or tp.supported(p, with_mainloop(ga.BASE, other))
+            except DirectiveError:
+                refused = True
+            if not refused:
                 assert tp.modelled_time(p, ml) <= tp.modelled_time(p, other) + 1e-12, (ml, tm)
 
 

@@ -141,7 +141,7 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     Below half a wave of 128x128 tiles (decode-like M), the 64-row pingpong mainloop that
     :func:`few_tile_time` puts fastest (waves of units, a cost per extra slice of K fitted to
     the few-tile rows of gemm_mainloop.json: :data:`FOLD_KTILES`), each slice at least 4
-    k-tiles deep. Modelled, not measured: where the measured pick is pingpong 128x128, the
+    k-tiles deep, and none split where the GEMM streams B (:func:`streams_b`). Modelled, not measured: where the measured pick is pingpong 128x128, the
     unsplit mainloop (the 192- and 64-wide tiles included) that :func:`modelled_time` puts
     :data:`WAVE_GAIN` below it, if any (wave quantization: 2176x2048 takes pingpong 64x192;
     every GEMM the picks were measured on keeps its pick). Then, where the swapped mainloop
@@ -161,8 +161,11 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
 
 
 #: A swapped mainloop replaces the default's pick where :func:`modelled_time` puts it below
-#: this fraction of the pick's time (measured: gemm_mainloop.json at 3e23e54, 1 x H100).
-SWAP_GAIN = 0.97
+#: this fraction of the pick's time (measured: gemm_mainloop.json at 3e23e54, 1 x H100; 0.98,
+#: not 0.97, since b157e15: at 384x28672x2048 cooperative 96x128 swapped, modelled at 97.2% of
+#: pingpong 128x128's time, was the best point, and pingpong 128x128 ran at 0.917x and 0.927x
+#: its speed on 1 x H200, 0.947x and 0.956x on 1 x H100, bf16 and fp16).
+SWAP_GAIN = 0.98
 
 
 def _swapped_if_fitter(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
@@ -227,10 +230,28 @@ def few_tiles(problem: GemmProblem, sms: int = SMS) -> bool:
 
 def few_tile_candidate(problem: GemmProblem, ml: Mainloop) -> bool:
     """Whether the few-tile regime weighs ``ml``: a 64-row pingpong mainloop without clusters
-    (measured: they beat 128-row tiles split into slices there), each slice at least 4 k-tiles."""
+    (measured: they beat 128-row tiles split into slices there), each slice at least 4 k-tiles,
+    and unsplit where the GEMM streams B (:func:`streams_b`)."""
     if ml.schedule != "pingpong" or ml.tile_m != 64 or ml.cluster_m > 1:
         return False
-    return ml.split_k == 1 or k_slices(local_gemm(problem)[2], ml.split_k)[1] >= 4
+    if ml.split_k == 1:
+        return True
+    return not streams_b(problem) and k_slices(local_gemm(problem)[2], ml.split_k)[1] >= 4
+
+
+#: Rows of C below which a GEMM streams B from memory: each 2-byte element of B then feeds
+#: fewer flops (2 x rows / 2 bytes) than an H100's or H200's tensor cores do per byte of HBM
+#: (about 295 and 206 flop/B), whatever the tiles. Splitting K there adds the partials' traffic
+#: and the fold and no bandwidth: measured, at 64x8192x8192 unsplit 64x64 tiles ran 0.0365 ms
+#: against 64x128 in 2 slices' 0.0408 (gemm_mainloop.json, 1 x H200, b157e15; 0.0501 against
+#: 0.0547 on 1 x H100, gemm_mainloop_h100_1d229c0.json), and the best point at 128x8192x28672
+#: and 200x4096x4096 was unsplit in both runs; at 256x1536x8192 2 slices won in both.
+STREAMING_ROWS = 200
+
+
+def streams_b(problem: GemmProblem) -> bool:
+    """Whether ``problem``'s GEMM is bound by streaming B (:data:`STREAMING_ROWS`)."""
+    return local_gemm(problem).m <= STREAMING_ROWS
 
 
 def few_tile_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
@@ -246,6 +267,11 @@ def few_tile_time(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> float:
 #: rows). Not measured; they only rank tiles in :func:`modelled_time`.
 TILE_N_RATE = {64: 0.8}
 TILE_M64_RATE = 0.9
+#: A swapped tile's rate with 64 columns on wgmma's M (a pingpong warpgroup's), in both
+#: regimes: measured, swapped pingpong 128x64 ran 0.73-0.88x the best point at 512x14336x4096
+#: (both dtypes: gemm_mainloop.json, b157e15 on 1 x H200, and gemm_mainloop_h100_1d229c0.json) where
+#: TILE_M64_RATE modelled it 3% faster than pingpong 128x128.
+SWAPPED_M64_RATE = 0.85
 #: A modelled pick replaces a measured one only where it is modelled this much faster.
 WAVE_GAIN = 0.9
 
@@ -273,10 +299,13 @@ def _waves(problem: GemmProblem, ml: Mainloop, sms: int, m64_rate: float) -> flo
 def tile_rate(ml: Mainloop, m64_rate: float = TILE_M64_RATE) -> float:
     """``ml``'s tile's mainloop throughput relative to a 128x128 tile's (modelled, not
     measured): the width on wgmma's N (the tile's columns, or its rows with A and B swapped)
-    at :data:`TILE_N_RATE` (below 128, linear through 64's), 64 rows on wgmma's M at ``m64_rate``."""
+    at :data:`TILE_N_RATE` (below 128, linear through 64's), 64 rows on wgmma's M at ``m64_rate``
+    (a swapped tile's 64 columns there at :data:`SWAPPED_M64_RATE`)."""
     wg_n, wg_m = (ml.tile_m, ml.tile_n) if ml.swap_ab else (ml.tile_n, ml.tile_m)
     n_rate = 1.0 if wg_n >= 128 else 1.0 - (1.0 - TILE_N_RATE[64]) * (128 - wg_n) / 64
-    return n_rate * (m64_rate if wg_m == 64 else 1.0)
+    if wg_m != 64:
+        return n_rate
+    return n_rate * (SWAPPED_M64_RATE if ml.swap_ab else m64_rate)
 
 
 #: The frames of the swapped mainloops :func:`swapped_mainloops` fits to a GEMM: the schedule
