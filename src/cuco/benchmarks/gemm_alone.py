@@ -39,7 +39,7 @@ from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
-    modelled_time, render_tp, split_tail, split_workspace_bytes, supported, with_mainloop,
+    modelled_time, render_tp, split_tail, split_workspace_bytes, supported, tiles_of, with_mainloop,
 )
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
@@ -112,17 +112,18 @@ def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | No
     the swapped mainloops fitted to the shape (:func:`~cuco.kernels.tp.swapped_mainloops`) always.
     :func:`cuco.kernels.tp.default_mainloop`'s pick is always timed."""
     m, n, k = shape
+    problem = problem_of(m, n, k)
     if ml.swap_ab:  # fitted to the shape already (swapped_mainloops)
         return None
     if ml.cluster_m > 1 and -(-m // ml.tile_m) < ml.cluster_m:
         return f"{ml.cluster_m}x1 clusters: M={m} is fewer m-tiles than a cluster's CTAs"
     if ml in WAVE_TILES:
-        problem, base = problem_of(m, n, k), Mainloop("pingpong", 128, 6)
+        base = Mainloop("pingpong", 128, 6)
         if modelled_time(problem, ml, sms) < WAVE_TIMED * modelled_time(problem, base, sms):
             return None
         return f"{ml.tile_m}x{ml.tile_n} tiles: modelled less than {1 - WAVE_TIMED:.0%} faster than 128x128's here"
     if ml.split_k > 1:
-        tiles = -(-m // ml.tile_m) * -(-n // ml.tile_n)
+        tiles = tiles_of(problem, ml.tile_m, ml.tile_n)
         dp, slices, per = split_tail(tiles, sms, k, ml.split_k)
         if slices == 1:
             return f"split-K: {tiles} tiles fill whole waves of the {sms} SMs, or a last one over half full"
