@@ -141,9 +141,9 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     Below half a wave of 128x128 tiles (decode-like M), the 64-row pingpong mainloop that
     :func:`few_tile_time` puts fastest (waves of units, a cost per extra slice of K fitted to
     the few-tile rows of gemm_mainloop.json: :data:`FOLD_KTILES`), each slice at least 4
-    k-tiles deep, and none split where the GEMM streams B (:func:`streams_b`). Modelled, not measured: where the measured pick is pingpong 128x128, the
-    unsplit mainloop (the 192- and 64-wide tiles included) that :func:`modelled_time` puts
-    :data:`WAVE_GAIN` below it, if any (wave quantization: 2176x2048 takes pingpong 64x192;
+    k-tiles deep, and none split where the GEMM streams B (:func:`streams_b`). Modelled, not
+    measured: where the measured pick is pingpong 128x128, the unsplit mainloop (the 192- and
+    64-wide tiles included) that :func:`modelled_time` puts :data:`WAVE_GAIN` below it, if any (wave quantization: 2176x2048 takes pingpong 64x192;
     every GEMM the picks were measured on keeps its pick). Then, where the swapped mainloop
     fitted to the shape (:func:`swapped_mainloops`' first) is modelled below :data:`SWAP_GAIN`
     of that pick's time, the swapped one (measured on 1 x H100 at 3e23e54: it ran faster than
@@ -269,8 +269,8 @@ TILE_N_RATE = {64: 0.8}
 TILE_M64_RATE = 0.9
 #: A swapped tile's rate with 64 columns on wgmma's M (a pingpong warpgroup's), in both
 #: regimes: measured, swapped pingpong 128x64 ran 0.73-0.88x the best point at 512x14336x4096
-#: (both dtypes: gemm_mainloop.json, b157e15 on 1 x H200, and gemm_mainloop_h100_1d229c0.json) where
-#: TILE_M64_RATE modelled it 3% faster than pingpong 128x128.
+#: (both dtypes: gemm_mainloop.json, b157e15 on 1 x H200, and gemm_mainloop_h100_1d229c0.json)
+#: where TILE_M64_RATE modelled it 3% faster than pingpong 128x128.
 SWAPPED_M64_RATE = 0.85
 #: A modelled pick replaces a measured one only where it is modelled this much faster.
 WAVE_GAIN = 0.9
