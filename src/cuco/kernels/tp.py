@@ -143,8 +143,9 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     the few-tile rows of gemm_mainloop.json: :data:`FOLD_KTILES`), each slice at least 4
     k-tiles deep, and none split where the GEMM streams B (:func:`streams_b`). Modelled, not
     measured: where the measured pick is pingpong 128x128, the unsplit mainloop (the 192- and
-    64-wide tiles included) that :func:`modelled_time` puts :data:`WAVE_GAIN` below it, if any (wave quantization: 2176x2048 takes pingpong 64x192;
-    every GEMM the picks were measured on keeps its pick). Then, where the swapped mainloop
+    64-wide tiles included) that :func:`modelled_time` puts :data:`WAVE_GAIN` below it, if any
+    (wave quantization: 2176x2048 takes pingpong 64x192; every GEMM the picks were measured on
+    keeps its pick). Then, where the swapped mainloop
     fitted to the shape (:func:`swapped_mainloops`' first) is modelled below :data:`SWAP_GAIN`
     of that pick's time, the swapped one (measured on 1 x H100 at 3e23e54: it ran faster than
     the unswapped pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at
