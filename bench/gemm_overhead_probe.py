@@ -6,7 +6,8 @@ For each shape (bf16): the host's enqueue cost per call of each program (wall ti
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
 programs and of the default cuco point, built as it is and with its call epoch (cuco/calls.cuh)
 taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``blocking`` (every
-CTA waits for it before the pipeline starts, as up to 26cf46d). At ce0c73d it also timed the
+CTA waits for it before the pipeline starts, as up to 26cf46d); and ``bulk_store``, the
+epilogue's stores as one TMA bulk copy per row (untimed when written, at 3f49de6). At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
@@ -32,9 +33,35 @@ TAKE = "if (lane == 0) cuco::call_take(calls);"
 #: arrival's memory orders weakened, and a fire-and-forget arrival with block 0's producer
 #: publishing the next epoch: none was as cheap as not waiting
 #: (bench/logs/gemm_overhead_probe_w1_h200_26cf46d.log).
+#: A store path the profile build's epilogue could take (not the fused programs' yet): the
+#: comm warps hand each staged row of the tile to the TMA unit as one bulk copy
+#: (cp.async.bulk, no registers or load/store units; rows are whole 16-byte vectors in both
+#: memories) and wait only until it has read shared memory; the consumers make their staging
+#: writes visible to the copy (a proxy fence) before they hand the tile over. What a faster
+#: store path could gain at one wave, where nothing hides the last tile's stores.
+HANDED = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);"
+STORE_LOOP = """  for (int u = tid; u < kTileVecs; u += N) {
+    const int r = u / kRowVecs, c = u % kRowVecs;
+    if (r >= rows || c >= vecs) continue;
+    cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, cuco::load16(ss.tile + r * kStageRow + c * kVec));
+  }
+"""
+BULK_ROWS = """  for (int r = tid; r < rows; r += N) {
+    T* row = dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN;
+    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile + r * kStageRow);
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 :: "l"(row), "r"(staged), "r"(vecs * 16) : "memory");
+  }
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
+"""
+FINISH = "(void)p; (void)me; (void)cta; (void)ctas;"
+BULK_DONE = FINISH + '\n  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every row written'
 PARTS = {"as_is": [],
          "no_epoch": [(TAKE, "if (lane == 0) cuco::call_epoch_slot().store(1, cuda::memory_order_relaxed);")],
-         "blocking": [(PENDING, "cuco::call_begin(calls);"), (TAKE, "")]}
+         "blocking": [(PENDING, "cuco::call_begin(calls);"), (TAKE, "")],
+         "bulk_store": [(HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the bulk copies\n    "
+                         + HANDED), (STORE_LOOP, BULK_ROWS), (FINISH, BULK_DONE)]}
 
 
 def gpu_us(fns: dict, calls: int = 20, rounds: int = 21) -> dict[str, float]:
