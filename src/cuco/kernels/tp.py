@@ -145,11 +145,11 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     measured: where the measured pick is pingpong 128x128, the unsplit mainloop (the 192- and
     64-wide tiles included) that :func:`modelled_time` puts :data:`WAVE_GAIN` below it, if any
     (wave quantization: 2176x2048 takes pingpong 64x192; every GEMM the picks were measured on
-    keeps its pick). Then, where the swapped mainloop
-    fitted to the shape (:func:`swapped_mainloops`' first) is modelled below :data:`SWAP_GAIN`
-    of that pick's time, the swapped one (measured on 1 x H100 at 3e23e54: it ran faster than
-    the unswapped pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at
-    2176x2048x8192; above the bar it lost on 512x14336x4096).
+    keeps its pick). Then, where the swapped mainloop fitted to the shape
+    (:func:`swapped_mainloops`' first) is modelled below :data:`SWAP_GAIN` of that pick's
+    time, the swapped one (measured on 1 x H100 at 3e23e54: it ran faster than the unswapped
+    pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at 2176x2048x8192; above
+    the bar it lost on 512x14336x4096).
     """
     pick = _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
