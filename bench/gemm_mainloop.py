@@ -6,7 +6,10 @@
     python bench/gemm_mainloop.py --quick               # 6 GEMMs x bf16, fp16 (~2 min)
     python bench/gemm_mainloop.py --shape 6144x5120x6144 --dtype bf16 --rounds 25
     python bench/gemm_mainloop.py --list                # the cases and their timed points, no GPU
+    python bench/gemm_mainloop.py --resume              # go on from a run a time limit cut short
     python bench/gemm_mainloop.py --cluster-n --name gemm_mainloop_cluster_n   # + swapped clusters along N
+    python bench/gemm_mainloop.py --swapped-only --shape 64x28672x8192 --name gemm_swapped_clusters
+                                                        # the swapped mainloops and their clusters alone
 
 Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). Each row: cuco's fastest
 correct point, the fastest correct library program (``baseline``), their ratio (``speedup``),
@@ -48,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lt-top", type=int, default=LT_TOP, help="cuBLASLt heuristic algorithms timed")
     ap.add_argument("--cluster-n", action="store_true",
                     help="also time the swapped mainloops in clusters along N (46 more builds on the default cases)")
+    ap.add_argument("--swapped-only", action="store_true",
+                    help="time only the swapped mainloops fitted to each GEMM, their clusters along N and the default")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on from --name's file in --out-dir (same commit and GPU): its cases are kept")
     ap.add_argument("--name", default=NAME)
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--list", action="store_true", help="print the cases and their timed points; no GPU")
@@ -64,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def bench_of(args: argparse.Namespace) -> GemmAloneBench:
     shapes = tuple(args.shape) if args.shape else QUICK if args.quick else default_shapes()
     return GemmAloneBench(shapes=shapes, dtypes=tuple(args.dtype or DTYPES), rounds=args.rounds,
-                          lt_top=args.lt_top, cluster_n=args.cluster_n, name=args.name, out_dir=Path(args.out_dir))
+                          lt_top=args.lt_top, cluster_n=args.cluster_n,
+                          swapped_only=args.swapped_only, resume=args.resume, name=args.name, out_dir=Path(args.out_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

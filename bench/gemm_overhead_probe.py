@@ -7,7 +7,9 @@ calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) o
 programs and of the default cuco point, built as it is and with its call epoch (cuco/calls.cuh)
 taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``blocking`` (every
 CTA waits for it before the pipeline starts, as up to 26cf46d); and ``bulk_store``, the
-epilogue's stores as one TMA bulk copy per row (untimed when written, at 3f49de6). At ce0c73d it also timed the
+epilogue's stores as one TMA bulk copy per row (slower than as built at every shape on 1 x H200
+at 5b30740: bench/logs/gemm_overhead_probe_w1_h200_5b30740.log), and ``no_store``, the
+epilogue's stores left out (its output is wrong: what the stores cost). At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
@@ -39,6 +41,7 @@ TAKE = "if (lane == 0) cuco::call_take(calls);"
 #: memories) and wait only until it has read shared memory; the consumers make their staging
 #: writes visible to the copy (a proxy fence) before they hand the tile over. What a faster
 #: store path could gain at one wave, where nothing hides the last tile's stores.
+HANDED_TILE = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);  // hand tile j over"
 HANDED = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);"
 STORE_LOOP = """  for (int u = tid; u < kTileVecs; u += N) {
     const int r = u / kRowVecs, c = u % kRowVecs;
@@ -55,13 +58,43 @@ BULK_ROWS = """  for (int r = tid; r < rows; r += N) {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
 """
+ILP_LOOP = """  constexpr int kU = KU;
+  for (int u0 = tid; u0 < kTileVecs; u0 += N * kU) {
+    uint4 v[kU];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kU; ++j) {
+      const int u = u0 + j * N;
+      if (u < kTileVecs) v[j] = cuco::load16(ss.tile + (u / kRowVecs) * kStageRow + (u % kRowVecs) * kVec);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kU; ++j) {
+      const int u = u0 + j * N, r = u / kRowVecs, c = u % kRowVecs;
+      if (u < kTileVecs && r < rows && c < vecs) cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, v[j]);
+    }
+  }
+"""
 FINISH = "(void)p; (void)me; (void)cta; (void)ctas;"
 BULK_DONE = FINISH + '\n  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every row written'
 PARTS = {"as_is": [],
          "no_epoch": [(TAKE, "if (lane == 0) cuco::call_epoch_slot().store(1, cuda::memory_order_relaxed);")],
          "blocking": [(PENDING, "cuco::call_begin(calls);"), (TAKE, "")],
          "bulk_store": [(HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the bulk copies\n    "
-                         + HANDED), (STORE_LOOP, BULK_ROWS), (FINISH, BULK_DONE)]}
+                         + HANDED), (STORE_LOOP, BULK_ROWS), (FINISH, BULK_DONE)],
+         # the epilogue's stores left out (C stays poisoned: its bad count is every element):
+         # what the last tile's stores cost where nothing hides them
+         "no_store": [(STORE_LOOP, "")],
+         # the stores with kU units in flight per thread: every load of shared memory, then
+         # every store (the plain loop has one load's latency in each store's way)
+         "ilp4_store": [(STORE_LOOP, ILP_LOOP.replace("KU", "4"))],
+         "ilp8_store": [(STORE_LOOP, ILP_LOOP.replace("KU", "8"))],
+         # half the rows stored (the output is wrong): whether the stores' cost is their bytes
+         "half_store": [("if (r >= rows || c >= vecs) continue;\n    cuco::store16(dst",
+                         "if (r >= rows / 2 || c >= vecs) continue;\n    cuco::store16(dst")],
+         # the consumers store each tile they staged themselves (256 or 128 threads, not the
+         # comm warps' 96) before going on; the comm warps store nothing (unsplit builds only)
+         "mma_store": [(HANDED_TILE, "group_sync<kMmaThreads>();\n    tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, "
+                        "opened);\n    " + HANDED_TILE),
+                       ("        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n", "")]}
 
 
 def gpu_us(fns: dict, calls: int = 20, rounds: int = 21) -> dict[str, float]:
@@ -81,45 +114,64 @@ def host_us(fn, calls: int = 200) -> float:
     return t
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
-    args = ap.parse_args(argv)
-    import cupy
+def build(shapes, parts=tuple(PARTS), sms: int = 132) -> list:
+    """Every ``(shape, part, directives, built library)`` of the default cuco point at
+    ``shapes`` (bf16, the profile build: the fused kernel's GEMM alone), each part's edits
+    applied."""
     from cuco.kernels import Compiler
-    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    shapes = args.shape or SHAPES
     items, keys = [], []
     for shape in shapes:
         d = ga.default_point(shape, "bf16", sms)
         src = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0]
-        for part, edits in PARTS.items():
+        for part in parts:
             text = src.source
-            for old, new in edits:
-                assert old in text, (part, old)
+            missing = [old for old, _ in PARTS[part] if old not in text]
+            if missing:
+                print(f"{shape} {part}: not in this build's source: {missing[0][:60]!r}")
+                continue
+            for old, new in PARTS[part]:
                 text = text.replace(old, new)
             items.append((f"{src.name}_{part}", text, src.needs))
             keys.append((shape, part, d))
-    built = Compiler().compile_many(items)
+    return [(*key, lib) for key, lib in zip(keys, Compiler().compile_many(items))]
+
+
+def programs(shape, built: list, sms: int, libraries: bool = True) -> tuple[dict, dict, dict]:
+    """``({name: (call, out)}, {name: mainloop text}, operands)`` at ``shape``: the library
+    programs and each built cuco part (``built`` as :func:`build` returns it)."""
+    import cupy
+    m, n, k = shape
+    a, b, ref = ga._operands(m, n, k, "bf16")
+    progs = ga._libraries(a, b, m, n, k, "bf16", 1)[0] if libraries else {}
+    state = cupy.zeros(ga.CALL_STATE_ELEMS, dtype=cupy.uint16)
+    text: dict[str, str] = {}
+    for s, part, d, lib in built:
+        if s != shape:
+            continue
+        if not hasattr(lib, "path"):
+            print(f"{shape} {part}: {lib}")
+            continue
+        c = ga.dtypes_empty(m, n, "bf16")
+        ws = split_workspace_bytes(ga.problem_of(*shape), d)
+        work = cupy.zeros(max(ws, 1), dtype=cupy.uint8)
+        progs[f"cuco.{part}"] = (ga._launcher(str(lib.path), d.raster_group, a, b, c, state, work, ws, sms), c)
+        text[f"cuco.{part}"] = ga.mainloop_text(d)
+    return progs, text, {"a": a, "b": b, "ref": ref, "k": k}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
+    ap.add_argument("--part", action="append", choices=tuple(PARTS), help="repeatable; default: every part")
+    args = ap.parse_args(argv)
+    import cupy
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    shapes = args.shape or SHAPES
+    built = build(shapes, tuple(args.part or PARTS), sms)
     lines = []
     for shape in shapes:
-        m, n, k = shape
-        a, b, ref = ga._operands(m, n, k, "bf16")
-        progs, _, _ = ga._libraries(a, b, m, n, k, "bf16", 1)
-        state = cupy.zeros(ga.CALL_STATE_ELEMS, dtype=cupy.uint16)
-        text: dict[str, str] = {}
-        for (s, part, d), lib in zip(keys, built):
-            if s != shape:
-                continue
-            if not hasattr(lib, "path"):
-                print(f"{shape} {part}: {lib}")
-                continue
-            c = ga.dtypes_empty(m, n, "bf16")
-            ws = split_workspace_bytes(ga.problem_of(*shape), d)
-            work = cupy.zeros(max(ws, 1), dtype=cupy.uint8)
-            progs[f"cuco.{part}"] = (ga._launcher(str(lib.path), d.raster_group, a, b, c, state, work, ws, sms), c)
-            text[f"cuco.{part}"] = ga.mainloop_text(d)
-        bad = {v: ga._check(fn, c, ref, k, "bf16") for v, (fn, c) in progs.items()}
+        progs, text, ops = programs(shape, built, sms)
+        bad = {v: ga._check(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
         fns = {v: fn for v, (fn, _) in progs.items()}
         for fn in fns.values():
             for _ in range(5):

@@ -49,7 +49,7 @@ mps_fresh() {
   nvidia-cuda-mps-control -d || { echo "MPS would not start"; exit 1; }
 }
 # resumable benches go on from the committed file of a run that was cut short
-for f in tp_shapes; do
+for f in tp_shapes gemm_mainloop; do
   [ -f "bench/results/$f.json" ] && grep -q '"partial": true' "bench/results/$f.json" && cp "bench/results/$f.json" "$OUT/results/"
 done
 
@@ -121,9 +121,14 @@ step_command() {
     tests_moe_programs) echo "$PT -k every_moe_program tests/test_moe_gpu.py" ;;
     verifier_smoke)  echo "python3 bench/verifier_smoke.py" ;;
     tests_w1_tp)     echo "python3 -m pytest -v -n 4 tests/test_tp_in_kernel_gpu.py tests/test_torch_ops_gpu.py" ;;
-    gemm_mainloop)   echo "python3 bench/gemm_mainloop.py $R" ;;
+    # resumable: a call cut short leaves its finished cases in the file, partial; bring that file
+    # back into bench/results (same commit) and the next call goes on from it
+    gemm_mainloop)   echo "python3 bench/gemm_mainloop.py --resume $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
+    # Nsight Compute's sections for the default point and the library at three GEMMs (ncu's
+    # path: PATH, else the image's install); NCU_ARGS: the probe's arguments (--shape MxNxK, --part X)
+    gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-}" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
     tests_swapped_clusters) echo "$PT -k 'swapped_clusters' tests/test_tp_in_kernel_gpu.py" ;;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -559,8 +560,8 @@ def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path,
     monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
     shapes = ((256, 1536, 8192), (8192, 8192, 4096))
     bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16",), rounds=3, out_dir=tmp_path)
-    monkeypatch.setattr(bench, "build", lambda sms: {("bf16", d.build_point().full_name): "lib.so"
-                                                     for s in shapes for d in ga.mainloop_points(s)})
+    monkeypatch.setattr(bench, "build", lambda sms, cases=None: {("bf16", d.build_point().full_name): "lib.so"
+                                                                  for s in shapes for d in ga.mainloop_points(s)})
     names = iter([d.full_name for s in shapes for d in ga.mainloop_points(s)])  # the order _case launches
     monkeypatch.setattr(ga, "_launcher", launcher)
     monkeypatch.setenv("CUCO_REV", "test")
@@ -574,3 +575,92 @@ def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path,
     assert doc["summary"]["min_speedup"] == big["speedup"] and doc["device"] == "1 x Fake H100"
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1].startswith("min speedup (cuco best / fastest library GEMM, every case): ")
+
+
+def _fake_bench(monkeypatch, tmp_path, shapes, **kw):
+    """A GemmAloneBench on the fake device whose programs all take 0.01 ms, and the cases it
+    timed (in order)."""
+    import sys
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr("cuco.runtime.timing.spin", lambda stream, us: None)
+
+    def program():
+        def call():
+            fake.now += 0.01
+        return call
+    out = types.SimpleNamespace(size=4)
+    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
+    monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: ({ga.TORCH: (program(), out)}, {}, {}))
+    monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
+    monkeypatch.setattr(ga, "_launcher", lambda *a: program())
+    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
+    bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16", "fp16"), rounds=3, out_dir=tmp_path, **kw)
+    built = []
+    monkeypatch.setattr(bench, "build", lambda sms, cases=None: built.append(cases) or {
+        (dt, d.build_point().full_name): "lib.so" for s, dt in cases for d in ga.mainloop_points(s, dt)})
+    return bench, built
+
+
+def test_a_run_cut_short_leaves_its_finished_cases_and_a_resumed_run_times_only_the_rest(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUCO_REV", "abc1234")
+    shapes = ((256, 1536, 8192), (200, 4096, 4096))
+    bench, built = _fake_bench(monkeypatch, tmp_path, shapes)
+    real_case = bench._case
+
+    def cut(shape, dt, b, sms):  # the call's time limit, in the second shape's first case
+        if shape == shapes[1]:
+            raise KeyboardInterrupt
+        return real_case(shape, dt, b, sms)
+    monkeypatch.setattr(bench, "_case", cut)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run()
+    doc = json.loads((tmp_path / "gemm_mainloop.json").read_text())
+    assert doc["partial"] is True and doc["commit"] == "abc1234"
+    assert [r["case"] for r in doc["rows"]] == ["gemm/M256N1536K8192/bf16", "gemm/M256N1536K8192/fp16"]
+    assert [sorted(dt for _, dt in c) for c in built] == [["bf16", "fp16"], ["bf16", "fp16"]]  # a shape a build
+
+    again, built = _fake_bench(monkeypatch, tmp_path, shapes, resume=True)
+    timed = []
+    real = again._case
+    monkeypatch.setattr(again, "_case", lambda shape, dt, b, sms: timed.append((shape, dt)) or real(shape, dt, b, sms))
+    again.run()
+    assert timed == [(shapes[1], "bf16"), (shapes[1], "fp16")] and built == [[(shapes[1], "bf16"), (shapes[1], "fp16")]]
+    doc = json.loads((tmp_path / "gemm_mainloop.json").read_text())
+    assert "partial" not in doc and doc["resumed_cases"] == 2
+    assert [r["case"] for r in doc["rows"]] == [ga.case_label(s, dt) for dt in ("bf16", "fp16") for s in shapes]
+
+
+def test_a_resume_refuses_another_commit_world_or_gpu(monkeypatch, tmp_path):
+    from cuco import results
+    from cuco.errors import CucoError
+    results.write("gemm_mainloop", [{"case": "x"}], device="1 x Fake H100", world_size=1, emulated=False,
+                  commit="abc1234", out_dir=tmp_path)
+    assert results.resume_rows("gemm_mainloop", out_dir=tmp_path, world_size=1, commit="abc1234") == (
+        [{"case": "x"}], "1 x Fake H100")
+    assert results.resume_rows("other", out_dir=tmp_path, world_size=1) == ([], None)
+    with pytest.raises(CucoError, match="commit abc1234, this is def5678.*move it away or run without --resume"):
+        results.resume_rows("gemm_mainloop", out_dir=tmp_path, world_size=1, commit="def5678")
+    with pytest.raises(CucoError, match="world size 1, not 2"):
+        results.resume_rows("gemm_mainloop", out_dir=tmp_path, world_size=2)
+    with pytest.raises(CucoError, match="measured on 1 x Fake H100, this is 1 x NVIDIA H200"):
+        results.same_device("gemm_mainloop", "1 x Fake H100", "1 x NVIDIA H200")
+    results.same_device("gemm_mainloop", None, "1 x NVIDIA H200")  # nothing resumed: any GPU
+    monkeypatch.setenv("CUCO_REV", "def5678")
+    bench, _ = _fake_bench(monkeypatch, tmp_path, ((256, 1536, 8192),), resume=True)
+    with pytest.raises(CucoError, match="commit abc1234"):
+        bench.run()
+
+
+@pytest.mark.parametrize("shape", [(64, 28672, 8192), (200, 4096, 4096), (1536, 1536, 1536)])
+def test_swapped_only_times_the_swapped_mainloops_their_clusters_and_the_default(shape):
+    pts = ga.mainloop_points(shape, swapped_only=True)
+    mls = {Mainloop.of(d) for d in pts}
+    pick = default_mainloop(ga.problem_of(*shape)).mainloop
+    assert mls - {pick} and all(ml.swap_ab for ml in mls - {pick})
+    assert ga.default_point(shape) in pts
+    twins = tp.cluster_twins(ga.problem_of(*shape), tp.swapped_mainloops(ga.problem_of(*shape)))
+    assert twins and set(twins) <= mls  # each fitted mainloop beside its cluster twin
+    assert not set(twins) & {Mainloop.of(d) for d in ga.mainloop_points(shape)} - {pick}  # not in the default sweep

@@ -194,3 +194,33 @@ def write(name: str, rows: list[dict[str, Any]], *, device: str, world_size: int
 
 def load(path: Path | str) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
+
+
+def resume_rows(name: str, *, out_dir: Path | str, world_size: int,
+                commit: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows a previous run of bench ``name`` left in ``<out_dir>/<name>.json`` (a run that
+    a device session's time limit cut short writes its finished cases there, ``partial``), to
+    go on from, and the device they were measured on; none where there is no such file.
+    Refused, with what to do, where the file holds another world size or, given ``commit``,
+    another commit: a file names one source, so its rows come from one (see
+    :func:`same_device` for the machine)."""
+    from cuco.errors import CucoError
+    path = Path(out_dir) / f"{name}.json"
+    if not path.exists():
+        return [], None
+    doc = load(path)
+    if doc.get("world_size") != world_size:
+        raise CucoError(f"{path} holds a run at world size {doc.get('world_size')}, not {world_size}; "
+                        "move it away or run without --resume")
+    if commit is not None and doc.get("commit") != commit:
+        raise CucoError(f"{path} was measured at commit {doc.get('commit')}, this is {commit}: its rows "
+                        "would be named by the wrong source; move it away or run without --resume")
+    return list(doc.get("rows", [])), doc.get("device")
+
+
+def same_device(name: str, before: str | None, device: str) -> None:
+    """Refuse to add ``device``'s rows to a file of ``before``'s (:func:`resume_rows`)."""
+    if before is not None and device != before:
+        from cuco.errors import CucoError
+        raise CucoError(f"{name}.json was measured on {before}, this is {device}: one file holds one "
+                        "machine's numbers; move it away or run without --resume")

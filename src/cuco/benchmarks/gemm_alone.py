@@ -154,7 +154,7 @@ def tile_orders(m_tiles: int) -> dict[int, int]:
 
 
 def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS,
-                    cluster_n: bool = False) -> list[Directives]:
+                    cluster_n: bool = False, swapped_only: bool = False) -> list[Directives]:
     """The timed cuco points of one case: each mainloop :func:`worth` timing that its template
     takes at the shape (:data:`MAINLOOPS`, and the swapped ones fitted to it:
     :func:`~cuco.kernels.tp.swapped_mainloops`), in each tile order that differs there, and the
@@ -162,12 +162,16 @@ def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int =
     (:func:`~cuco.kernels.tp.cluster_twins`) only with ``cluster_n``: timed on every case at
     3d52a99 (bench/results/gemm_mainloop_cluster_n_3d52a99.json), the best point on 7 of 64 and
     by at most 2.7%, they would add 46 builds to the 78 of a run, which then outlasts a
-    10-minute call on a 16-core machine."""
+    10-minute call on a 16-core machine. ``swapped_only``: the swapped mainloops and their
+    clusters along N alone (and the default), the twins side by side in a run short enough to
+    time a few GEMMs in one call."""
     problem = problem_of(*shape, dtype)
     pick = default_mainloop(problem, sms).mainloop
     out: list[Directives] = []
     for ml in mainloops_for(problem, sms):
-        if ml.swap_ab and ml.cluster_m > 1 and not cluster_n and ml != pick:
+        if ml.swap_ab and ml.cluster_m > 1 and not (cluster_n or swapped_only) and ml != pick:
+            continue
+        if swapped_only and not ml.swap_ab and ml != pick:
             continue
         if worth(ml, shape, sms) and ml != pick:
             continue
@@ -303,20 +307,26 @@ class GemmAloneBench:
     rounds: int = 9
     lt_top: int = LT_TOP
     cluster_n: bool = False
+    swapped_only: bool = False
     name: str = "gemm_mainloop"
     out_dir: Any = results.RESULTS_DIR
+    #: go on from this bench's file (a run a device session's limit cut short leaves its
+    #: finished cases there, ``partial``): its cases are kept, the others run
+    resume: bool = False
     console: Console = field(default_factory=Console)
 
     def cases(self) -> list[tuple[tuple[int, int, int], str]]:
         return [(s, dt) for dt in self.dtypes for s in self.shapes]
 
-    def build(self, sms: int, arch: str | None = None) -> dict[tuple[str, str], str]:
-        """Every (dtype, point) gemm_only build the cases time, each source built once on all
-        cores (one build runs every shape); ``{(dtype, point name): library path}``."""
+    def build(self, sms: int, arch: str | None = None,
+              cases: list[tuple[tuple[int, int, int], str]] | None = None) -> dict[tuple[str, str], str]:
+        """Every (dtype, point) gemm_only build ``cases`` (default: every case) time, each
+        source built once on all cores (one build runs every shape);
+        ``{(dtype, point name): library path}``."""
         from cuco.kernels import Compiler
         sources: dict[tuple[str, str], Any] = {}
-        for shape, dt in self.cases():
-            for d in mainloop_points(shape, dt, sms, self.cluster_n):
+        for shape, dt in (self.cases() if cases is None else cases):
+            for d in mainloop_points(shape, dt, sms, self.cluster_n, self.swapped_only):
                 key = (dt, d.build_point().full_name)
                 if key not in sources:
                     try:
@@ -336,27 +346,63 @@ class GemmAloneBench:
         return out
 
     def run(self) -> Any:
+        """Build and time every case, a shape (both dtypes) at a time, the file written after
+        each case (``partial`` until the last): a run cut short keeps what it finished, and
+        ``resume`` goes on from it."""
         import cupy
         dev = cupy.cuda.Device()
         sms = int(dev.attributes["MultiProcessorCount"])
-        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
-        built = self.build(sms)
+        device = f"1 x {cupy.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}"
+        before: list[dict[str, Any]] = []
+        if self.resume:
+            before, before_device = results.resume_rows(self.name, out_dir=self.out_dir, world_size=1,
+                                                        commit=results.require_commit())
+            results.same_device(self.name, before_device, device)
+        todo = self.pending(before)
+        if before:
+            self.console.print(f"resuming: {len(before)} case(s) already in {self.name}.json, {len(todo)} to run")
         rows: list[dict[str, Any]] = []
-        t0 = time.perf_counter()
-        for shape, dt in self.cases():
-            rows.append(self._case(shape, dt, built, sms))
-            self.console.print(self._line(rows[-1]))
-            cupy.get_default_memory_pool().free_all_blocks()
-        summary = summarize(rows)
-        path = results.write(self.name, rows, device=f"1 x {name}", world_size=1, emulated=False,
-                             out_dir=self.out_dir, extra={"summary": summary, "sms": sms,
-                                                          "lt_top": self.lt_top, "rounds": self.rounds,
-                                                          "timing_s": round(time.perf_counter() - t0, 1)})
+        # this run's seconds (a resumed file's earlier cases took their own)
+        spent = {"build_s": 0.0, "timing_s": 0.0, "resumed_cases": len(before)}
+        for group in self.groups(todo):
+            t0 = time.perf_counter()
+            built = self.build(sms, cases=group)
+            spent["build_s"] += time.perf_counter() - t0
+            for shape_, dt in group:
+                t0 = time.perf_counter()
+                rows.append(self._case(shape_, dt, built, sms))
+                spent["timing_s"] += time.perf_counter() - t0
+                self.console.print(self._line(rows[-1]))
+                cupy.get_default_memory_pool().free_all_blocks()
+                if len(rows) < len(todo):
+                    self._write(before + rows, device, sms, spent, partial=True)
+        order = {case_label(*c): i for i, c in enumerate(self.cases())}
+        rows = sorted(before + rows, key=lambda r: order.get(r["case"], len(order)))
+        path = self._write(rows, device, sms, spent, partial=False)
         self._print(rows)
         self.console.print(f"wrote {path}")
-        for line in summary_lines(summary):
+        for line in summary_lines(summarize(rows)):
             self.console.print(line)
         return path
+
+    def pending(self, before: list[dict[str, Any]]) -> list[tuple[tuple[int, int, int], str]]:
+        """The cases ``before`` (a resumed file's rows) does not hold, in run order."""
+        done = {r["case"] for r in before}
+        return [c for c in self.cases() if case_label(*c) not in done]
+
+    @staticmethod
+    def groups(cases: list[tuple[tuple[int, int, int], str]]) -> list[list[tuple[tuple[int, int, int], str]]]:
+        """``cases`` a shape at a time (its dtypes together: one build step, then their timing)."""
+        return [[c for c in cases if c[0] == shape] for shape in dict.fromkeys(s for s, _ in cases)]
+
+    def _write(self, rows: list[dict[str, Any]], device: str, sms: int, spent: dict[str, Any],
+               partial: bool) -> Any:
+        extra = {"summary": summarize(rows), "sms": sms, "lt_top": self.lt_top, "rounds": self.rounds,
+                 **{k: round(v, 1) if isinstance(v, float) else v for k, v in spent.items()}}
+        if partial:
+            extra["partial"] = True
+        return results.write(self.name, rows, device=device, world_size=1, emulated=False,
+                             out_dir=self.out_dir, extra=extra)
 
     def _case(self, shape: tuple[int, int, int], dtype: str, built: dict, sms: int) -> dict[str, Any]:
         import cupy
@@ -365,7 +411,7 @@ class GemmAloneBench:
         progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
         points = {}
         calls_state = cupy.zeros(CALL_STATE_ELEMS, dtype=cupy.uint16)
-        for d in mainloop_points(shape, dtype, sms, self.cluster_n):
+        for d in mainloop_points(shape, dtype, sms, self.cluster_n, self.swapped_only):
             path = built.get((dtype, d.build_point().full_name))
             if path is None:
                 continue

@@ -29,7 +29,6 @@ from cuco.design import Directives, Placement, GemmProblem
 from cuco.design.patterns import TP_NAMES
 from cuco.design.placement_rules import PLACEMENTS
 from cuco.design.tiles import chunk_sizes
-from cuco.errors import CucoError
 from cuco.kernels.tp import PROFILE, in_kernel, render_tp
 from cuco.runtime.peaks import below_floor
 
@@ -143,15 +142,11 @@ class TPBench:
         """The rows and device of the cases a previous run of this bench finished, when
         ``resume`` (a device session's time limit may cut a long spread short); a case that
         failed is run again. A file from another world size is refused."""
-        path = Path(self.out_dir) / f"{self.name}.json"
-        if not self.resume or not path.exists():
+        if not self.resume:
             return [], None
-        doc = results.load(path)
-        if doc.get("world_size") != self.world_size:
-            raise CucoError(f"{path} holds a run at world size {doc.get('world_size')}, not "
-                            f"{self.world_size}; move it away or run without --resume")
-        failed = {r["case"] for r in doc["rows"] if r.get("variant") == "*"}
-        return [r for r in doc["rows"] if r["case"] not in failed], doc.get("device")
+        rows, device = results.resume_rows(self.name, out_dir=self.out_dir, world_size=self.world_size)
+        failed = {r["case"] for r in rows if r.get("variant") == "*"}
+        return [r for r in rows if r["case"] not in failed], device
 
     def compile_all(self, arch: str | None = None) -> dict[str, list]:
         """Render and compile every variant of every case (parallel, cached)."""
@@ -187,10 +182,7 @@ class TPBench:
         compile_s = time.perf_counter() - t0
 
         def same_machine(device: str) -> None:
-            if before_device is not None and device != before_device:
-                raise CucoError(f"{self.name}.json was measured on {before_device}, this is "
-                                f"{device}: one file holds one machine's numbers; move it away "
-                                "or run without --resume")
+            results.same_device(self.name, before_device, device)
 
         def checkpoint(rows: list[dict], device: str) -> None:
             """A run cut short still leaves every finished case on disk."""

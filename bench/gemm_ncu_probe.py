@@ -1,0 +1,55 @@
+"""Nsight Compute's counters of the default cuco GEMM point beside the library's (issue #37).
+
+    ncu --profile-from-start off --clock-control none --cache-control none --section ... \\
+        python3 bench/gemm_ncu_probe.py [--shape MxNxK ...] [--part as_is --part no_store ...]
+
+(``bench/gpu_session.sh gemm_ncu`` runs it so.) Each program is built and warmed up outside
+the profiled range; inside it, each runs once, in the order printed first, so ncu's report
+lists the kernels in that order. The clocks are left alone and the caches are not flushed,
+as between the bench's back-to-back calls. A probe: its counters say where the time goes,
+and nothing here is a speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import gemm_overhead_probe as probe
+from cuco.benchmarks import gemm_alone as ga
+from cuco.errors import run_script
+
+SHAPES = ((200, 4096, 4096), (1536, 1536, 1536), (2048, 2048, 4096))
+LIBRARIES = ("torch.matmul", "cublaslt.heuristic0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
+    ap.add_argument("--part", action="append", choices=tuple(probe.PARTS))
+    args = ap.parse_args(argv)
+    import cupy
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    shapes = args.shape or SHAPES
+    built = probe.build(shapes, tuple(args.part or ("as_is",)), sms)
+    runs = []
+    for shape in shapes:
+        progs, text, ops = probe.programs(shape, built, sms)
+        for v, (fn, c) in progs.items():
+            if v in LIBRARIES or v.startswith("cuco."):
+                bad = ga._check(fn, c, ops["ref"], ops["k"], "bf16")
+                for _ in range(5):
+                    fn()
+                runs.append((shape, v, fn, bad, text.get(v, "")))
+    cupy.cuda.Device().synchronize()
+    for i, (shape, v, _, bad, t) in enumerate(runs):
+        print(f"profiled kernel {i}: {'x'.join(map(str, shape))} {v} (bad {bad}) {t}", flush=True)
+    cupy.cuda.runtime.profilerStart()
+    for _, _, fn, _, _ in runs:
+        fn()
+        cupy.cuda.Device().synchronize()
+    cupy.cuda.runtime.profilerStop()
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)
