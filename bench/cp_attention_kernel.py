@@ -726,6 +726,8 @@ def main(argv=None) -> int:
     if not rows:
         raise InputError(f"--only {' '.join(args.only)}: no case of --worlds {args.worlds} matches; "
                          "a case is named like T8192H32D64full/W2r0")
+    from cuco.runtime import check_gpus
+    check_gpus(1, None, need_p2p=False)  # a clear error, not torch's, where no GPU is visible
     import os
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # no module load beside a spinning kernel
     import torch

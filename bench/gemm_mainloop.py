@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cuco.benchmarks.gemm_alone import DTYPES, LT_TOP, QUICK, GemmAloneBench, default_shapes, spread_table
 from cuco.errors import run_script
+from cuco.runtime import check_gpus
 
 NAME = "gemm_mainloop"
 
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row))
         print(f"{len(rows)} shapes x {len(args.dtype or DTYPES)} dtypes")
         return 0
+    check_gpus(1, None, need_p2p=False)  # a clear error, not cupy's, where no GPU is visible
     bench_of(args).run()
     return 0
 

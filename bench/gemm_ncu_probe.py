@@ -17,6 +17,7 @@ import argparse
 import gemm_overhead_probe as probe
 from cuco.benchmarks import gemm_alone as ga
 from cuco.errors import run_script
+from cuco.runtime import check_gpus
 
 SHAPES = ((200, 4096, 4096), (1536, 1536, 1536), (2048, 2048, 4096))
 LIBRARIES = ("torch.matmul", "cublaslt.heuristic0")
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
     ap.add_argument("--part", action="append", choices=tuple(probe.PARTS))
     args = ap.parse_args(argv)
+    check_gpus(1, None, need_p2p=False)  # a clear error, not cupy's, where no GPU is visible
     import cupy
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     shapes = args.shape or SHAPES

@@ -23,6 +23,7 @@ import time
 
 from cuco.benchmarks import gemm_alone as ga
 from cuco.errors import run_script
+from cuco.runtime import check_gpus
 from cuco.kernels.tp import render_tp, split_workspace_bytes
 
 SHAPES = ((128, 128, 128), (200, 4096, 4096), (256, 1536, 8192), (1536, 1536, 1536), (2048, 2048, 4096))
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
     ap.add_argument("--part", action="append", choices=tuple(PARTS), help="repeatable; default: every part")
     args = ap.parse_args(argv)
+    check_gpus(1, None, need_p2p=False)  # a clear error, not cupy's, where no GPU is visible
     import cupy
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     shapes = args.shape or SHAPES

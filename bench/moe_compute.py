@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from cuco.runtime import check_gpus
 from cuco.workloads.moe.grouped_gemm import CONFIGS, default_config  # name: (tile, schedule), the workload's
 
 NAME = "moe_compute"
@@ -373,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     todo = cases(args)
+    check_gpus(1, None, need_p2p=False)  # a clear error, not cupy's, where no GPU is visible
     torch = torch_or_error()
     import cupy
 

@@ -22,6 +22,7 @@ import time
 
 from cuco import results
 from cuco.errors import run_script
+from cuco.runtime import check_gpus
 
 SPIN_MS = 200.0
 
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--name", default="poison")
     a = ap.parse_args(argv)
+    check_gpus(1, None, need_p2p=False)  # a clear error, not cupy's, where no GPU is visible
     import cupy
 
     from cuco.runtime import dtypes

@@ -532,3 +532,18 @@ def test_schedule_overhead_bench_times_the_python_of_each_job(tmp_path):
     assert set(rows) == {f"{kind}/{k}_candidates" for kind in ("small", "full", "timing") for k in (1, 8)}
     assert rows["full/1_candidates"]["calls"] == 12 and rows["timing/8_candidates"]["calls"] == 14 * 35
     assert rows["timing/8_candidates"]["ms_per_candidate"] < rows["timing/1_candidates"]["ms_per_candidate"]
+
+
+@pytest.mark.parametrize("argv", [["bench/gemm_mainloop.py", "--shape", "200x4096x4096"],
+                                  ["bench/moe_compute.py", "--quick"], ["bench/poison.py"],
+                                  ["bench/cp_attention_kernel.py", "--quick"],
+                                  ["bench/gemm_overhead_probe.py"], ["bench/gemm_ncu_probe.py"]])
+def test_a_one_gpu_bench_without_a_gpu_says_so_in_one_line(argv):
+    """Where no GPU is visible, a one-GPU bench ends with cuco's one-line error, not a
+    traceback out of cupy or torch."""
+    from cuco.runtime import visible_gpus
+    if visible_gpus():
+        pytest.skip("a GPU is visible here")
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: no CUDA GPU is visible")

@@ -27,6 +27,12 @@ def _v(x: Any) -> Any:
     return getattr(x, "value", x)
 
 
+def schedule_holds(schedule: str, tile_m: int, tile_n: int) -> bool:
+    """Whether ``schedule``'s consumers can hold a ``tile_m`` x ``tile_n`` tile's accumulators:
+    under pingpong one warpgroup holds a whole tile (:data:`PINGPONG_TILE_ELEMS`)."""
+    return _v(schedule) != "pingpong" or tile_m * tile_n <= PINGPONG_TILE_ELEMS
+
+
 def smem_bytes(tile_m: int, tile_n: int, tile_k: int, stages: int) -> int:
     """Shared memory the mainloop's A and B stages take."""
     return stages * (tile_m + tile_n) * tile_k * OPERAND_BYTES
@@ -48,7 +54,7 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "chunk_schedule: a ring schedule forwards chunks hop by hop and needs a "
             "per-chunk or per-CTA sync; set sync_scope=chunk or cta, or chunk_schedule=direct"
         )
-    if _v(d.get("schedule", "cooperative")) == "pingpong" and tm * tn > PINGPONG_TILE_ELEMS:
+    if not schedule_holds(d.get("schedule", "cooperative"), tm, tn):
         out.append(
             f"schedule: under pingpong one warpgroup holds a whole {tm}x{tn} tile's "
             f"accumulators; choose tile_m x tile_n <= {PINGPONG_TILE_ELEMS} (128x128 or "

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from cuco.design import Directives, GemmProblem, placement_rules
 from cuco.design.dimensions import Placement, Schedule
 from cuco.design.patterns import TP_NAMES, LocalGemm, TPPattern, find
-from cuco.design.rules import PINGPONG_TILE_ELEMS, SMEM_LIMIT_BYTES, smem_bytes
+from cuco.design.rules import SMEM_LIMIT_BYTES, schedule_holds, smem_bytes
 from cuco.design.tiles import EQUAL_CHUNKS_M, ChunkPlan
 from cuco.errors import DirectiveError
 from cuco.kernels.collectives import MAX_RANKS, KernelSource
@@ -338,7 +338,7 @@ def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> lis
     for schedule, tn in SWAP_FRAMES:
         mls = [Mainloop(schedule, tn, most_stages(tm, tn, problem.dtype_bytes), tm, swap_ab=True)
                for tm in placement_rules.SWAPPED_TILE_M
-               if schedule == "cooperative" or tm * tn <= PINGPONG_TILE_ELEMS]
+               if schedule_holds(schedule, tm, tn)]
         mls = [ml for ml in mls if ml.stages >= 3
                and not supported(problem, with_mainloop(in_kernel("epilogue"), ml, problem.dtype_bytes))]
         if mls:
