@@ -330,9 +330,12 @@ def test_the_default_is_within_1_2_percent_of_the_best_measured_point():
 #: The runs of the whole spread that time every case's default beside the grid: the file of
 #: record (1 x H200, b157e15) and the one before it (1 x H100, 1d229c0).
 SPREAD_RUNS = [MEASURED, ROOT / "bench" / "results" / "gemm_mainloop_h100_1d229c0.json"]
+#: ... and a run of seven decode-like and one-wave GEMMs that timed today's default beside the
+#: swapped mainloops and their clusters along N (1 x H200, 5b30740, --swapped-only)
+DEFAULT_RUNS = [*SPREAD_RUNS, ROOT / "bench" / "results" / "gemm_swapped_clusters.json"]
 
 
-@pytest.mark.parametrize("run", SPREAD_RUNS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("run", DEFAULT_RUNS, ids=lambda p: p.stem)
 def test_the_default_at_few_tiles_is_near_the_best_timed_point(run):
     """Each run times every case's default and the grid's points (every output checked): today's
     default, found among the points it timed, runs at least 0.9x the best timed point where a
