@@ -9,7 +9,10 @@ taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``bloc
 CTA waits for it before the pipeline starts, as up to 26cf46d); and ``bulk_store``, the
 epilogue's stores as one TMA bulk copy per row (slower than as built at every shape on 1 x H200
 at 5b30740: bench/logs/gemm_overhead_probe_w1_h200_5b30740.log), and ``no_store``, the
-epilogue's stores left out (its output is wrong: what the stores cost). At ce0c73d it also timed the
+epilogue's stores left out (its output is wrong: what the stores cost), and the rest of
+PARTS (bench/logs/gemm_overhead_probe_stores_w1_h200_5b30740.log). ``tma_store`` (the staged
+tile as one TMA tensor store through a tensor map of C) and ``unpadded`` (its staging layout
+alone) compile for the default shapes and have not been timed yet. At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
@@ -74,6 +77,39 @@ ILP_LOOP = """  constexpr int kU = KU;
     }
   }
 """
+#: A TMA tensor store of the whole staged tile (the probe's ``tma_store``): C's tensor map, one
+#: box a tile, built with the launch's other descriptors; the staged rows unpadded, as the box
+#: reads them (``unpadded`` alone: what that costs the plain stores, in bank conflicts).
+STAGE_ROW = "constexpr int kStageRow = kTileN + 8;"
+PARAMS_END = "  size_t calls_off;  // this rank's per-call state (cuco/calls.cuh): the call's epoch comes from there\n"
+C_MAP = PARAMS_END + "  alignas(64) unsigned char c_map[128];  // probe: C's TMA tensor map (a CUtensorMap)\n"
+OUT_SET = "  p.out = (T*)out;\n"
+ENCODE_C = OUT_SET + """  {  // probe: C's tensor map, a box a tile (kTileM rows, kTileN columns), clipped at C's edges
+    using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static Encode encode = nullptr;
+    if (encode == nullptr) cuco_cubin::entry("cuTensorMapEncodeTiled", encode);
+    const cuuint64_t dim[2] = {(cuuint64_t)dims.n, (cuuint64_t)dims.m};
+    const cuuint64_t stride[1] = {(cuuint64_t)dims.n * sizeof(T)};
+    const cuuint32_t box[2] = {(cuuint32_t)kTileN, (cuuint32_t)kTileM}, one[2] = {1, 1};
+    if (encode != nullptr)
+      encode(reinterpret_cast<CUtensorMap*>(p.c_map),
+             std::is_same_v<T, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             2, out, dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
+"""
+TMA_TILE = """  if (tid == 0) {  // one TMA store of the staged tile; the box is clipped at C's edges
+    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile);
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+                 :: "l"(reinterpret_cast<uint64_t>(p.c_map)), "r"(nt * kTileN), "r"((int)row0), "r"(staged)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
+  }
+  (void)rows; (void)vecs; (void)dst;
+"""
 FINISH = "(void)p; (void)me; (void)cta; (void)ctas;"
 BULK_DONE = FINISH + '\n  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every row written'
 PARTS = {"as_is": [],
@@ -91,6 +127,10 @@ PARTS = {"as_is": [],
          # half the rows stored (the output is wrong): whether the stores' cost is their bytes
          "half_store": [("if (r >= rows || c >= vecs) continue;\n    cuco::store16(dst",
                          "if (r >= rows / 2 || c >= vecs) continue;\n    cuco::store16(dst")],
+         "unpadded": [(STAGE_ROW, "constexpr int kStageRow = kTileN;")],
+         "tma_store": [(STAGE_ROW, "constexpr int kStageRow = kTileN;"), (PARAMS_END, C_MAP), (OUT_SET, ENCODE_C),
+                       (HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the TMA store\n    "
+                        + HANDED), (STORE_LOOP, TMA_TILE), (FINISH, BULK_DONE)],
          # the consumers store each tile they staged themselves (256 or 128 threads, not the
          # comm warps' 96) before going on; the comm warps store nothing (unsplit builds only)
          "mma_store": [(HANDED_TILE, "group_sync<kMmaThreads>();\n    tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, "

@@ -127,8 +127,8 @@ step_command() {
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     # Nsight Compute's sections for the default point and the library at three GEMMs (ncu's
-    # path: PATH, else the image's install); NCU_ARGS: the probe's arguments (--shape MxNxK, --part X)
-    gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-}" ;;
+    # path: PATH, else the image's install), their table last; NCU_ARGS: the probe's arguments (--shape MxNxK, --part X)
+    gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-} && python3 bench/gemm_ncu_probe.py --summarize $OUT/logs/gemm_ncu.log" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
     tests_swapped_clusters) echo "$PT -k 'swapped_clusters' tests/test_tp_in_kernel_gpu.py" ;;

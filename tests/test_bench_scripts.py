@@ -547,3 +547,44 @@ def test_a_one_gpu_bench_without_a_gpu_says_so_in_one_line(argv):
     r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: no CUDA GPU is visible")
+
+
+def test_every_part_of_the_gemm_probe_still_finds_what_it_edits():
+    """bench/gemm_overhead_probe.py edits the default point's source as text: each part's
+    every edit must find its line in today's template at the probe's shapes (a part that no
+    longer applies would time the unedited kernel under its name), except where the probe
+    says it skips one (mma_store: unsplit builds only)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        probe = load("gemm_overhead_probe")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from cuco.benchmarks import gemm_alone as ga
+    from cuco.kernels.tp import render_tp
+    for shape in probe.SHAPES:
+        d = ga.default_point(shape, "bf16")
+        text = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0].source
+        for part, edits in probe.PARTS.items():
+            missing = [old[:50] for old, _ in edits if text.count(old) != 1]
+            if part == "mma_store" and d.split_k > 1:
+                assert missing, (shape, part)  # the split build has no unsplit handover
+                continue
+            assert not missing, (shape, part, missing)
+
+
+def test_the_ncu_summary_reads_every_kernel_of_a_probe_log():
+    """bench/gemm_ncu_probe.py --summarize: one row per kernel of the committed 1 x H200 log,
+    in launch order, each labelled with the probe's own line and every counter read."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        ncu = load("gemm_ncu_probe")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = ncu.summarize((ROOT / "bench" / "logs" / "gemm_ncu_w1_h200_5b30740.log").read_text())
+    assert len(rows) == 12 and all(len(r) == 2 + len(ncu.COLUMNS) for r in rows)
+    assert [r["what"].split()[1] for r in rows[:4]] == ["torch.matmul", "cublaslt.heuristic0", "cuco.as_is",
+                                                        "cuco.no_store"]
+    assert rows[0]["kernel"].startswith("nvjet") and rows[2]["kernel"] == "fused_kernel"
+    assert rows[2]["grid"] == "132" and float(rows[2]["us"]) > float(rows[3]["us"])  # the stores cost
