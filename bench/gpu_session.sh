@@ -126,6 +126,8 @@ step_command() {
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py --resume $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
+    # the epilogue's store paths alone (as built, none, unpadded staging, one TMA tensor store)
+    gemm_store_probe) echo "python3 bench/gemm_overhead_probe.py --part as_is --part no_store --part unpadded --part tma_store" ;;
     # Nsight Compute's sections for the default point and the library at three GEMMs (ncu's
     # path: PATH, else the image's install), their table last; NCU_ARGS: the probe's arguments (--shape MxNxK, --part X)
     gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-} && python3 bench/gemm_ncu_probe.py --summarize $OUT/logs/gemm_ncu.log" ;;
