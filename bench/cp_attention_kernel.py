@@ -726,10 +726,10 @@ def main(argv=None) -> int:
     if not rows:
         raise InputError(f"--only {' '.join(args.only)}: no case of --worlds {args.worlds} matches; "
                          "a case is named like T8192H32D64full/W2r0")
-    from cuco.runtime import check_gpus
-    check_gpus(1, None, need_p2p=False)  # a clear error, not torch's, where no GPU is visible
     import os
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # no module load beside a spinning kernel
+    from cuco.runtime import check_gpus  # (after the line above: the count starts CUDA)
+    check_gpus(1, None, need_p2p=False)  # a clear error, not torch's, where no GPU is visible
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference in fp32
     t0 = time.time()
