@@ -533,12 +533,25 @@ class _FakeCupy:
         self.get_default_memory_pool = lambda: Pool()
 
 
-def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path, capsys):
+def _on_fake_device(monkeypatch):
+    """The bench's GPU side replaced for a CPU run: cupy by :class:`_FakeCupy`, the spin
+    kernel, the operands and outputs by stand-ins, every output check passing, one call 0.01 ms.
+    Returns the fake (its clock: ``now``) and the stand-in output."""
     import sys
-    import types
     fake = _FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr("cuco.runtime.timing.spin", lambda stream, us: None)
+    out = types.SimpleNamespace(size=4)
+    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
+    monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
+    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
+    return fake, out
+
+
+def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path, capsys):
+    fake, out = _on_fake_device(monkeypatch)
     speed = {ga.TORCH: 1.00, ga.GEMMEX: 1.05, "cublaslt.heuristic0": 0.90, "cublaslt.heuristic1": 0.95}
 
     def program(name, ms):
@@ -551,16 +564,10 @@ def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path,
             return speed[name]
         return 0.85 if ".sk" in name else 1.02  # split-K beats the libraries, the rest do not
 
-    out = types.SimpleNamespace(size=4)
-    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
     monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: (
         {v: (program(v, 0.01), out) for v in speed}, {}, {"cublaslt.heuristic0": {"tile": "64x128"}}))
-    monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
     def launcher(path, raster, a, b, c, st, work, wb, sms):
         return program(next(names), 0.01)
-    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
-    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
-    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
     shapes = ((256, 1536, 8192), (8192, 8192, 4096))
     bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16",), rounds=3, out_dir=tmp_path)
     monkeypatch.setattr(bench, "build", lambda sms, cases=None: {("bf16", d.build_point().full_name): "lib.so"
@@ -581,25 +588,16 @@ def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path,
 
 
 def _fake_bench(monkeypatch, tmp_path, shapes, **kw):
-    """A GemmAloneBench on the fake device whose programs all take 0.01 ms, and the cases it
-    timed (in order)."""
-    import sys
-    fake = _FakeCupy()
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr("cuco.runtime.timing.spin", lambda stream, us: None)
+    """A GemmAloneBench on the fake device whose programs all take 0.01 ms, and the list of
+    the cases each of its build steps was given (in order)."""
+    fake, out = _on_fake_device(monkeypatch)
 
     def program():
         def call():
             fake.now += 0.01
         return call
-    out = types.SimpleNamespace(size=4)
-    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
     monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: ({ga.TORCH: (program(), out)}, {}, {}))
-    monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
     monkeypatch.setattr(ga, "_launcher", lambda *a: program())
-    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
-    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
-    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
     bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16", "fp16"), rounds=3, out_dir=tmp_path, **kw)
     built = []
     monkeypatch.setattr(bench, "build", lambda sms, cases=None: built.append(cases) or {

@@ -362,8 +362,7 @@ class GemmAloneBench:
         if before:
             self.console.print(f"resuming: {len(before)} case(s) already in {self.name}.json, {len(todo)} to run")
         rows: list[dict[str, Any]] = []
-        # this run's seconds (a resumed file's earlier cases took their own)
-        spent = {"build_s": 0.0, "timing_s": 0.0, "resumed_cases": len(before)}
+        spent = {"build_s": 0.0, "timing_s": 0.0}  # this run's (a resumed file's cases took their own)
         for group in self.groups(todo):
             t0 = time.perf_counter()
             built = self.build(sms, cases=group)
@@ -375,10 +374,10 @@ class GemmAloneBench:
                 self.console.print(self._line(rows[-1]))
                 cupy.get_default_memory_pool().free_all_blocks()
                 if len(rows) < len(todo):
-                    self._write(before + rows, device, sms, spent, partial=True)
+                    self._write(before + rows, device, sms, spent, len(before), partial=True)
         order = {case_label(*c): i for i, c in enumerate(self.cases())}
         rows = sorted(before + rows, key=lambda r: order.get(r["case"], len(order)))
-        path = self._write(rows, device, sms, spent, partial=False)
+        path = self._write(rows, device, sms, spent, len(before), partial=False)
         self._print(rows)
         self.console.print(f"wrote {path}")
         for line in summary_lines(summarize(rows)):
@@ -395,10 +394,10 @@ class GemmAloneBench:
         """``cases`` a shape at a time (its dtypes together: one build step, then their timing)."""
         return [[c for c in cases if c[0] == shape] for shape in dict.fromkeys(s for s, _ in cases)]
 
-    def _write(self, rows: list[dict[str, Any]], device: str, sms: int, spent: dict[str, Any],
-               partial: bool) -> Any:
+    def _write(self, rows: list[dict[str, Any]], device: str, sms: int, spent: dict[str, float],
+               resumed: int, partial: bool) -> Any:
         extra = {"summary": summarize(rows), "sms": sms, "lt_top": self.lt_top, "rounds": self.rounds,
-                 **{k: round(v, 1) if isinstance(v, float) else v for k, v in spent.items()}}
+                 **{k: round(v, 1) for k, v in spent.items()}, "resumed_cases": resumed}
         if partial:
             extra["partial"] = True
         return results.write(self.name, rows, device=device, world_size=1, emulated=False,
