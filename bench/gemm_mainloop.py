@@ -10,6 +10,9 @@
     python bench/gemm_mainloop.py --cluster-n --name gemm_mainloop_cluster_n   # + swapped clusters along N
     python bench/gemm_mainloop.py --swapped-only --shape 64x28672x8192 --name gemm_swapped_clusters
                                                         # the swapped mainloops and their clusters alone
+    python bench/gemm_mainloop.py --best-of bench/results/gemm_mainloop.json --top 2 --tile-k 32 \
+        --dtype bf16 --name gemm_tile_k                 # that file's two best points per case, and
+                                                        # their twins in 32-deep k-tiles
 
 Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). Each row: cuco's fastest
 correct point, the fastest correct library program (``baseline``), their ratio (``speedup``),
@@ -24,8 +27,10 @@ import argparse
 import json
 from pathlib import Path
 
-from cuco.benchmarks.gemm_alone import DTYPES, LT_TOP, QUICK, GemmAloneBench, default_shapes, spread_table
-from cuco.errors import run_script
+from cuco.benchmarks.gemm_alone import (
+    DTYPES, LT_TOP, QUICK, GemmAloneBench, best_points, default_shapes, spread_table,
+)
+from cuco.errors import CucoError, run_script
 from cuco.runtime import check_gpus
 
 NAME = "gemm_mainloop"
@@ -54,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also time the swapped mainloops in clusters along N (46 more builds on the default cases)")
     ap.add_argument("--swapped-only", action="store_true",
                     help="time only the swapped mainloops fitted to each GEMM, their clusters along N and the default")
+    ap.add_argument("--tile-k", action="append", type=int, choices=(32, 64, 128), default=[],
+                    help="also time each point's twin in k-tiles this deep, with the most stages that fit (repeatable)")
+    ap.add_argument("--best-of", type=Path, help="time only this bench file's --top fastest points per case "
+                                                 "(and the default); its cases unless --shape/--quick")
+    ap.add_argument("--top", type=int, default=2, help="with --best-of: points per case")
     ap.add_argument("--resume", action="store_true",
                     help="go on from --name's file in --out-dir (same commit and GPU): its cases are kept")
     ap.add_argument("--name", default=NAME)
@@ -66,14 +76,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--lt-top: at least 1")
     if args.quick and args.shape:
         ap.error("--quick and --shape: choose one")
+    if args.top < 1:
+        ap.error("--top: at least 1")
     return args
 
 
+def best_of(path: Path, top: int) -> tuple[dict[str, list[str]], list[tuple[int, int, int]]]:
+    """``path``'s ``top`` fastest points per case, and its shapes in its order."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CucoError(f"--best-of {path}: not a bench file with rows ({exc}); give a "
+                        "bench/results/gemm_mainloop*.json") from None
+    return best_points(rows, top), list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+
+
 def bench_of(args: argparse.Namespace) -> GemmAloneBench:
-    shapes = tuple(args.shape) if args.shape else QUICK if args.quick else default_shapes()
+    only, theirs = best_of(args.best_of, args.top) if args.best_of else (None, None)
+    shapes = tuple(args.shape) if args.shape else QUICK if args.quick else tuple(theirs or default_shapes())
     return GemmAloneBench(shapes=shapes, dtypes=tuple(args.dtype or DTYPES), rounds=args.rounds,
                           lt_top=args.lt_top, cluster_n=args.cluster_n,
-                          swapped_only=args.swapped_only, resume=args.resume, name=args.name, out_dir=Path(args.out_dir))
+                          swapped_only=args.swapped_only, resume=args.resume, name=args.name,
+                          out_dir=Path(args.out_dir), tile_ks=tuple(args.tile_k), only=only)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,7 +49,7 @@ mps_fresh() {
   nvidia-cuda-mps-control -d || { echo "MPS would not start"; exit 1; }
 }
 # resumable benches go on from the committed file of a run that was cut short
-for f in tp_shapes gemm_mainloop; do
+for f in tp_shapes gemm_mainloop gemm_tile_k; do
   [ -f "bench/results/$f.json" ] && grep -q '"partial": true' "bench/results/$f.json" && cp "bench/results/$f.json" "$OUT/results/"
 done
 
@@ -124,6 +124,9 @@ step_command() {
     # resumable: a call cut short leaves its finished cases in the file, partial; bring that file
     # back into bench/results (same commit) and the next call goes on from it
     gemm_mainloop)   echo "python3 bench/gemm_mainloop.py --resume $R" ;;
+    # the file of record's best point per case beside its twin in 32-deep k-tiles (twice the
+    # stages in the same shared memory), bf16; resumable like gemm_mainloop
+    gemm_tile_k)     echo "python3 bench/gemm_mainloop.py --best-of bench/results/gemm_mainloop.json --top 1 --tile-k 32 --dtype bf16 --name gemm_tile_k --resume $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     # the epilogue's store paths alone (as built, none, unpadded staging, one TMA tensor store)

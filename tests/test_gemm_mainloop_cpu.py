@@ -484,6 +484,11 @@ def test_the_script_parses_and_lists_without_a_gpu(capsys):
     ("split-K cooperative, dedicated CTAs, reduce-scatter",
      GemmProblem(workload="gemm_reducescatter", m=1024, n=1024, k=2048, world_size=2),
      in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3), False),
+    ("32-deep k-tiles, six stages of 128x256", ga.problem_of(2048, 2048, 4096),
+     in_kernel("epilogue", "nvshmem", "cta", tile_n=256, stages=3, comm_warps=3).replace(tile_k=32, stages=6), True),
+    ("32-deep k-tiles, swapped 144x128, eleven stages", ga.problem_of(1536, 1536, 1536),
+     in_kernel("epilogue", "nvshmem", "cta", tile_m=144, tile_n=128, stages=5, comm_warps=3,
+               swap_ab=True).replace(tile_k=32, stages=11), True),
 ])
 def test_the_new_values_compile_for_sm90a(label, problem, d, gemm_only):
     assert_points_compile([(label, problem, d, gemm_only)])
@@ -665,3 +670,41 @@ def test_swapped_only_times_the_swapped_mainloops_their_clusters_and_the_default
     twins = tp.cluster_twins(ga.problem_of(*shape), tp.swapped_mainloops(ga.problem_of(*shape)))
     assert twins and set(twins) <= mls  # each fitted mainloop beside its cluster twin
     assert not set(twins) & {Mainloop.of(d) for d in ga.mainloop_points(shape)} - {pick}  # not in the default sweep
+
+
+def test_a_tile_k_twin_keeps_the_bytes_in_flight_in_finer_stages():
+    shape = (2048, 2048, 4096)
+    d = next(d for d in ga.mainloop_points(shape) if (d.tile_m, d.tile_n, d.stages) == (128, 256, 3))
+    twin = ga.tile_k_twin(shape, "bf16", d, 32)
+    assert (twin.tile_k, twin.stages) == (32, 6) and twin.replace(tile_k=64, stages=3) == d
+    assert not tp.supported(ga.problem_of(*shape), twin)
+    assert ga.tile_k_twin(shape, "bf16", twin.replace(stages=7), 32) is None  # the same depth: no twin
+    # 128-deep stages of 128x256 do not fit twice beside the staged tile: no twin
+    assert ga.tile_k_twin(shape, "bf16", d, 128) is None
+    small = next(d for d in ga.mainloop_points((200, 4096, 4096)) if d.tile_m == 64)
+    assert ga.tile_k_twin((200, 4096, 4096), "bf16", small, 32).stages == ga.TWIN_MOST_STAGES
+    with pytest.raises(DirectiveError, match="stages=17"):
+        d.replace(tile_k=32, stages=17)
+
+
+def test_best_of_times_another_files_best_points_their_twins_and_the_default(tmp_path):
+    from cuco.errors import CucoError
+    bench = load_bench()
+    shape = (1536, 1536, 1536)
+    pts = ga.mainloop_points(shape)
+    default = ga.default_point(shape)
+    others = [d for d in pts if d != default]
+    rows = [{"case": ga.case_label(shape, "bf16"), "shape": list(shape),
+             "cuco": {others[1].full_name: 0.01, others[0].full_name: 0.02}}]
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"rows": rows}))
+    b = bench.bench_of(bench.parse_args(["--best-of", str(f), "--top", "1", "--tile-k", "32", "--dtype", "bf16"]))
+    assert b.shapes == (shape,) and b.only == {rows[0]["case"]: [others[1].full_name]}
+    got = b.points(shape, "bf16", tp.SMS)
+    base = [d for d in got if d.tile_k == 64]
+    assert set(base) == {others[1], default}
+    assert {d for d in got if d.tile_k == 32} == {ga.tile_k_twin(shape, "bf16", d, 32) for d in base} - {None}
+    assert ga.GemmAloneBench(shapes=(shape,)).points(shape, "bf16", tp.SMS) == pts  # no options: the sweep
+    f.write_text("{}")
+    with pytest.raises(CucoError, match="--best-of .*not a bench file with rows"):
+        bench.bench_of(bench.parse_args(["--best-of", str(f)]))

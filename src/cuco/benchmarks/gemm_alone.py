@@ -39,7 +39,8 @@ from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
-    modelled_time, render_tp, split_tail, split_workspace_bytes, supported, tiles_of, with_mainloop,
+    modelled_time, render_tp, split_tail, split_workspace_bytes, stages_that_fit, supported, tiles_of,
+    with_mainloop,
 )
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
@@ -182,6 +183,25 @@ def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int =
     return list(dict.fromkeys([*out, default_point(shape, dtype, sms)]))
 
 
+#: The most pipeline stages a tile_k twin (:func:`tile_k_twin`) takes: a k-tile of 32 halves a
+#: stage's bytes, so the same shared memory holds twice as many (CUTLASS's pipelines take any
+#: count; past 16 the barriers' wait outweighs what is left to hide).
+TWIN_MOST_STAGES = 16
+
+
+def tile_k_twin(shape: tuple[int, int, int], dtype: str, d: Directives, tile_k: int) -> Directives | None:
+    """``d`` with k-tiles of ``tile_k`` and the most stages that then fit beside the staged
+    output tile (at most :data:`TWIN_MOST_STAGES`), or None where the templates cannot render
+    it or it is ``d``. A k-tile of 32 keeps the bytes in flight of ``d``'s stages in twice as
+    many (finer) stages: what a 128x256 tile's three 64-deep stages cannot."""
+    problem = problem_of(*shape, dtype)
+    stages = min(TWIN_MOST_STAGES, stages_that_fit(d.tile_m, d.tile_n, tile_k, problem.dtype_bytes))
+    if tile_k == d.tile_k or stages < 2:
+        return None
+    twin = d.replace(tile_k=tile_k, stages=stages)
+    return None if supported(problem, twin) else twin
+
+
 def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS) -> Directives:
     """The point a user who does not search gets (the default mainloop and tile order), named
     as :func:`mainloop_points` times it (the smallest group that walks the same order)."""
@@ -190,6 +210,11 @@ def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = S
     m_tiles = walked_tiles(shape, pick.mainloop)
     g = tile_orders(m_tiles).get(min(pick.raster_group, m_tiles), pick.raster_group)
     return with_mainloop(BASE, pick.mainloop, problem.dtype_bytes).replace(raster_group=g)
+
+
+def best_points(rows: list[dict[str, Any]], top: int) -> dict[str, list[str]]:
+    """Each row's ``top`` fastest cuco points (a bench file's rows): ``{case: [full names]}``."""
+    return {r["case"]: list(r.get("cuco", {}))[:top] for r in rows}
 
 
 def calls_for(ms_per_call: float) -> int:
@@ -313,10 +338,26 @@ class GemmAloneBench:
     #: go on from this bench's file (a run a device session's limit cut short leaves its
     #: finished cases there, ``partial``): its cases are kept, the others run
     resume: bool = False
+    #: also time each point's twin at these k-tile depths (:func:`tile_k_twin`)
+    tile_ks: tuple[int, ...] = ()
+    #: time only these points of each case (``{case label: [full names]}``, e.g. another run's
+    #: best: :func:`best_points`) beside the default and their twins; None: every point
+    only: dict[str, list[str]] | None = None
     console: Console = field(default_factory=Console)
 
     def cases(self) -> list[tuple[tuple[int, int, int], str]]:
         return [(s, dt) for dt in self.dtypes for s in self.shapes]
+
+    def points(self, shape: tuple[int, int, int], dtype: str, sms: int) -> list[Directives]:
+        """The cuco points timed at one case: :func:`mainloop_points` (or those of them
+        ``only`` names, and the default), then each one's :attr:`tile_ks` twins."""
+        base = mainloop_points(shape, dtype, sms, self.cluster_n, self.swapped_only)
+        if self.only is not None:
+            keep = set(self.only.get(case_label(shape, dtype), ()))
+            default = default_point(shape, dtype, sms)
+            base = [d for d in base if d.full_name in keep or d == default]
+        twins = [tile_k_twin(shape, dtype, d, k) for d in base for k in self.tile_ks]
+        return list(dict.fromkeys([*base, *(t for t in twins if t is not None)]))
 
     def build(self, sms: int, arch: str | None = None,
               cases: list[tuple[tuple[int, int, int], str]] | None = None) -> dict[tuple[str, str], str]:
@@ -326,7 +367,7 @@ class GemmAloneBench:
         from cuco.kernels import Compiler
         sources: dict[tuple[str, str], Any] = {}
         for shape, dt in (self.cases() if cases is None else cases):
-            for d in mainloop_points(shape, dt, sms, self.cluster_n, self.swapped_only):
+            for d in self.points(shape, dt, sms):
                 key = (dt, d.build_point().full_name)
                 if key not in sources:
                     try:
@@ -410,7 +451,7 @@ class GemmAloneBench:
         progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
         points = {}
         calls_state = cupy.zeros(CALL_STATE_ELEMS, dtype=cupy.uint16)
-        for d in mainloop_points(shape, dtype, sms, self.cluster_n, self.swapped_only):
+        for d in self.points(shape, dtype, sms):
             path = built.get((dtype, d.build_point().full_name))
             if path is None:
                 continue

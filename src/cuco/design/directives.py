@@ -80,7 +80,8 @@ class Directives(BaseModel):
     tile_m: int = 128
     tile_n: int = 128
     tile_k: int = 64
-    stages: int = Field(default=4, ge=2, le=8, description="mainloop pipeline stages")
+    stages: int = Field(default=4, ge=2, le=16,
+                        description="mainloop pipeline stages (more than 8 only fit k-tiles of 32)")
     comm_ctas: int = Field(default=0, ge=0, le=64, description="CTAs reserved for communication")
     chunk_schedule: ChunkSchedule = ChunkSchedule.DIRECT
     raster_group: int = Field(default=1, description="in-kernel placements: m-tiles a CTA wave "
