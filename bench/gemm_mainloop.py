@@ -13,6 +13,8 @@
     python bench/gemm_mainloop.py --best-of bench/results/gemm_mainloop.json --top 2 --tile-k 32 \
         --dtype bf16 --name gemm_tile_k                 # that file's two best points per case, and
                                                         # their twins in 32-deep k-tiles
+    python bench/gemm_mainloop.py --shape 200x4096x4096 --mainloop cooperative:208x128:sk4:ab
+                                                        # + a mainloop the sweep does not take
 
 Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). Each row: cuco's fastest
 correct point, the fastest correct library program (``baseline``), their ratio (``speedup``),
@@ -28,7 +30,8 @@ import json
 from pathlib import Path
 
 from cuco.benchmarks.gemm_alone import (
-    DTYPES, LT_TOP, QUICK, GemmAloneBench, best_points, default_shapes, spread_table,
+    DTYPES, LT_TOP, QUICK, GemmAloneBench, best_points, default_shapes, mainloop_refusal, parse_mainloop,
+    spread_table,
 )
 from cuco.errors import CucoError, run_script
 from cuco.runtime import check_gpus
@@ -47,6 +50,17 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
+def mainloop_arg(text: str):
+    try:
+        ml = parse_mainloop(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--mainloop {exc}") from None
+    why = mainloop_refusal(ml)
+    if why:
+        raise argparse.ArgumentTypeError(f"--mainloop {text}: {why}")
+    return ml
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", type=parse_shape,
@@ -61,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="time only the swapped mainloops fitted to each GEMM, their clusters along N and the default")
     ap.add_argument("--tile-k", action="append", type=int, choices=(32, 64, 128), default=[],
                     help="also time each point's twin in k-tiles this deep, with the most stages that fit (repeatable)")
+    ap.add_argument("--mainloop", action="append", type=mainloop_arg, default=[],
+                    help="also time this mainloop where it renders: SCHEDULE:MxN[:sSTAGES][:skSLICES][:ab][:cl2] "
+                         "(e.g. cooperative:208x128:sk4:ab; repeatable)")
     ap.add_argument("--best-of", type=Path, help="time only this bench file's --top fastest points per case "
                                                  "(and the default); its cases unless --shape/--quick")
     ap.add_argument("--top", type=int, default=2, help="with --best-of: points per case")
@@ -97,7 +114,8 @@ def bench_of(args: argparse.Namespace) -> GemmAloneBench:
     return GemmAloneBench(shapes=shapes, dtypes=tuple(args.dtype or DTYPES), rounds=args.rounds,
                           lt_top=args.lt_top, cluster_n=args.cluster_n,
                           swapped_only=args.swapped_only, resume=args.resume, name=args.name,
-                          out_dir=Path(args.out_dir), tile_ks=tuple(args.tile_k), only=only)
+                          out_dir=Path(args.out_dir), tile_ks=tuple(args.tile_k), only=only,
+                          mainloops=tuple(args.mainloop))
 
 
 def main(argv: list[str] | None = None) -> int:

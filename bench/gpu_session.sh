@@ -127,6 +127,8 @@ step_command() {
     # the file of record's best point per case beside its twin in 32-deep k-tiles (twice the
     # stages in the same shared memory), bf16; resumable like gemm_mainloop
     gemm_tile_k)     echo "python3 bench/gemm_mainloop.py --best-of bench/results/gemm_mainloop.json --top 1 --tile-k 32 --dtype bf16 --name gemm_tile_k --resume $R" ;;
+    # the GEMM bench with GEMM_ARGS (e.g. --shape 200x4096x4096 --mainloop cooperative:208x128:sk4:ab --name X)
+    gemm_args)       echo "python3 bench/gemm_mainloop.py ${GEMM_ARGS:-} $R" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     # the epilogue's store paths alone (as built, none, unpadded staging, one TMA tensor store)

@@ -39,8 +39,8 @@ from cuco.errors import DirectiveError
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
-    modelled_time, render_tp, split_tail, split_workspace_bytes, stages_that_fit, supported, tiles_of,
-    with_mainloop,
+    modelled_time, most_stages, render_tp, split_tail, split_workspace_bytes, stages_that_fit, supported,
+    tiles_of, with_mainloop,
 )
 
 #: (M, K, N) of the tensor-parallel benchmark (bench/tp_workloads.py); their per-rank GEMMs
@@ -202,6 +202,42 @@ def tile_k_twin(shape: tuple[int, int, int], dtype: str, d: Directives, tile_k: 
     return None if supported(problem, twin) else twin
 
 
+def parse_mainloop(spec: str) -> Mainloop:
+    """A mainloop from ``SCHEDULE:MxN[:sSTAGES][:skSLICES][:ab][:cl2]`` (e.g.
+    ``cooperative:208x128:sk4:ab``: swapped 208-row tiles, K in 4 slices), with the most
+    stages that fit unless ``s`` says; :class:`ValueError` naming the part to fix."""
+    parts = spec.lower().split(":")
+    if len(parts) < 2 or parts[0] not in ("cooperative", "pingpong"):
+        raise ValueError(f"{spec!r}: start with cooperative: or pingpong:, then the tile MxN "
+                         "(e.g. cooperative:208x128:sk4:ab)")
+    try:
+        tm, tn = (int(x) for x in parts[1].split("x"))
+    except ValueError:
+        raise ValueError(f"{spec!r}: the tile is rows x columns, e.g. 128x256") from None
+    stages, split, cluster, swap = None, 1, 1, False
+    for part in parts[2:]:
+        if part == "ab":
+            swap = True
+        elif part == "cl2":
+            cluster = 2
+        elif part.startswith("sk") and part[2:].isdigit():
+            split = int(part[2:])
+        elif part.startswith("s") and part[1:].isdigit():
+            stages = int(part[1:])
+        else:
+            raise ValueError(f"{spec!r}: {part!r} is none of sN (stages), skN (slices of K), ab, cl2")
+    return Mainloop(parts[0], tn, stages or most_stages(tm, tn), tm, split, cluster, swap)
+
+
+def mainloop_refusal(ml: Mainloop) -> str | None:
+    """Why the design space refuses ``ml`` at every GEMM (None where it takes it)."""
+    try:
+        with_mainloop(BASE, ml)
+    except DirectiveError as exc:
+        return str(exc)
+    return None
+
+
 def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = SMS) -> Directives:
     """The point a user who does not search gets (the default mainloop and tile order), named
     as :func:`mainloop_points` times it (the smallest group that walks the same order)."""
@@ -343,6 +379,9 @@ class GemmAloneBench:
     #: time only these points of each case (``{case label: [full names]}``, e.g. another run's
     #: best: :func:`best_points`) beside the default and their twins; None: every point
     only: dict[str, list[str]] | None = None
+    #: also time these mainloops (:func:`parse_mainloop`) at every case where they render,
+    #: in the tile order of 8 m-tiles (or fewer where the case has fewer)
+    mainloops: tuple[Mainloop, ...] = ()
     console: Console = field(default_factory=Console)
 
     def cases(self) -> list[tuple[tuple[int, int, int], str]]:
@@ -356,6 +395,15 @@ class GemmAloneBench:
             keep = set(self.only.get(case_label(shape, dtype), ()))
             default = default_point(shape, dtype, sms)
             base = [d for d in base if d.full_name in keep or d == default]
+        problem = problem_of(*shape, dtype)
+        for ml in self.mainloops:
+            try:
+                d = with_mainloop(BASE, ml, problem.dtype_bytes)
+            except DirectiveError:  # the bench's script checks each mainloop once (mainloop_refusal)
+                continue
+            if not supported(problem, d):
+                m_tiles = walked_tiles(shape, ml)
+                base.append(d.replace(raster_group=tile_orders(m_tiles).get(min(8, m_tiles), 8)))
         twins = [tile_k_twin(shape, dtype, d, k) for d in base for k in self.tile_ks]
         return list(dict.fromkeys([*base, *(t for t in twins if t is not None)]))
 
