@@ -129,6 +129,8 @@ step_command() {
     gemm_tile_k)     echo "python3 bench/gemm_mainloop.py --best-of bench/results/gemm_mainloop.json --top 1 --tile-k 32 --dtype bf16 --name gemm_tile_k --resume $R" ;;
     # the GEMM bench with GEMM_ARGS (e.g. --shape 200x4096x4096 --mainloop cooperative:208x128:sk4:ab --name X)
     gemm_args)       echo "python3 bench/gemm_mainloop.py ${GEMM_ARGS:-} $R" ;;
+    # thread-block clusters of 2 and 4 the GPU runs at once, by shared memory (the cluster grids' size)
+    cluster_capacity) echo "python3 bench/cluster_capacity_probe.py" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     # the epilogue's store paths alone (as built, none, unpadded staging, one TMA tensor store)
