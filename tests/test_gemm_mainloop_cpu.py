@@ -708,3 +708,57 @@ def test_best_of_times_another_files_best_points_their_twins_and_the_default(tmp
     f.write_text("{}")
     with pytest.raises(CucoError, match="--best-of .*not a bench file with rows"):
         bench.bench_of(bench.parse_args(["--best-of", str(f)]))
+
+
+def _timed(name: str) -> list[dict]:
+    return json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())["rows"]
+
+
+def test_what_the_sweep_leaves_out_ran_slower_where_it_was_timed():
+    """tp.NOT_SWEPT's claims, from the files it cites (every output there checked)."""
+    import re
+    assert all(re.search(r"bench/results/\w+\.json|bench/logs/", why) for why in tp.NOT_SWEPT.values())
+    shallow = [r for r in _timed("gemm_tile_k") if not r["wrong"]]
+    lost = [r for r in shallow if min(t for v, t in r["cuco"].items() if "x32." in v)
+            > min(t for v, t in r["cuco"].items() if "x64." in v)]
+    assert len(shallow) == 18 and len(lost) == 15
+    assert all(min(t for v, t in r["cuco"].items() if "x32." in v)
+               <= 1.007 * min(t for v, t in r["cuco"].items() if "x64." in v) for r in shallow if r not in lost)
+    for r in _timed("gemm_few_tile_splits"):
+        lib = min(r["libraries"].values())
+        wide = [t for v, t in r["cuco"].items() if ".sk" in v and re.search(r"t(208x128|256x128|128x192|64x192)x", v)]
+        assert wide and lib / min(wide) <= 0.80 and lib / min(r["cuco"].values()) >= 0.82
+    for r in _timed("gemm_deep_stages"):
+        deep = [t for v, t in r["cuco"].items() if int(re.search(r"\.s(\d+)\.", v).group(1)) > 8]
+        assert deep and min(deep) >= 0.999 * min(r["cuco"].values())
+    for r in _timed("gemm_few_tile_clusters"):
+        lib = min(r["libraries"].values())
+        paired = [t for v, t in r["cuco"].items() if ".cl2" in v and re.search(r"t64x\d+x", v)]
+        alone = [t for v, t in r["cuco"].items() if ".cl2" not in v]
+        assert paired and min(paired) > min(alone)
+        assert 0.47 <= lib / min(paired) <= 0.83 and 0.83 <= lib / min(alone) <= 0.97
+
+
+def test_a_mainloop_the_sweep_does_not_take_is_timed_where_it_renders(capsys):
+    ml = ga.parse_mainloop("cooperative:208x128:sk4:ab")
+    assert ml == Mainloop("cooperative", 128, tp.most_stages(208, 128), 208, 4, 1, True)
+    assert ga.parse_mainloop("pingpong:64x64:s13:cl2") == Mainloop("pingpong", 64, 13, 64, 1, 2, False)
+    for bad, says in (("coop:128x128", "start with cooperative: or pingpong:"), ("pingpong:128", "rows x columns"),
+                      ("pingpong:64x64:q", "'q' is none of")):
+        with pytest.raises(ValueError, match=says):
+            ga.parse_mainloop(bad)
+    bench = load_bench()
+    for argv, says in ((["--mainloop", "pingpong:128x256"], "one warpgroup holds a whole 128x256"),
+                       (["--mainloop", "pingpong:64x128:cl2:sk2"], "cluster_m=2 pairs whole tiles")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert says in capsys.readouterr().err
+    b = bench.bench_of(bench.parse_args(["--shape", "200x4096x4096", "--mainloop", "cooperative:208x128:sk4:ab"]))
+    got = [d for d in b.points((200, 4096, 4096), "bf16", tp.SMS) if Mainloop.of(d) == ml]
+    assert len(got) == 1 and not tp.supported(ga.problem_of(200, 4096, 4096), got[0])
+    # where it does not render (a 208-row tile's staged output beside 5 stages): left out, the
+    # sweep's points kept
+    big = ga.parse_mainloop("cooperative:208x128:s5:ab")
+    assert tp.supported(ga.problem_of(200, 4096, 4096), tp.with_mainloop(ga.BASE, big))
+    b = ga.GemmAloneBench(shapes=((200, 4096, 4096),), mainloops=(big,))
+    assert b.points((200, 4096, 4096), "bf16", tp.SMS) == ga.mainloop_points((200, 4096, 4096))

@@ -193,7 +193,10 @@ def tile_k_twin(shape: tuple[int, int, int], dtype: str, d: Directives, tile_k: 
     """``d`` with k-tiles of ``tile_k`` and the most stages that then fit beside the staged
     output tile (at most :data:`TWIN_MOST_STAGES`), or None where the templates cannot render
     it or it is ``d``. A k-tile of 32 keeps the bytes in flight of ``d``'s stages in twice as
-    many (finer) stages: what a 128x256 tile's three 64-deep stages cannot."""
+    many (finer) stages: what a 128x256 tile's three 64-deep stages cannot. Measured against
+    the best point of gemm_mainloop.json at its first 18 bf16 cases (1 x H200, 43e751c:
+    bench/results/gemm_tile_k.json, cut at the call's limit): slower at 15 (down to 0.75x at
+    384x28672x2048), at most 0.7% faster at the other 3; the sweep keeps 64-deep k-tiles."""
     problem = problem_of(*shape, dtype)
     stages = min(TWIN_MOST_STAGES, stages_that_fit(d.tile_m, d.tile_n, tile_k, problem.dtype_bytes))
     if tile_k == d.tile_k or stages < 2:
@@ -205,7 +208,9 @@ def tile_k_twin(shape: tuple[int, int, int], dtype: str, d: Directives, tile_k: 
 def parse_mainloop(spec: str) -> Mainloop:
     """A mainloop from ``SCHEDULE:MxN[:sSTAGES][:skSLICES][:ab][:cl2]`` (e.g.
     ``cooperative:208x128:sk4:ab``: swapped 208-row tiles, K in 4 slices), with the most
-    stages that fit unless ``s`` says; :class:`ValueError` naming the part to fix."""
+    stages that fit unless ``s`` says; :class:`ValueError` naming the part to fix. For timing
+    mainloops the sweep does not take beside those it does (:attr:`GemmAloneBench.mainloops`);
+    :data:`cuco.kernels.tp.NOT_SWEPT` lists those measured so and why they are not swept."""
     parts = spec.lower().split(":")
     if len(parts) < 2 or parts[0] not in ("cooperative", "pingpong"):
         raise ValueError(f"{spec!r}: start with cooperative: or pingpong:, then the tile MxN "

@@ -81,7 +81,7 @@ class Directives(BaseModel):
     tile_n: int = 128
     tile_k: int = 64
     stages: int = Field(default=4, ge=2, le=16,
-                        description="mainloop pipeline stages (more than 8 only fit k-tiles of 32)")
+                        description="mainloop pipeline stages (as many as fit beside the staged output tile)")
     comm_ctas: int = Field(default=0, ge=0, le=64, description="CTAs reserved for communication")
     chunk_schedule: ChunkSchedule = ChunkSchedule.DIRECT
     raster_group: int = Field(default=1, description="in-kernel placements: m-tiles a CTA wave "

@@ -98,6 +98,25 @@ MAINLOOPS = (Mainloop("cooperative", 128, 4), Mainloop("cooperative", 256, 3), M
              Mainloop("pingpong", 128, 6, split_k=8),
              Mainloop("pingpong", 128, 8, tile_m=64, split_k=2), Mainloop("pingpong", 128, 8, tile_m=64, split_k=4),
              *WAVE_TILES, *CLUSTER_MAINLOOPS)
+#: Mainloops timed beside the sweep's best (bench/gemm_mainloop.py --tile-k / --mainloop, every
+#: output checked, 1 x H200) and left out of the sweep: what each family is, and what it ran.
+NOT_SWEPT = {
+    "k-tiles of 32 (twice the stages in the same shared memory)":
+        "slower than the best point at 15 of 18 bf16 GEMMs, at most 0.7% faster at the other 3 "
+        "(bench/results/gemm_tile_k.json, 43e751c)",
+    "split-K on cooperative 128x192, swapped 208x128 and 256x128, and pingpong 64x192 tiles":
+        "0.27-0.80x the fastest library at 200x4096x4096 and 256x1536x8192, where the 64-row "
+        "pingpong points ran 0.82-0.88x (bench/results/gemm_few_tile_splits.json, 23a35c7)",
+    "more stages for small tiles (9 to 13, as shared memory allows)":
+        "none faster than the same tile with 8 stages by more than 0.1% at 64x28672x8192, "
+        "64x8192x8192 and 200x4096x4096 (bench/results/gemm_deep_stages.json, 23a35c7)",
+    "64-row tiles and pingpong 64x256 in 2x1 clusters":
+        "slower than the best unclustered point at all 6 cases of 200x4096x4096, 256x1536x8192 "
+        "and 512x4096x8192: 0.47-0.83x the fastest library against 0.83-0.97x "
+        "(bench/results/gemm_few_tile_clusters.json, 23a35c7); "
+        "66 clusters of 2 run at once on 132 SMs (bench/logs/cluster_capacity_w1_h200_90385db.log): "
+        "not the grid but the pairs' lock-step",
+}
 #: split-K: the most workspace (fp32 partial tiles, one per slice of every tile) a point may ask
 #: for; sized for every slice of every tile (the grid, which decides what split_tail cuts, is
 #: the launch's), it is a few MiB for GEMMs with few tiles and tens at a short last wave.
