@@ -137,7 +137,30 @@ PARTS = {"as_is": [],
          # comm warps' 96) before going on; the comm warps store nothing (unsplit builds only)
          "mma_store": [(HANDED_TILE, "group_sync<kMmaThreads>();\n    tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, "
                         "opened);\n    " + HANDED_TILE),
-                       ("        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n", "")]}
+                       ("        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n", "")],
+         # the stores left out and the tile staged in the mainloop's own buffers (its staging
+         # buffer gone; the output is wrong): the shared memory a smaller staging would free ...
+         "aliased_no_store": lambda d: _aliased(d, d.stages),
+         # ... spent on one more stage: what that stage buys the mainloop alone
+         "deeper_no_store": lambda d: _aliased(d, d.stages + 1)}
+
+
+TILE_DECL = "alignas(128) T tile[kTileM * kStageRow];"
+
+
+def _aliased(d, stages: int) -> list[tuple[str, str]]:
+    """The edits of a build whose staged tile overwrites the mainloop's stage buffers (no
+    staging buffer of its own), with ``stages`` stages and no stores: its time is the mainloop's
+    at that depth (its operands are overwritten, so its output is wrong)."""
+    return [(STORE_LOOP, ""), (f"kStages = {d.stages};", f"kStages = {stages};"),
+            (TILE_DECL, "alignas(128) T tile[8];  // probe: the tile staged over the mainloop's buffers"),
+            ("make_smem_ptr(ss.tile)", "make_smem_ptr(reinterpret_cast<T*>(&ss.mainloop))")]
+
+
+def edits_of(part: str, d) -> list[tuple[str, str]]:
+    """``part``'s edits of the build of ``d``."""
+    edits = PARTS[part]
+    return edits(d) if callable(edits) else edits
 
 
 def gpu_us(fns: dict, calls: int = 20, rounds: int = 21) -> dict[str, float]:
@@ -168,11 +191,11 @@ def build(shapes, parts=tuple(PARTS), sms: int = 132) -> list:
         src = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0]
         for part in parts:
             text = src.source
-            missing = [old for old, _ in PARTS[part] if old not in text]
+            missing = [old for old, _ in edits_of(part, d) if old not in text]
             if missing:
                 print(f"{shape} {part}: not in this build's source: {missing[0][:60]!r}")
                 continue
-            for old, new in PARTS[part]:
+            for old, new in edits_of(part, d):
                 text = text.replace(old, new)
             items.append((f"{src.name}_{part}", text, src.needs))
             keys.append((shape, part, d))

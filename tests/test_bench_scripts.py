@@ -565,8 +565,8 @@ def test_every_part_of_the_gemm_probe_still_finds_what_it_edits():
     for shape in probe.SHAPES:
         d = ga.default_point(shape, "bf16")
         text = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0].source
-        for part, edits in probe.PARTS.items():
-            missing = [old[:50] for old, _ in edits if text.count(old) != 1]
+        for part in probe.PARTS:
+            missing = [old[:50] for old, _ in probe.edits_of(part, d) if text.count(old) != 1]
             if part == "mma_store" and d.split_k > 1:
                 assert missing, (shape, part)  # the split build has no unsplit handover
                 continue
