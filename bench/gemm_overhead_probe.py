@@ -14,7 +14,10 @@ PARTS (bench/logs/gemm_overhead_probe_stores_w1_h200_5b30740.log). ``tma_store``
 tile as one TMA tensor store through a tensor map of C) and ``unpadded`` (its staging layout
 alone) were slower than as built at all five shapes on 1 x H200 at 4e98fa1 (14.41 and 14.44
 against 13.74 us at 1536^3; bench/logs/gemm_store_probe_w1_h200_4e98fa1.log): the unpadded
-rows' bank conflicts cost more than one tensor store saves. At ce0c73d it also timed the
+rows' bank conflicts cost more than one tensor store saves. ``deeper_no_store`` (one more
+stage, in the shared memory of the staging buffer it drops) ran at most 1.2% faster than
+``aliased_no_store`` (the same at its own stages) at five GEMMs on 1 x H200 at d1b1063
+(bench/logs/gemm_stage_probe_w1_h200_d1b1063.log): a smaller staging buys no stage worth it. At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
