@@ -115,6 +115,30 @@ TMA_TILE = """  if (tid == 0) {  // one TMA store of the staged tile; the box is
   }
   (void)rows; (void)vecs; (void)dst;
 """
+#: Programmatic dependent launch (the probe's ``pdl``): each launch lets the stream start the
+#: next kernel's CTAs before this one completes (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_-
+#: SERIALIZATION), and the kernel lets its dependents launch at once but waits, before it reads
+#: anything, until the kernel before it has completed and its memory is visible
+#: (griddepcontrol): a CTA's launch overlaps the tail of the call before, nothing else does.
+KERNEL_TOP = "SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);"
+PDL_WAIT = KERNEL_TOP + """
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // probe: the kernel before has completed
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // probe: the next may launch"""
+LAUNCH_TYPE = "                     CUstream, void**, void**);\n"
+LAUNCH_EX_TYPE = LAUNCH_TYPE + "  CUresult (*launch_pdl)(const CUlaunchConfig*, CUfunction, void**, void**);  // probe\n"
+LAUNCH_ENTRY = 'entry("cuLaunchKernel", d.launch) == 0'
+LAUNCH_CALL = "return (int)driver()->launch(f, grid, 1, 1, block, 1, 1, smem, (CUstream)stream, args, nullptr);"
+LAUNCH_PDL = """CUlaunchAttribute attr{};  // probe: programmatic dependent launch
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig c{};
+  c.gridDimX = (unsigned)grid; c.gridDimY = 1; c.gridDimZ = 1;
+  c.blockDimX = (unsigned)block; c.blockDimY = 1; c.blockDimZ = 1;
+  c.sharedMemBytes = (unsigned)smem;
+  c.hStream = (CUstream)stream;
+  c.attrs = &attr;
+  c.numAttrs = 1;
+  return (int)driver()->launch_pdl(&c, f, args, nullptr);"""
 FINISH = "(void)p; (void)me; (void)cta; (void)ctas;"
 BULK_DONE = FINISH + '\n  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every row written'
 PARTS = {"as_is": [],
@@ -145,7 +169,10 @@ PARTS = {"as_is": [],
          # buffer gone; the output is wrong): the shared memory a smaller staging would free ...
          "aliased_no_store": lambda d: _aliased(d, d.stages),
          # ... spent on one more stage: what that stage buys the mainloop alone
-         "deeper_no_store": lambda d: _aliased(d, d.stages + 1)}
+         "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
+         "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
+                 (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
+                 (LAUNCH_CALL, LAUNCH_PDL)]}
 
 
 TILE_DECL = "alignas(128) T tile[kTileM * kStageRow];"

@@ -134,6 +134,8 @@ step_command() {
     # the mainloop alone (no stores) with the tile staged over its own buffers, at its stages and one more:
     # what the shared memory of a smaller staging would buy
     gemm_stage_probe) echo "python3 bench/gemm_overhead_probe.py --part no_store --part aliased_no_store --part deeper_no_store --shape 1536x1536x1536 --shape 2048x4096x2048 --shape 3000x4096x4096 --shape 1000x5120x5120 --shape 2048x2048x4096" ;;
+    # programmatic dependent launch: each call's CTAs launched over the tail of the call before
+    gemm_pdl_probe)  echo "python3 bench/gemm_overhead_probe.py --part as_is --part pdl" ;;
     gemm_quick)      echo "python3 bench/gemm_mainloop.py --quick --name gemm_mainloop_quick $R" ;;
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     # the epilogue's store paths alone (as built, none, unpadded staging, one TMA tensor store)
