@@ -17,7 +17,12 @@ against 13.74 us at 1536^3; bench/logs/gemm_store_probe_w1_h200_4e98fa1.log): th
 rows' bank conflicts cost more than one tensor store saves. ``deeper_no_store`` (one more
 stage, in the shared memory of the staging buffer it drops) ran at most 1.2% faster than
 ``aliased_no_store`` (the same at its own stages) at five GEMMs on 1 x H200 at d1b1063
-(bench/logs/gemm_stage_probe_w1_h200_d1b1063.log): a smaller staging buys no stage worth it. At ce0c73d it also timed the
+(bench/logs/gemm_stage_probe_w1_h200_d1b1063.log): a smaller staging buys no stage worth it. ``pdl``
+(programmatic dependent launch) on 1 x H200 at 144b170 (bench/logs/gemm_pdl_probe_w1_h200_144b170.log):
+faster where the grid fills every SM (3.15 against 3.69 us at 128^3, cuBLAS's 3.12; 13.07 against
+13.67 at 1536^3), no change at 2048x2048x4096, and slower where it leaves SMs idle (20.72
+against 19.07 us at 200x4096x4096, 23.60 against 19.30 at 256x1536x8192): a launch directive to
+sweep, not a default. At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
