@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         progs, text, ops = probe.programs(shape, built, sms)
         for v, (fn, c) in progs.items():
             if v in LIBRARIES or v.startswith("cuco."):
-                bad = ga._check(fn, c, ops["ref"], ops["k"], "bf16")
+                bad = ga.check_output(fn, c, ops["ref"], ops["k"], "bf16")
                 for _ in range(5):
                     fn()
                 runs.append((shape, v, fn, bad, text.get(v, "")))

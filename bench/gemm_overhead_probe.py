@@ -242,8 +242,8 @@ def programs(shape, built: list, sms: int, libraries: bool = True) -> tuple[dict
     programs and each built cuco part (``built`` as :func:`build` returns it)."""
     import cupy
     m, n, k = shape
-    a, b, ref = ga._operands(m, n, k, "bf16")
-    progs = ga._libraries(a, b, m, n, k, "bf16", 1)[0] if libraries else {}
+    a, b, ref = ga.operands(m, n, k, "bf16")
+    progs = ga.library_programs(a, b, m, n, k, "bf16", 1)[0] if libraries else {}
     state = cupy.zeros(ga.CALL_STATE_ELEMS, dtype=cupy.uint16)
     text: dict[str, str] = {}
     for s, part, d, lib in built:
@@ -255,7 +255,7 @@ def programs(shape, built: list, sms: int, libraries: bool = True) -> tuple[dict
         c = ga.dtypes_empty(m, n, "bf16")
         ws = split_workspace_bytes(ga.problem_of(*shape), d)
         work = cupy.zeros(max(ws, 1), dtype=cupy.uint8)
-        progs[f"cuco.{part}"] = (ga._launcher(str(lib.path), d.raster_group, a, b, c, state, work, ws, sms), c)
+        progs[f"cuco.{part}"] = (ga.cuco_launcher(str(lib.path), d.raster_group, a, b, c, state, work, ws, sms), c)
         text[f"cuco.{part}"] = ga.mainloop_text(d)
     return progs, text, {"a": a, "b": b, "ref": ref, "k": k}
 
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for shape in shapes:
         progs, text, ops = programs(shape, built, sms)
-        bad = {v: ga._check(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
+        bad = {v: ga.check_output(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
         fns = {v: fn for v, (fn, _) in progs.items()}
         for fn in fns.values():
             for _ in range(5):

@@ -547,11 +547,11 @@ def _on_fake_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setattr("cuco.runtime.timing.spin", lambda stream, us: None)
     out = types.SimpleNamespace(size=4)
-    monkeypatch.setattr(ga, "_operands", lambda m, n, k, dt: (object(), object(), object()))
+    monkeypatch.setattr(ga, "operands", lambda m, n, k, dt: (object(), object(), object()))
     monkeypatch.setattr(ga, "dtypes_empty", lambda m, n, dt: out)
-    monkeypatch.setattr(ga, "_check", lambda fn, c, ref, k, dt: 0)
-    monkeypatch.setattr(ga, "_bad", lambda c, ref, k, dt: 0)
-    monkeypatch.setattr(ga, "_one_call_ms", lambda fn: 0.01)
+    monkeypatch.setattr(ga, "check_output", lambda fn, c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "bad_elements", lambda c, ref, k, dt: 0)
+    monkeypatch.setattr(ga, "one_call_ms", lambda fn: 0.01)
     return fake, out
 
 
@@ -569,7 +569,7 @@ def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path,
             return speed[name]
         return 0.85 if ".sk" in name else 1.02  # split-K beats the libraries, the rest do not
 
-    monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: (
+    monkeypatch.setattr(ga, "library_programs", lambda a, b, m, n, k, dt, top: (
         {v: (program(v, 0.01), out) for v in speed}, {}, {"cublaslt.heuristic0": {"tile": "64x128"}}))
     def launcher(path, raster, a, b, c, st, work, wb, sms):
         return program(next(names), 0.01)
@@ -578,7 +578,7 @@ def test_a_run_on_a_fake_device_writes_rows_and_a_summary(monkeypatch, tmp_path,
     monkeypatch.setattr(bench, "build", lambda sms, cases=None: {("bf16", d.build_point().full_name): "lib.so"
                                                                   for s in shapes for d in ga.mainloop_points(s)})
     names = iter([d.full_name for s in shapes for d in ga.mainloop_points(s)])  # the order _case launches
-    monkeypatch.setattr(ga, "_launcher", launcher)
+    monkeypatch.setattr(ga, "cuco_launcher", launcher)
     monkeypatch.setenv("CUCO_REV", "test")
     path = bench.run()
     doc = json.loads(Path(path).read_text())
@@ -601,8 +601,8 @@ def _fake_bench(monkeypatch, tmp_path, shapes, **kw):
         def call():
             fake.now += 0.01
         return call
-    monkeypatch.setattr(ga, "_libraries", lambda a, b, m, n, k, dt, top: ({ga.TORCH: (program(), out)}, {}, {}))
-    monkeypatch.setattr(ga, "_launcher", lambda *a: program())
+    monkeypatch.setattr(ga, "library_programs", lambda a, b, m, n, k, dt, top: ({ga.TORCH: (program(), out)}, {}, {}))
+    monkeypatch.setattr(ga, "cuco_launcher", lambda *a: program())
     bench = ga.GemmAloneBench(shapes=shapes, dtypes=("bf16", "fp16"), rounds=3, out_dir=tmp_path, **kw)
     built = []
     monkeypatch.setattr(bench, "build", lambda sms, cases=None: built.append(cases) or {

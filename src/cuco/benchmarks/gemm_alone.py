@@ -500,8 +500,8 @@ class GemmAloneBench:
     def _case(self, shape: tuple[int, int, int], dtype: str, built: dict, sms: int) -> dict[str, Any]:
         import cupy
         m, n, k = shape
-        a, b, ref = _operands(m, n, k, dtype)
-        progs, missing, algos = _libraries(a, b, m, n, k, dtype, self.lt_top)
+        a, b, ref = operands(m, n, k, dtype)
+        progs, missing, algos = library_programs(a, b, m, n, k, dtype, self.lt_top)
         points = {}
         calls_state = cupy.zeros(CALL_STATE_ELEMS, dtype=cupy.uint16)
         for d in self.points(shape, dtype, sms):
@@ -511,20 +511,20 @@ class GemmAloneBench:
             c = dtypes_empty(m, n, dtype)
             ws = split_workspace_bytes(problem_of(*shape, dtype), d)
             work = cupy.zeros(max(ws, 1), dtype=cupy.uint8)
-            progs[d.full_name] = (_launcher(path, d.raster_group, a, b, c, calls_state, work, ws, sms), c)
+            progs[d.full_name] = (cuco_launcher(path, d.raster_group, a, b, c, calls_state, work, ws, sms), c)
             points[d.full_name] = d
-        bad = {v: _check(fn, c, ref, k, dtype) for v, (fn, c) in progs.items()}
+        bad = {v: check_output(fn, c, ref, k, dtype) for v, (fn, c) in progs.items()}
         ok = {v: fn for v, (fn, _) in progs.items() if bad[v] == 0}
         for fn in ok.values():
             for _ in range(3):
                 fn()
         # calls per sample from the fastest library's time (one call, events)
-        est = _one_call_ms(ok.get(GEMMEX) or next(iter(ok.values()))) if ok else 1.0
+        est = one_call_ms(ok.get(GEMMEX) or next(iter(ok.values()))) if ok else 1.0
         calls = calls_for(est)
         names = list(ok)
         times = sample_rounds(ok, self.rounds, calls)
         for v in names:  # the last timed call's output, checked again
-            bad[v] += _bad(progs[v][1], ref, k, dtype)
+            bad[v] += bad_elements(progs[v][1], ref, k, dtype)
         med = {v: statistics.median(t) for v, t in times.items() if bad[v] == 0}
         lib_names = [v for v in med if v not in points]
         paired = {}
@@ -590,7 +590,7 @@ def sample_rounds(fns: dict[str, Callable[[], None]], rounds: int, calls: int) -
     return {v: [cupy.cuda.get_elapsed_time(s, e) / calls for s, e in m] for v, m in marks.items()}
 
 
-def _operands(m: int, n: int, k: int, dtype: str):
+def operands(m: int, n: int, k: int, dtype: str):
     """A and B (``dtype``, N(0, 1) / k^0.25 each) and the fp32 reference of A @ B: the
     products of 16-bit values are exact in fp32, the sums fp32 (cuBLAS, fp32 output)."""
     import cupy
@@ -603,7 +603,7 @@ def _operands(m: int, n: int, k: int, dtype: str):
     return a, b, ref
 
 
-def _libraries(a, b, m: int, n: int, k: int, dtype: str, lt_top: int):
+def library_programs(a, b, m: int, n: int, k: int, dtype: str, lt_top: int):
     """Every library program: ``{name: (call, out)}``, why any could not run, and the cuBLASLt
     algorithms' configurations."""
     import cupy
@@ -636,7 +636,7 @@ def _libraries(a, b, m: int, n: int, k: int, dtype: str, lt_top: int):
     return progs, missing, algos
 
 
-def _one_call_ms(fn: Callable[[], None]) -> float:
+def one_call_ms(fn: Callable[[], None]) -> float:
     import cupy
     s, e = cupy.cuda.Event(), cupy.cuda.Event()
     s.record()
@@ -646,17 +646,17 @@ def _one_call_ms(fn: Callable[[], None]) -> float:
     return cupy.cuda.get_elapsed_time(s, e)
 
 
-def _check(fn: Callable[[], None], out, ref, k: int, dtype: str) -> int:
+def check_output(fn: Callable[[], None], out, ref, k: int, dtype: str) -> int:
     from cuco.runtime import dtypes
     dtypes.poison(out, dtype)  # an element the call does not write fails
     try:
         fn()
     except RuntimeError:
         return out.size
-    return _bad(out, ref, k, dtype)
+    return bad_elements(out, ref, k, dtype)
 
 
-def _bad(out, ref, k: int, dtype: str) -> int:
+def bad_elements(out, ref, k: int, dtype: str) -> int:
     """Elements outside one rounding of the output plus fp32 accumulation-order slack
     (:func:`cuco.runtime.host_gemm.tolerance`, as the host baseline's check)."""
     from cuco.runtime.checking import compare
@@ -689,7 +689,7 @@ def _torch_matmul(a, b, m: int, n: int, dtype: str):
     return (lambda: torch.matmul(ta, tb, out=tc)), c  # the default stream, as CuPy's calls
 
 
-def _launcher(path: str, raster: int, a, b, c, calls_state, work, work_bytes: int,
+def cuco_launcher(path: str, raster: int, a, b, c, calls_state, work, work_bytes: int,
               sms: int) -> Callable[[], None]:
     """One call of a gemm_only in-kernel build on the current stream (one rank: no peers; the
     arena holds only the kernel's call state; ``work``: a split-K build's workspace)."""
