@@ -21,8 +21,10 @@ stage, in the shared memory of the staging buffer it drops) ran at most 1.2% fas
 (programmatic dependent launch) on 1 x H200 at 144b170 (bench/logs/gemm_pdl_probe_w1_h200_144b170.log):
 faster where the grid fills every SM (3.15 against 3.69 us at 128^3, cuBLAS's 3.12; 13.07 against
 13.67 at 1536^3), no change at 2048x2048x4096, and slower where it leaves SMs idle (20.72
-against 19.07 us at 200x4096x4096, 23.60 against 19.30 at 256x1536x8192): a launch directive to
-sweep, not a default. At ce0c73d it also timed the
+against 19.07 us at 200x4096x4096, 23.60 against 19.30 at 256x1536x8192). A best case: each
+timed call follows a call of its own, which lets its dependents launch at once, while in a
+user's stream the kernel before is another program's (and the libraries here launch without
+PDL); a fair timing puts another kernel between the calls. At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
