@@ -373,6 +373,8 @@ def test_the_default_at_few_tiles_is_near_the_best_timed_point(run):
     ((64, 8192, 8192), Mainloop("pingpong", 64, 8, tile_m=64)),  # streams B: unsplit (STREAMING_ROWS)
     ((384, 28672, 2048), Mainloop("cooperative", 128, 7, tile_m=96, swap_ab=True)),  # SWAP_GAIN
     ((64, 28672, 8192), Mainloop("pingpong", 128, 8, tile_m=64)),
+    ((512, 14336, 4096), Mainloop("pingpong", 128, 6, split_k=2)),  # 448 tiles: the last wave's cut in two
+    ((2048, 2048, 4096), Mainloop("pingpong", 128, 6)),  # 256 tiles: the last wave 94% full, whole
 ])
 def test_the_default_per_shape(shape, expect):
     pick = default_mainloop(ga.problem_of(*shape))
@@ -762,3 +764,15 @@ def test_a_mainloop_the_sweep_does_not_take_is_timed_where_it_renders(capsys):
     assert tp.supported(ga.problem_of(200, 4096, 4096), tp.with_mainloop(ga.BASE, big))
     b = ga.GemmAloneBench(shapes=((200, 4096, 4096),), mainloops=(big,))
     assert b.points((200, 4096, 4096), "bf16", tp.SMS) == ga.mainloop_points((200, 4096, 4096))
+
+
+def test_the_split_tail_default_ran_faster_than_its_unsplit_twin_where_it_is_taken():
+    """Where the default cuts pingpong 128x128's last wave (tp._split_tail_if_cut), the file of
+    record timed both, and the cut one was faster."""
+    rows = [r for r in _timed("gemm_mainloop")
+            if default_mainloop(ga.problem_of(*r["shape"], r["dtype"])).mainloop == Mainloop("pingpong", 128, 6, split_k=2)]
+    assert len(rows) == 2
+    for r in rows:
+        cut = ga.default_point(tuple(r["shape"]), r["dtype"])
+        whole = cut.replace(split_k=1)
+        assert r["cuco"][cut.full_name] < r["cuco"][whole.full_name]

@@ -168,9 +168,11 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     (:func:`swapped_mainloops`' first) is modelled below :data:`SWAP_GAIN` of that pick's
     time, the swapped one (measured on 1 x H100 at 3e23e54: it ran faster than the unswapped
     pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at 2176x2048x8192; above
-    the bar it lost on 512x14336x4096).
+    the bar it lost on 512x14336x4096). Last, where the pick is still pingpong 128x128 and its
+    last wave at most half full, the same with that wave's tiles in 2 slices of K
+    (:func:`_split_tail_if_cut`, measured at 512x14336x4096).
     """
-    pick = _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms)
+    pick = _split_tail_if_cut(problem, _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms), sms)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
         return pick
     for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, ml.cluster_m, -ml.tile_m * ml.tile_n)):  # the largest tiles
@@ -387,6 +389,26 @@ def tile_waves(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> tuple[int,
     """``(tiles, waves, efficiency)`` of ``ml``'s whole tiles at ``problem`` (:func:`wave_fill`)."""
     tiles = tiles_of(problem, ml.tile_m, ml.tile_n)
     return (tiles, *wave_fill(tiles, sms))
+
+
+def _split_tail_if_cut(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
+    """``pick``, or where it is pingpong 128x128 unsplit and its tiles leave a last wave at most
+    half full, the same in 2 slices of K (:func:`split_tail`: the whole waves run unsplit, the
+    last wave's tiles cut in two, each slice at least 4 k-tiles). Measured: at 512x14336x4096
+    (448 tiles, the last wave 39% full) it ran 0.08755 against 0.09318 ms unsplit (bf16) and
+    0.09091 against 0.09558 (fp16) on 1 x H200 (gemm_mainloop.json, b157e15); no other
+    GEMM of that file takes pingpong 128x128 with such a last wave."""
+    ml = pick.mainloop
+    if ml != Mainloop("pingpong", 128, 6):
+        return pick
+    k = local_gemm(problem).k
+    tiles = tiles_of(problem, ml.tile_m, ml.tile_n)
+    dp, slices, per = split_tail(tiles, sms, k, 2)
+    if tiles <= sms or dp == tiles or per < 4:
+        return pick
+    return Pick(ml._replace(split_k=2), pick.raster_group,
+                f"{pick.why}; the last wave's {tiles - dp} of {tiles} tiles in {slices} slices of K "
+                "(split_tail: measured faster where that wave is at most half full)")
 
 
 def _fuller_waves(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
