@@ -248,9 +248,15 @@ def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = S
     as :func:`mainloop_points` times it (the smallest group that walks the same order)."""
     problem = problem_of(*shape, dtype)
     pick = default_mainloop(problem, sms)
-    m_tiles = walked_tiles(shape, pick.mainloop)
-    g = tile_orders(m_tiles).get(min(pick.raster_group, m_tiles), pick.raster_group)
-    return with_mainloop(BASE, pick.mainloop, problem.dtype_bytes).replace(raster_group=g)
+    return with_mainloop(BASE, pick.mainloop, problem.dtype_bytes).replace(
+        raster_group=timed_order(shape, pick.mainloop, pick.raster_group))
+
+
+def timed_order(shape: tuple[int, int, int], ml: Mainloop, group: int) -> int:
+    """Tile order ``group`` of ``ml`` at ``shape``, named as :func:`mainloop_points` times it:
+    the smallest group that walks the same order (:func:`tile_orders`)."""
+    m_tiles = walked_tiles(shape, ml)
+    return tile_orders(m_tiles).get(min(group, m_tiles), group)
 
 
 def best_points(rows: list[dict[str, Any]], top: int) -> dict[str, list[str]]:
@@ -407,8 +413,7 @@ class GemmAloneBench:
             except DirectiveError:  # the bench's script checks each mainloop once (mainloop_refusal)
                 continue
             if not supported(problem, d):
-                m_tiles = walked_tiles(shape, ml)
-                base.append(d.replace(raster_group=tile_orders(m_tiles).get(min(8, m_tiles), 8)))
+                base.append(d.replace(raster_group=timed_order(shape, ml, 8)))
         twins = [tile_k_twin(shape, dtype, d, k) for d in base for k in self.tile_ks]
         return list(dict.fromkeys([*base, *(t for t in twins if t is not None)]))
 
