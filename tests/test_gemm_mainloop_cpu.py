@@ -710,6 +710,8 @@ def test_best_of_times_another_files_best_points_their_twins_and_the_default(tmp
     f.write_text("{}")
     with pytest.raises(CucoError, match="--best-of .*not a bench file with rows"):
         bench.bench_of(bench.parse_args(["--best-of", str(f)]))
+    with pytest.raises(CucoError, match="--best-of .*not a bench file with rows"):
+        bench.main(["--best-of", str(f)])  # named before the GPU check: on a machine without one too
 
 
 def _timed(name: str) -> list[dict]:
