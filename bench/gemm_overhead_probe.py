@@ -122,6 +122,38 @@ TMA_TILE = """  if (tid == 0) {  // one TMA store of the staged tile; the box is
   }
   (void)rows; (void)vecs; (void)dst;
 """
+#: The staged tile in 128-byte-swizzled panels of 64 columns (the layout TMA reads without bank
+#: conflicts, as CUTLASS's epilogue stages), each panel one TMA tensor store: ``swz_tma_store``.
+#: The unswizzled staging of ``tma_store`` paid more in bank conflicts than the one store saved.
+STAGED_SWAPPED = "make_layout(make_shape(Int<kTileN>{}, Int<kTileM>{}), make_stride(_1{}, Int<kStageRow>{}))"
+STAGED_PLAIN = "make_layout(make_shape(Int<kTileM>{}, Int<kTileN>{}), make_stride(Int<kStageRow>{}, _1{}))"
+SWZ_SWAPPED = "tile_to_shape(GMMA::Layout_MN_SW128_Atom<TG>{}, make_shape(Int<kTileN>{}, Int<kTileM>{}), Step<_2, _1>{})"
+SWZ_PLAIN = "tile_to_shape(GMMA::Layout_K_SW128_Atom<TG>{}, make_shape(Int<kTileM>{}, Int<kTileN>{}))"
+SWZ_TILE = """  if (tid == 0) {  // one TMA store per 64-column panel of the staged tile; boxes clipped at C's edges
+    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile);
+    for (int q = 0; q < kTileN / 64 && nt * kTileN + q * 64 < p.dims.n; ++q)
+      asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+                   :: "l"(reinterpret_cast<uint64_t>(p.c_map)), "r"(nt * kTileN + q * 64), "r"((int)row0),
+                      "r"(staged + q * kTileM * 128)
+                   : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
+  }
+  (void)rows; (void)vecs; (void)dst;
+"""
+
+
+def _swizzled(d) -> list[tuple[str, str]]:
+    """``swz_tma_store``'s edits of the build of ``d``."""
+    staged = (STAGED_SWAPPED, SWZ_SWAPPED) if d.swap_ab else (STAGED_PLAIN, SWZ_PLAIN)
+    encode = ENCODE_C.replace("box[2] = {(cuuint32_t)kTileN, (cuuint32_t)kTileM}", "box[2] = {64u, (cuuint32_t)kTileM}")
+    encode = encode.replace("CU_TENSOR_MAP_SWIZZLE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B")
+    return [staged, (TILE_DECL, TILE_DECL.replace("alignas(128)", "alignas(1024)")), (PARAMS_END, C_MAP),
+            (OUT_SET, encode),
+            (HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the TMA store\n    " + HANDED),
+            (STORE_LOOP, SWZ_TILE), (FINISH, BULK_DONE)]
+
+
 #: Programmatic dependent launch (the probe's ``pdl``): each launch lets the stream start the
 #: next kernel's CTAs before this one completes (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_-
 #: SERIALIZATION), and the kernel lets its dependents launch at once but waits, before it reads
@@ -177,6 +209,7 @@ PARTS = {"as_is": [],
          "aliased_no_store": lambda d: _aliased(d, d.stages),
          # ... spent on one more stage: what that stage buys the mainloop alone
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
+         "swz_tma_store": lambda d: _swizzled(d),
          "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
                  (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
                  (LAUNCH_CALL, LAUNCH_PDL)]}
