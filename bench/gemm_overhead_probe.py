@@ -65,6 +65,7 @@ STORE_LOOP = """  for (int u = tid; u < kTileVecs; u += N) {
     cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, cuco::load16(ss.tile + r * kStageRow + c * kVec));
   }
 """
+STORE_DST = "cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, "
 BULK_ROWS = """  for (int r = tid; r < rows; r += N) {
     T* row = dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN;
     const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile + r * kStageRow);
@@ -210,6 +211,12 @@ PARTS = {"as_is": [],
          # ... spent on one more stage: what that stage buys the mainloop alone
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
          "swz_tma_store": lambda d: _swizzled(d),
+         # the stores as streaming stores (st.global.cs: evict-first in L1 and L2), the output's
+         # lines the first L2 drops, not the operands' that other tiles read again
+         "cs_store": [(STORE_DST, "__stcs(reinterpret_cast<uint4*>(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec), ")],
+         # every store as built, but a tile's rows folded onto its first 8 (the output is wrong):
+         # the same stores and L2 transactions with a 18th of the bytes left to write to DRAM
+         "l2_store": [(STORE_DST, "cuco::store16(dst + (row0 + (r & 7)) * p.dims.n + (size_t)nt * kTileN + c * kVec, ")],
          "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
                  (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
                  (LAUNCH_CALL, LAUNCH_PDL)]}
