@@ -66,6 +66,13 @@ STORE_LOOP = """  for (int u = tid; u < kTileVecs; u += N) {
   }
 """
 STORE_DST = "cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, "
+LDS_ONLY = """  for (int u = tid; u < kTileVecs; u += N) {
+    const int r = u / kRowVecs, c = u % kRowVecs;
+    if (r >= rows || c >= vecs) continue;
+    const uint4 v = cuco::load16(ss.tile + r * kStageRow + c * kVec);
+    if ((v.x & v.y & v.z & v.w) == 0xffffffffu) cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, v);
+  }
+"""
 BULK_ROWS = """  for (int r = tid; r < rows; r += N) {
     T* row = dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN;
     const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile + r * kStageRow);
@@ -216,6 +223,9 @@ PARTS = {"as_is": [],
          "cs_store": [(STORE_DST, "__stcs(reinterpret_cast<uint4*>(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec), ")],
          # every store as built, but a tile's rows folded onto its first 8 (the output is wrong):
          # the same stores and L2 transactions with a 18th of the bytes left to write to DRAM
+         # every load of the staged tile as built, but no store unless a unit is all ones (never,
+         # here; the output is wrong): what the epilogue's shared-memory reads cost the mainloop
+         "lds_only": [(STORE_LOOP, LDS_ONLY)],
          "l2_store": [(STORE_DST, "cuco::store16(dst + (row0 + (r & 7)) * p.dims.n + (size_t)nt * kTileN + c * kVec, ")],
          "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
                  (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
