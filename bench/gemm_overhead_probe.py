@@ -73,19 +73,15 @@ LDS_ONLY = """  for (int u = tid; u < kTileVecs; u += N) {
     if ((v.x & v.y & v.z & v.w) == 0xffffffffu) cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, v);
   }
 """
-#: The accumulators staged by stmatrix (four 8x8 matrices of 16-bit values a warp
-#: instruction, 16-byte rows; transposed where A and B are swapped) instead of one 2-byte store
-#: per value: ``stsm_stage``. The staging is the consumers' (the tensor cores wait for it) and
-#: each 2-byte store takes a shared-memory cycle for 64 bytes.
-STAGE_VALUES = "for (int e = 0; e < size(acc); ++e) tCsC(e) = T(acc(e));"
-STSM_STAGE = """for (int once = 0; once < 1; ++once) {  // probe: the tile staged by stmatrix
-      auto stsm = make_tiled_copy_C(Copy_Atom<ATOM, TG>{}, tiled_mma);
-      auto stsm_thr = stsm.get_thread_slice(mma_tid);
-      Tensor sCt = make_tensor(make_smem_ptr(reinterpret_cast<TG*>(ss.tile)), LAYOUT);
-      Tensor rC = make_fragment_like<TG>(acc);
+#: The accumulators staged as up to 24ccecb, one 2-byte store per value (``sts_stage``): since
+#: then stmatrix stages them (four 8x8 matrices a warp instruction, transposed where A and B are
+#: swapped), 1-2% faster at every swapped tile and the same at the others on 1 x H200 at 24ccecb
+#: (bench/logs/gemm_stsm_probe_w1_h200_24ccecb.log, where the probe's part ``stsm_stage`` was it).
+STAGE_COPY = "copy(stage_copy, stage_thr.retile_S(staged), tCsC);"
+STS_STAGE = """for (int once = 0; once < 1; ++once) {  // probe: the tile staged one value at a time
+      auto values = tiled_mma.get_thread_slice(mma_tid).partition_C(make_tensor(make_smem_ptr(ss.tile), LAYOUT));
       CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < size(acc); ++e) rC(e) = TG(acc(e));
-      copy(stsm, stsm_thr.retile_S(rC), stsm_thr.partition_D(sCt));
+      for (int e = 0; e < size(acc); ++e) values(e) = T(acc(e));
     }"""
 BULK_ROWS = """  for (int r = tid; r < rows; r += N) {
     T* row = dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN;
@@ -240,8 +236,7 @@ PARTS = {"as_is": [],
          # every load of the staged tile as built, but no store unless a unit is all ones (never,
          # here; the output is wrong): what the epilogue's shared-memory reads cost the mainloop
          "lds_only": [(STORE_LOOP, LDS_ONLY)],
-         "stsm_stage": lambda d: [(STAGE_VALUES, STSM_STAGE.replace("ATOM", "SM90_U16x8_STSM_T" if d.swap_ab else "SM90_U32x4_STSM_N")
-                                                          .replace("LAYOUT", STAGED_SWAPPED if d.swap_ab else STAGED_PLAIN))],
+         "sts_stage": lambda d: [(STAGE_COPY, STS_STAGE.replace("LAYOUT", STAGED_SWAPPED if d.swap_ab else STAGED_PLAIN))],
          "l2_store": [(STORE_DST, "cuco::store16(dst + (row0 + (r & 7)) * p.dims.n + (size_t)nt * kTileN + c * kVec, ")],
          "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
                  (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
@@ -257,7 +252,7 @@ def _aliased(d, stages: int) -> list[tuple[str, str]]:
     at that depth (its operands are overwritten, so its output is wrong)."""
     return [(STORE_LOOP, ""), (f"kStages = {d.stages};", f"kStages = {stages};"),
             (TILE_DECL, "alignas(128) T tile[8];  // probe: the tile staged over the mainloop's buffers"),
-            ("make_smem_ptr(ss.tile)", "make_smem_ptr(reinterpret_cast<T*>(&ss.mainloop))")]
+            ("make_smem_ptr(reinterpret_cast<TG*>(ss.tile))", "make_smem_ptr(reinterpret_cast<TG*>(&ss.mainloop))")]
 
 
 def edits_of(part: str, d) -> list[tuple[str, str]]:

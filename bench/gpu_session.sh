@@ -147,6 +147,8 @@ step_command() {
     gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-} && python3 bench/gemm_ncu_probe.py --summarize $OUT/logs/gemm_ncu.log" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
+    # the in-kernel TP tests that TEST_K selects (pytest -k)
+    tests_tp_k)      echo "$PT -k \"${TEST_K:-}\" tests/test_tp_in_kernel_gpu.py" ;;
     tests_swapped_clusters) echo "$PT -k 'swapped_clusters' tests/test_tp_in_kernel_gpu.py" ;;
     # what b157e15's session (the epoch taken after the CTA barrier) did not reach at 2 emulated
     # ranks: the grid's planted skips and the all-gather family's swapped clusters

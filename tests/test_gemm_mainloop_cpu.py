@@ -247,11 +247,44 @@ def test_the_space_sweeps_the_new_mainloops():
     bad = in_kernel("epilogue", tile_n=256, stages=3, split_k=2)
     assert any("the in-kernel mainloops of this space are" in v for v in space.violations(bad))
 
+#: The other: a finished tile's accumulators staged by stmatrix, not one 2-byte store per value
+#: (BEFORE's kernels have A and B unswapped: the untransposed atom and the row-major staging).
+PLAIN_STAGING = "make_layout(make_shape(Int<kTileM>{}, Int<kTileN>{}), make_stride(Int<kStageRow>{}, _1{}))"
+STAGED_BY_STMATRIX = [
+    ("""  TiledMma tiled_mma;
+  const int mma_tid = threadIdx.x % kMmaThreads;
+""", """  TiledMma tiled_mma;
+  const int mma_tid = threadIdx.x % kMmaThreads;
+  // A finished tile's accumulators, rounded to T, staged in ss.tile (rows of kStageRow) by
+  // stmatrix: four 8x8 matrices of 16-bit values a warp instruction, transposed where A and B
+  // are swapped. The tensor cores wait for the staging, and one 2-byte store per value took a
+  // shared-memory cycle per 64 bytes (bench/logs/gemm_stsm_probe_w1_h200_24ccecb.log).
+  auto stage_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, TG>{}, tiled_mma);
+  auto stage_thr = stage_copy.get_thread_slice(mma_tid);
+  Tensor tCsC = stage_thr.partition_D(make_tensor(make_smem_ptr(reinterpret_cast<TG*>(ss.tile)),
+                                                  """ + PLAIN_STAGING + """));
+  auto stage = [&](const auto& acc) {
+    Tensor staged = make_fragment_like<TG>(acc);
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < size(acc); ++e) staged(e) = TG(acc(e));
+    copy(stage_copy, stage_thr.retile_S(staged), tCsC);
+  };
+"""),
+    ("""  Tensor sC = make_tensor(make_smem_ptr(ss.tile),
+                          """ + PLAIN_STAGING + """);
+  auto tCsC = tiled_mma.get_thread_slice(mma_tid).partition_C(sC);
+""", ""),
+]
+STAGE_VALUES = """    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < size(acc); ++e) tCsC(e) = T(acc(e));
+"""
+
 
 def test_kernels_without_the_new_values_render_the_device_code_they_did():
     """Every tp_fused case of bench/kernel_identity.py: the device pass's source (the rendered
     kernel less its host-only lines) is the same text from today's templates as from those of
-    the commit before split-K; the host part differs by the two launch arguments only."""
+    the commit before split-K with the two changes every kernel shares made to them (the epoch,
+    the staging); the host part differs by the two launch arguments only."""
     pytest.importorskip("jinja2")
     import importlib
     from cuco.benchmarks.kernels_at import kernels_at, rendering_from
@@ -267,9 +300,11 @@ def test_kernels_without_the_new_values_render_the_device_code_they_did():
     try:
         template = tree.root / "templates" / "tp_fused.cu.j2"
         text = template.read_text()
-        for was, now in EPOCH_TAKEN_LATER:
+        for was, now in EPOCH_TAKEN_LATER + STAGED_BY_STMATRIX:
             assert text.count(was) == 1, was
             text = text.replace(was, now)
+        assert text.count(STAGE_VALUES) == 2
+        text = text.replace(STAGE_VALUES, "    stage(acc);\n")
         template.write_text(text)
         with rendering_from(tree.environment()):
             before = ki.rendered(ki.CASES["tp_fused"])
