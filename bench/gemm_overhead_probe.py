@@ -24,7 +24,16 @@ faster where the grid fills every SM (3.15 against 3.69 us at 128^3, cuBLAS's 3.
 against 19.07 us at 200x4096x4096, 23.60 against 19.30 at 256x1536x8192). A best case: each
 timed call follows a call of its own, which lets its dependents launch at once, while in a
 user's stream the kernel before is another program's (and the libraries here launch without
-PDL); a fair timing puts another kernel between the calls. At ce0c73d it also timed the
+PDL); a fair timing puts another kernel between the calls. On 1 x H200 at 6ec0640, 99e8a17
+and c777048 (bench/logs/gemm_swz_store_probe_w1_h200_6ec0640.log,
+bench/logs/gemm_store_hints_probe_w1_h200_99e8a17.log, bench/logs/gemm_lds_only_probe_w1_h200_c777048.log):
+``swz_tma_store`` (128-byte-swizzled staging, a TMA store per 64-column panel) and ``cs_store``
+(streaming stores) were no faster than as built, ``l2_store`` (the same stores folded onto 8
+rows) recovered part of the stores' cost at some shapes only, and ``lds_only`` (the staged tile
+read back, nothing stored) cost a third to a half of what the stores do at multi-wave GEMMs.
+``sts_stage`` is the staging as it was up to 24ccecb (one 2-byte store per value), 1-2% slower
+than the stmatrix staging at every swapped tile (bench/logs/gemm_stsm_probe_w1_h200_24ccecb.log).
+At ce0c73d it also timed the
 epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
 both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
 writes nothing to bench/results; its ratios say which part costs what, not a speedup.
