@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
     ap.add_argument("--part", action="append", choices=tuple(probe.PARTS))
+    ap.add_argument("--mainloop", action="append", default=[], type=probe.mainloop_spec,
+                    help="also this mainloop beside the default point (repeatable)")
     ap.add_argument("--summarize", metavar="LOG", help="print the counters of an ncu log of this probe; no GPU")
     args = ap.parse_args(argv)
     if args.summarize:
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     shapes = args.shape or SHAPES
-    built = probe.build(shapes, tuple(args.part or ("as_is",)), sms)
+    built = probe.build(shapes, tuple(args.part or ("as_is",)), sms, tuple(args.mainloop))
     runs = []
     for shape in shapes:
         progs, text, ops = probe.programs(shape, built, sms)

@@ -46,7 +46,7 @@ import statistics
 import time
 
 from cuco.benchmarks import gemm_alone as ga
-from cuco.errors import run_script
+from cuco.errors import DirectiveError, run_script
 from cuco.runtime import check_gpus
 from cuco.kernels.tp import render_tp, split_workspace_bytes
 
@@ -287,25 +287,41 @@ def host_us(fn, calls: int = 200) -> float:
     return t
 
 
-def build(shapes, parts=tuple(PARTS), sms: int = 132) -> list:
-    """Every ``(shape, part, directives, built library)`` of the default cuco point at
-    ``shapes`` (bf16, the profile build: the fused kernel's GEMM alone), each part's edits
-    applied."""
+def points(shape, sms: int, mainloops: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """``(label, directives)`` of the points the probe builds at ``shape``: the default cuco
+    point (label ``""``), then each ``--mainloop`` spec (:func:`cuco.benchmarks.gemm_alone.parse_mainloop`)
+    in the tile order the bench times it in, labelled by its spec, where it renders."""
+    out = [("", ga.default_point(shape, "bf16", sms))]
+    for spec in mainloops:
+        ml = ga.parse_mainloop(spec)
+        try:
+            d = ga.with_mainloop(ga.BASE, ml, 2)
+        except DirectiveError as exc:
+            print(f"{shape} {spec}: {exc}")
+            continue
+        out.append((spec, d.replace(raster_group=ga.timed_order(shape, ml, 8))))
+    return out
+
+
+def build(shapes, parts=tuple(PARTS), sms: int = 132, mainloops: tuple[str, ...] = ()) -> list:
+    """Every ``(shape, label, directives, built library)`` of the probe's points at ``shapes``
+    (bf16, the profile build: the fused kernel's GEMM alone; :func:`points`), each part's edits
+    applied; a label is the part's name, then ``@spec`` for a ``--mainloop`` point."""
     from cuco.kernels import Compiler
     items, keys = [], []
     for shape in shapes:
-        d = ga.default_point(shape, "bf16", sms)
-        src = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0]
-        for part in parts:
-            text = src.source
-            missing = [old for old, _ in edits_of(part, d) if old not in text]
-            if missing:
-                print(f"{shape} {part}: not in this build's source: {missing[0][:60]!r}")
-                continue
-            for old, new in edits_of(part, d):
-                text = text.replace(old, new)
-            items.append((f"{src.name}_{part}", text, src.needs))
-            keys.append((shape, part, d))
+        for spec, d in points(shape, sms, mainloops):
+            src = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0]
+            for part in parts:
+                text = src.source
+                missing = [old for old, _ in edits_of(part, d) if old not in text]
+                if missing:
+                    print(f"{shape} {part} {spec}: not in this build's source: {missing[0][:60]!r}")
+                    continue
+                for old, new in edits_of(part, d):
+                    text = text.replace(old, new)
+                items.append((f"{src.name}_{part}", text, src.needs))
+                keys.append((shape, part + (f"@{spec}" if spec else ""), d))
     return [(*key, lib) for key, lib in zip(keys, Compiler().compile_many(items))]
 
 
@@ -332,16 +348,27 @@ def programs(shape, built: list, sms: int, libraries: bool = True) -> tuple[dict
     return progs, text, {"a": a, "b": b, "ref": ref, "k": k}
 
 
+def mainloop_spec(spec: str) -> str:
+    """``--mainloop``'s check: a spec the bench takes, or argparse's one-line error."""
+    try:
+        ga.parse_mainloop(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return spec
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
     ap.add_argument("--part", action="append", choices=tuple(PARTS), help="repeatable; default: every part")
+    ap.add_argument("--mainloop", action="append", default=[], type=mainloop_spec,
+                    help="also this mainloop beside the default point, e.g. cooperative:128x256:cl2 (repeatable)")
     args = ap.parse_args(argv)
     check_gpus(1, None, need_p2p=False)  # a clear error, not cupy's, where no GPU is visible
     import cupy
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     shapes = args.shape or SHAPES
-    built = build(shapes, tuple(args.part or PARTS), sms)
+    built = build(shapes, tuple(args.part or PARTS), sms, tuple(args.mainloop))
     lines = []
     for shape in shapes:
         progs, text, ops = programs(shape, built, sms)
