@@ -1,6 +1,6 @@
 """Where a small GEMM's time goes in cuco's in-kernel build, against the library's (issue #37).
 
-    python bench/gemm_overhead_probe.py [--shape MxNxK ...]
+    python bench/gemm_overhead_probe.py [--shape MxNxK ...] [--part P ...] [--mainloop SPEC ...]
 
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
