@@ -4,8 +4,8 @@
 
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
-programs and of the default cuco point (and each ``--mainloop`` point), built as it is and with its call epoch (cuco/calls.cuh)
-taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``blocking`` (every
+programs and of the default cuco point (and each ``--mainloop`` point), built as it is and
+with its call epoch (cuco/calls.cuh) taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``blocking`` (every
 CTA waits for it before the pipeline starts, as up to 26cf46d); and ``bulk_store``, the
 epilogue's stores as one TMA bulk copy per row (slower than as built at every shape on 1 x H200
 at 5b30740: bench/logs/gemm_overhead_probe_w1_h200_5b30740.log), and ``no_store``, the
