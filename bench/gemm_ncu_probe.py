@@ -1,7 +1,7 @@
 """Nsight Compute's counters of the default cuco GEMM point beside the library's (issue #37).
 
     ncu --profile-from-start off --clock-control none --cache-control none --section ... \\
-        python3 bench/gemm_ncu_probe.py [--shape MxNxK ...] [--part as_is --part no_store ...] \
+        python3 bench/gemm_ncu_probe.py [--shape MxNxK ...] [--part as_is --part no_store ...] \\
             [--mainloop cooperative:128x256:cl2 ...]
 
 (``bench/gpu_session.sh gemm_ncu`` runs it so; ``--summarize LOG`` prints a table of such a

@@ -5,8 +5,9 @@
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
 programs and of the default cuco point (and each ``--mainloop`` point), built as it is and
-with its call epoch (cuco/calls.cuh) taken otherwise: ``no_epoch`` (a constant: no read of it, no arrival) and ``blocking`` (every
-CTA waits for it before the pipeline starts, as up to 26cf46d); and ``bulk_store``, the
+with its call epoch (cuco/calls.cuh) taken otherwise: ``no_epoch`` (a constant: no read of it,
+no arrival) and ``blocking`` (every CTA waits for it before the pipeline starts, as up to
+26cf46d); and ``bulk_store``, the
 epilogue's stores as one TMA bulk copy per row (slower than as built at every shape on 1 x H200
 at 5b30740: bench/logs/gemm_overhead_probe_w1_h200_5b30740.log), and ``no_store``, the
 epilogue's stores left out (its output is wrong: what the stores cost), and the rest of
@@ -75,13 +76,11 @@ STORE_LOOP = """  for (int u = tid; u < kTileVecs; u += N) {
   }
 """
 STORE_DST = "cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, "
-LDS_ONLY = """  for (int u = tid; u < kTileVecs; u += N) {
-    const int r = u / kRowVecs, c = u % kRowVecs;
-    if (r >= rows || c >= vecs) continue;
-    const uint4 v = cuco::load16(ss.tile + r * kStageRow + c * kVec);
-    if ((v.x & v.y & v.z & v.w) == 0xffffffffu) cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, v);
-  }
-"""
+STAGED_UNIT = "cuco::load16(ss.tile + r * kStageRow + c * kVec)"
+LDS_ONLY = STORE_LOOP.replace(STORE_DST + STAGED_UNIT + ");",
+                              f"const uint4 v = {STAGED_UNIT};\n"
+                              f"    if ((v.x & v.y & v.z & v.w) == 0xffffffffu) {STORE_DST}v);")
+assert LDS_ONLY != STORE_LOOP, "lds_only: the store loop's store is not where it was"
 #: The accumulators staged as up to 24ccecb, one 2-byte store per value (``sts_stage``): since
 #: then stmatrix stages them (four 8x8 matrices a warp instruction, transposed where A and B are
 #: swapped), 1-2% faster at every swapped tile and the same at the others on 1 x H200 at 24ccecb
@@ -236,17 +235,18 @@ PARTS = {"as_is": [],
          "aliased_no_store": lambda d: _aliased(d, d.stages),
          # ... spent on one more stage: what that stage buys the mainloop alone
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
-         "swz_tma_store": lambda d: _swizzled(d),
+         "swz_tma_store": _swizzled,
          # the stores as streaming stores (st.global.cs: evict-first in L1 and L2), the output's
          # lines the first L2 drops, not the operands' that other tiles read again
          "cs_store": [(STORE_DST, "__stcs(reinterpret_cast<uint4*>(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec), ")],
          # every store as built, but a tile's rows folded onto its first 8 (the output is wrong):
          # the same stores and L2 transactions with a 18th of the bytes left to write to DRAM
+         "l2_store": [(STORE_DST, "cuco::store16(dst + (row0 + (r & 7)) * p.dims.n + (size_t)nt * kTileN + c * kVec, ")],
          # every load of the staged tile as built, but no store unless a unit is all ones (never,
          # here; the output is wrong): what the epilogue's shared-memory reads cost the mainloop
          "lds_only": [(STORE_LOOP, LDS_ONLY)],
+         # the staging as it was up to 24ccecb (STS_STAGE)
          "sts_stage": lambda d: [(STAGE_COPY, STS_STAGE.replace("LAYOUT", STAGED_SWAPPED if d.swap_ab else STAGED_PLAIN))],
-         "l2_store": [(STORE_DST, "cuco::store16(dst + (row0 + (r & 7)) * p.dims.n + (size_t)nt * kTileN + c * kVec, ")],
          "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
                  (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
                  (LAUNCH_CALL, LAUNCH_PDL)]}
