@@ -140,6 +140,8 @@ step_command() {
     gemm_overhead_probe) echo "python3 bench/gemm_overhead_probe.py" ;;
     # the probe with PROBE_ARGS (e.g. --part as_is --part swz_tma_store --shape 1536x1536x1536)
     gemm_probe_args) echo "python3 bench/gemm_overhead_probe.py ${PROBE_ARGS:-}" ;;
+    # CUTLASS's own GEMM (bench/stock: built here first, carried) beside cuco's and the libraries
+    stock_probe)     echo "python3 bench/cutlass_stock_probe.py ${STOCK_ARGS:-}" ;;
     # the epilogue's store paths alone (as built, none, unpadded staging, one TMA tensor store)
     gemm_store_probe) echo "python3 bench/gemm_overhead_probe.py --part as_is --part no_store --part unpadded --part tma_store" ;;
     # Nsight Compute's sections for the default point and the library at three GEMMs (ncu's

@@ -1,0 +1,86 @@
+"""CUTLASS's own Hopper GEMM beside cuco's in-kernel build and the libraries (issue #37).
+
+    python bench/cutlass_stock_probe.py --lib bench/stock/build/NAME.so ... [--shape MxNxK ...]
+        [--mainloop SPEC ...]
+
+Each ``--lib`` is ``bench/stock/cutlass_gemm.cu`` built for one configuration (GemmUniversal:
+the same TMA/wgmma mainloop cuco's kernels take from CUTLASS, with CUTLASS's TMA-store
+epilogue and persistent tile scheduler; how each is built is in ``bench/stock/build.sh``).
+At each shape (bf16) it times, in one run, the library programs, cuco's default point (and
+each ``--mainloop`` point) as built, and each stock kernel at tile-order swizzles 1 and 8, every
+output checked on poisoned memory. A probe: it prints a table and writes nothing to
+bench/results; it says whether CUTLASS's own kernel (its epilogue, its scheduler) reaches the
+library where cuco's does not, not a speedup of cuco's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+from pathlib import Path
+
+import gemm_overhead_probe as gop
+from cuco.benchmarks import gemm_alone as ga
+from cuco.errors import run_script
+from cuco.runtime import check_gpus
+
+SWIZZLES = (1, 8)
+
+
+def stock_program(lib: ctypes.CDLL, a, b, c, m: int, n: int, k: int, swizzle: int):
+    """One call of the stock kernel on the current stream; a RuntimeError if it refuses."""
+    import cupy
+
+    def call() -> None:
+        rc = lib.stock_gemm(ctypes.c_void_p(a.data.ptr), ctypes.c_void_p(b.data.ptr), ctypes.c_void_p(c.data.ptr),
+                            m, n, k, swizzle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr))
+        if rc:
+            raise RuntimeError(f"stock_gemm returned {rc}")
+    return call
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", action="append", required=True, type=Path, help="a built stock kernel (repeatable)")
+    ap.add_argument("--shape", action="append", type=lambda s: tuple(int(x) for x in s.split("x")))
+    ap.add_argument("--mainloop", action="append", default=[], type=gop.mainloop_spec,
+                    help="also this cuco mainloop beside the default point (repeatable)")
+    args = ap.parse_args(argv)
+    check_gpus(1, None, need_p2p=False)
+    import cupy
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    libs = {}
+    for path in args.lib:
+        lib = ctypes.CDLL(str(path.resolve()))
+        lib.stock_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_void_p]
+        libs[path.stem] = lib
+        print(f"{path.stem}: {lib.stock_stages()} stages, {lib.stock_smem()} bytes of shared memory")
+    shapes = args.shape or gop.SHAPES
+    built = gop.build(shapes, ("as_is",), sms, tuple(args.mainloop))
+    lines = []
+    for shape in shapes:
+        m, n, k = shape
+        progs, text, ops = gop.programs(shape, built, sms)
+        for name, lib in libs.items():
+            for sw in SWIZZLES:
+                c = ga.dtypes_empty(m, n, "bf16")
+                progs[f"stock.{name}.sw{sw}"] = (stock_program(lib, ops["a"], ops["b"], c, m, n, k, sw), c)
+        bad = {v: ga.check_output(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
+        fns = {v: fn for v, (fn, _) in progs.items() if bad[v] == 0}
+        for fn in fns.values():
+            for _ in range(5):
+                fn()
+        gpu = gop.gpu_us(fns)
+        fastest_lib = min(t for v, t in gpu.items() if not v.startswith(("cuco.", "stock.")))
+        for v in progs:
+            t = gpu.get(v)
+            timing = f"gpu {t:8.2f} us  {fastest_lib / t:6.4f}x the fastest library" if t else "not timed"
+            lines.append(f"{'x'.join(map(str, shape)):>16} {v:<34} {timing}  bad {bad[v]}  {text.get(v, '')}")
+            print(lines[-1], flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main)
