@@ -169,6 +169,37 @@ SWZ_TILE = """  if (tid == 0) {  // one TMA store per 64-column panel of the sta
 """
 
 
+#: ``swz_tma_bands`` and ``swz_tma_small``: the same swizzled staging stored in boxes of 16 rows
+#: of a panel (2 KiB each, as CUTLASS's own epilogue stores its subtiles): one at a time, each
+#: read before the next is issued (the producer's loads of the next tile pass between them), or
+#: all at once. Whether ``swz_tma_store``'s whole panels held the SM's TMA unit from the loads.
+SWZ_BANDS = """  if (tid == 0) {  // probe: a TMA store per 16-row band of each 64-column panel; boxes clipped at C's edges
+    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile);
+    for (int q = 0; q < kTileN / 64 && nt * kTileN + q * 64 < p.dims.n; ++q)
+      for (int r0 = 0; r0 < kTileM; r0 += 16) {
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+                     :: "l"(reinterpret_cast<uint64_t>(p.c_map)), "r"(nt * kTileN + q * 64), "r"((int)row0 + r0),
+                        "r"(staged + q * kTileM * 128 + r0 * 128)
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        WAIT_EACH
+      }
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
+  }
+  (void)rows; (void)vecs; (void)dst;
+"""
+
+
+def _swizzled_bands(d, wait_each: bool) -> list[tuple[str, str]]:
+    """``swz_tma_bands`` (``wait_each``) and ``swz_tma_small``'s edits of the build of ``d``."""
+    edits = _swizzled(d)
+    tile = SWZ_BANDS.replace("WAIT_EACH", 'asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");'
+                             if wait_each else "")
+    box = "box[2] = {64u, (cuuint32_t)kTileM}"
+    return [(old, new.replace(box, "box[2] = {64u, 16u}")) if old == OUT_SET else
+            (old, tile) if old == STORE_LOOP else (old, new) for old, new in edits]
+
+
 def _swizzled(d) -> list[tuple[str, str]]:
     """``swz_tma_store``'s edits of the build of ``d``."""
     staged = (STAGED_SWAPPED, SWZ_SWAPPED) if d.swap_ab else (STAGED_PLAIN, SWZ_PLAIN)
@@ -236,6 +267,8 @@ PARTS = {"as_is": [],
          # ... spent on one more stage: what that stage buys the mainloop alone
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
          "swz_tma_store": _swizzled,
+         "swz_tma_bands": lambda d: _swizzled_bands(d, True),
+         "swz_tma_small": lambda d: _swizzled_bands(d, False),
          # the stores as streaming stores (st.global.cs: evict-first in L1 and L2), the output's
          # lines the first L2 drops, not the operands' that other tiles read again
          "cs_store": [(STORE_DST, "__stcs(reinterpret_cast<uint4*>(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec), ")],
