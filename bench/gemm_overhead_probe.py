@@ -200,6 +200,17 @@ def _swizzled_bands(d, wait_each: bool) -> list[tuple[str, str]]:
             (old, tile) if old == STORE_LOOP else (old, new) for old, new in edits]
 
 
+#: ``tail_no_store``: every tile stored as built but each CTA's last (the output is wrong there):
+#: what the last wave's stores cost, where no next tile's mainloop runs beside them.
+COMM_EPILOGUE = "        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n"
+
+
+def _tail_skipped(d) -> list[tuple[str, str]]:
+    """``tail_no_store``'s edit of the build of ``d`` (comm warps, whole tiles)."""
+    end = "p.dims.slots" if d.cluster_m > 1 else "p.dims.tiles"
+    return [(COMM_EPILOGUE, f"        if (i + ctas < {end}) " + COMM_EPILOGUE.lstrip())]
+
+
 def _swizzled(d) -> list[tuple[str, str]]:
     """``swz_tma_store``'s edits of the build of ``d``."""
     staged = (STAGED_SWAPPED, SWZ_SWAPPED) if d.swap_ab else (STAGED_PLAIN, SWZ_PLAIN)
@@ -267,6 +278,7 @@ PARTS = {"as_is": [],
          # ... spent on one more stage: what that stage buys the mainloop alone
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
          "swz_tma_store": _swizzled,
+         "tail_no_store": _tail_skipped,
          "swz_tma_bands": lambda d: _swizzled_bands(d, True),
          "swz_tma_small": lambda d: _swizzled_bands(d, False),
          # the stores as streaming stores (st.global.cs: evict-first in L1 and L2), the output's
