@@ -211,6 +211,23 @@ def _tail_skipped(d) -> list[tuple[str, str]]:
     return [(COMM_EPILOGUE, f"        if (i + ctas < {end}) " + COMM_EPILOGUE.lstrip())]
 
 
+#: ``tail_by_consumers``: each CTA's last tile stored by its consumer warpgroups (256 threads,
+#: idle once it is staged) instead of the comm warps' 96 (cooperative, whole tiles).
+HANDED_STAGED = "    stage(acc);\n    " + HANDED_TILE
+LAST_BY_CONSUMERS = """    stage(acc);
+    if (i + ctas >= END) {  // probe: the CTA's last tile, stored by the consumers themselves
+      group_sync<kMmaThreads>();
+      tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, opened);
+    }
+    """ + HANDED_TILE
+
+
+def _tail_by_consumers(d) -> list[tuple[str, str]]:
+    """``tail_by_consumers``' edits of the build of ``d``."""
+    end = "p.dims.slots" if d.cluster_m > 1 else "p.dims.tiles"
+    return [*_tail_skipped(d), (HANDED_STAGED, LAST_BY_CONSUMERS.replace("END", end))]
+
+
 def _swizzled(d) -> list[tuple[str, str]]:
     """``swz_tma_store``'s edits of the build of ``d``."""
     staged = (STAGED_SWAPPED, SWZ_SWAPPED) if d.swap_ab else (STAGED_PLAIN, SWZ_PLAIN)
@@ -279,6 +296,7 @@ PARTS = {"as_is": [],
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
          "swz_tma_store": _swizzled,
          "tail_no_store": _tail_skipped,
+         "tail_by_consumers": _tail_by_consumers,
          "swz_tma_bands": lambda d: _swizzled_bands(d, True),
          "swz_tma_small": lambda d: _swizzled_bands(d, False),
          # the stores as streaming stores (st.global.cs: evict-first in L1 and L2), the output's
