@@ -61,189 +61,28 @@ TAKE = "if (lane == 0) cuco::call_take(calls);"
 #: arrival's memory orders weakened, and a fire-and-forget arrival with block 0's producer
 #: publishing the next epoch: none was as cheap as not waiting
 #: (bench/logs/gemm_overhead_probe_w1_h200_26cf46d.log).
-#: A store path the profile build's epilogue could take (not the fused programs' yet): the
-#: comm warps hand each staged row of the tile to the TMA unit as one bulk copy
-#: (cp.async.bulk, no registers or load/store units; rows are whole 16-byte vectors in both
-#: memories) and wait only until it has read shared memory; the consumers make their staging
-#: writes visible to the copy (a proxy fence) before they hand the tile over. What a faster
-#: store path could gain at one wave, where nothing hides the last tile's stores.
 HANDED_TILE = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);  // hand tile j over"
-HANDED = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);"
-STORE_LOOP = """  for (int u = tid; u < kTileVecs; u += N) {
+#: The epilogue as built since 74f96e7: the staged tile (128-byte-swizzled panels) stored by
+#: TMA, 16-row boxes issued by one thread (tp_fused's store_staged). Up to then the epilogue's
+#: threads loaded the padded staged tile and stored it 16 bytes at a time; the parts that edited
+#: that loop (bulk_store, ilp4_store, half_store, unpadded, tma_store, swz_tma_store,
+#: swz_tma_bands, swz_tma_small, cs_store, l2_store, lds_only, sts_stage) are this file at
+#: 74f96e7, and their logs name the commits they ran at.
+STORE_CALL = "if (threadIdx.x % N == 0) store_staged(p, ss, blk, mt, nt);  // by TMA, to p.out"
+#: ``plain_store``: the same swizzled staging loaded and stored by the epilogue's threads, 16
+#: bytes each (unit c of row r: panel c / 8, its 16-byte slot swizzled by r % 8), as the
+#: epilogue did before TMA stored the tile: the same run's A/B of the store path alone.
+PLAIN_STORE = """for (int u = threadIdx.x % N; u < kTileVecs; u += N) {  // probe: the threads' own loads and stores
     const int r = u / kRowVecs, c = u % kRowVecs;
-    if (r >= rows || c >= vecs) continue;
-    cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, cuco::load16(ss.tile + r * kStageRow + c * kVec));
-  }
-"""
-STORE_DST = "cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, "
-STAGED_UNIT = "cuco::load16(ss.tile + r * kStageRow + c * kVec)"
-LDS_ONLY = STORE_LOOP.replace(STORE_DST + STAGED_UNIT + ");",
-                              f"const uint4 v = {STAGED_UNIT};\n"
-                              f"    if ((v.x & v.y & v.z & v.w) == 0xffffffffu) {STORE_DST}v);")
-assert LDS_ONLY != STORE_LOOP, "lds_only: the store loop's store is not where it was"
-#: The accumulators staged as up to 24ccecb, one 2-byte store per value (``sts_stage``): since
-#: then stmatrix stages them (four 8x8 matrices a warp instruction, transposed where A and B are
-#: swapped), 1-2% faster at every swapped tile and the same at the others on 1 x H200 at 24ccecb
-#: (bench/logs/gemm_stsm_probe_w1_h200_24ccecb.log, where the probe's part ``stsm_stage`` was it).
-STAGE_COPY = "copy(stage_copy, stage_thr.retile_S(staged), tCsC);"
-STS_STAGE = """for (int once = 0; once < 1; ++once) {  // probe: the tile staged one value at a time
-      auto values = tiled_mma.get_thread_slice(mma_tid).partition_C(make_tensor(make_smem_ptr(ss.tile), LAYOUT));
-      CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < size(acc); ++e) values(e) = T(acc(e));
-    }"""
-BULK_ROWS = """  for (int r = tid; r < rows; r += N) {
-    T* row = dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN;
-    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile + r * kStageRow);
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                 :: "l"(row), "r"(staged), "r"(vecs * 16) : "memory");
-  }
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
-"""
-ILP_LOOP = """  constexpr int kU = KU;
-  for (int u0 = tid; u0 < kTileVecs; u0 += N * kU) {
-    uint4 v[kU];
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kU; ++j) {
-      const int u = u0 + j * N;
-      if (u < kTileVecs) v[j] = cuco::load16(ss.tile + (u / kRowVecs) * kStageRow + (u % kRowVecs) * kVec);
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kU; ++j) {
-      const int u = u0 + j * N, r = u / kRowVecs, c = u % kRowVecs;
-      if (u < kTileVecs && r < rows && c < vecs) cuco::store16(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec, v[j]);
-    }
-  }
-"""
-#: A TMA tensor store of the whole staged tile (the probe's ``tma_store``): C's tensor map, one
-#: box a tile, built with the launch's other descriptors; the staged rows unpadded, as the box
-#: reads them (``unpadded`` alone: what that costs the plain stores, in bank conflicts).
-STAGE_ROW = "constexpr int kStageRow = kTileN + 8;"
-PARAMS_END = "  size_t calls_off;  // this rank's per-call state (cuco/calls.cuh): the call's epoch comes from there\n"
-C_MAP = PARAMS_END + "  alignas(64) unsigned char c_map[128];  // probe: C's TMA tensor map (a CUtensorMap)\n"
-OUT_SET = "  p.out = (T*)out;\n"
-ENCODE_C = OUT_SET + """  {  // probe: C's tensor map, a box a tile (kTileM rows, kTileN columns), clipped at C's edges
-    using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static Encode encode = nullptr;
-    if (encode == nullptr) cuco_cubin::entry("cuTensorMapEncodeTiled", encode);
-    const cuuint64_t dim[2] = {(cuuint64_t)dims.n, (cuuint64_t)dims.m};
-    const cuuint64_t stride[1] = {(cuuint64_t)dims.n * sizeof(T)};
-    const cuuint32_t box[2] = {(cuuint32_t)kTileN, (cuuint32_t)kTileM}, one[2] = {1, 1};
-    if (encode != nullptr)
-      encode(reinterpret_cast<CUtensorMap*>(p.c_map),
-             std::is_same_v<T, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             2, out, dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  }
-"""
-TMA_TILE = """  if (tid == 0) {  // one TMA store of the staged tile; the box is clipped at C's edges
-    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile);
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-                 :: "l"(reinterpret_cast<uint64_t>(p.c_map)), "r"(nt * kTileN), "r"((int)row0), "r"(staged)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
-  }
-  (void)rows; (void)vecs; (void)dst;
-"""
-#: The staged tile in 128-byte-swizzled panels of 64 columns (the layout TMA reads without bank
-#: conflicts, as CUTLASS's epilogue stages), each panel one TMA tensor store: ``swz_tma_store``.
-#: The unswizzled staging of ``tma_store`` paid more in bank conflicts than the one store saved.
-STAGED_SWAPPED = "make_layout(make_shape(Int<kTileN>{}, Int<kTileM>{}), make_stride(_1{}, Int<kStageRow>{}))"
-STAGED_PLAIN = "make_layout(make_shape(Int<kTileM>{}, Int<kTileN>{}), make_stride(Int<kStageRow>{}, _1{}))"
-SWZ_SWAPPED = "tile_to_shape(GMMA::Layout_MN_SW128_Atom<TG>{}, make_shape(Int<kTileN>{}, Int<kTileM>{}), Step<_2, _1>{})"
-SWZ_PLAIN = "tile_to_shape(GMMA::Layout_K_SW128_Atom<TG>{}, make_shape(Int<kTileM>{}, Int<kTileN>{}))"
-SWZ_TILE = """  if (tid == 0) {  // one TMA store per 64-column panel of the staged tile; boxes clipped at C's edges
-    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile);
-    for (int q = 0; q < kTileN / 64 && nt * kTileN + q * 64 < p.dims.n; ++q)
-      asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-                   :: "l"(reinterpret_cast<uint64_t>(p.c_map)), "r"(nt * kTileN + q * 64), "r"((int)row0),
-                      "r"(staged + q * kTileM * 128)
-                   : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
-  }
-  (void)rows; (void)vecs; (void)dst;
-"""
-
-
-#: ``swz_tma_bands`` and ``swz_tma_small``: the same swizzled staging stored in boxes of 16 rows
-#: of a panel (2 KiB each, as CUTLASS's own epilogue stores its subtiles): one at a time, each
-#: read before the next is issued (the producer's loads of the next tile pass between them), or
-#: all at once. Whether ``swz_tma_store``'s whole panels held the SM's TMA unit from the loads.
-SWZ_BANDS = """  if (tid == 0) {  // probe: a TMA store per 16-row band of each 64-column panel; boxes clipped at C's edges
-    const unsigned staged = (unsigned)__cvta_generic_to_shared(ss.tile);
-    for (int q = 0; q < kTileN / 64 && nt * kTileN + q * 64 < p.dims.n; ++q)
-      for (int r0 = 0; r0 < kTileM; r0 += 16) {
-        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-                     :: "l"(reinterpret_cast<uint64_t>(p.c_map)), "r"(nt * kTileN + q * 64), "r"((int)row0 + r0),
-                        "r"(staged + q * kTileM * 128 + r0 * 128)
-                     : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        WAIT_EACH
-      }
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // ss.tile read: it may be staged again
-  }
-  (void)rows; (void)vecs; (void)dst;
-"""
-
-
-def _swizzled_bands(d, wait_each: bool) -> list[tuple[str, str]]:
-    """``swz_tma_bands`` (``wait_each``) and ``swz_tma_small``'s edits of the build of ``d``."""
-    edits = _swizzled(d)
-    tile = SWZ_BANDS.replace("WAIT_EACH", 'asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");'
-                             if wait_each else "")
-    box = "box[2] = {64u, (cuuint32_t)kTileM}"
-    return [(old, new.replace(box, "box[2] = {64u, 16u}")) if old == OUT_SET else
-            (old, tile) if old == STORE_LOOP else (old, new) for old, new in edits]
-
-
-#: ``tail_no_store``: every tile stored as built but each CTA's last (the output is wrong there):
-#: what the last wave's stores cost, where no next tile's mainloop runs beside them.
-COMM_EPILOGUE = "        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n"
-
-
-def _tail_skipped(d) -> list[tuple[str, str]]:
-    """``tail_no_store``'s edit of the build of ``d`` (comm warps, whole tiles)."""
-    end = "p.dims.slots" if d.cluster_m > 1 else "p.dims.tiles"
-    return [(COMM_EPILOGUE, f"        if (i + ctas < {end}) " + COMM_EPILOGUE.lstrip())]
-
-
-#: ``tail_by_consumers``: each CTA's last tile stored by its consumer warpgroups (256 threads,
-#: idle once it is staged) instead of the comm warps' 96 (cooperative, whole tiles).
-HANDED_STAGED = "    stage(acc);\n    " + HANDED_TILE
-LAST_BY_CONSUMERS = """    stage(acc);
-    if (i + ctas >= END) {  // probe: the CTA's last tile, stored by the consumers themselves
-      group_sync<kMmaThreads>();
-      tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, opened);
-    }
-    """ + HANDED_TILE
-
-
-def _tail_by_consumers(d) -> list[tuple[str, str]]:
-    """``tail_by_consumers``' edits of the build of ``d``."""
-    end = "p.dims.slots" if d.cluster_m > 1 else "p.dims.tiles"
-    return [*_tail_skipped(d), (HANDED_STAGED, LAST_BY_CONSUMERS.replace("END", end))]
-
-
-def _swizzled(d) -> list[tuple[str, str]]:
-    """``swz_tma_store``'s edits of the build of ``d``."""
-    staged = (STAGED_SWAPPED, SWZ_SWAPPED) if d.swap_ab else (STAGED_PLAIN, SWZ_PLAIN)
-    encode = ENCODE_C.replace("box[2] = {(cuuint32_t)kTileN, (cuuint32_t)kTileM}", "box[2] = {64u, (cuuint32_t)kTileM}")
-    encode = encode.replace("CU_TENSOR_MAP_SWIZZLE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B")
-    return [staged, (TILE_DECL, TILE_DECL.replace("alignas(128)", "alignas(1024)")), (PARAMS_END, C_MAP),
-            (OUT_SET, encode),
-            (HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the TMA store\n    " + HANDED),
-            (STORE_LOOP, SWZ_TILE), (FINISH, BULK_DONE)]
-
-
-#: Programmatic dependent launch (the probe's ``pdl``): each launch lets the stream start the
-#: next kernel's CTAs before this one completes (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_-
-#: SERIALIZATION), and the kernel lets its dependents launch at once but waits, before it reads
-#: anything, until the kernel before it has completed and its memory is visible
-#: (griddepcontrol): a CTA's launch overlaps the tail of the call before, nothing else does.
+    if (r >= tile_rows(p.dims, mt) || c >= tile_row_vecs(p.dims, nt)) continue;
+    const char* unit = reinterpret_cast<const char*>(ss.tile) + ((c / 8) * kTileM + r) * 128 + ((c % 8) ^ (r % 8)) * 16;
+    cuco::store16(p.out + ((size_t)blk * p.dims.block_rows + (size_t)mt * kTileM + r) * p.dims.n + (size_t)nt * kTileN + c * kVec,
+                  cuco::load16(unit));
+  }"""
+#: ``box_by_box``: each box read before the next is issued (one bulk group each), not all at
+#: once (bench/logs/gemm_tma_store_probe_w1_h200_74f96e7.log: swz_tma_bands, about as fast).
+BOX = "staged + (q * kTileM + r) * 128);"
+BOX_READ = BOX + "\n      { cuco::bulk_commit(); cuco::bulk_wait_read(); }  // probe: box by box"
 KERNEL_TOP = "SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_raw);"
 PDL_WAIT = KERNEL_TOP + """
   asm volatile("griddepcontrol.wait;" ::: "memory");  // probe: the kernel before has completed
@@ -263,29 +102,48 @@ LAUNCH_PDL = """CUlaunchAttribute attr{};  // probe: programmatic dependent laun
   c.attrs = &attr;
   c.numAttrs = 1;
   return (int)driver()->launch_pdl(&c, f, args, nullptr);"""
-FINISH = "(void)p; (void)me; (void)cta; (void)ctas;"
-BULK_DONE = FINISH + '\n  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // every row written'
+#: ``tail_no_store``: every tile stored as built but each CTA's last (the output is wrong there):
+#: what the last wave's stores cost, where no next tile's mainloop runs beside them.
+COMM_EPILOGUE = "        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n"
+
+
+def _tail_skipped(d) -> list[tuple[str, str]]:
+    """``tail_no_store``'s edit of the build of ``d`` (comm warps, whole tiles)."""
+    end = "p.dims.slots" if d.cluster_m > 1 else "p.dims.tiles"
+    return [(COMM_EPILOGUE, f"        if (i + ctas < {end}) " + COMM_EPILOGUE.lstrip())]
+
+
+#: ``tail_by_consumers``: each CTA's last tile stored by its consumer warpgroups (idle once it
+#: is staged) instead of the comm warps (cooperative, whole tiles).
+HANDED_STAGED = "    stage(acc);\n    " + HANDED_TILE
+LAST_BY_CONSUMERS = """    stage(acc);
+    if (i + ctas >= END) {  // probe: the CTA's last tile, stored by the consumers themselves
+      group_sync<kMmaThreads>();
+      tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, opened);
+    }
+    """ + HANDED_TILE
+
+
+def _tail_by_consumers(d) -> list[tuple[str, str]]:
+    """``tail_by_consumers``' edits of the build of ``d``."""
+    end = "p.dims.slots" if d.cluster_m > 1 else "p.dims.tiles"
+    return [*_tail_skipped(d), (HANDED_STAGED, LAST_BY_CONSUMERS.replace("END", end))]
+
+
+#: Parts that edit the handover of whole tiles: a split-K build has none (the probe skips them there).
+UNSPLIT_ONLY = ("mma_store", "tail_no_store", "tail_by_consumers")
 PARTS = {"as_is": [],
          "no_epoch": [(TAKE, "if (lane == 0) cuco::call_epoch_slot().store(1, cuda::memory_order_relaxed);")],
          "blocking": [(PENDING, "cuco::call_begin(calls);"), (TAKE, "")],
-         "bulk_store": [(HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the bulk copies\n    "
-                         + HANDED), (STORE_LOOP, BULK_ROWS), (FINISH, BULK_DONE)],
          # the epilogue's stores left out (C stays poisoned: its bad count is every element):
-         # what the last tile's stores cost where nothing hides them
-         "no_store": [(STORE_LOOP, "")],
-         # the stores with kU units in flight per thread: every load of shared memory, then
-         # every store (the plain loop has one load's latency in each store's way)
-         "ilp4_store": [(STORE_LOOP, ILP_LOOP.replace("KU", "4"))],
-         "ilp8_store": [(STORE_LOOP, ILP_LOOP.replace("KU", "8"))],
-         # half the rows stored (the output is wrong): whether the stores' cost is their bytes
-         "half_store": [("if (r >= rows || c >= vecs) continue;\n    cuco::store16(dst",
-                         "if (r >= rows / 2 || c >= vecs) continue;\n    cuco::store16(dst")],
-         "unpadded": [(STAGE_ROW, "constexpr int kStageRow = kTileN;")],
-         "tma_store": [(STAGE_ROW, "constexpr int kStageRow = kTileN;"), (PARAMS_END, C_MAP), (OUT_SET, ENCODE_C),
-                       (HANDED, "cutlass::arch::fence_view_async_shared();  // the staging, seen by the TMA store\n    "
-                        + HANDED), (STORE_LOOP, TMA_TILE), (FINISH, BULK_DONE)],
+         # what the stores cost
+         "no_store": [(STORE_CALL, "")],
+         "plain_store": [(STORE_CALL, PLAIN_STORE)],
+         "box_by_box": [(BOX, BOX_READ)],
+         "tail_no_store": _tail_skipped,
+         "tail_by_consumers": _tail_by_consumers,
          # the consumers store each tile they staged themselves (256 or 128 threads, not the
-         # comm warps' 96) before going on; the comm warps store nothing (unsplit builds only)
+         # comm warps') before going on; the comm warps store nothing (unsplit builds only)
          "mma_store": [(HANDED_TILE, "group_sync<kMmaThreads>();\n    tile_epilogue<kMmaThreads>(p, ss, me, blk, mt, nt, "
                         "opened);\n    " + HANDED_TILE),
                        ("        tile_epilogue<kCommThreads>(p, ss, me, blk, mt, nt, opened);\n", "")],
@@ -294,36 +152,20 @@ PARTS = {"as_is": [],
          "aliased_no_store": lambda d: _aliased(d, d.stages),
          # ... spent on one more stage: what that stage buys the mainloop alone
          "deeper_no_store": lambda d: _aliased(d, d.stages + 1),
-         "swz_tma_store": _swizzled,
-         "tail_no_store": _tail_skipped,
-         "tail_by_consumers": _tail_by_consumers,
-         "swz_tma_bands": lambda d: _swizzled_bands(d, True),
-         "swz_tma_small": lambda d: _swizzled_bands(d, False),
-         # the stores as streaming stores (st.global.cs: evict-first in L1 and L2), the output's
-         # lines the first L2 drops, not the operands' that other tiles read again
-         "cs_store": [(STORE_DST, "__stcs(reinterpret_cast<uint4*>(dst + (row0 + r) * p.dims.n + (size_t)nt * kTileN + c * kVec), ")],
-         # every store as built, but a tile's rows folded onto its first 8 (the output is wrong):
-         # the same stores and L2 transactions with a 18th of the bytes left to write to DRAM
-         "l2_store": [(STORE_DST, "cuco::store16(dst + (row0 + (r & 7)) * p.dims.n + (size_t)nt * kTileN + c * kVec, ")],
-         # every load of the staged tile as built, but no store unless a unit is all ones (never,
-         # here; the output is wrong): what the epilogue's shared-memory reads cost the mainloop
-         "lds_only": [(STORE_LOOP, LDS_ONLY)],
-         # the staging as it was up to 24ccecb (STS_STAGE)
-         "sts_stage": lambda d: [(STAGE_COPY, STS_STAGE.replace("LAYOUT", STAGED_SWAPPED if d.swap_ab else STAGED_PLAIN))],
          "pdl": [(KERNEL_TOP, PDL_WAIT), (LAUNCH_TYPE, LAUNCH_EX_TYPE),
                  (LAUNCH_ENTRY, LAUNCH_ENTRY + ' && entry("cuLaunchKernelEx", d.launch_pdl) == 0'),
                  (LAUNCH_CALL, LAUNCH_PDL)]}
 
 
-TILE_DECL = "alignas(128) T tile[kTileM * kStageRow];"
+TILE_DECL = "alignas(1024) T tile[kTileM * kTileN];"
 
 
 def _aliased(d, stages: int) -> list[tuple[str, str]]:
     """The edits of a build whose staged tile overwrites the mainloop's stage buffers (no
     staging buffer of its own), with ``stages`` stages and no stores: its time is the mainloop's
     at that depth (its operands are overwritten, so its output is wrong)."""
-    return [(STORE_LOOP, ""), (f"kStages = {d.stages};", f"kStages = {stages};"),
-            (TILE_DECL, "alignas(128) T tile[8];  // probe: the tile staged over the mainloop's buffers"),
+    return [(STORE_CALL, ""), (f"kStages = {d.stages};", f"kStages = {stages};"),
+            (TILE_DECL, "alignas(1024) T tile[8];  // probe: the tile staged over the mainloop's buffers"),
             ("make_smem_ptr(reinterpret_cast<TG*>(ss.tile))", "make_smem_ptr(reinterpret_cast<TG*>(&ss.mainloop))")]
 
 

@@ -553,7 +553,7 @@ def test_every_part_of_the_gemm_probe_still_finds_what_it_edits():
     """bench/gemm_overhead_probe.py edits the default point's source as text: each part's
     every edit must find its line in today's template at the probe's shapes (a part that no
     longer applies would time the unedited kernel under its name), except where the probe
-    says it skips one (mma_store: unsplit builds only)."""
+    says it skips one (UNSPLIT_ONLY: unsplit builds only)."""
     import sys
     sys.path.insert(0, str(ROOT / "bench"))
     try:
@@ -567,7 +567,7 @@ def test_every_part_of_the_gemm_probe_still_finds_what_it_edits():
         text = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0].source
         for part in probe.PARTS:
             missing = [old[:50] for old, _ in probe.edits_of(part, d) if text.count(old) != 1]
-            if part == "mma_store" and d.split_k > 1:
+            if part in probe.UNSPLIT_ONLY and d.split_k > 1:
                 assert missing, (shape, part)  # the split build has no unsplit handover
                 continue
             assert not missing, (shape, part, missing)
