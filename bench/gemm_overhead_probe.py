@@ -70,14 +70,15 @@ HANDED_TILE = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);  // hand
 #: 74f96e7, and their logs name the commits they ran at.
 STORE_CALL = "if (threadIdx.x % N == 0) store_staged(p, ss, blk, mt, nt);  // by TMA, to p.out"
 #: ``plain_store``: the same swizzled staging loaded and stored by the epilogue's threads, 16
-#: bytes each (unit c of row r: panel c / 8, its 16-byte slot swizzled by r % 8), as the
+#: bytes each (unit c of row r: panel c / 8, its 16-byte slot swizzled by the address's bits 7-9), as the
 #: epilogue did before TMA stored the tile: the same run's A/B of the store path alone.
 PLAIN_STORE = """for (int u = threadIdx.x % N; u < kTileVecs; u += N) {  // probe: the threads' own loads and stores
     const int r = u / kRowVecs, c = u % kRowVecs;
     if (r >= tile_rows(p.dims, mt) || c >= tile_row_vecs(p.dims, nt)) continue;
-    const char* unit = reinterpret_cast<const char*>(ss.tile) + ((c / 8) * kTileM + r) * 128 + ((c % 8) ^ (r % 8)) * 16;
+    uintptr_t unit = reinterpret_cast<uintptr_t>(ss.tile) + ((c / 8) * kTileM + r) * 128 + (c % 8) * 16;
+    unit ^= ((unit >> 7) & 7) << 4;  // the swizzle is of the address (as CuTe's, stmatrix's and TMA's)
     cuco::store16(p.out + ((size_t)blk * p.dims.block_rows + (size_t)mt * kTileM + r) * p.dims.n + (size_t)nt * kTileN + c * kVec,
-                  cuco::load16(unit));
+                  cuco::load16(reinterpret_cast<const void*>(unit)));
   }"""
 #: ``box_by_box``: each box read before the next is issued (one bulk group each), not all at
 #: once (bench/logs/gemm_tma_store_probe_w1_h200_74f96e7.log: swz_tma_bands, about as fast).
