@@ -11,6 +11,19 @@ each ``--mainloop`` point) as built, and each stock kernel at tile-order swizzle
 output checked on poisoned memory. A probe: it prints a table and writes nothing to
 bench/results; it says whether CUTLASS's own kernel (its epilogue, its scheduler) reaches the
 library where cuco's does not, not a speedup of cuco's.
+
+On 1 x H200 at 706d255 (bench/logs/gemm_cutlass_stock_probe_w1_h200_706d255.log; ten
+configurations, eight GEMMs, bf16): the best stock kernel was slower than cuco's build at
+5000x8192x2048, 1536^3 and 1000x5120x5120 (243.05, 13.61 and 80.31 us against 233.38, 13.42
+and 74.67), about as fast at 12288x1536x8192 (398.96 against 400.75), and faster at four:
+pingpong 128x128 at 4096x1536x8192 (133.98 against 138.24, the same tile and stages as cuco's),
+256x144 swapped tiles in clusters of two with 4 stages at 2000x7168x2048 (79.75 against 81.48)
+and 2176x2048x8192 (96.67 against 101.26), and 128x256 in clusters of two with 4 stages at
+8192x8192x4096 (825.89 against 845.55, the libraries' 830.62). What those have that cuco's
+build had not: the tile stored by TMA in small boxes (built since ffbcd9c), and the shared
+memory that a small epilogue buffer leaves for a fourth stage or a 256-wide swapped tile
+(cuco's staged tile still takes a whole tile). Its tile-order swizzle of 8 ran 2-3x slower than
+1 at every shape (its own scheduler's order, not cuco's).
 """
 
 from __future__ import annotations

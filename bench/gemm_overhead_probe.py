@@ -1,43 +1,54 @@
-"""Where a small GEMM's time goes in cuco's in-kernel build, against the library's (issue #37).
+"""Where a GEMM's time goes in cuco's in-kernel build, against the library's (issue #37).
 
     python bench/gemm_overhead_probe.py [--shape MxNxK ...] [--part P ...] [--mainloop SPEC ...]
 
 For each shape (bf16): the host's enqueue cost per call of each program (wall time of 200
 calls), and the GPU time per call (CUDA events, the bench's spin kernel ahead) of the library
-programs and of the default cuco point (and each ``--mainloop`` point), built as it is and
-with its call epoch (cuco/calls.cuh) taken otherwise: ``no_epoch`` (a constant: no read of it,
-no arrival) and ``blocking`` (every CTA waits for it before the pipeline starts, as up to
-26cf46d); and ``bulk_store``, the
-epilogue's stores as one TMA bulk copy per row (slower than as built at every shape on 1 x H200
-at 5b30740: bench/logs/gemm_overhead_probe_w1_h200_5b30740.log), and ``no_store``, the
-epilogue's stores left out (its output is wrong: what the stores cost), and the rest of
-PARTS (bench/logs/gemm_overhead_probe_stores_w1_h200_5b30740.log). ``tma_store`` (the staged
-tile as one TMA tensor store through a tensor map of C) and ``unpadded`` (its staging layout
-alone) were slower than as built at all five shapes on 1 x H200 at 4e98fa1 (14.41 and 14.44
-against 13.74 us at 1536^3; bench/logs/gemm_store_probe_w1_h200_4e98fa1.log): the unpadded
-rows' bank conflicts cost more than one tensor store saves. ``deeper_no_store`` (one more
-stage, in the shared memory of the staging buffer it drops) ran at most 1.2% faster than
-``aliased_no_store`` (the same at its own stages) at five GEMMs on 1 x H200 at d1b1063
-(bench/logs/gemm_stage_probe_w1_h200_d1b1063.log): a smaller staging buys no stage worth it. ``pdl``
-(programmatic dependent launch) on 1 x H200 at 144b170 (bench/logs/gemm_pdl_probe_w1_h200_144b170.log):
-faster where the grid fills every SM (3.15 against 3.69 us at 128^3, cuBLAS's 3.12; 13.07 against
-13.67 at 1536^3), no change at 2048x2048x4096, and slower where it leaves SMs idle (20.72
-against 19.07 us at 200x4096x4096, 23.60 against 19.30 at 256x1536x8192). A best case: each
-timed call follows a call of its own, which lets its dependents launch at once, while in a
-user's stream the kernel before is another program's (and the libraries here launch without
-PDL); a fair timing puts another kernel between the calls. On 1 x H200 at 6ec0640, 99e8a17
-and c777048 (bench/logs/gemm_swz_store_probe_w1_h200_6ec0640.log,
-bench/logs/gemm_store_hints_probe_w1_h200_99e8a17.log, bench/logs/gemm_lds_only_probe_w1_h200_c777048.log):
-``swz_tma_store`` (128-byte-swizzled staging, a TMA store per 64-column panel) and ``cs_store``
-(streaming stores) were no faster than as built, ``l2_store`` (the same stores folded onto 8
-rows) recovered part of the stores' cost at some shapes only, and ``lds_only`` (the staged tile
-read back, nothing stored) cost a third to a half of what the stores do at multi-wave GEMMs.
-``sts_stage`` is the staging as it was up to 24ccecb (one 2-byte store per value), 1-2% slower
-than the stmatrix staging at every swapped tile (bench/logs/gemm_stsm_probe_w1_h200_24ccecb.log).
-At ce0c73d it also timed the
-epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower than
-both (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log). A probe: it prints a table and
-writes nothing to bench/results; its ratios say which part costs what, not a speedup.
+programs and of the default cuco point (and each ``--mainloop`` point), built as it is and with
+one part edited (PARTS), every output checked on poisoned memory. A probe: it prints a table
+and writes nothing to bench/results; its ratios say which part costs what, not a speedup.
+
+The parts now: the call's epoch a constant (``no_epoch``) or waited for before the pipeline
+starts (``blocking``, as up to 26cf46d); the epilogue's stores left out (``no_store``, its
+output wrong: what they cost), as the threads' own loads and stores (``plain_store``), box by
+box (``box_by_box``), left out for each CTA's last tile (``tail_no_store``) or made by the
+consumers there (``tail_by_consumers``), by the consumers for every tile (``mma_store``); the
+tile staged over the mainloop's buffers at its stages and one more (``aliased_no_store``,
+``deeper_no_store``); programmatic dependent launch (``pdl``).
+
+Measured on 1 x H200 (each log names its commit and command):
+- The stores by TMA, as built since ffbcd9c, against the threads' own 16-byte loads and stores
+  of the same staging (``plain_store``): faster at each of three GEMMs, 234.74 against 242.11 us
+  at 5000x8192x2048, 82.46 against 85.74 at 2000x7168x2048 and 13.07 against 14.47 at 1536^3
+  (bench/logs/gemm_plain_store_probe_w1_h200_28b0703.log). Before they were built, the same
+  boxes edited into the padded build's epilogue (``swz_tma_small``, 51ffbeb to 74f96e7) ran
+  faster than its stores at each of 14 GEMMs in four runs, but 2000x7168x2048 (within 0.2%
+  there): by 0.3 to 3.2% (bench/logs/gemm_tma_store_probe_w1_h200_74f96e7.log,
+  gemm_tma_boxes_probe_w1_h200_51ffbeb.log, gemm_tail_probe_w1_h200_fc1d650.log,
+  gemm_tail_consumers_probe_w1_h200_74f96e7.log), where whole 64-column panels
+  (``swz_tma_store``) had gained nothing (likely: a 2 KiB box holds the SM's TMA unit from the
+  next tile's loads for less time than a whole panel).
+- The last wave's stores (``tail_no_store``, bench/logs/gemm_tail_probe_w1_h200_fc1d650.log):
+  all of the stores' cost at 2176x2048x8192 (one wave: 99.26 against 103.84 us as built, the
+  libraries 96.6), a third to a half of it at 2000x7168x2048 and 5000x8192x2048. Stored there by
+  the idle consumers (``tail_by_consumers``, bench/logs/gemm_tail_consumers_probe_w1_h200_74f96e7.log):
+  faster at one-wave GEMMs (102.45 against 104.33 us at 2176x2048x8192), slower at
+  5000x8192x2048 (250.67 against 243.80).
+- Earlier, with the padded staging and the comm warps' own stores (the parts that edited it are
+  this file at 74f96e7): streaming stores, stores folded onto 8 rows, one TMA bulk copy per row,
+  one TMA store of the unpadded tile and more loads in flight did not help
+  (bench/logs/gemm_store_hints_probe_w1_h200_99e8a17.log, gemm_overhead_probe_w1_h200_5b30740.log,
+  gemm_store_probe_w1_h200_4e98fa1.log); reading the staged tile back alone cost a third to a
+  half of the stores (gemm_lds_only_probe_w1_h200_c777048.log); the stmatrix staging ran 1-2%
+  faster than one 2-byte store per value at swapped tiles (gemm_stsm_probe_w1_h200_24ccecb.log).
+- One more stage (``deeper_no_store``) ran at most 1.2% faster than the same mainloop at its own
+  stages (``aliased_no_store``) at five GEMMs (bench/logs/gemm_stage_probe_w1_h200_d1b1063.log).
+- ``pdl`` (bench/logs/gemm_pdl_probe_w1_h200_144b170.log): faster where the grid fills every SM
+  (3.15 against 3.69 us at 128^3, cuBLAS's 3.12), slower where it leaves SMs idle (20.72
+  against 19.07 us at 200x4096x4096): a best case, each timed call following one of its own,
+  where a user's stream has another program's kernel before it.
+- The epoch taken by a consumer thread while the first loads were in flight (c8cc981): slower
+  than as built and than ``blocking`` (bench/logs/gemm_overhead_probe_w1_h100_ce0c73d.log).
 """
 
 from __future__ import annotations

@@ -1,14 +1,18 @@
 """Checks the nvcc tests of several mainloop files share: labelled points render and compile
-for sm_90a in one build path, with no performance warning in the build log; a host program
-made of a kernel's own device helpers, built by nvcc and run, whose printed rows a test reads."""
+for sm_90a in one build path, with no performance warning in the build log and shared storage
+a block can take; a host program made of a kernel's own device helpers, built by nvcc and run,
+whose printed rows a test reads."""
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
+from cuco.design.rules import SMEM_LIMIT_BYTES
 
 
 def assert_points_compile(points: Sequence[tuple], *, whole_program: bool | None = None) -> None:
@@ -25,6 +29,9 @@ def assert_points_compile(points: Sequence[tuple], *, whole_program: bool | None
     for (label, _), b in zip(srcs, built):
         assert hasattr(b, "path"), f"{label}: {b}"
         assert not performance_losses(b.log or ""), label
+        # its shared storage below the 227 KiB a Hopper block takes (a build at exactly the
+        # limit, 1 KiB of static shared memory beside it, did not load: CUDA error 1)
+        assert ctypes.CDLL(str(b.path)).cuco_fused_smem_bytes() < SMEM_LIMIT_BYTES, label
 
 
 def host_rows(tmp_path: Path, harness: str, name: str, **values) -> list[tuple[int, ...]]:

@@ -530,6 +530,8 @@ def test_the_script_parses_and_lists_without_a_gpu(capsys):
      in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3), False),
     ("32-deep k-tiles, six stages of 128x256", ga.problem_of(2048, 2048, 4096),
      in_kernel("epilogue", "nvshmem", "cta", tile_n=256, stages=3, comm_warps=3).replace(tile_k=32, stages=6), True),
+    ("pingpong 128x128, six stages: staged for TMA at the edge of shared memory", ga.problem_of(2048, 2048, 4096),
+     in_kernel("epilogue", "nvshmem", "cta", tile_n=128, stages=6, schedule="pingpong", comm_warps=3), True),
     ("32-deep k-tiles, swapped 144x128, eleven stages", ga.problem_of(1536, 1536, 1536),
      in_kernel("epilogue", "nvshmem", "cta", tile_m=144, tile_n=128, stages=5, comm_warps=3,
                swap_ab=True).replace(tile_k=32, stages=11), True),

@@ -34,6 +34,31 @@ def test_benchmark_points_render_one_kernel_with_cutlass(family):
                 assert f"constexpr int kCommCtas = {d.comm_ctas};" in src.source
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("gemm_only", [False, True], ids=["fused", "profile"])
+def test_only_tiles_a_rank_keeps_are_staged_for_tma_and_stored_by_it(family, gemm_only):
+    """allgather_gemm's tiles are its own output: staged swizzled and unpadded, first in shared
+    memory, and stored by TMA through a tensor map of each block's rows (every placement and
+    schedule); the reductions' tiles go to peers or to the staging buffer, read back by the
+    epilogue's threads from padded rows, with no tensor map of C."""
+    p = GemmProblem(workload=family, m=1000, n=1040, k=1040, world_size=2)
+    points = [in_kernel("epilogue"), in_kernel("epilogue", comm_warps=3, schedule="pingpong", tile_n=128, stages=6),
+              in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4),
+              in_kernel("epilogue", "nvshmem", "cta", tile_m=144, tile_n=128, stages=5, comm_warps=3, swap_ab=True)]
+    for d in points:
+        src = render_tp(p, d, gemm_only=gemm_only)[0].source
+        by_tma = family == "allgather_gemm"
+        assert ("store_staged(p, ss, blk, mt, nt)" in src) is by_tma, d
+        assert ("#include <cuco/bulk.cuh>" in src) is by_tma
+        assert ("encode_out_map(dims, out, b, p.out_map[b])" in src) is by_tma
+        assert ("alignas(1024) T tile[kTileM * kTileN];" in src) is by_tma
+        assert ("alignas(128) T tile[kTileM * kStageRow];" in src) is not by_tma
+        assert ("SW128_Atom<TG>" in src) is by_tma
+        if by_tma:  # the stage's writes are seen by the TMA unit; the last tile lands before the kernel ends
+            assert src.count("cutlass::arch::fence_view_async_shared();") == 1 and "cuco::bulk_wait();" in src
+            assert src.index("T tile[kTileM * kTileN]") < src.index("MainloopTensors mainloop;\n")
+
+
 def test_world_size_reaches_the_kernel_and_the_shape_is_a_launch_argument():
     p = GemmProblem(workload="gemm_reducescatter", m=4096, n=2048, k=8192, world_size=4)
     src, _ = render_tp(p, in_kernel("epilogue"))

@@ -337,7 +337,8 @@ SWAP_FRAMES = (("cooperative", 128), ("cooperative", 256), ("pingpong", 64), ("p
 
 def stages_that_fit(tile_m: int, tile_n: int, tile_k: int = 64, dtype_bytes: int = 2) -> int:
     """The pipeline stages that fit in shared memory beside the staged output tile (its rows
-    padded by 8 elements) and the kernel's last KiB (:func:`supported` refuses more)."""
+    padded by 8 elements; allgather_gemm's, staged unpadded for TMA, takes less even where its
+    1024-byte alignment costs some) and the kernel's last KiB (:func:`supported` refuses more)."""
     left = SMEM_LIMIT_BYTES - 1024 - tile_m * (tile_n + 8) * dtype_bytes
     return left // smem_bytes(tile_m, tile_n, tile_k, 1)
 
