@@ -70,29 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path.stem}: {lib.stock_stages()} stages, {lib.stock_smem()} bytes of shared memory")
     shapes = args.shape or gop.SHAPES
     built = gop.build(shapes, ("as_is",), sms, tuple(args.mainloop))
-    lines = []
-    for shape in shapes:
+
+    def lines_of(shape):
         m, n, k = shape
         progs, text, ops = gop.programs(shape, built, sms)
         for name, lib in libs.items():
             for sw in SWIZZLES:
                 c = ga.dtypes_empty(m, n, "bf16")
                 progs[f"stock.{name}.sw{sw}"] = (stock_program(lib, ops["a"], ops["b"], c, m, n, k, sw), c)
-        bad = {v: ga.check_output(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
-        fns = {v: fn for v, (fn, _) in progs.items() if bad[v] == 0}
-        for fn in fns.values():
-            for _ in range(5):
-                fn()
+        bad, fns = gop.checked(progs, ops, time_wrong=False)
         gpu = gop.gpu_us(fns)
         fastest_lib = min(t for v, t in gpu.items() if not v.startswith(("cuco.", "stock.")))
         for v in progs:
             t = gpu.get(v)
             timing = f"gpu {t:8.2f} us  {fastest_lib / t:6.4f}x the fastest library" if t else "not timed"
-            lines.append(f"{'x'.join(map(str, shape)):>16} {v:<34} {timing}  bad {bad[v]}  {text.get(v, '')}")
-            print(lines[-1], flush=True)
-        cupy.get_default_memory_pool().free_all_blocks()
-    print("\n".join(lines))
-    return 0
+            yield f"{'x'.join(map(str, shape)):>16} {v:<34} {timing}  bad {bad[v]}  {text.get(v, '')}"
+    return gop.print_table(shapes, lines_of)
 
 
 if __name__ == "__main__":

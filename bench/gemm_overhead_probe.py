@@ -265,6 +265,32 @@ def programs(shape, built: list, sms: int, libraries: bool = True) -> tuple[dict
     return progs, text, {"a": a, "b": b, "ref": ref, "k": k}
 
 
+def checked(progs: dict, ops: dict, time_wrong: bool = True) -> tuple[dict, dict]:
+    """``({name: bad elements}, {name: call})``: each program's output checked on poisoned
+    memory, and the programs to time, warmed up: every one (a part whose output is wrong on
+    purpose is timed too), or with ``time_wrong=False`` the correct ones."""
+    bad = {v: ga.check_output(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
+    fns = {v: fn for v, (fn, _) in progs.items() if time_wrong or bad[v] == 0}
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    return bad, fns
+
+
+def print_table(shapes, lines_of) -> int:
+    """Each shape's lines (``lines_of(shape)``) printed as they come, the device's memory pool
+    freed between shapes, then the whole table again (a log's last lines); exit status 0."""
+    import cupy
+    lines = []
+    for shape in shapes:
+        for line in lines_of(shape):
+            lines.append(line)
+            print(line, flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+    print("\n".join(lines))
+    return 0
+
+
 def mainloop_spec(spec: str) -> str:
     """``--mainloop``'s check: a spec the bench takes, or argparse's one-line error."""
     try:
@@ -286,23 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     shapes = args.shape or SHAPES
     built = build(shapes, tuple(args.part or PARTS), sms, tuple(args.mainloop))
-    lines = []
-    for shape in shapes:
+
+    def lines_of(shape):
         progs, text, ops = programs(shape, built, sms)
-        bad = {v: ga.check_output(fn, c, ops["ref"], ops["k"], "bf16") for v, (fn, c) in progs.items()}
-        fns = {v: fn for v, (fn, _) in progs.items()}
-        for fn in fns.values():
-            for _ in range(5):
-                fn()
+        bad, fns = checked(progs, ops)
         host = {v: host_us(fn) for v, fn in fns.items()}
         gpu = gpu_us(fns)
         for v in fns:
-            lines.append(f"{'x'.join(map(str, shape)):>16} {v:<22} host {host[v]:6.1f} us  gpu {gpu[v]:7.2f} us  "
-                         f"bad {bad[v]}  {text.get(v, '')}")
-            print(lines[-1], flush=True)
-        cupy.get_default_memory_pool().free_all_blocks()
-    print("\n".join(lines))
-    return 0
+            yield (f"{'x'.join(map(str, shape)):>16} {v:<22} host {host[v]:6.1f} us  gpu {gpu[v]:7.2f} us  "
+                   f"bad {bad[v]}  {text.get(v, '')}")
+    return print_table(shapes, lines_of)
 
 
 if __name__ == "__main__":
