@@ -73,7 +73,7 @@ TAKE = "if (lane == 0) cuco::call_take(calls);"
 #: publishing the next epoch: none was as cheap as not waiting
 #: (bench/logs/gemm_overhead_probe_w1_h200_26cf46d.log).
 HANDED_TILE = "cutlass::arch::NamedBarrier::arrive(kHandoff, kBarFull);  // hand tile j over"
-#: The epilogue as built since 74f96e7: the staged tile (128-byte-swizzled panels) stored by
+#: The epilogue as built since ffbcd9c: the staged tile (128-byte-swizzled panels) stored by
 #: TMA, 16-row boxes issued by one thread (tp_fused's store_staged). Up to then the epilogue's
 #: threads loaded the padded staged tile and stored it 16 bytes at a time; the parts that edited
 #: that loop (bulk_store, ilp4_store, half_store, unpadded, tma_store, swz_tma_store,

@@ -285,7 +285,7 @@ def test_kernels_without_the_new_values_render_the_device_code_they_did():
     kernel less its host-only lines) is the same text from today's templates as from those of
     the commit before split-K with the two changes every kernel shares made to them (the epoch,
     the staging); the host part differs by the two launch arguments only. Not allgather_gemm's,
-    whose tiles TMA stores since 74f96e7 (each of its kernels differs, by that)."""
+    whose tiles TMA stores since ffbcd9c (each of its kernels differs, by that)."""
     pytest.importorskip("jinja2")
     import importlib
     from cuco.benchmarks.kernels_at import kernels_at, rendering_from
@@ -313,7 +313,7 @@ def test_kernels_without_the_new_values_render_the_device_code_they_did():
     finally:
         ctx.__exit__(None, None, None)
     assert before.keys() == after.keys() and len(after) >= 18
-    # allgather_gemm's tiles are its own output, stored by TMA since 74f96e7 (store_staged):
+    # allgather_gemm's tiles are its own output, stored by TMA since ffbcd9c (store_staged):
     # its kernels changed on purpose; the reductions' did not
     stored_by_tma = {case for case in after if case.startswith("ag.")}
     assert 0 < len(stored_by_tma) < len(after)
