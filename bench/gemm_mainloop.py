@@ -15,11 +15,14 @@
                                                         # their twins in 32-deep k-tiles
     python bench/gemm_mainloop.py --shape 200x4096x4096 --mainloop cooperative:208x128:sk4:ab
                                                         # + a mainloop the sweep does not take
+    python bench/gemm_mainloop.py --no-library-twins    # without cuco's builds of the library's
+                                                        # own tilings (timed by default)
 
 Shapes are per-rank GEMMs ``MxNxK`` (C[M, N] = A[M, K] B[K, N]). Each row: cuco's fastest
 correct point, the fastest correct library program (``baseline``), their ratio (``speedup``),
 the default a user who does not search gets (``default_speedup``), and ``why_not`` where cuco
-is slower; the minimum ratio over every case is printed last. See
+is slower (with cuco's build of the fastest library kernel's own tiling, or why cuco cannot
+build it: :mod:`cuco.benchmarks.library_twins`); the minimum ratio over every case is printed last. See
 :mod:`cuco.benchmarks.gemm_alone` for what is timed and checked.
 """
 
@@ -78,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mainloop", action="append", type=mainloop_arg, default=[],
                     help="also time this mainloop where it renders: SCHEDULE:MxN[:sSTAGES][:skSLICES][:ab][:cl2] "
                          "(e.g. cooperative:208x128:sk4:ab; repeatable)")
+    ap.add_argument("--no-library-twins", action="store_true",
+                    help="do not time cuco's build of each cuBLASLt algorithm's own tiling "
+                         "(cuco.benchmarks.library_twins; a lost row then says less of why)")
     ap.add_argument("--best-of", type=Path, help="time only this bench file's --top fastest points per case "
                                                  "(and the default); its cases unless --shape/--quick")
     ap.add_argument("--top", type=int, default=2, help="with --best-of: points per case")
@@ -115,7 +121,7 @@ def bench_of(args: argparse.Namespace) -> GemmAloneBench:
                           lt_top=args.lt_top, cluster_n=args.cluster_n,
                           swapped_only=args.swapped_only, resume=args.resume, name=args.name,
                           out_dir=Path(args.out_dir), tile_ks=tuple(args.tile_k), only=only,
-                          mainloops=tuple(args.mainloop))
+                          mainloops=tuple(args.mainloop), library_twins=not args.no_library_twins)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,9 @@ every other once or twice over its rounds: ``cuco.runtime.timing.balanced_order`
 ``calls`` back-to-back calls between CUDA events behind a spin kernel (so the host's
 enqueueing is not timed), the median of the samples. A case's row is cuco's fastest correct
 point against the fastest correct library program (its ``baseline``), with the default's time
-beside it and, where cuco is slower, ``why_not``: what is known of both programs.
+beside it and, where cuco is slower, ``why_not``: what is known of both programs, and what
+cuco's build of the fastest library kernel's own tiling ran, or why cuco cannot build it (each
+described cuBLASLt algorithm's twin is timed beside the sweep: :mod:`.library_twins`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from cuco import results
 from cuco.design import Directives, GemmProblem
 from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
 from cuco.errors import DirectiveError
+from cuco.benchmarks.library_twins import Twin, library_twin
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
@@ -289,6 +292,9 @@ def why_not(row: dict[str, Any], sms: int = SMS) -> str | None:
     algo = row.get("library_algos", {}).get(lib)
     if algo:
         parts.append("the library ran " + ", ".join(f"{k} {v}" for k, v in algo.items() if k != "algo_id"))
+    twin = twin_words(row)
+    if twin:
+        parts.append(twin)
     if row.get("speedup_paired") is not None and row["speedup_paired"] >= 0.995:
         parts.append(f"round by round the ratio is {row['speedup_paired']:.3f}: within the timing noise")
     elif not any(".sk" in v for v in row.get("cuco", {})) and row.get("cuco_units", sms) < sms:
@@ -296,14 +302,64 @@ def why_not(row: dict[str, Any], sms: int = SMS) -> str | None:
     return "; ".join(parts)
 
 
+def twin_words(row: dict[str, Any]) -> str | None:
+    """What cuco's build of the fastest library kernel's own tiling (``row["library_twins"]``,
+    :mod:`cuco.benchmarks.library_twins`) says of a lost row: the same tiles ran slower, or cuco
+    cannot build them and why. Where the fastest library program is not a described cuBLASLt
+    algorithm (torch.matmul, gemmEx), the fastest described one stands in, named as such."""
+    twins = row.get("library_twins") or {}
+    lib = row.get("baseline")
+    words = []
+    if lib not in twins:
+        described = [v for v in row.get("libraries", {}) if v in twins]
+        if not described:
+            return None
+        stand = described[0]
+        words.append(f"{lib}'s kernel is not described; the fastest described one, {stand}, "
+                     f"ran {row['libraries'][stand]:.4f} ms")
+        lib = stand
+    tw = twins[lib]
+    if tw.get("cannot_build"):
+        words.append(f"cuco cannot build its tiling ({tw['tiles']}): {tw['cannot_build']}")
+    elif tw.get("ms") is None:
+        words.append(f"cuco's build of its tiling ({tw['mainloop']}) has no correct timed point here")
+    else:
+        lib_ms = row["libraries"][lib]
+        gap = (tw["ms"] / lib_ms - 1) * 100
+        words.append(f"cuco's build of its tiling ({tw['mainloop']}) ran {tw['ms']:.4f} ms, "
+                     f"{abs(gap):.1f}% {'slower' if gap > 0 else 'faster'}: the same tiles, "
+                     f"{'a slower' if gap > 0 else 'a faster'} kernel")
+    return "; ".join(words)
+
+
+def twin_entries(twins: dict[str, Twin], med: dict[str, float],
+                 points: dict[str, Directives]) -> dict[str, dict[str, Any]]:
+    """``row["library_twins"]``: per described library program, its tiling in cuco's terms,
+    cuco's mainloop with it (or why none) and that mainloop's fastest correct point's time."""
+    out = {}
+    for lib, tw in twins.items():
+        entry: dict[str, Any] = {"tiles": tw.tiles.text(), "mainloop": None, "point": None, "ms": None,
+                                 "cannot_build": tw.why_not}
+        if tw.mainloop is not None:
+            entry["mainloop"] = tw.mainloop.text()
+            timed = [v for v, d in points.items() if v in med and Mainloop.of(d) == tw.mainloop]
+            if timed:
+                best = min(timed, key=med.__getitem__)
+                entry.update(point=best, ms=round(med[best], 5))
+        out[lib] = entry
+    return out
+
+
 def case_row(shape: tuple[int, int, int], dtype: str, med: dict[str, float], paired: dict[str, float],
              bad: dict[str, int], points: dict[str, Directives], default: str,
-             algos: dict[str, dict[str, Any]], missing: dict[str, str], sms: int = SMS) -> dict[str, Any]:
+             algos: dict[str, dict[str, Any]], missing: dict[str, str], sms: int = SMS,
+             twins: dict[str, Twin] | None = None) -> dict[str, Any]:
     """One case's row from its measurements: each program's median ms (``med``, correct ones
     only), its round-by-round ratio to the others (``paired[name]``: median of
     library-best-of-round / name), the bad elements of each checked program (``bad``), the cuco
     points by name, the default's name, the cuBLASLt algorithms' configurations and the library
-    programs that could not run (``missing``: why)."""
+    programs that could not run (``missing``: why), and cuco's builds of the library's
+    tilings (``twins``: :func:`twin_entries`)."""
     m, n, k = shape
     libs = {v: t for v, t in med.items() if v not in points}
     mine = {v: t for v, t in med.items() if v in points}
@@ -313,7 +369,7 @@ def case_row(shape: tuple[int, int, int], dtype: str, med: dict[str, float], pai
     row.update(libraries={v: round(t, 5) for v, t in sorted(libs.items(), key=lambda x: x[1])},
                cuco={v: round(t, 5) for v, t in sorted(mine.items(), key=lambda x: x[1])},
                wrong=wrong, bad_elements={v: bad[v] for v in wrong}, library_missing=missing,
-               library_algos=algos, correct=not wrong)
+               library_algos=algos, library_twins=twin_entries(twins or {}, mine, points), correct=not wrong)
     if not libs or not mine:
         row.update(variant=None, ms=None, baseline=None, baseline_ms=None, speedup=None,
                    why_not="no correct " + ("library GEMM" if not libs else "cuco point") + " ran")
@@ -393,21 +449,60 @@ class GemmAloneBench:
     #: also time these mainloops (:func:`parse_mainloop`) at every case where they render,
     #: in the tile order of 8 m-tiles (or fewer where the case has fewer)
     mainloops: tuple[Mainloop, ...] = ()
+    #: also time cuco's build of each cuBLASLt algorithm's own tiling where cuco can build it
+    #: (:mod:`cuco.benchmarks.library_twins`), so that a lost row says whether the same tiles
+    #: ran slower or the tiling is one cuco cannot build
+    library_twins: bool = True
     console: Console = field(default_factory=Console)
+    _algos: dict = field(default_factory=dict, repr=False)
 
     def cases(self) -> list[tuple[tuple[int, int, int], str]]:
         return [(s, dt) for dt in self.dtypes for s in self.shapes]
 
-    def points(self, shape: tuple[int, int, int], dtype: str, sms: int) -> list[Directives]:
+    def library_algos(self, shape: tuple[int, int, int], dtype: str) -> dict[str, dict[str, Any]]:
+        """cuBLASLt's top :attr:`lt_top` heuristic algorithms at one case, described as
+        :func:`library_programs` names them (GPU; kept: the build plans their twins before the
+        case times them)."""
+        key = (tuple(shape), dtype)
+        if key not in self._algos:
+            from cuco.runtime import cublaslt
+            try:
+                found = cublaslt.LtGemm(*shape, dtype).candidates(self.lt_top)
+                self._algos[key] = {f"cublaslt.heuristic{j}": cublaslt.describe(a) for j, a in enumerate(found)}
+            except Exception:  # noqa: BLE001 - no cuBLASLt: no twins (library_programs says why)
+                self._algos[key] = {}
+        return self._algos[key]
+
+    def twins(self, shape: tuple[int, int, int], dtype: str,
+              algos: dict[str, dict[str, Any]] | None = None) -> dict[str, Twin]:
+        """cuco's build of each described cuBLASLt algorithm's tiling at one case (``algos``,
+        default :meth:`library_algos`), or none without :attr:`library_twins`."""
+        if not self.library_twins:
+            return {}
+        problem = problem_of(*shape, dtype)
+        out = {}
+        for name, algo in (self.library_algos(shape, dtype) if algos is None else algos).items():
+            try:
+                out[name] = library_twin(algo, problem, BASE)
+            except ValueError:  # described without a tile: nothing to build
+                continue
+        return out
+
+    def points(self, shape: tuple[int, int, int], dtype: str, sms: int,
+               twins: dict[str, Twin] | None = None) -> list[Directives]:
         """The cuco points timed at one case: :func:`mainloop_points` (or those of them
-        ``only`` names, and the default), then each one's :attr:`tile_ks` twins."""
+        ``only`` names, and the default), the :attr:`mainloops` asked for and the library's
+        ``twins`` where they are not timed already, then each one's :attr:`tile_ks` twins."""
         base = mainloop_points(shape, dtype, sms, self.cluster_n, self.swapped_only)
         if self.only is not None:
             keep = set(self.only.get(case_label(shape, dtype), ()))
             default = default_point(shape, dtype, sms)
             base = [d for d in base if d.full_name in keep or d == default]
         problem = problem_of(*shape, dtype)
-        for ml in self.mainloops:
+        swept = {Mainloop.of(d) for d in base}
+        extra = [*self.mainloops, *(tw.mainloop for tw in (twins or {}).values()
+                                    if tw.mainloop is not None and tw.mainloop not in swept)]
+        for ml in dict.fromkeys(extra):
             try:
                 d = with_mainloop(BASE, ml, problem.dtype_bytes)
             except DirectiveError:  # the bench's script checks each mainloop once (mainloop_refusal)
@@ -425,7 +520,7 @@ class GemmAloneBench:
         from cuco.kernels import Compiler
         sources: dict[tuple[str, str], Any] = {}
         for shape, dt in (self.cases() if cases is None else cases):
-            for d in self.points(shape, dt, sms):
+            for d in self.points(shape, dt, sms, self.twins(shape, dt)):
                 key = (dt, d.build_point().full_name)
                 if key not in sources:
                     try:
@@ -507,9 +602,10 @@ class GemmAloneBench:
         m, n, k = shape
         a, b, ref = operands(m, n, k, dtype)
         progs, missing, algos = library_programs(a, b, m, n, k, dtype, self.lt_top)
+        twins = self.twins(shape, dtype, algos)
         points = {}
         calls_state = cupy.zeros(CALL_STATE_ELEMS, dtype=cupy.uint16)
-        for d in self.points(shape, dtype, sms):
+        for d in self.points(shape, dtype, sms, twins):
             path = built.get((dtype, d.build_point().full_name))
             if path is None:
                 continue
@@ -538,7 +634,7 @@ class GemmAloneBench:
                 paired[v] = round(statistics.median(
                     min(times[lv][i] for lv in lib_names) / times[v][i] for i in range(self.rounds)), 4)
         row = case_row(shape, dtype, med, paired, bad, points, default_point(shape, dtype, sms).full_name,
-                       algos, missing, sms)
+                       algos, missing, sms, twins)
         row.update(calls_per_sample=calls, rounds=self.rounds)
         return row
 
