@@ -785,6 +785,14 @@ def test_what_the_sweep_leaves_out_ran_slower_where_it_was_timed():
         alone = [t for v, t in r["cuco"].items() if ".cl2" not in v]
         assert paired and min(paired) > min(alone)
         assert 0.47 <= lib / min(paired) <= 0.83 and 0.83 <= lib / min(alone) <= 0.97
+    frames = _timed("gemm_decode_frames")
+    assert {tuple(r["shape"]) for r in frames} == {(200, 4096, 4096), (1000, 5120, 5120), (1536, 1536, 1536)}
+    for r in frames:
+        lib = min(r["libraries"].values())
+        extra = [t for v, t in r["cuco"].items() if re.search(r"t80x", v) or re.search(r"t144x128x.*cl2", v)]
+        swept = [t for v, t in r["cuco"].items() if t not in extra]
+        assert extra and min(extra) > min(swept)
+        assert 0.51 <= lib / max(extra) and lib / min(extra) < 0.905 and 0.82 < lib / min(swept) < 0.95
 
 
 def test_a_mainloop_the_sweep_does_not_take_is_timed_where_it_renders(capsys):

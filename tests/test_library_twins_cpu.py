@@ -66,6 +66,9 @@ def test_a_tiling_cuco_cannot_build_says_why_in_the_design_spaces_words():
     split = twin("128x128", "2x1x1", (128, 8192, 28672), split_k=2)
     assert split.mainloop is None and "split_k=2 cuts tiles into slices" in split.why_not
     assert candidates(LibraryTiles(64, 128, 2, 2, 1)) == []
+    along_m = twin("192x96", "1x2x1", (1536, 1536, 1536))  # 96 rows, clusters along M: unswapped only
+    assert along_m.mainloop is None and along_m.why_not.startswith("with A and B swapped, cuco's clusters run along N only")
+    assert "96 rows are wgmma's M without swap_ab" in along_m.why_not
     with pytest.raises(ValueError, match="no tile"):
         LibraryTiles.of({"describe_failed": "x"})
 
@@ -102,7 +105,8 @@ def test_a_lost_row_names_the_tiling_cuco_cannot_build_and_a_stand_in_for_torch(
     assert row["library_twins"]["cublaslt.heuristic0"]["mainloop"] is None
     assert "torch.matmul's kernel is not described; the fastest described one, cublaslt.heuristic0, " \
            "ran 0.0162 ms" in row["why_not"]
-    assert "cuco cannot build its tiling (72x128 tiles, clusters of 4 along N): tile_m=72" in row["why_not"]
+    assert "cuco cannot build its tiling (72x128 tiles, clusters of 4 along N): unswapped, cuco's clusters run " \
+           "along M only; tile_m=72" in row["why_not"]
     untimed = _row(shape, {**med, ga.TORCH: 0.017}, {"cublaslt.heuristic0": twin("64x64", "2x1x1", shape)}, points)
     assert "has no correct timed point here" in untimed["why_not"]
     assert "library_twins" in _row(shape, med, None, points) and "cuco's build" not in _row(shape, med, None, points)["why_not"]

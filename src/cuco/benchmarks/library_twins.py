@@ -12,7 +12,7 @@ cannot build", with the reason.
 cuBLASLt is column-major: cuco's ``C[M, N] = A[M, K] B[K, N]`` is its ``C^T = B^T A^T`` (see
 :class:`cuco.runtime.cublaslt.LtGemm`), so its tile ``TMxTN`` is ``TM`` of cuco's N by ``TN`` of
 cuco's M, and its cluster ``CMxCNx1`` is ``CM`` CTAs along cuco's N and ``CN`` along cuco's M.
-Checked on every algorithm of ``bench/results/gemm_mainloop.json`` (256 of 64 cases): its tile
+Checked on every algorithm of ``bench/results/gemm_mainloop.json`` (256, at 64 cases): its tile
 count ``ceil(N / TM) * ceil(M / TN)`` is the ``waves`` cuBLASLt reports times 132 SMs.
 """
 
@@ -97,6 +97,10 @@ def library_twin(algo: dict[str, Any], problem: GemmProblem, base: Directives) -
     whys: list[str] = []
     if t.cluster_m > 1 and t.cluster_n > 1:
         whys.append(f"clusters along both M and N ({t.cluster_n}x{t.cluster_m}): cuco's clusters run along one")
+    elif t.cluster_m > 1:
+        whys.append("with A and B swapped, cuco's clusters run along N only")
+    elif t.cluster_n > 1:
+        whys.append("unswapped, cuco's clusters run along M only")
     for ml in candidates(t, problem.dtype_bytes):
         try:
             d = with_mainloop(base, ml, problem.dtype_bytes)

@@ -116,6 +116,11 @@ NOT_SWEPT = {
         "(bench/results/gemm_few_tile_clusters.json, 23a35c7); "
         "66 clusters of 2 run at once on 132 SMs (bench/logs/cluster_capacity_w1_h200_90385db.log): "
         "not the grid but the pairs' lock-step",
+    "swapped 80-row tiles (3 m-tiles at M=200, the tile count of cuBLASLt's 72-row pick) and swapped "
+    "144x128 in clusters of 2 along N":
+        "slower than the best swept point at all 3 bf16 GEMMs timed, 200x4096x4096, 1000x5120x5120 and "
+        "1536x1536x1536: 0.51-0.90x the fastest library against 0.83-0.95x (the best swept point) "
+        "(bench/results/gemm_decode_frames.json, 2770329)",
 }
 #: split-K: the most workspace (fp32 partial tiles, one per slice of every tile) a point may ask
 #: for; sized for every slice of every tile (the grid, which decides what split_tail cuts, is
@@ -265,7 +270,7 @@ def few_tile_candidate(problem: GemmProblem, ml: Mainloop) -> bool:
 #: fewer flops (2 x rows / 2 bytes) than an H100's or H200's tensor cores do per byte of HBM
 #: (about 295 and 206 flop/B), whatever the tiles. Splitting K there adds the partials' traffic
 #: and the fold and no bandwidth: measured, at 64x8192x8192 unsplit 64x64 tiles ran 0.0365 ms
-#: against 64x128 in 2 slices' 0.0408 (gemm_mainloop.json, 1 x H200, b157e15; 0.0501 against
+#: against 64x128 in 2 slices' 0.0408 (gemm_mainloop_h200_b157e15.json, 1 x H200; 0.0501 against
 #: 0.0547 on 1 x H100, gemm_mainloop_h100_1d229c0.json), and the best point at 128x8192x28672
 #: and 200x4096x4096 was unsplit in both runs; at 256x1536x8192 2 slices won in both.
 STREAMING_ROWS = 200
@@ -291,7 +296,7 @@ TILE_N_RATE = {64: 0.8}
 TILE_M64_RATE = 0.9
 #: A swapped tile's rate with 64 columns on wgmma's M (a pingpong warpgroup's), in both
 #: regimes: measured, swapped pingpong 128x64 ran 0.73-0.88x the best point at 512x14336x4096
-#: (both dtypes: gemm_mainloop.json, b157e15 on 1 x H200, and gemm_mainloop_h100_1d229c0.json)
+#: (both dtypes: gemm_mainloop_h200_b157e15.json on 1 x H200, and gemm_mainloop_h100_1d229c0.json)
 #: where TILE_M64_RATE modelled it 3% faster than pingpong 128x128.
 SWAPPED_M64_RATE = 0.85
 #: A modelled pick replaces a measured one only where it is modelled this much faster.
@@ -397,7 +402,7 @@ def _split_tail_if_cut(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
     half full, the same in 2 slices of K (:func:`split_tail`: the whole waves run unsplit, the
     last wave's tiles cut in two, each slice at least 4 k-tiles). Measured: at 512x14336x4096
     (448 tiles, the last wave 39% full) it ran 0.08755 against 0.09318 ms unsplit (bf16) and
-    0.09091 against 0.09558 (fp16) on 1 x H200 (gemm_mainloop.json, b157e15); no other
+    0.09091 against 0.09558 (fp16) on 1 x H200 (gemm_mainloop_h200_b157e15.json); no other
     GEMM of that file takes pingpong 128x128 with such a last wave."""
     ml = pick.mainloop
     if ml != Mainloop("pingpong", 128, 6):
