@@ -793,6 +793,14 @@ def test_what_the_sweep_leaves_out_ran_slower_where_it_was_timed():
         swept = [t for v, t in r["cuco"].items() if t not in extra]
         assert extra and min(extra) > min(swept)
         assert 0.51 <= lib / max(extra) and lib / min(extra) < 0.905 and 0.82 < lib / min(swept) < 0.95
+    splits = _timed("gemm_decode_splits")
+    assert sorted(r["case"] for r in splits) == ["gemm/M256N1536K8192/bf16", "gemm/M256N1536K8192/fp16"]
+    for r in splits:
+        lib = min(r["libraries"].values())
+        extra = [t for v, t in r["cuco"].items() if ".sk4.ab." in v or "t128x192x64.s4" in v]
+        swept = [t for v, t in r["cuco"].items() if t not in extra]
+        assert len(extra) == 4 and min(extra) > min(swept)
+        assert 0.52 <= lib / max(extra) and lib / min(extra) <= 0.82 and 0.85 <= lib / min(swept) <= 0.89
 
 
 def test_a_mainloop_the_sweep_does_not_take_is_timed_where_it_renders(capsys):
@@ -830,3 +838,21 @@ def test_the_split_tail_default_ran_faster_than_its_unsplit_twin_where_it_is_tak
         cut = ga.default_point(tuple(r["shape"]), r["dtype"])
         whole = cut.replace(split_k=1)
         assert r["cuco"][cut.full_name] < r["cuco"][whole.full_name]
+
+
+@pytest.mark.parametrize("shape", [(2000, 7168, 2048), (2176, 2048, 8192)])
+def test_of_swapped_frames_modelled_alike_the_default_takes_more_stages(shape):
+    """The default's swapped frame: 144x256 and 144x128 fill the same waves here, and the
+    five-stage 144x128 ran faster than the three-stage 144x256 (both at tile order 8) in every
+    case of both H200 files (tp._swapped_if_fitter)."""
+    problem = ga.problem_of(*shape)
+    wide = Mainloop("cooperative", 256, 3, 144, swap_ab=True)
+    pick = default_mainloop(problem).mainloop
+    assert pick == Mainloop("cooperative", 128, 5, 144, swap_ab=True)
+    assert tp.modelled_time(problem, pick) == tp.modelled_time(problem, wide)
+    for name in ("gemm_mainloop", "gemm_mainloop_h200_b157e15"):
+        for dt in ("bf16", "fp16"):
+            row = next(r for r in _timed(name) if r["case"] == ga.case_label(shape, dt))
+            mine = ga.default_point(shape, dt)
+            other = ga.with_mainloop(ga.BASE, wide).replace(raster_group=mine.raster_group)
+            assert row["cuco"][mine.full_name] < row["cuco"][other.full_name], (name, dt)
