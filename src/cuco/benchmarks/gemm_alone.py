@@ -35,10 +35,10 @@ from rich.console import Console
 from rich.table import Table
 
 from cuco import results
+from cuco.benchmarks.library_twins import Twin, library_twin
 from cuco.design import Directives, GemmProblem
 from cuco.design.patterns import ALLGATHER_GEMM, TP_PATTERNS
 from cuco.errors import DirectiveError
-from cuco.benchmarks.library_twins import Twin, library_twin
 from cuco.kernels import fused_launch
 from cuco.kernels.tp import (
     SMS, WAVE_TILES, Mainloop, default_mainloop, fused_tiles, in_kernel, k_slices, mainloops_for,
