@@ -151,6 +151,8 @@ step_command() {
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
     # the in-kernel TP tests that TEST_K selects (pytest -k)
     tests_tp_k)      echo "$PT -k \"${TEST_K:-}\" tests/test_tp_in_kernel_gpu.py" ;;
+    # the GEMM-alone bench's library twins, built, checked and timed at one shape
+    tests_gemm_alone) echo "$PT tests/test_gemm_alone_gpu.py" ;;
     tests_swapped_clusters) echo "$PT -k 'swapped_clusters' tests/test_tp_in_kernel_gpu.py" ;;
     # what b157e15's session (the epoch taken after the CTA barrier) did not reach at 2 emulated
     # ranks: the grid's planted skips and the all-gather family's swapped clusters
