@@ -76,10 +76,11 @@ def test_modelled_time_counts_a_partial_last_wave_as_a_whole_one():
     ((1024, 1536, 28672), Mainloop("pingpong", 192, 6, tile_m=64)),
     # the wave model keeps a measured pick it does not beat by WAVE_GAIN
     ((2048, 2048, 4096), Mainloop("pingpong", 128, 6)),
-    # a swapped mainloop's rows fitted to the waves (SWAP_GAIN): 2176 rows in 15 tiles of 144
-    # (x 8 of 256 columns: 120 tiles, one wave) instead of 374 64x192 tiles; 1536 in 11 of 144
-    # (132 tiles, one wave) instead of 96 128x192 ones; 1000 in 6 of 176 (240 tiles)
-    ((2176, 2048, 8192), Mainloop("cooperative", 256, 3, tile_m=144, swap_ab=True)),
+    # a swapped mainloop's rows fitted to the waves (SWAP_GAIN): 2176 rows in 16 tiles of 144
+    # (x 16 of 128 columns: 256 tiles, two waves, modelled as 144x256's one wave of twice the
+    # work and taken for its five stages to three) instead of 374 64x192 tiles; 1536 in 11 of
+    # 144 (132 tiles, one wave) instead of 96 128x192 ones; 1000 in 6 of 176 (240 tiles)
+    ((2176, 2048, 8192), Mainloop("cooperative", 128, 5, tile_m=144, swap_ab=True)),
     ((1536, 1536, 1536), Mainloop("cooperative", 128, 5, tile_m=144, swap_ab=True)),
     ((1000, 5120, 5120), Mainloop("cooperative", 128, 4, tile_m=176, swap_ab=True)),
 ])
