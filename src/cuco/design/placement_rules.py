@@ -22,8 +22,12 @@ PLACEMENTS: tuple[str, ...] = tuple(p.value for p in sorted(Placement, key=lambd
 TILE_M = (64, 128, 256)
 #: Rows of an output tile with A and B swapped (``swap_ab``): wgmma's N, any multiple of 16
 #: from 32 to 256 (a tile fitted to few or ragged rows, or to whole waves of tiles). wgmma
-#: takes any multiple of 8, but CUTLASS 4.2's TMA box for an odd number of 8-row swizzle atoms
-#: fails its layout divisibility checks (72, 104: seen with nvcc; 48, 80, 112, 144, 160 build).
+#: takes any multiple of 8, but CUTLASS 4.2's mainloop slices one stage of the 128-byte-swizzled
+#: operand for its TMA (CollectiveMma::Params), and CuTe's composition needs that stage's
+#: rows x 64 elements to be a multiple of the swizzle's 1024: 72 and 104 rows fail its "Stride
+#: Divisibility Condition" (nvcc, 72x128 swapped, this tree at 3b56751; 48, 80, 112, 144, 160
+#: build). So cuco cannot build cuBLASLt's 72- and 104-row picks at 200x4096x4096 (the rows of
+#: bench/results/gemm_mainloop.json say so).
 SWAPPED_TILE_M = tuple(range(32, 257, 16))
 #: Communication CTAs ``dedicated_ctas`` may reserve, so that most SMs run the GEMM.
 MAX_DEDICATED_CTAS = 32
