@@ -468,7 +468,7 @@ class GemmAloneBench:
             from cuco.runtime import cublaslt
             try:
                 found = cublaslt.LtGemm(*shape, dtype).candidates(self.lt_top)
-                self._algos[key] = {f"cublaslt.heuristic{j}": cublaslt.describe(a) for j, a in enumerate(found)}
+                self._algos[key] = {lt_name(j): cublaslt.describe(a) for j, a in enumerate(found)}
             except Exception:  # noqa: BLE001 - no cuBLASLt: no twins (library_programs says why)
                 self._algos[key] = {}
         return self._algos[key]
@@ -704,6 +704,11 @@ def operands(m: int, n: int, k: int, dtype: str):
     return a, b, ref
 
 
+def lt_name(j: int) -> str:
+    """The program name of cuBLASLt's ``j``-th heuristic algorithm (rows, twins, descriptions)."""
+    return f"cublaslt.heuristic{j}"
+
+
 def library_programs(a, b, m: int, n: int, k: int, dtype: str, lt_top: int):
     """Every library program: ``{name: (call, out)}``, why any could not run, and the cuBLASLt
     algorithms' configurations."""
@@ -726,7 +731,7 @@ def library_programs(a, b, m: int, n: int, k: int, dtype: str, lt_top: int):
         missing["cublaslt"] = f"{type(exc).__name__}: {exc}"
         found = []
     for j, algo in enumerate(found):
-        name = f"cublaslt.heuristic{j}"
+        name = lt_name(j)
         c = dtypes_empty(m, n, dtype)
         progs[name] = ((lambda algo=algo, c=c: plan.run(algo, int(a.data.ptr), int(b.data.ptr), int(c.data.ptr),
                                                        cupy.cuda.get_current_stream().ptr)), c)
