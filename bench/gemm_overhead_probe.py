@@ -14,7 +14,8 @@ output wrong: what they cost), as the threads' own loads and stores (``plain_sto
 box (``box_by_box``), left out for each CTA's last tile (``tail_no_store``) or made by the
 consumers there (``tail_by_consumers``), by the consumers for every tile (``mma_store``); the
 tile staged over the mainloop's buffers at its stages and one more (``aliased_no_store``,
-``deeper_no_store``); programmatic dependent launch (``pdl``).
+``deeper_no_store``); programmatic dependent launch (``pdl``); the epilogue on the consumers,
+its tile staged through the ring of sub-tiles (``ring``) or whole (``whole_tile``).
 
 Measured on 1 x H200 (each log names its commit and command):
 - The stores by TMA, as built since ffbcd9c, against the threads' own 16-byte loads and stores
@@ -54,12 +55,15 @@ Measured on 1 x H200 (each log names its commit and command):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
+from unittest import mock
 
 from cuco.benchmarks import gemm_alone as ga
 from cuco.errors import DirectiveError, run_script
 from cuco.runtime import check_gpus
+from cuco.kernels import tp
 from cuco.kernels.tp import render_tp, split_workspace_bytes
 
 SHAPES = ((128, 128, 128), (200, 4096, 4096), (256, 1536, 8192), (1536, 1536, 1536), (2048, 2048, 4096))
@@ -145,6 +149,8 @@ def _tail_by_consumers(d) -> list[tuple[str, str]]:
 #: Parts that edit the handover of whole tiles: a split-K build has none (the probe skips them there).
 UNSPLIT_ONLY = ("mma_store", "tail_no_store", "tail_by_consumers")
 PARTS = {"as_is": [],
+         "ring": [],  # rendered so (RENDERED)
+         "whole_tile": [],
          "no_epoch": [(TAKE, "if (lane == 0) cuco::call_epoch_slot().store(1, cuda::memory_order_relaxed);")],
          "blocking": [(PENDING, "cuco::call_begin(calls);"), (TAKE, "")],
          # the epilogue's stores left out (C stays poisoned: its bad count is every element):
@@ -179,6 +185,25 @@ def _aliased(d, stages: int) -> list[tuple[str, str]]:
     return [(STORE_CALL, ""), (f"kStages = {d.stages};", f"kStages = {stages};"),
             (TILE_DECL, "alignas(1024) T tile[8];  // probe: the tile staged over the mainloop's buffers"),
             ("make_smem_ptr(reinterpret_cast<TG*>(ss.tile))", "make_smem_ptr(reinterpret_cast<TG*>(&ss.mainloop))")]
+
+
+#: Parts rendered, not edited, each from the point's directives and whether the ring's rule
+#: (cuco.kernels.tp.ring_staged) holds: ``ring``, the epilogue on the consumers, which stage and
+#: store the tile a sub-tile at a time through the ring (what the space's comm_warps=0 points
+#: build); ``whole_tile``, the same consumers staging the whole tile and storing it from there
+#: (store_staged), as before the ring was built: the same run's A/B of the staging alone, and
+#: of both against the bench's base (the comm warps storing whole tiles, ``as_is``).
+RENDERED = {"ring": True, "whole_tile": False}
+
+
+def rendered(part: str, d):
+    """``(directives, context)`` of ``part``'s render of the point ``d``: ``d`` and no change,
+    or for a :data:`RENDERED` part ``d`` on the consumers with the ring's rule as it says."""
+    if part not in RENDERED:
+        return d, contextlib.nullcontext()
+    if RENDERED[part]:
+        return d.replace(comm_warps=0), contextlib.nullcontext()
+    return d.replace(comm_warps=0), mock.patch.object(tp, "ring_staged", lambda *_: False)
 
 
 def edits_of(part: str, d) -> list[tuple[str, str]]:
@@ -228,8 +253,14 @@ def build(shapes, parts=tuple(PARTS), sms: int = 132, mainloops: tuple[str, ...]
     items, keys = [], []
     for shape in shapes:
         for spec, d in points(shape, sms, mainloops):
-            src = render_tp(ga.problem_of(*shape), d, gemm_only=True)[0]
             for part in parts:
+                dp, ctx = rendered(part, d)
+                try:
+                    with ctx:
+                        src = render_tp(ga.problem_of(*shape), dp, gemm_only=True)[0]
+                except DirectiveError as exc:
+                    print(f"{shape} {part} {spec}: {' '.join(str(exc).split())[:160]}")
+                    continue
                 text = src.source
                 missing = [old for old, _ in edits_of(part, d) if old not in text]
                 if missing:
@@ -238,7 +269,7 @@ def build(shapes, parts=tuple(PARTS), sms: int = 132, mainloops: tuple[str, ...]
                 for old, new in edits_of(part, d):
                     text = text.replace(old, new)
                 items.append((f"{src.name}_{part}", text, src.needs))
-                keys.append((shape, part + (f"@{spec}" if spec else ""), d))
+                keys.append((shape, part + (f"@{spec}" if spec else ""), dp))
     return [(*key, lib) for key, lib in zip(keys, Compiler().compile_many(items))]
 
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from cuco.design import Directives, GemmProblem
 from cuco.errors import DirectiveError
-from cuco.kernels.tp import Mainloop, most_stages, supported, with_mainloop
+from cuco.kernels.tp import Mainloop, deepest, most_stages, supported, with_mainloop
 
 
 class LibraryTiles(NamedTuple):
@@ -102,6 +102,7 @@ def library_twin(algo: dict[str, Any], problem: GemmProblem, base: Directives) -
     elif t.cluster_n > 1:
         whys.append("unswapped, cuco's clusters run along M only")
     for ml in candidates(t, problem.dtype_bytes):
+        ml = deepest(problem, ml, base)  # the stages a ring-staged tile leaves room for
         try:
             d = with_mainloop(base, ml, problem.dtype_bytes)
         except DirectiveError as exc:

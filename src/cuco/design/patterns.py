@@ -92,6 +92,12 @@ class TPPattern:
         rank's all-reduced copy) rather than in the caller's output."""
         return self.collective is Collective.ALL_REDUCE
 
+    @property
+    def tiles_are_own_output(self) -> bool:
+        """Whether a rank's output tiles are its own output (the gathered pattern: what moves
+        is X): the in-kernel templates store them by TMA, the others read them back to send."""
+        return self.collective is Collective.ALL_GATHER
+
     def link_bytes(self, *, m: int, n: int, k: int, world_size: int, dtype_bytes: int) -> int:
         """Bytes each rank receives from its peers in one call of the global ``M x K`` times
         ``K x N``: AllReduce a reduce-scatter then an all-gather of the M x N result

@@ -16,6 +16,7 @@ Three templates:
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from cuco.design import Directives, GemmProblem, placement_rules
@@ -346,17 +347,65 @@ def tile_rate(ml: Mainloop, m64_rate: float = TILE_M64_RATE) -> float:
 SWAP_FRAMES = (("cooperative", 128), ("cooperative", 256), ("pingpong", 64), ("pingpong", 128))
 
 
-def stages_that_fit(tile_m: int, tile_n: int, tile_k: int = 64, dtype_bytes: int = 2) -> int:
-    """The pipeline stages that fit in shared memory beside the staged output tile (its rows
-    padded by 8 elements; allgather_gemm's, staged unpadded for TMA, takes less even where its
-    1024-byte alignment costs some) and the kernel's last KiB (:func:`supported` refuses more)."""
-    left = SMEM_LIMIT_BYTES - 1024 - tile_m * (tile_n + 8) * dtype_bytes
-    return left // smem_bytes(tile_m, tile_n, tile_k, 1)
+def stages_that_fit(tile_m: int, tile_n: int, tile_k: int = 64, dtype_bytes: int = 2,
+                    staged: int | None = None) -> int:
+    """The pipeline stages that fit in shared memory beside the staged output tile and the
+    kernel's last KiB (:func:`supported` refuses more): ``staged`` bytes of it
+    (:func:`staging_bytes`), by default a whole tile's with rows padded by 8 elements."""
+    staged = tile_m * (tile_n + 8) * dtype_bytes if staged is None else staged
+    return (SMEM_LIMIT_BYTES - 1024 - staged) // smem_bytes(tile_m, tile_n, tile_k, 1)
 
 
-def most_stages(tile_m: int, tile_n: int, dtype_bytes: int = 2, most: int = 8) -> int:
-    """The most pipeline stages (up to ``most``) that fit beside the staged output tile."""
-    return min(most, stages_that_fit(tile_m, tile_n, 64, dtype_bytes))
+def most_stages(tile_m: int, tile_n: int, dtype_bytes: int = 2, most: int = 8, staged: int | None = None) -> int:
+    """The most pipeline stages (up to ``most``) that fit beside the staged output tile
+    (``staged`` bytes of it: :func:`stages_that_fit`)."""
+    return min(most, stages_that_fit(tile_m, tile_n, 64, dtype_bytes, staged))
+
+
+#: Slots of the ring a tile of a rank's own output is staged through, a sub-tile in each
+#: (:func:`staged_subtile`): one is stored by TMA while the next is staged.
+RING_SLOTS = 2
+
+
+def ring_staged(problem: GemmProblem, d: Directives) -> bool:
+    """Whether the in-kernel point ``d`` stages its output tiles a sub-tile at a time through
+    :data:`RING_SLOTS` slots (``tp_fused.cu.j2``'s ``stage_out``), not whole: where they are
+    the rank's own output, stored by TMA (:attr:`TPPattern.tiles_are_own_output`), and the
+    consumers run the epilogue (no ``comm_warps``, which take a whole staged tile over)."""
+    return d.placement.in_kernel and pattern_of(problem).tiles_are_own_output and d.comm_warps == 0
+
+
+def staged_subtile(d: Directives) -> tuple[int, int]:
+    """``(rows, cols)`` of C in one sub-tile of a ring-staged tile (:func:`ring_staged`), cut
+    as CUTLASS's epilogue cuts it: the MMA's footprint on wgmma's M (128 for two cooperative
+    warpgroups, 64 for one pingpong warpgroup) by a slice of its N, 64 columns (one TMA panel),
+    or with A and B swapped (wgmma's N the tile's rows) 64 rows or as many as divide them."""
+    footprint = 128 if d.schedule is Schedule.COOPERATIVE else 64
+    if d.swap_ab:
+        return math.gcd(d.tile_m, 64), footprint
+    return footprint, 64
+
+
+def staging_bytes(problem: GemmProblem, d: Directives) -> int:
+    """Shared memory the staged output tile takes beside the mainloop's stages: the ring's
+    slots where :func:`ring_staged`, else the whole tile with rows padded by 8 elements (the
+    reductions read it back; a TMA-stored whole tile is unpadded but 1024-byte aligned)."""
+    if ring_staged(problem, d):
+        rows, cols = staged_subtile(d)
+        return RING_SLOTS * rows * cols * problem.dtype_bytes
+    return d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
+
+
+def deepest(problem: GemmProblem, ml: Mainloop, base: Directives | None = None, most: int = 8) -> Mainloop:
+    """``ml`` with the most stages (up to ``most``) that fit beside its staged output tile on
+    ``base`` (default: the epilogue placement) at ``problem``'s pattern, where it has as many
+    as fit beside a whole staged tile and the ring (:func:`ring_staged`) leaves room for more;
+    else ``ml``."""
+    d = with_mainloop(base or in_kernel("epilogue"), ml, problem.dtype_bytes)
+    if ml.stages != most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most):
+        return ml
+    return ml._replace(stages=most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most,
+                                          staging_bytes(problem, d)))
 
 
 def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> list[Mainloop]:
@@ -392,9 +441,11 @@ def cluster_twins(problem: GemmProblem, mls: list[Mainloop]) -> list[Mainloop]:
 def mainloops_for(problem: GemmProblem, sms: int = SMS) -> tuple[Mainloop, ...]:
     """The in-kernel mainloops a search sweeps at ``problem``: :data:`MAINLOOPS`, the swapped
     ones fitted to its shape (:func:`swapped_mainloops`) and their clusters along N
-    (:func:`cluster_twins`)."""
+    (:func:`cluster_twins`); where the pattern's tiles are staged through a ring
+    (:func:`ring_staged`), each also with the stages that then fit (:func:`deepest`)."""
     fitted = swapped_mainloops(problem, sms)
-    return tuple(dict.fromkeys((*MAINLOOPS, *fitted, *cluster_twins(problem, fitted))))
+    mls = (*MAINLOOPS, *fitted, *cluster_twins(problem, fitted))
+    return tuple(dict.fromkeys((*mls, *(deepest(problem, ml) for ml in mls))))
 
 
 def tile_waves(problem: GemmProblem, ml: Mainloop, sms: int = SMS) -> tuple[int, float, float]:
@@ -563,9 +614,10 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     if problem.dtype not in CUTLASS_TYPES:
         out.append(f"dtype: placement={p} runs a CUTLASS bf16/fp16 mainloop, not {problem.dtype}")
     out += wgmma_m_refusals(d, p)
-    smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
+    staged = staging_bytes(problem, d)
+    smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + staged
     if smem > SMEM_LIMIT_BYTES - 1024:
-        fit = stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes)
+        fit = stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes, staged)
         out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
                    f"{d.stages} mainloop stages ({smem // 1024} KiB > {SMEM_LIMIT_BYTES // 1024 - 1} KiB); "
                    + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile"))
@@ -614,7 +666,8 @@ def fused_context(problem: GemmProblem, d: Directives, *, gemm_only: bool = Fals
                 world=problem.world_size, m=m, n=n, k=k, tile_m=d.tile_m, tile_n=d.tile_n, tile_k=d.tile_k,
                 stages=d.stages, raster_group=d.raster_group, comm_warps=d.comm_warps,
                 schedule=d.schedule.value, pingpong=d.schedule is Schedule.PINGPONG, split_k=d.split_k,
-                cluster_m=d.cluster_m, swap_ab=d.swap_ab,
+                cluster_m=d.cluster_m, swap_ab=d.swap_ab, ring=ring_staged(problem, d),
+                sub_rows=staged_subtile(d)[0], sub_cols=staged_subtile(d)[1], ring_slots=RING_SLOTS,
                 comm_ctas=d.comm_ctas if d.placement.own_comm_ctas else 0, max_ranks=MAX_RANKS,
                 flag_stride=FLAG_STRIDE, name=d.build_point().full_name, gemm_only=gemm_only,
                 launch_entry=fused_launch.ENTRY,

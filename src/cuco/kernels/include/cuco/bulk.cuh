@@ -20,8 +20,10 @@ __device__ __forceinline__ void tma_store_2d(const void* map, int x, int y, uint
 // The stores issued since the last commit, as one bulk group.
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
-// This thread's bulk groups have read their shared memory (it may be written again).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// This thread's bulk groups but the last `Pending` have read their shared memory (it may be
+// written again): 0, all of them; a ring of k staging slots waits with k - 1 before reusing one.
+template <int Pending = 0>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(Pending) : "memory"); }
 
 // This thread's bulk groups have written global memory.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
