@@ -105,6 +105,21 @@ def case_label(shape: tuple[int, int, int], dtype: str) -> str:
 
 
 BASE = in_kernel("epilogue", "nvshmem", "cta", comm_warps=3)  # the epilogue on 3 spare warps
+#: The base of a mainloop whose stages fit only beside a ring-staged tile
+#: (:func:`~cuco.kernels.tp.deepest`): the epilogue on the consumers, which stage and store
+#: each tile a sub-tile at a time (comm warps take a whole staged tile over).
+RING_BASE = BASE.replace(comm_warps=0)
+
+
+def point_of(problem: GemmProblem, ml: Mainloop) -> Directives:
+    """``ml`` on :data:`BASE`, or on :data:`RING_BASE` where only the ring leaves room for its
+    stages; :class:`DirectiveError` where the design space refuses it."""
+    d = with_mainloop(BASE, ml, problem.dtype_bytes)
+    if supported(problem, d):
+        ring = with_mainloop(RING_BASE, ml, problem.dtype_bytes)
+        if not supported(problem, ring):
+            return ring
+    return d
 
 
 def worth(ml: Mainloop, shape: tuple[int, int, int], sms: int = SMS) -> str | None:
@@ -179,7 +194,7 @@ def mainloop_points(shape: tuple[int, int, int], dtype: str = "bf16", sms: int =
             continue
         if worth(ml, shape, sms) and ml != pick:
             continue
-        d = with_mainloop(BASE, ml, problem.dtype_bytes)
+        d = point_of(problem, ml)
         if supported(problem, d):
             continue
         out += [d.replace(raster_group=g) for g in tile_orders(walked_tiles(shape, ml)).values()]
@@ -251,7 +266,7 @@ def default_point(shape: tuple[int, int, int], dtype: str = "bf16", sms: int = S
     as :func:`mainloop_points` times it (the smallest group that walks the same order)."""
     problem = problem_of(*shape, dtype)
     pick = default_mainloop(problem, sms)
-    return with_mainloop(BASE, pick.mainloop, problem.dtype_bytes).replace(
+    return point_of(problem, pick.mainloop).replace(
         raster_group=timed_order(shape, pick.mainloop, pick.raster_group))
 
 
@@ -483,7 +498,7 @@ class GemmAloneBench:
         out = {}
         for name, algo in (self.library_algos(shape, dtype) if algos is None else algos).items():
             try:
-                out[name] = library_twin(algo, problem, BASE)
+                out[name] = library_twin(algo, problem, RING_BASE)  # the most stages (point_of: its base)
             except ValueError:  # described without a tile: nothing to build
                 continue
         return out
@@ -504,7 +519,7 @@ class GemmAloneBench:
                                     if tw.mainloop is not None and tw.mainloop not in swept)]
         for ml in dict.fromkeys(extra):
             try:
-                d = with_mainloop(BASE, ml, problem.dtype_bytes)
+                d = point_of(problem, ml)
             except DirectiveError:  # the bench's script checks each mainloop once (mainloop_refusal)
                 continue
             if not supported(problem, d):

@@ -176,9 +176,14 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at 2176x2048x8192; above
     the bar it lost on 512x14336x4096). Last, where the pick is still pingpong 128x128 and its
     last wave at most half full, the same with that wave's tiles in 2 slices of K
-    (:func:`_split_tail_if_cut`, measured at 512x14336x4096).
+    (:func:`_split_tail_if_cut`, measured at 512x14336x4096). Where the pattern's tiles are
+    staged through a ring (:func:`ring_staged`), the pick with the stages that leaves room for
+    (:func:`deepest`): cooperative 128x256 with 4 stages, ring-staged, ran faster than with 3 at
+    all 6 GEMMs of bench/logs/gemm_ring_probe_w1_h200_522f1ec.log (1 x H200, bf16: 0.9-4.3%),
+    and than the comm warps' whole-tile build with 3 at 5 of them (the sixth within 0.01%).
     """
     pick = _split_tail_if_cut(problem, _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms), sms)
+    pick = pick._replace(mainloop=deepest(problem, pick.mainloop))
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
         return pick
     for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, ml.cluster_m, -ml.tile_m * ml.tile_n)):  # the largest tiles
@@ -401,7 +406,10 @@ def deepest(problem: GemmProblem, ml: Mainloop, base: Directives | None = None, 
     ``base`` (default: the epilogue placement) at ``problem``'s pattern, where it has as many
     as fit beside a whole staged tile and the ring (:func:`ring_staged`) leaves room for more;
     else ``ml``."""
-    d = with_mainloop(base or in_kernel("epilogue"), ml, problem.dtype_bytes)
+    try:
+        d = with_mainloop(base or in_kernel("epilogue"), ml, problem.dtype_bytes)
+    except DirectiveError:  # not a point of the space: nothing to deepen
+        return ml
     if ml.stages != most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most):
         return ml
     return ml._replace(stages=most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most,
