@@ -177,13 +177,17 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     the bar it lost on 512x14336x4096). Last, where the pick is still pingpong 128x128 and its
     last wave at most half full, the same with that wave's tiles in 2 slices of K
     (:func:`_split_tail_if_cut`, measured at 512x14336x4096). Where the pattern's tiles are
-    staged through a ring (:func:`ring_staged`), the pick with the stages that leaves room for
-    (:func:`deepest`): cooperative 128x256 with 4 stages, ring-staged, ran faster than with 3 at
+    staged through a ring (:func:`ring_staged`) in sub-tiles of 64 rows or more, the pick with
+    the stages that leaves room for (:func:`deepest`; finer sub-tiles, of a swapped tile's 16 or
+    32 rows, cost a barrier pair each and were not measured so): cooperative 128x256 with 4
+    stages, ring-staged, ran faster than with 3 at
     all 6 GEMMs of bench/logs/gemm_ring_probe_w1_h200_522f1ec.log (1 x H200, bf16: 0.9-4.3%),
     and than the comm warps' whole-tile build with 3 at 5 of them (the sixth within 0.01%).
     """
     pick = _split_tail_if_cut(problem, _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms), sms)
-    pick = pick._replace(mainloop=deepest(problem, pick.mainloop))
+    deeper = deepest(problem, pick.mainloop)
+    if deeper != pick.mainloop and staged_subtile(with_mainloop(in_kernel("epilogue"), deeper))[0] >= 64:
+        pick = pick._replace(mainloop=deeper)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
         return pick
     for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, ml.cluster_m, -ml.tile_m * ml.tile_n)):  # the largest tiles
