@@ -115,8 +115,15 @@ def test_64_row_tiles_take_pingpong_only():
     with pytest.raises(DirectiveError, match="schedule=cooperative splits each tile's rows between two "
                                              "consumer warpgroups of 64\\+ rows; choose tile_m 128 or 256"):
         render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=128, stages=8))
+    # beside a whole staged tile (the comm warps take it over) 64x256 has room for 4 stages;
+    # staged through the ring of 64x64 sub-tiles on the consumers (AllGather's own output), 5
     with pytest.raises(DirectiveError, match="stages: placement=epilogue stages the output tile .* set stages=4"):
-        render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=256, stages=5, schedule="pingpong"))
+        render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=256, stages=5, schedule="pingpong", comm_warps=3))
+    src = render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=256, stages=5, schedule="pingpong"),
+                    gemm_only=True)[0].source
+    assert "constexpr int kSubRows = 64, kSubCols = 64, kRing = 2;" in src and "stage_out(acc, blk, mt, nt);" in src
+    with pytest.raises(DirectiveError, match="stages: tile 64x256x64 with stages=6 needs .* lower stages to 5"):
+        render_tp(p, in_kernel("epilogue", tile_m=64, tile_n=256, stages=6, schedule="pingpong"))
 
 
 @pytest.mark.parametrize("kt,split", [(1, 4), (2, 4), (5, 4), (10, 4), (64, 2), (448, 4), (7, 3), (3, 8)])
@@ -820,10 +827,18 @@ def test_a_mainloop_the_sweep_does_not_take_is_timed_where_it_renders(capsys):
     b = bench.bench_of(bench.parse_args(["--shape", "200x4096x4096", "--mainloop", "cooperative:208x128:sk4:ab"]))
     got = [d for d in b.points((200, 4096, 4096), "bf16", tp.SMS) if Mainloop.of(d) == ml]
     assert len(got) == 1 and not tp.supported(ga.problem_of(200, 4096, 4096), got[0])
-    # where it does not render (a 208-row tile's staged output beside 5 stages): left out, the
-    # sweep's points kept
-    big = ga.parse_mainloop("cooperative:208x128:s5:ab")
-    assert tp.supported(ga.problem_of(200, 4096, 4096), tp.with_mainloop(ga.BASE, big))
+    # where only the ring leaves room for its stages (a 208-row tile beside 5): timed on the
+    # consumers' epilogue, whose tile is staged through it
+    ring = ga.parse_mainloop("cooperative:208x128:s5:ab")
+    assert tp.supported(ga.problem_of(200, 4096, 4096), tp.with_mainloop(ga.BASE, ring))
+    b = ga.GemmAloneBench(shapes=((200, 4096, 4096),), mainloops=(ring,))
+    got = [d for d in b.points((200, 4096, 4096), "bf16", tp.SMS) if Mainloop.of(d) == ring]
+    assert len(got) == 1 and got[0].comm_warps == 0 and tp.ring_staged(ga.problem_of(200, 4096, 4096), got[0])
+    # where the design space refuses it even so (6 stages of 208x128 are 252 KiB): left out,
+    # the sweep's points kept
+    big = ga.parse_mainloop("cooperative:208x128:s6:ab")
+    with pytest.raises(DirectiveError, match="lower stages to 5"):
+        tp.with_mainloop(ga.RING_BASE, big)
     b = ga.GemmAloneBench(shapes=((200, 4096, 4096),), mainloops=(big,))
     assert b.points((200, 4096, 4096), "bf16", tp.SMS) == ga.mainloop_points((200, 4096, 4096))
 

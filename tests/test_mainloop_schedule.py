@@ -58,13 +58,17 @@ def test_the_gemm_alone_benchmark_covers_every_mainloop_on_every_shape():
 
     assert nine_pair_gemms() == [(8192, 8192, 4096), (8192, 4096, 8192), (4096, 28672, 4096),
                                  (4096, 14336, 8192), (2048, 4096, 2048), (2048, 2048, 4096)]
-    from cuco.kernels.tp import swapped_mainloops
-    seen = set()
+    from cuco.kernels.tp import deepest, swapped_mainloops
+    seen, deeper = set(), set()
     for shape in GemmAloneBench().shapes:
         points = mainloop_points(shape)
-        assert {Mainloop.of(d) for d in points if d.swap_ab} == set(swapped_mainloops(problem_of(*shape)))
+        # each swapped mainloop fitted to the shape, and with the stages the ring leaves room for
+        assert {Mainloop.of(d) for d in points if d.swap_ab} == {
+            x for ml in swapped_mainloops(problem_of(*shape)) for x in (ml, deepest(problem_of(*shape), ml))}
+        deeper |= {deepest(problem_of(*shape), ml) for ml in MAINLOOPS} - set(MAINLOOPS)
         for d in points:
             seen.add(Mainloop.of(d))
             src = render_tp(problem_of(*shape), d, gemm_only=True)[0]
             assert src.name.startswith("profile.gemm_only.") and "cuco_fused_launch" in src.source
-    assert {ml for ml in seen if not ml.swap_ab} == set(MAINLOOPS)
+    assert {ml for ml in seen if not ml.swap_ab} == set(MAINLOOPS) | deeper
+    assert Mainloop("cooperative", 256, 4) in deeper  # 128x256 beside the ring: 4 stages, not 3

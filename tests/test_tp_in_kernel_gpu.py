@@ -13,7 +13,8 @@ from cuco.kernels import Compiler
 from cuco.kernels.tp import in_kernel, render_tp
 from conftest import TEST_WORLD
 from tp_in_kernel_cases import (FAMILIES, cluster_shapes, clusters, grid_points, grid_shapes, one_build_points,
-                                one_build_shapes, split_and_64_rows, split_shapes, swapped, swapped_cluster_shapes,
+                                one_build_shapes, ring_staged, split_and_64_rows, split_shapes, swapped,
+                                swapped_cluster_shapes,
                                 swapped_clusters, swapped_shapes, wave_shapes,
                                 wave_tiles)
 
@@ -130,6 +131,29 @@ def test_swapped_clusters_are_correct(world_group, family, shape):
     problem = GemmProblem(workload=family, m=m, n=n, k=k, world_size=TEST_WORLD)
     points = [d for d in swapped_clusters() if not supported(problem, d)]
     assert len(points) == len(swapped_clusters())
+    right_on_two_seeds(world_group, problem, build(problem, points))
+
+
+@pytest.mark.parametrize("shape", swapped_shapes(TEST_WORLD))
+def test_ring_staged_tiles_are_correct(world_group, shape):
+    """AllGather+GEMM's own output tiles staged and stored a sub-tile at a time through the ring
+    (the stages that fit only beside it) are correct on two fresh seeds, every element against
+    the fp32 reference: sub-tiles past a short last tile's rows or C's columns left out (ragged
+    M, N and K), a decode-like M, many tiles per CTA (the ring's slots reused across tiles),
+    clusters with phantoms, split-K."""
+    from cuco.errors import DirectiveError
+    from cuco.kernels.tp import ring_staged as staged
+
+    m, n, k = shape
+    problem = GemmProblem(workload="allgather_gemm", m=m, n=n, k=k, world_size=TEST_WORLD)
+    points = []
+    for d in ring_staged():
+        try:
+            render_tp(problem, d)
+        except DirectiveError:  # e.g. a 144x256 tile larger than a decode-like M's output
+            continue
+        points.append(d)
+    assert len(points) >= 5 and all(staged(problem, d) for d in points)
     right_on_two_seeds(world_group, problem, build(problem, points))
 
 

@@ -181,3 +181,17 @@ def swapped():
             in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=96, tile_n=128, stages=6,
                       schedule="pingpong", comm_warps=2, swap_ab=True),
             in_kernel("epilogue", "lsa", "cta", tile_m=48, tile_n=128, stages=8, split_k=2, swap_ab=True)]
+
+
+def ring_staged():
+    """AllGather+GEMM points whose stages fit only beside the ring of sub-tiles its own output
+    tiles are staged through (cuco.kernels.tp.ring_staged; the epilogue on the consumers):
+    cooperative 128x256 and 256x128, pingpong 64x256, swapped 256x128 in clusters along N (64-row
+    sub-tiles), swapped 144x256 (16-row ones), on dedicated CTAs too, one cut into slices of K."""
+    return [in_kernel("epilogue", "lsa", "cta", tile_n=256, stages=4),
+            in_kernel("epilogue", "nvshmem", "warp", tile_m=256, tile_n=128, stages=4, raster_group=8),
+            in_kernel("epilogue", "lsa", "thread", tile_m=64, tile_n=256, stages=5, schedule="pingpong"),
+            in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=256, tile_n=128, stages=4, cluster_m=2,
+                      swap_ab=True),
+            in_kernel("epilogue", "lsa", "cta", tile_m=144, tile_n=256, stages=4, swap_ab=True),
+            in_kernel("epilogue", "lsa", "cta", tile_n=256, stages=4, split_k=2)]

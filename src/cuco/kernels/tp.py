@@ -176,18 +176,14 @@ def default_mainloop(problem: GemmProblem, sms: int = SMS) -> Pick:
     pick on all 18 such rows of gemm_mainloop.json's 64, up to 1.41x at 2176x2048x8192; above
     the bar it lost on 512x14336x4096). Last, where the pick is still pingpong 128x128 and its
     last wave at most half full, the same with that wave's tiles in 2 slices of K
-    (:func:`_split_tail_if_cut`, measured at 512x14336x4096). Where the pattern's tiles are
-    staged through a ring (:func:`ring_staged`) in sub-tiles of 64 rows or more, the pick with
-    the stages that leaves room for (:func:`deepest`; finer sub-tiles, of a swapped tile's 16 or
-    32 rows, cost a barrier pair each and were not measured so): cooperative 128x256 with 4
-    stages, ring-staged, ran faster than with 3 at
-    all 6 GEMMs of bench/logs/gemm_ring_probe_w1_h200_522f1ec.log (1 x H200, bf16: 0.9-4.3%),
-    and than the comm warps' whole-tile build with 3 at 5 of them (the sixth within 0.01%).
+    (:func:`_split_tail_if_cut`, measured at 512x14336x4096). The picks keep the stages that
+    fit beside a whole staged tile, not those a ring of sub-tiles leaves room for
+    (:func:`deepest`): as the default of an AllGather's GEMM, cooperative 128x256 ring-staged
+    with 4 stages on the consumers ran 0.5-2.1% slower than with 3 stages and the comm warps'
+    whole-tile epilogue (the same tile order) at 9 of the 14 cases where 128x256 is the pick,
+    within 0.3% at 4 and 3.8% faster at one (bench/results/gemm_ring_stages.json, 1 x H200).
     """
     pick = _split_tail_if_cut(problem, _swapped_if_fitter(problem, _default_mainloop(problem, sms), sms), sms)
-    deeper = deepest(problem, pick.mainloop)
-    if deeper != pick.mainloop and staged_subtile(with_mainloop(in_kernel("epilogue"), deeper))[0] >= 64:
-        pick = pick._replace(mainloop=deeper)
     if not supported(problem, with_mainloop(in_kernel("epilogue"), pick.mainloop, problem.dtype_bytes)):
         return pick
     for ml in sorted(MAINLOOPS, key=lambda ml: (ml.split_k, ml.cluster_m, -ml.tile_m * ml.tile_n)):  # the largest tiles
@@ -376,12 +372,22 @@ def most_stages(tile_m: int, tile_n: int, dtype_bytes: int = 2, most: int = 8, s
 RING_SLOTS = 2
 
 
-def ring_staged(problem: GemmProblem, d: Directives) -> bool:
-    """Whether the in-kernel point ``d`` stages its output tiles a sub-tile at a time through
-    :data:`RING_SLOTS` slots (``tp_fused.cu.j2``'s ``stage_out``), not whole: where they are
-    the rank's own output, stored by TMA (:attr:`TPPattern.tiles_are_own_output`), and the
-    consumers run the epilogue (no ``comm_warps``, which take a whole staged tile over)."""
+def ring_allowed(problem: GemmProblem, d: Directives) -> bool:
+    """Whether the in-kernel point ``d`` may stage its output tiles through a ring of
+    sub-tiles (``tp_fused.cu.j2``'s ``stage_out``): where they are the rank's own output,
+    stored by TMA (:attr:`TPPattern.tiles_are_own_output`), and the consumers run the
+    epilogue (no ``comm_warps``, which take a whole staged tile over)."""
     return d.placement.in_kernel and pattern_of(problem).tiles_are_own_output and d.comm_warps == 0
+
+
+def ring_staged(problem: GemmProblem, d: Directives) -> bool:
+    """Whether ``d`` stages its output tiles through the ring: where it may
+    (:func:`ring_allowed`) and its stages do not fit beside a whole staged tile, the room the
+    ring's :data:`RING_SLOTS` sub-tiles leave (:func:`deepest`). Elsewhere the tile is staged
+    whole: at the same stages the two ran alike at five of six GEMMs, and the ring 4% slower
+    at the sixth, whose swapped 112x64 tiles it cuts into seven 16-row sub-tiles
+    (bench/logs/gemm_ring_probe_w1_h200_522f1ec.log, ``ring`` against ``whole_tile``)."""
+    return ring_allowed(problem, d) and d.stages > stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes)
 
 
 def staged_subtile(d: Directives) -> tuple[int, int]:
@@ -395,14 +401,17 @@ def staged_subtile(d: Directives) -> tuple[int, int]:
     return footprint, 64
 
 
+def ring_bytes(problem: GemmProblem, d: Directives) -> int:
+    """Shared memory the ring's slots take (:func:`staged_subtile`, :data:`RING_SLOTS`)."""
+    rows, cols = staged_subtile(d)
+    return RING_SLOTS * rows * cols * problem.dtype_bytes
+
+
 def staging_bytes(problem: GemmProblem, d: Directives) -> int:
     """Shared memory the staged output tile takes beside the mainloop's stages: the ring's
     slots where :func:`ring_staged`, else the whole tile with rows padded by 8 elements (the
     reductions read it back; a TMA-stored whole tile is unpadded but 1024-byte aligned)."""
-    if ring_staged(problem, d):
-        rows, cols = staged_subtile(d)
-        return RING_SLOTS * rows * cols * problem.dtype_bytes
-    return d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
+    return ring_bytes(problem, d) if ring_staged(problem, d) else d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
 
 
 def deepest(problem: GemmProblem, ml: Mainloop, base: Directives | None = None, most: int = 8) -> Mainloop:
@@ -414,10 +423,9 @@ def deepest(problem: GemmProblem, ml: Mainloop, base: Directives | None = None, 
         d = with_mainloop(base or in_kernel("epilogue"), ml, problem.dtype_bytes)
     except DirectiveError:  # not a point of the space: nothing to deepen
         return ml
-    if ml.stages != most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most):
+    if not ring_allowed(problem, d) or ml.stages != most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most):
         return ml
-    return ml._replace(stages=most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most,
-                                          staging_bytes(problem, d)))
+    return ml._replace(stages=most_stages(ml.tile_m, ml.tile_n, problem.dtype_bytes, most, ring_bytes(problem, d)))
 
 
 def swapped_mainloops(problem: GemmProblem, sms: int = SMS, top: int = 2) -> list[Mainloop]:
