@@ -44,6 +44,16 @@ Measured on 1 x H200 (each log names its commit and command):
   faster than one 2-byte store per value at swapped tiles (gemm_stsm_probe_w1_h200_24ccecb.log).
 - One more stage (``deeper_no_store``) ran at most 1.2% faster than the same mainloop at its own
   stages (``aliased_no_store``) at five GEMMs (bench/logs/gemm_stage_probe_w1_h200_d1b1063.log).
+- The epilogue on the consumers, the tile staged through the ring (``ring``) or whole
+  (``whole_tile``), against the comm warps' whole tile (``as_is``), at six GEMMs and five
+  mainloops (bench/logs/gemm_ring_probe_w1_h200_522f1ec.log; the ring was then taken wherever
+  the consumers ran the epilogue): ring and whole tile alike at the same stages, within 1%
+  but at 200x4096x4096, whose swapped 112x64 tiles' seven 16-row sub-tiles ran 4% slower
+  (20.54 against 19.73 us); both mostly slower than the comm warps at the same stages (21 and
+  21 of 24 pairs, by up to 5.2% and 3.2%); the fourth stage the
+  ring leaves room for (cooperative 128x256) 0.9-4.3% faster than its 3 on the ring, and than
+  the comm warps' 3 at five GEMMs. The bench's run (bench/results/gemm_ring_stages.json) then
+  found it slower than the comm warps' 3 at 9 of 14 cases: the ring is taken only for such stages.
 - ``pdl`` (bench/logs/gemm_pdl_probe_w1_h200_144b170.log): faster where the grid fills every SM
   (3.15 against 3.69 us at 128^3, cuBLAS's 3.12), slower where it leaves SMs idle (20.72
   against 19.07 us at 200x4096x4096): a best case, each timed call following one of its own,
