@@ -210,3 +210,36 @@ def test_every_accumulator_is_staged_where_tma_reads_its_coordinate(tmp_path):
     run = subprocess.run([str(tmp_path / "ring")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout
     assert run.stdout.count("0 errors, each once: 1") == len(RING_MAINLOOPS), run.stdout
+
+
+#: The last commit before the ring.
+BEFORE_RING = "f9bbaae"
+
+
+def test_builds_the_ring_does_not_take_render_what_they_did_before_it():
+    """Every AllGather+GEMM build (fused and profile) at stages that fit beside a whole tile,
+    whatever its schedule, orientation, cluster, split or placement, renders the device text it
+    did at the commit before the ring: only the deeper points the ring makes room for changed."""
+    pytest.importorskip("jinja2")
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tp_in_kernel_cases import clusters, grid, split_and_64_rows, swapped, swapped_clusters, wave_tiles
+
+    from cuco.benchmarks.kernels_at import kernels_at, rendering_from
+    from cuco.kernels.launcher_source import launcher_device_part
+    points = [*grid(), *split_and_64_rows(), *wave_tiles(), *clusters(), *swapped(), *swapped_clusters()]
+    cases = [(d, only) for d in points for only in (False, True) if not supported(AG, d)]
+    assert len(cases) >= 30 and not any(ring_staged(AG, d) for d, _ in cases)
+    try:
+        ctx = kernels_at(BEFORE_RING)
+        tree = ctx.__enter__()
+    except Exception as exc:  # noqa: BLE001 - a checkout without that commit
+        pytest.skip(f"no {BEFORE_RING} here: {exc}")
+    try:
+        with rendering_from(tree.environment()):
+            before = [render_tp(AG, d, gemm_only=only)[0].source for d, only in cases]
+    finally:
+        ctx.__exit__(None, None, None)
+    after = [render_tp(AG, d, gemm_only=only)[0].source for d, only in cases]
+    for (d, only), was, now in zip(cases, before, after):
+        assert launcher_device_part(now) == launcher_device_part(was), (d.full_name, only)
