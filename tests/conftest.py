@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -156,3 +157,19 @@ def torch():
 def T(torch):
     import cuco.torch_ops
     return cuco.torch_ops
+
+
+@contextlib.contextmanager
+def kernels_at_or_skip(rev: str):
+    """The kernel layer of commit ``rev`` (:func:`cuco.benchmarks.kernels_at.kernels_at`), for
+    a test that renders it beside today's; the test skipped where this checkout lacks ``rev``."""
+    from cuco.benchmarks.kernels_at import kernels_at
+    try:
+        ctx = kernels_at(rev)
+        tree = ctx.__enter__()
+    except Exception as exc:  # noqa: BLE001 - a checkout without that commit
+        pytest.skip(f"no {rev} here: {exc}")
+    try:
+        yield tree
+    finally:
+        ctx.__exit__(None, None, None)

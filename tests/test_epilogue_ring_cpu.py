@@ -225,21 +225,14 @@ def test_builds_the_ring_does_not_take_render_what_they_did_before_it():
     sys.path.insert(0, str(Path(__file__).parent))
     from tp_in_kernel_cases import clusters, grid, split_and_64_rows, swapped, swapped_clusters, wave_tiles
 
-    from cuco.benchmarks.kernels_at import kernels_at, rendering_from
+    from conftest import kernels_at_or_skip
+    from cuco.benchmarks.kernels_at import rendering_from
     from cuco.kernels.launcher_source import launcher_device_part
     points = [*grid(), *split_and_64_rows(), *wave_tiles(), *clusters(), *swapped(), *swapped_clusters()]
     cases = [(d, only) for d in points for only in (False, True) if not supported(AG, d)]
     assert len(cases) >= 30 and not any(ring_staged(AG, d) for d, _ in cases)
-    try:
-        ctx = kernels_at(BEFORE_RING)
-        tree = ctx.__enter__()
-    except Exception as exc:  # noqa: BLE001 - a checkout without that commit
-        pytest.skip(f"no {BEFORE_RING} here: {exc}")
-    try:
-        with rendering_from(tree.environment()):
-            before = [render_tp(AG, d, gemm_only=only)[0].source for d, only in cases]
-    finally:
-        ctx.__exit__(None, None, None)
+    with kernels_at_or_skip(BEFORE_RING) as tree, rendering_from(tree.environment()):
+        before = [render_tp(AG, d, gemm_only=only)[0].source for d, only in cases]
     after = [render_tp(AG, d, gemm_only=only)[0].source for d, only in cases]
     for (d, only), was, now in zip(cases, before, after):
         assert launcher_device_part(now) == launcher_device_part(was), (d.full_name, only)

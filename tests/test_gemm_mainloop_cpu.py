@@ -295,17 +295,13 @@ def test_kernels_without_the_new_values_render_the_device_code_they_did():
     whose tiles TMA stores since ffbcd9c (each of its kernels differs, by that)."""
     pytest.importorskip("jinja2")
     import importlib
-    from cuco.benchmarks.kernels_at import kernels_at, rendering_from
+    from conftest import kernels_at_or_skip
+    from cuco.benchmarks.kernels_at import rendering_from
     from cuco.kernels.launcher_source import launcher_device_part
     spec = importlib.util.spec_from_file_location("kernel_identity", ROOT / "bench" / "kernel_identity.py")
     ki = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ki)
-    try:
-        ctx = kernels_at(BEFORE)
-        tree = ctx.__enter__()
-    except Exception as exc:  # noqa: BLE001 - a checkout without that commit
-        pytest.skip(f"no {BEFORE} here: {exc}")
-    try:
+    with kernels_at_or_skip(BEFORE) as tree:
         template = tree.root / "templates" / "tp_fused.cu.j2"
         text = template.read_text()
         for was, now in EPOCH_TAKEN_LATER + STAGED_BY_STMATRIX:
@@ -317,8 +313,6 @@ def test_kernels_without_the_new_values_render_the_device_code_they_did():
         with rendering_from(tree.environment()):
             before = ki.rendered(ki.CASES["tp_fused"])
         after = ki.rendered(ki.CASES["tp_fused"])
-    finally:
-        ctx.__exit__(None, None, None)
     assert before.keys() == after.keys() and len(after) >= 18
     # allgather_gemm's tiles are its own output, stored by TMA since ffbcd9c (store_staged):
     # its kernels changed on purpose; the reductions' did not
