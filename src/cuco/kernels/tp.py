@@ -638,9 +638,14 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + staged
     if smem > SMEM_LIMIT_BYTES - 1024:
         fit = stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes, staged)
+        consumers = d.replace(comm_warps=0) if d.comm_warps else None
+        ring = (stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes, ring_bytes(problem, consumers))
+                if consumers is not None and ring_allowed(problem, consumers) else 0)
         out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
                    f"{d.stages} mainloop stages ({smem // 1024} KiB > {SMEM_LIMIT_BYTES // 1024 - 1} KiB); "
-                   + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile"))
+                   + (f"set stages={fit}" if fit >= 2 else "choose a smaller tile")
+                   + (f", or comm_warps=0 (the consumers then stage it through a ring of sub-tiles, room for "
+                      f"{ring} stages)" if ring >= d.stages else ""))
     if d.split_k > 1:
         kt = -(-local_gemm(problem).k // d.tile_k)
         ws = split_workspace_bytes(problem, d)
