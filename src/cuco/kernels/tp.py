@@ -638,7 +638,8 @@ def supported(problem: GemmProblem, d: Directives) -> list[str]:
     smem = smem_bytes(d.tile_m, d.tile_n, d.tile_k, d.stages) + staged
     if smem > SMEM_LIMIT_BYTES - 1024:
         fit = stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes, staged)
-        consumers = d.replace(comm_warps=0) if d.comm_warps else None
+        # (not d.replace: a space's rules ask this of points they have not validated)
+        consumers = d.model_copy(update={"comm_warps": 0}) if d.comm_warps else None
         ring = (stages_that_fit(d.tile_m, d.tile_n, d.tile_k, problem.dtype_bytes, ring_bytes(problem, consumers))
                 if consumers is not None and ring_allowed(problem, consumers) else 0)
         out.append(f"stages: placement={p} stages the output tile in shared memory beside the "
