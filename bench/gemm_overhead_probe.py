@@ -203,17 +203,17 @@ def _aliased(d, stages: int) -> list[tuple[str, str]]:
 #: build); ``whole_tile``, the same consumers staging the whole tile and storing it from there
 #: (store_staged), as before the ring was built: the same run's A/B of the staging alone, and
 #: of both against the bench's base (the comm warps storing whole tiles, ``as_is``).
-RENDERED = {"ring": True, "whole_tile": False}
+#: The rule each takes the ring by, in place of cuco.kernels.tp.ring_staged's (which since
+#: 1204ed2 takes it only for stages a whole tile leaves no room for): wherever it may, or never.
+RENDERED = {"ring": tp.ring_allowed, "whole_tile": lambda *_: False}
 
 
 def rendered(part: str, d):
     """``(directives, context)`` of ``part``'s render of the point ``d``: ``d`` and no change,
-    or for a :data:`RENDERED` part ``d`` on the consumers with the ring's rule as it says."""
+    or for a :data:`RENDERED` part ``d`` on the consumers with the ring's rule it names."""
     if part not in RENDERED:
         return d, contextlib.nullcontext()
-    if RENDERED[part]:
-        return d.replace(comm_warps=0), contextlib.nullcontext()
-    return d.replace(comm_warps=0), mock.patch.object(tp, "ring_staged", lambda *_: False)
+    return d.replace(comm_warps=0), mock.patch.object(tp, "ring_staged", RENDERED[part])
 
 
 def edits_of(part: str, d) -> list[tuple[str, str]]:

@@ -352,12 +352,18 @@ def tile_rate(ml: Mainloop, m64_rate: float = TILE_M64_RATE) -> float:
 SWAP_FRAMES = (("cooperative", 128), ("cooperative", 256), ("pingpong", 64), ("pingpong", 128))
 
 
+def whole_tile_bytes(tile_m: int, tile_n: int, dtype_bytes: int = 2) -> int:
+    """Shared memory a whole staged output tile takes: its rows padded by 8 elements (the
+    reductions read it back; a TMA-stored whole tile is unpadded but 1024-byte aligned)."""
+    return tile_m * (tile_n + 8) * dtype_bytes
+
+
 def stages_that_fit(tile_m: int, tile_n: int, tile_k: int = 64, dtype_bytes: int = 2,
                     staged: int | None = None) -> int:
     """The pipeline stages that fit in shared memory beside the staged output tile and the
     kernel's last KiB (:func:`supported` refuses more): ``staged`` bytes of it
-    (:func:`staging_bytes`), by default a whole tile's with rows padded by 8 elements."""
-    staged = tile_m * (tile_n + 8) * dtype_bytes if staged is None else staged
+    (:func:`staging_bytes`), by default a whole tile's (:func:`whole_tile_bytes`)."""
+    staged = whole_tile_bytes(tile_m, tile_n, dtype_bytes) if staged is None else staged
     return (SMEM_LIMIT_BYTES - 1024 - staged) // smem_bytes(tile_m, tile_n, tile_k, 1)
 
 
@@ -409,15 +415,14 @@ def ring_bytes(problem: GemmProblem, d: Directives) -> int:
 
 def staging_bytes(problem: GemmProblem, d: Directives) -> int:
     """Shared memory the staged output tile takes beside the mainloop's stages: the ring's
-    slots where :func:`ring_staged`, else the whole tile with rows padded by 8 elements (the
-    reductions read it back; a TMA-stored whole tile is unpadded but 1024-byte aligned)."""
-    return ring_bytes(problem, d) if ring_staged(problem, d) else d.tile_m * (d.tile_n + 8) * problem.dtype_bytes
+    slots where :func:`ring_staged`, else the whole tile (:func:`whole_tile_bytes`)."""
+    return ring_bytes(problem, d) if ring_staged(problem, d) else whole_tile_bytes(d.tile_m, d.tile_n, problem.dtype_bytes)
 
 
 def deepest(problem: GemmProblem, ml: Mainloop, base: Directives | None = None, most: int = 8) -> Mainloop:
     """``ml`` with the most stages (up to ``most``) that fit beside its staged output tile on
     ``base`` (default: the epilogue placement) at ``problem``'s pattern, where it has as many
-    as fit beside a whole staged tile and the ring (:func:`ring_staged`) leaves room for more;
+    as fit beside a whole staged tile and the ring (:func:`ring_allowed`) leaves room for more;
     else ``ml``."""
     try:
         d = with_mainloop(base or in_kernel("epilogue"), ml, problem.dtype_bytes)
@@ -461,8 +466,8 @@ def cluster_twins(problem: GemmProblem, mls: list[Mainloop]) -> list[Mainloop]:
 def mainloops_for(problem: GemmProblem, sms: int = SMS) -> tuple[Mainloop, ...]:
     """The in-kernel mainloops a search sweeps at ``problem``: :data:`MAINLOOPS`, the swapped
     ones fitted to its shape (:func:`swapped_mainloops`) and their clusters along N
-    (:func:`cluster_twins`); where the pattern's tiles are staged through a ring
-    (:func:`ring_staged`), each also with the stages that then fit (:func:`deepest`)."""
+    (:func:`cluster_twins`); where the pattern's tiles may be staged through a ring
+    (:func:`ring_allowed`), each also with the stages that then fit (:func:`deepest`)."""
     fitted = swapped_mainloops(problem, sms)
     mls = (*MAINLOOPS, *fitted, *cluster_twins(problem, fitted))
     return tuple(dict.fromkeys((*mls, *(deepest(problem, ml) for ml in mls))))
