@@ -206,9 +206,10 @@ def _swapped_if_fitter(problem: GemmProblem, pick: Pick, sms: int) -> Pick:
     so much better (:data:`SWAP_GAIN`): the fastest modelled frame, and of frames modelled
     alike the one with more stages. Measured: at 2000x7168x2048 and 2176x2048x8192, whose
     144x256 and 144x128 tiles fill the same waves, 144x128's five stages ran faster than
-    144x256's three (tile order 8) in all 8 cases of the two H200 files
-    (gemm_mainloop_h200_b157e15.json, and gemm_mainloop.json at 7b901fa: 0.1-5.4%) and in 2 of
-    the 4 of the H100 one (gemm_mainloop_h100_1d229c0.json); the sweep keeps both."""
+    144x256's three (tile order 8) in 7 of the 8 cases of the two H200 files
+    (gemm_mainloop_h200_b157e15.json, and gemm_mainloop.json at 5452aa7: 0.6-3.1% faster; 0.8%
+    slower at 2176x2048x8192 fp16 there) and in 2 of the 4 of the H100 one
+    (gemm_mainloop_h100_1d229c0.json); the sweep keeps both."""
     fitted = swapped_mainloops(problem, sms, top=len(SWAP_FRAMES))
     if not fitted:
         return pick
