@@ -27,8 +27,9 @@ SHAPES = ((200, 4096, 4096), (1536, 1536, 1536), (2048, 2048, 4096))
 LIBRARIES = ("torch.matmul", "cublaslt.heuristic0")
 #: The counters --summarize tabulates: (column, the metric's name in ncu's details page).
 COLUMNS = (("us", "Duration"), ("cycles", "Elapsed Cycles"), ("sm active", "SM Active Cycles"),
-           ("L2 %", "L2 Cache Throughput"), ("DRAM %", "DRAM Throughput"), ("grid", "Grid Size"),
-           ("smem KB", "Dynamic Shared Memory Per Block"))
+           ("SM %", "Compute (SM) Throughput"), ("mem %", "Memory Throughput"),
+           ("L1 %", "L1/TEX Cache Throughput"), ("L2 %", "L2 Cache Throughput"),
+           ("DRAM %", "DRAM Throughput"), ("grid", "Grid Size"), ("smem KB", "Dynamic Shared Memory Per Block"))
 KERNEL = re.compile(r"^  (\S+) \((\d+), (\d+), (\d+)\)x\((\d+), \d+, \d+\), Context")
 
 

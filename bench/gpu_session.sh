@@ -146,7 +146,11 @@ step_command() {
     gemm_store_probe) echo "python3 bench/gemm_overhead_probe.py --part as_is --part no_store --part unpadded --part tma_store" ;;
     # Nsight Compute's sections for the default point and the library at three GEMMs (ncu's
     # path: PATH, else the image's install), their table last; NCU_ARGS: the probe's arguments (--shape MxNxK, --part X)
-    gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-} && python3 bench/gemm_ncu_probe.py --summarize $OUT/logs/gemm_ncu.log" ;;
+    # the decode-like rows furthest behind (#37): where the time of the few-tile points goes (L2,
+    # SM and memory throughput beside the library's kernel), the split-K points whose slices are
+    # cut finer included; then the same summary table as gemm_ncu
+    gemm_ncu_decode) NCU_LOG=gemm_ncu_decode NCU_ARGS="--shape 256x1536x8192 --shape 200x4096x4096 --mainloop pingpong:64x128:sk2 --mainloop pingpong:64x192:sk4 --mainloop pingpong:128x128:sk4 --mainloop cooperative:256x128:sk8:ab" step_command gemm_ncu ;;
+    gemm_ncu)        echo "\$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1) --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --metrics ${NCU_METRICS:-sm__ops_path_tensor_src_bf16_dst_fp32.sum} python3 bench/gemm_ncu_probe.py ${NCU_ARGS:-} && python3 bench/gemm_ncu_probe.py --summarize $OUT/logs/${NCU_LOG:-gemm_ncu}.log" ;;
     tests_gemm_tools) echo "$PT -k 'split_k_and_64_row or wave_tiles or clusters' tests/test_tp_in_kernel_gpu.py" ;;
     tests_gemm_swapped) echo "$PT -k 'swapped' tests/test_tp_in_kernel_gpu.py" ;;
     # the in-kernel TP tests that TEST_K selects (pytest -k)
