@@ -200,6 +200,12 @@ step_command() {
     evaluator_w1_side)    echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1_side --candidates 40 --kinds side_stream $R" ;;
     evaluator_w1_evolved) echo "python3 bench/evaluator.py --world-size 1 --name evaluator_w1_evolved --candidates 40 --kinds in_kernel_evolved --warm-configs $R" ;;
     poison)          echo "python3 bench/poison.py $R" ;;
+    # issue #43's dispatch (2 GPUs): a table tuned on this machine for the three patterns at
+    # Llama-3-70B's layer sizes at TP=2 (gate/up AllGather+GEMM, down GEMM+ReduceScatter, the
+    # attention output GEMM+AllReduce), then the dispatched ops against torch's fused op and
+    # the host program at 24 Ms (tp_dispatch.json)
+    tune_70b)        echo "python3 -m cuco.cli tune allgather_gemm --n 28672 --k 8192 --table $OUT/results/tp_table_70b.json && python3 -m cuco.cli tune gemm_reducescatter --n 8192 --k 28672 --table $OUT/results/tp_table_70b.json && python3 -m cuco.cli tune gemm_allreduce --n 8192 --k 8192 --table $OUT/results/tp_table_70b.json" ;;
+    tp_dispatch)     echo "python3 bench/tp_dispatch.py --table $OUT/results/tp_table_70b.json $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;
     tp_block)        echo "python3 bench/tp_block.py --budget 4 $R" ;;
