@@ -62,6 +62,20 @@ def kernel_cache(tmp_path_factory) -> str:
     return os.environ.get("CUCO_TEST_CACHE") or str(base / "kcache")
 
 
+@pytest.fixture(scope="session")
+def compiler_cache(kernel_cache) -> str:
+    """The folder a :class:`~cuco.kernels.Compiler` left to its default builds into under
+    ``CUCO_CACHE_DIR`` = :func:`kernel_cache` (``<kernel_cache>/kernels``): the one to give a
+    Compiler made where that variable is not set yet (a module-scoped fixture), so that its
+    builds are the ones every other test, and in CI ``cuco kernels check`` (run with
+    ``CUCO_CACHE_DIR=$CUCO_TEST_CACHE``), find in the cache. ``kernel_cache`` itself as a
+    ``cache_dir`` is a folder nothing else reads."""
+    from cuco.kernels.compiler import default_cache_dir
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUCO_CACHE_DIR", kernel_cache)
+        return str(default_cache_dir())
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(kernel_cache, monkeypatch):
     """Every test compiles into the run's cache (:func:`kernel_cache`)."""
