@@ -34,6 +34,8 @@ TEST_WORLD = EMULATED or min(GPUS, 2) or 1
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_first(items)
     for item in items:
         mark = item.get_closest_marker("gpu")
         if mark is None:
@@ -42,6 +44,29 @@ def pytest_collection_modifyitems(config, items):
         if GPUS < need:
             hint = f" (or 1 GPU and CUCO_EMULATE={need})" if need > 1 else ""
             item.add_marker(pytest.mark.skip(reason=f"needs {need} GPU(s){hint}, {GPUS} visible"))
+
+
+def _longest_first(items) -> None:
+    """Under pytest-xdist (every worker collects, and sorts alike), the tests that take longest
+    (:mod:`costs`) first and the rest in their order: the workers hand out tests in this order,
+    so the last ones to start are short and both workers end together."""
+    from costs import seconds
+    items.sort(key=lambda item: seconds(item.nodeid), reverse=True)  # stable
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` (pytest-xdist's 'load' distribution) hands tests out one at a time
+    (``--maxschedchunk 1`` unless given), keeping each worker one test ahead, so that
+    :func:`_longest_first`'s order holds: by default each worker's first batch is a quarter of
+    its share of the collection, which gave one worker every long build and left the other
+    idle for minutes at the end."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScheduling
+    if config.getvalue("maxschedchunk") is None:
+        config.option.maxschedchunk = 1
+    return LoadScheduling(config, log)
 
 
 def pytest_report_header(config):
