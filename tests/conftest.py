@@ -34,6 +34,8 @@ TEST_WORLD = EMULATED or min(GPUS, 2) or 1
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_first(items)
     for item in items:
         mark = item.get_closest_marker("gpu")
         if mark is None:
@@ -42,6 +44,29 @@ def pytest_collection_modifyitems(config, items):
         if GPUS < need:
             hint = f" (or 1 GPU and CUCO_EMULATE={need})" if need > 1 else ""
             item.add_marker(pytest.mark.skip(reason=f"needs {need} GPU(s){hint}, {GPUS} visible"))
+
+
+def _longest_first(items) -> None:
+    """Under pytest-xdist (every worker collects, and sorts alike), the tests that take longest
+    (:mod:`costs`) first and the rest in their order: the workers hand out tests in this order,
+    so the last ones to start are short and both workers end together."""
+    from costs import seconds
+    items.sort(key=lambda item: seconds(item.nodeid), reverse=True)  # stable
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` (pytest-xdist's 'load' distribution) hands tests out one at a time
+    (``--maxschedchunk 1`` unless given), keeping each worker one test ahead, so that
+    :func:`_longest_first`'s order holds: by default each worker's first batch is a quarter of
+    its share of the collection, which gave one worker every long build and left the other
+    idle for minutes at the end."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScheduling
+    if config.getvalue("maxschedchunk") is None:
+        config.option.maxschedchunk = 1
+    return LoadScheduling(config, log)
 
 
 def pytest_report_header(config):
@@ -60,6 +85,20 @@ def kernel_cache(tmp_path_factory) -> str:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # each worker's base is <run>/popen-gwN
     return os.environ.get("CUCO_TEST_CACHE") or str(base / "kcache")
+
+
+@pytest.fixture(scope="session")
+def compiler_cache(kernel_cache) -> str:
+    """The folder a :class:`~cuco.kernels.Compiler` left to its default builds into under
+    ``CUCO_CACHE_DIR`` = :func:`kernel_cache` (``<kernel_cache>/kernels``): the one to give a
+    Compiler made where that variable is not set yet (a module-scoped fixture), so that its
+    builds are the ones every other test, and in CI ``cuco kernels check`` (run with
+    ``CUCO_CACHE_DIR=$CUCO_TEST_CACHE``), find in the cache. ``kernel_cache`` itself as a
+    ``cache_dir`` is a folder nothing else reads."""
+    from cuco.kernels.compiler import default_cache_dir
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUCO_CACHE_DIR", kernel_cache)
+        return str(default_cache_dir())
 
 
 @pytest.fixture(autouse=True)

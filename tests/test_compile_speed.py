@@ -151,13 +151,13 @@ def test_candidates_build_their_host_part_once_and_keep_their_own_kernel(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_split_build_makes_the_same_kernel_as_a_whole_build(tmp_path):
+def test_the_split_build_makes_the_same_kernel_as_a_whole_build(tmp_path, compiler_cache):
     """The rule for a faster build: it may not change the kernel. The shipped CUTLASS
     kernel's SASS, resources and launch attributes, built in two pieces, equal a whole
-    build's (one CUTLASS whole build; the split one is the session's, which
-    test_kernels.py reuses)."""
+    build's (one CUTLASS whole build; the split one is built in the session's cache, whose
+    host part test_kernels.py's and the catalog's build of the same kernel reuse)."""
     source = next(s for s in representative() if is_launcher(s.needs))
-    cache = os.environ["CUCO_CACHE_DIR"]
+    cache = compiler_cache
     # the build as one unit: a separately compiled one is linked by nvJitLink, whose optimiser
     # and ptxas are another version's (tests/test_separate_compilation.py checks that build)
     comp = Compiler(arch="sm_90a", cache_dir=cache, whole_program=True)

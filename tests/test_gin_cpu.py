@@ -114,12 +114,12 @@ def test_the_plants_compile(plant, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("issuer", gin.ISSUERS)
-def test_the_moe_gin_kernels_build_every_kernel_their_runner_launches(issuer, kernel_cache):
+def test_the_moe_gin_kernels_build_every_kernel_their_runner_launches(issuer, compiler_cache):
     """One build serves NCCL's GIN and the emulated one (``cuco::Gin`` decides at run time, on
     the window's tag bit): nvcc compiles both paths, every kernel the runner launches in it."""
     from cuco.kernels.compiler import Compiler
     s = for_problem(gin.problem("moe", 2)).render(gin.directives(issuer))
-    built = Compiler(arch="sm_90a", cache_dir=kernel_cache).compile(s.source, needs=s.needs, name=s.name)
+    built = Compiler(arch="sm_90a", cache_dir=compiler_cache).compile(s.source, needs=s.needs, name=s.name)
     image = built.path.read_bytes()
     for name in MoEGinRunner.KERNELS:
         assert name.encode() in image, name

@@ -27,12 +27,12 @@ def test_the_subset_covers_every_template():
 
 
 @pytest.fixture(scope="module")
-def builds(kernel_cache):
+def builds(compiler_cache):
     """The representative kernels compiling in the background on every core, the slow
     CUTLASS build first; each test below waits for its own (so the run shows progress)."""
     import os
     from concurrent.futures import ThreadPoolExecutor
-    comp = Compiler(arch="sm_90a", cache_dir=kernel_cache)
+    comp = Compiler(arch="sm_90a", cache_dir=compiler_cache)
     order = sorted(REPRESENTATIVE, key=lambda s: "cutlass" not in s.needs)
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
     futures = {s.name: pool.submit(comp.compile, s.source, needs=s.needs, name=s.name) for s in order}

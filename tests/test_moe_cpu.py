@@ -23,12 +23,12 @@ def side(**kw) -> Directives:
 
 
 @pytest.mark.slow
-def test_grouped_gemm_builds_and_its_host_side_fills_strides(kernel_cache):
+def test_grouped_gemm_builds_and_its_host_side_fills_strides(compiler_cache):
     """One CUTLASS build (about 1.5 min on 2 cores), in the cache test_kernels builds the
     catalog into (the same source: built once a session). The host functions touch no GPU:
     the sizes its tables use, and packed K-major strides."""
     s = config_source(DECODE_CONFIG)  # the catalog's first MoE build: test_kernels' representative
-    built = Compiler(arch="sm_90a", cache_dir=kernel_cache).compile(s.source, needs=s.needs, name=s.name)
+    built = Compiler(arch="sm_90a", cache_dir=compiler_cache).compile(s.source, needs=s.needs, name=s.name)
     assert built.launcher and b"grouped_gemm_kernel" in built.path.read_bytes()
     lib = ctypes.CDLL(str(built.path))
     sizes = (ctypes.c_int * 5)()

@@ -201,15 +201,16 @@ def test_concurrent_builders_in_two_processes_share_one_frozen_unit(tmp_path):
 
 @pytest.mark.slow
 @needs_jitlink
-def test_a_body_that_only_the_whole_build_compiles_falls_back_to_it(tmp_path):
+def test_a_body_that_only_the_whole_build_compiles_falls_back_to_it(compiler_cache):
     """A body may name a constant macro the CUTLASS headers define (the macro check reads the
     whole device pass), which the candidate's unit, with its light includes, does not see: the
-    build falls back to the one-unit build instead of refusing a kernel that compiles."""
+    build falls back to the one-unit build instead of refusing a kernel that compiles. (In the
+    session's cache: the configuration's host part and layout are the catalog's, built once.)"""
     ks = source_of(placement="epilogue", comm_warps=3)
     src, needs = edited(ks.source, "CUTLASS_DEBUG_TRACE_LEVEL"), tuple(sorted(set(ks.needs)))
-    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    comp = Compiler(arch="sm_90a", cache_dir=compiler_cache)
     assert comp.separate(src, needs)
     built = comp.compile(src, needs=needs, name="falls_back")
-    whole = Compiler(arch="sm_90a", cache_dir=tmp_path, whole_program=True)
+    whole = Compiler(arch="sm_90a", cache_dir=compiler_cache, whole_program=True)
     assert built.key == whole.cache_key(src, needs, "launcher")
     assert whole.compile(src, needs=needs, name="again").cached
