@@ -98,8 +98,8 @@ def main() -> int:
                   f"({row['seconds_per_1000']} s per 1000; stopped by {row['stopped']})", flush=True)
             rows.append(row)
     path = results.write("proposer_speed", rows, device=cpu_label(), world_size=PROBLEM.world_size,
-                         out_dir=args.out_dir,
-                         extra={"commit": results.current_commit(Path(__file__).parent), "emulated": False, "dry_run": True,
+                         emulated=False, out_dir=args.out_dir,
+                         extra={"commit": results.current_commit(Path(__file__).parent), "dry_run": True,
                                 "unit": "seconds per 1000 dry-run evaluations (analytic model)"})
     print(f"wrote {path}")
     return 0

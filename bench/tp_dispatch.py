@@ -77,10 +77,12 @@ def on_rank(table_path: str, out_dir: str) -> int:
                          "peers": {"torch_fused_ms": fused_ms}})
     if rank == 0:
         worst = min(rows, key=lambda r: r["ratio_to_best"]) if rows else None
-        path = results.write("tp_dispatch", rows, device=f"{world} x {torch.cuda.get_device_name()}",
-                             world_size=world, out_dir=out_dir,
+        # ranks sharing one GPU (CUCO_EMULATE under torchrun) are an emulated world: the device
+        # label counts the GPUs they ran on, and no ratio of such a run is a speedup
+        gpus = min(world, torch.cuda.device_count())
+        path = results.write("tp_dispatch", rows, device=f"{gpus} x {torch.cuda.get_device_name()}",
+                             world_size=world, emulated=gpus < world, out_dir=out_dir,
                              extra={"table": table_path, "table_source": table.provenance.source,
-                                    "emulated": world > torch.cuda.device_count(),
                                     "worst_ratio": worst["ratio_to_best"] if worst else None,
                                     "worst_case": worst["case"] if worst else None})
         print(f"wrote {path}; worst ratio of best(host, torch) to the op: "

@@ -163,13 +163,13 @@ def test_the_default_is_all_keys_at_two_ranks_without_a_mask():
 
 
 def test_the_default_rests_on_the_balanced_rows():
-    """The measured basis of the choice (bench/results/cp_attention_kernel.json, timed in a
-    balanced order): every case meets the 0.95 bar with its best variant; at W = 2 without a
+    """The measured basis of the choice (1 x H100 at ff50a27,
+    bench/results/cp_attention_kernel_h100_ff50a27.json, timed in a balanced order): every case meets the 0.95 bar with its best variant; at W = 2 without a
     mask, where the default is the one call, the per-peer split (two calls and a merge) ran
     behind it on most rows and below the bar on some; the one call met the bar on every row
     (with its own-shard copy timed inside the call, a second run, it too fell below it on
     three rows, 0.913 at worst, where the same program timed twice ran 4.5 % apart)."""
-    for name in ("cp_attention_kernel", "cp_attention_kernel_own_copy_timed"):
+    for name in ("cp_attention_kernel_h100_ff50a27", "cp_attention_kernel_own_copy_timed"):
         doc = json.loads((ROOT / f"bench/results/{name}.json").read_text())
         assert doc["summary"]["all_correct"] and doc["summary"]["cases"] == 72
         rows = [r for r in doc["rows"] if r["world"] == 2 and not r["causal"]]
@@ -183,11 +183,34 @@ def test_the_default_rests_on_the_balanced_rows():
             assert one["speedup"] >= 0.9 and one["ms"] <= 1.06 * split["ms"], (name, case)
             ahead += one["ms"] < split["ms"]
         assert ahead >= 9, (name, ahead)
-        if name == "cp_attention_kernel":
+        if name == "cp_attention_kernel_h100_ff50a27":
             assert doc["summary"]["met"] and doc["summary"]["cases_below_bar"] == []
             assert min(by[c, "library.cudnn.all_keys"]["speedup"] for c in cases) >= 0.95
         assert min(by[c, "library.cudnn"]["speedup"] for c in cases) < 0.95
 
+
+
+def test_on_one_h200_a_row_below_the_bar_falls_short_by_less_than_its_own_noise():
+    """Issue #37's file of record (1 x H200, bench/results/cp_attention_kernel.json): every
+    output correct, and the best cuDNN-backed variant at >= 0.95x the fastest torch attention
+    on nearly every row; a row below the bar falls short by less than torch's own cuDNN
+    program differed from itself, timed twice in the same rounds on that row."""
+    doc = json.loads((ROOT / "bench/results/cp_attention_kernel.json").read_text())
+    assert "H200" in doc["device"] and doc["world_size"] == 1 and not doc["emulated"]
+    assert doc["summary"]["all_correct"] and doc["summary"]["cases"] == 72
+    by: dict = {}
+    for r in doc["rows"]:
+        by.setdefault(r["case"], {})[r["variant"]] = r
+    assert len(by) == 72
+    short = {}
+    for case, v in by.items():
+        best = max(r["speedup"] for n, r in v.items() if n.startswith("library.cudnn") and r["correct"])
+        noise = abs(1 - v["torch_cudnn"]["ms"] / v["torch_cudnn.repeat"]["ms"])
+        if best < 0.95:
+            short[case] = (best, noise)
+    assert len(short) <= len(by) // 20, short
+    assert all(0.95 - best < noise for best, noise in short.values()), short
+    assert short.keys() <= set(doc["summary"]["cases_below_bar"])
 
 # ---- the rendered variant ---------------------------------------------------------------------
 def test_the_variant_receives_grouped_and_runs_the_grouped_kernels():

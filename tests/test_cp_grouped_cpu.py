@@ -116,7 +116,8 @@ def test_the_default_grouping_follows_the_regime():
 
 
 def test_the_default_grouping_is_within_three_percent_of_the_faster_one_on_every_measured_row():
-    """Held to bench/results/cp_attention_kernel.json (balanced order) and to its run with
+    """Held to 1 x H100's bench/results/cp_attention_kernel_h100_ff50a27.json (balanced
+    order; the H200 run at 8f4b630 had a noise control 9.6 % wide on one row) and to its run with
     the all_keys copy timed inside the call (cp_attention_kernel_own_copy_timed.json): on
     every case with more than one grouping measured, the grouping :func:`default_peer_calls`
     picks for cuDNN ran within 3 % of the fastest of those it weighs, same run, same rank's
@@ -130,7 +131,7 @@ def test_the_default_grouping_is_within_three_percent_of_the_faster_one_on_every
     from pathlib import Path
 
     variant = {g: "library.cudnn" + ("" if g is PeerCalls.PER_PEER else f".{g.value}") for g in PeerCalls}
-    for name in ("cp_attention_kernel", "cp_attention_kernel_own_copy_timed"):
+    for name in ("cp_attention_kernel_h100_ff50a27", "cp_attention_kernel_own_copy_timed"):
         doc = json.loads((Path(__file__).parents[1] / f"bench/results/{name}.json").read_text())
         ms = {(r["case"], r["variant"]): r["ms"] for r in doc["rows"]}
         noise = {c: abs(1 - ms[c, "torch_cudnn"] / ms[c, v]) for c, v in ms if v == "torch_cudnn.repeat"}

@@ -28,10 +28,10 @@ from cuco.workloads.cp.split import FULL, SKIP, pair_kind, zigzag_chunk
 
 #: Modelled rates for :func:`default_peer_calls` (not measured per machine): cuDNN's
 #: non-causal attention ran 470-680 TFLOPS on one H200 (bench/results/cp_attention_kernel.json
-#: at d3e3b02); a rank receives over NVLink at about this many GB/s with every peer sending at once.
+#: at d3e3b02, in git history; 457-694 at 8f4b630); a rank receives over NVLink at about this many GB/s with every peer sending at once.
 ATTENTION_TFLOPS, RECEIVE_GBS = 500.0, 400.0
 #: The most tokens a rank at which grouping is the default without a mask (measured on
-#: 1 x H100, W = 4, in a balanced order, bench/results/cp_attention_kernel.json at ff50a27 and
+#: 1 x H100, W = 4, in a balanced order, bench/results/cp_attention_kernel_h100_ff50a27.json and
 #: bench/results/cp_attention_kernel_own_copy_timed.json at 483d380): at 8k tokens a rank
 #: the grouped cuDNN calls ran about even with a call per peer without a mask (geometric mean
 #: 1.014 in both runs); at 16k and 32k they ran behind on 15 of 16 rows (0.927 at worst): one
@@ -123,7 +123,7 @@ def default_peer_calls(problem: CPProblem) -> PeerCalls:
       per peer at 8k tokens and behind it at 16k-32k, but in a fixed order that put them
       right after the per-peer cuDNN call, which slows whatever follows it; so did the
       grouped rows behind GROUPED_MAX_TOKENS. Timed again in a balanced order on 1 x H100
-      (bench/results/cp_attention_kernel.json at ff50a27; at 483d380 the own shard's copy
+      (bench/results/cp_attention_kernel_h100_ff50a27.json; at 483d380 the own shard's copy
       timed inside the call), the one call ran ahead of the call per peer with cuDNN on 10
       of 12 rows (0.7 % behind on the other two) and 9 of 12 (5 % behind at worst, on a
       row whose same-program control was 4.5 % apart). No fused call is measured yet.

@@ -165,7 +165,7 @@ class CPAttention(PipelineWorkload):
     problem: CPProblem
     #: PyTorch's attention after the same all-gather (where torch runs) is what a user would
     #: pick, flash or cuDNN's, whichever is faster there (on H100, cuDNN's ran about twice as
-    #: fast as flash: bench/results/cp_attention_kernel.json): the fastest correct one is the bar
+    #: fast as flash, on H200 too: bench/results/cp_attention_kernel.json): the fastest correct one is the bar
     host_programs = ("host_nccl", "host_torch_flash", "host_torch_cudnn")
 
     def small_problem(self) -> CPProblem:

@@ -64,7 +64,8 @@ class KVTransfer(PipelineWorkload):
     hides_transfer = True
     problem: KVProblem
     #: the layer-by-layer send overlapped by hand beats the send-it-all-at-the-end program
-    #: (33.41 against 34.96 ms in bench/results/kv_transfer.json): the faster is the baseline
+    #: (62.00 against 62.69 ms in bench/results/kv_transfer.json at 8f4b630; 33.41 against
+    #: 34.96 ms in kv_transfer_h200x2_2a4382a.json): the faster is the baseline
     host_programs = ("host_nccl", "host_overlap")
     #: 1: one persistent CTA, one CTA a chunk, or the copy engine (which takes comm_ctas=1).
     comm_cta_choices = (1, 4, 8, 16, 32)

@@ -64,7 +64,7 @@ class GemmWorkload(Workload):
     #: present, ``Case(peers=True)``): the fastest correct of them is the bar
     host_programs = ("host_nccl", "host_nccl_default", torch_fused.PEER)
     #: Every honest variant of the three layers was within 1.0x the host program's L2 error
-    #: (99 rows of bench/results/tp_workloads.json, 2 x H200: every placement, backend and
+    #: (99 rows of bench/results/tp_workloads_h200x2_616ca2a.json, 2 x H200: every placement, backend and
     #: pattern at 8192^3; the reductions sum bf16 partials in fp32 as NCCL does, or more
     #: exactly); a peer's partial rounded one mantissa bit short is about 1.4x, a reduced
     #: output's lowest bit dropped about 2x: both wrong here, and both inside the 2x default
