@@ -203,9 +203,12 @@ step_command() {
     # issue #43's dispatch (2 GPUs): a table tuned on this machine for the three patterns at
     # Llama-3-70B's layer sizes at TP=2 (gate/up AllGather+GEMM, down GEMM+ReduceScatter, the
     # attention output GEMM+AllReduce), then the dispatched ops against torch's fused op and
-    # the host program at 24 Ms (tp_dispatch.json)
-    tune_70b)        echo "python3 -m cuco.cli tune allgather_gemm --n 28672 --k 8192 --table $OUT/results/tp_table_70b.json && python3 -m cuco.cli tune gemm_reducescatter --n 8192 --k 28672 --table $OUT/results/tp_table_70b.json && python3 -m cuco.cli tune gemm_allreduce --n 8192 --k 8192 --table $OUT/results/tp_table_70b.json" ;;
-    tp_dispatch)     echo "python3 bench/tp_dispatch.py --table $OUT/results/tp_table_70b.json $R" ;;
+    # the host program at 24 Ms (tp_dispatch.json). On 2 x H200 at 8f4b630 a layer took about
+    # 130 s (give tune_70b 450 s); the table is written after each bucket, so a step cut short
+    # goes on where it stopped when its table is carried back in (TUNE_TABLE=path)
+    tune_70b)        T=${TUNE_TABLE:-$OUT/results/tp_table_70b.json}
+                     echo "python3 -m cuco.cli tune allgather_gemm --n 28672 --k 8192 --table $T && python3 -m cuco.cli tune gemm_reducescatter --n 8192 --k 28672 --table $T && python3 -m cuco.cli tune gemm_allreduce --n 8192 --k 8192 --table $T" ;;
+    tp_dispatch)     echo "python3 bench/tp_dispatch.py --table ${TUNE_TABLE:-$OUT/results/tp_table_70b.json} $R" ;;
     tp_workloads)    echo "python3 bench/tp_workloads.py --quick $R" ;;
     tp_shapes)       echo "python3 bench/tp_shapes.py --resume $R" ;;
     tp_block)        echo "python3 bench/tp_block.py --budget 4 $R" ;;

@@ -208,6 +208,56 @@ def test_tuning_says_which_bucket_of_how_many_it_is_on(tmp_path):
     assert lines[1].startswith("M=64 (1/2): host (") and lines[3].startswith("M=1024 (2/2): torch_fused (")
 
 
+class CutAt(Replayed):
+    """Replayed, cut short (Ctrl-C, a call's time limit) when asked to time bucket ``m``."""
+
+    def __init__(self, m: int):
+        super().__init__()
+        self.cut = m
+
+    def __call__(self, problem, candidates, db, run_id):
+        if problem.m == self.cut:
+            raise KeyboardInterrupt
+        return super().__call__(problem, candidates, db, run_id)
+
+
+def test_a_tune_cut_short_keeps_what_it_measured_and_goes_on_where_it_stopped(tmp_path):
+    """A 2 x H200 tune of three 70B layers needs more than one call's ten minutes (about 130 s
+    a layer): each bucket is written as it is measured, and the next run times only the rest
+    (of this commit's table; --fresh times it all again)."""
+    from cuco.dispatch_tune import tune_table
+    layer, path, ms = Layer("gemm_reducescatter", 4096, 4096), tmp_path / "t.json", [64, 1024, 4096]
+    other = Layer("gemm_reducescatter", 2048, 4096)
+    tune_table(other, [64], measure=Replayed(), table_path=path, placements=("side_stream",))
+    with pytest.raises(KeyboardInterrupt):
+        tune_table(layer, ms, measure=CutAt(4096), table_path=path, placements=("side_stream",))
+    table = DispatchTable.load(path)
+    assert table.layers[layer].buckets == [64, 1024] and table.layers[other].buckets == [64]
+    again, lines = Replayed(), []
+    tuned = tune_table(layer, ms, measure=again, table_path=path, placements=("side_stream",),
+                       progress=lines.append)
+    assert again.timed == [4096]
+    assert [ln for ln in lines if "kept from t.json" in ln] == [ln for ln in lines if ln.startswith(("M=64 ", "M=1024 "))]
+    assert tuned.table.layers[layer].buckets == ms and DispatchTable.load(path).layers[layer].buckets == ms
+    assert DispatchTable.load(path).layers[other].buckets == [64]  # the other layer untouched
+    fresh = Replayed()
+    tune_table(layer, ms, measure=fresh, table_path=path, placements=("side_stream",), fresh=True)
+    assert fresh.timed == ms
+
+
+def test_a_table_from_another_commit_is_measured_again(tmp_path):
+    """Kept buckets are this code's: a table another commit measured is timed anew."""
+    from cuco.dispatch_tune import tune_table
+    layer, path = Layer("gemm_reducescatter", 4096, 4096), tmp_path / "t.json"
+    tune_table(layer, [64, 1024], measure=Replayed(), table_path=path, placements=("side_stream",))
+    doc = json.loads(path.read_text())
+    doc["provenance"]["commit"] = "0000000"
+    path.write_text(json.dumps(doc))
+    again = Replayed()
+    tune_table(layer, [64, 1024], measure=again, table_path=path, placements=("side_stream",))
+    assert again.timed == [64, 1024]
+
+
 @pytest.mark.parametrize("content", [b'{"layers": [', b"\xff\xfe", b"[1, 2]", "measured"])
 def test_a_table_tuning_cannot_add_to_is_refused_before_anything_is_timed(tmp_path, content):
     """A damaged --table file (or one timed elsewhere) was read only after every bucket was

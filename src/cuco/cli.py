@@ -775,9 +775,13 @@ def tune_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="no GPU: the analytic model's times "
                                  "(the table is marked model)"),
     arch: Optional[str] = typer.Option(None, help="target arch of exported kernels (default: this GPU's)"),
+    fresh: bool = typer.Option(False, "--fresh", help="measure every bucket again (by default the "
+                               "buckets this layer already has in --table from this commit are kept, "
+                               "so a run cut short goes on where it stopped)"),
 ) -> None:
     """Time a layer at every M bucket (cuco's candidates, torch's fused op, the host
-    program) and write its dispatch table: the op then runs the fastest correct per bucket."""
+    program) and write its dispatch table: the op then runs the fastest correct per bucket.
+    The table is written after each bucket; run again, it goes on where it stopped."""
     import shlex
     import sys
 
@@ -809,7 +813,7 @@ def tune_cmd(
     try:
         with console.status(f"tuning {layer.key} at {len(ms)} buckets ({measure.source})..."):
             tuned = tune_table(layer, ms, measure=measure, table_path=table, placements=picked,
-                               command=command, arch=arch, progress=console.print)
+                               command=command, arch=arch, fresh=fresh, progress=console.print)
     finally:
         if group is not None:
             group.close()

@@ -170,16 +170,23 @@ class Tuned:
 def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path: str | Path,
                placements: Sequence[str] = PLACEMENTS,
                make_candidates: Callable[[GemmProblem, Sequence[str]], list[Directives]] = candidates,
-               command: str | None = None, arch: str | None = None,
+               command: str | None = None, arch: str | None = None, fresh: bool = False,
                progress: Callable[[str], None] = lambda s: None) -> Tuned:
     """Measure ``layer`` at every bucket of ``ms``, write (or add to) the table at
     ``table_path`` and export the winning cuco kernels beside it (built for ``arch``: the
-    GPU's, ``$CUCO_ARCH`` or sm_90a without one)."""
+    GPU's, ``$CUCO_ARCH`` or sm_90a without one).
+
+    The table is written after every bucket, so a run cut short (a crash, Ctrl-C, a time
+    limit) keeps what it measured; run again, it keeps the buckets this layer already has
+    there from the same commit and source (:func:`kept_entries`) and measures the rest.
+    ``fresh``: measure every bucket again."""
     from cuco.export import export
     arch = arch or gpu_arch() or "sm_90a"
     table_path = Path(table_path)
     prov = provenance(measure, layer.world_size, command)
     have = existing_table(table_path, prov)  # before anything is measured, built or written
+    kept = {} if fresh else kept_entries(have, layer, prov)
+    table = have if have is not None else DispatchTable(prov)
     art_root = table_path.with_name(table_path.stem + ".artifacts")
     db: CandidateDB | None = None  # made once a bucket's problem is valid: a refused shape leaves no file
     entries, skipped, exported = [], {}, {}
@@ -190,6 +197,11 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
             skipped[m] = why
             continue
         at = f"M={m} ({i}/{len(ms)})"
+        if m in kept:
+            entries.append(kept[m])
+            progress(f"{at}: kept from {table_path.name} (measured at {have.provenance.commit}; "
+                     "--fresh measures it again)")
+            continue
         if measure.source != "model":  # a timing job: minutes a bucket
             progress(f"{at}: timing the candidates, torch's fused op and the host program...")
         problem = make_problem(layer.pattern.name, layer.shape(m), world_size=layer.world_size,
@@ -211,18 +223,38 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
             artifact = exported[key]
         entry = entry_from(m, found, artifact)
         entries.append(entry)
+        _write(table, layer, entries, prov, table_path)  # what is measured is kept
         progress(f"{at}: {entry.choice if entry.choice != CUCO else 'cuco ' + str(entry.variant)} "
                  f"({', '.join(f'{k} {v:.4g} ms' for k, v in entry.times_ms.items() if v and entry.correct.get(k))})")
     if not entries:
         raise TableError(f"{layer.key}: none of the buckets {sorted(skipped)} can run "
                          f"({'; '.join(sorted(set(skipped.values())))})")
+    _write(table, layer, entries, prov, table_path)
+    return Tuned(table, skipped)
+
+
+def _write(table: DispatchTable, layer: Layer, entries: list, prov: Provenance, path: Path) -> None:
+    """The layer's entries so far into ``table`` (its other layers kept), saved atomically."""
     new = DispatchTable(prov)
-    new.add(LayerTable(layer, entries))
-    if have is not None:  # one file for the model's layers
-        have.merge(new)
-        new = have
-    new.save(table_path)
-    return Tuned(new, skipped)
+    new.add(LayerTable(layer, list(entries)))
+    table.merge(new)
+    table.save(path)
+
+
+def kept_entries(have: DispatchTable | None, layer: Layer, prov: Provenance) -> dict:
+    """The buckets of ``layer`` the table at ``--table`` already holds that a run may keep:
+    measured by this commit (a known one), from the same source, each cuco choice's
+    exported kernel still beside the table. Anything else is measured again."""
+    if have is None or layer not in have.layers or not prov.commit:
+        return {}
+    if have.provenance.commit != prov.commit or have.provenance.source != prov.source:
+        return {}
+    out = {}
+    for e in have.layers[layer].entries:
+        art = have.artifact_path(e)
+        if e.choice != CUCO or (art is not None and art.exists()):
+            out[e.m] = e
+    return out
 
 
 def existing_table(path: Path, prov: Provenance) -> DispatchTable | None:
