@@ -54,7 +54,10 @@ right after a cuDNN call was the slower, the flash all_keys variant up to 15 % a
 torch_flash although it does more. ``torch_cudnn.repeat``
 is torch_cudnn timed a second time, as its own variant: the ratio of the two (the summary's
 ``same_program_spread``) is how far apart timing puts one program from itself, the noise a
-difference from the bar must exceed.
+difference from the bar must exceed. A case where it drifted more than ``--noise`` (5 %) is
+timed again, up to ``--retries`` times, and the timing whose control drifted least is kept
+(chosen on the control alone; each row lists every attempt's drift, the summary the cases
+timed again).
 """
 
 from __future__ import annotations
@@ -252,6 +255,33 @@ TOLERANCE = ("heads 0 and H-1: every element within the workload's tolerance of 
              "checked call, the last timed call's output checked again")
 
 
+#: how far the same program timed twice in one case's rounds may drift before the case is timed
+#: again (1 x H200 at 8f4b630: 0.9035 at one case, whose library rows fell below the bar by less)
+NOISE = 0.05
+
+
+def spread(rows: list[dict]) -> float | None:
+    """How far torch's cuDNN program ran from itself timed again in the same rounds,
+    ``|1 - ms / repeat ms|`` (None: the case has no such control)."""
+    by = {r["variant"]: r["ms"] for r in rows}
+    if "torch_cudnn" not in by or REPEAT not in by or not by[REPEAT]:
+        return None
+    return abs(1 - by["torch_cudnn"] / by[REPEAT])
+
+
+def steadiest(attempts: list[list[dict]]) -> list[dict]:
+    """Of a case's timings, the one whose control drifted least (chosen on the control alone,
+    torch against torch, never on a candidate's time), each of its rows recording every
+    attempt's drift (``attempt_spreads``): a disturbed timing is replaced, not hidden."""
+    spreads = [spread(a) for a in attempts]
+    pick = min(range(len(attempts)), key=lambda i: (spreads[i] is None, spreads[i] or 0.0))
+    chosen = [dict(r) for r in attempts[pick]]
+    for r in chosen:
+        r["attempt_spreads"] = [None if x is None else round(x, 4) for x in spreads]
+        r["attempt"] = pick
+    return chosen
+
+
 class Row(NamedTuple):
     """One timed case: ``tokens`` per rank (T = 2C), rank ``rank`` of ``world``."""
     tokens: int
@@ -379,6 +409,7 @@ def summarize(rows: list[dict]) -> dict:
             "min_ratio_by_core": {c: (min(v.values()) if v else None) for c, v in by_core.items()},
             "min_ratio_vs_torch_kernels": min((v for v in kernels.values() if v is not None), default=None),
             "cases_below_bar": below, "met": bool(ratio) and not below,
+            "retimed_cases": sorted({r["case"] for r in rows if len(r.get("attempt_spreads") or ()) > 1}),
             "same_program_spread": ({"min": min(repeat.values()), "max": max(repeat.values()),
                                      "what": "torch_cudnn's ms over the same program's, timed again "
                                              "in the same rounds (1.0: no noise)"} if repeat else None),
@@ -720,6 +751,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per case (median; at least "
                     "the balanced order's rounds: the case's programs, one more when odd)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--retries", type=int, default=2, help="times a case whose control drifted more "
+                    f"than --noise is timed again (default 2; the steadiest timing is kept)")
+    ap.add_argument("--noise", type=float, default=NOISE, help="the control's drift that retimes a case "
+                    f"(|1 - torch_cudnn / {REPEAT}|; default {NOISE})")
     ap.add_argument("--out-dir", default="bench/results")
     args = ap.parse_args(argv)
     rows = library_rows(tuple(int(w) for w in args.worlds.split(",")), args.quick, tuple(args.only))
@@ -755,8 +790,15 @@ def main(argv=None) -> int:
                                     "own_core_checks": checks or None})
     for row in rows:
         fns = {row.head_dim: merges[row.heads, row.head_dim][1]}
-        got = measure(row, fns, rounds=args.rounds, warmup=args.warmup,
-                      own=own if own is not None and row.world == 2 else None)
+        attempts = []
+        while True:  # every attempt checks every output again
+            attempts.append(measure(row, fns, rounds=args.rounds, warmup=args.warmup,
+                                    own=own if own is not None and row.world == 2 else None))
+            drift = spread(attempts[-1])
+            if drift is None or drift <= args.noise or len(attempts) > args.retries:
+                break
+            print(f"{row.case}: torch_cudnn ran {drift:.3f} from itself; timing the case again", flush=True)
+        got = steadiest(attempts)
         report += got
         print(table(got).split("\n", 2)[2], flush=True)
         torch.cuda.empty_cache()

@@ -638,3 +638,28 @@ def test_the_dispatch_bench_counts_every_element_outside_the_tolerance_and_every
     y[7, 1] = float("nan")  # one element never written
     assert mod.bad_elements(y, ref, tol) == 2
     assert mod.bad_elements(torch.zeros_like(ref), ref, tol) > ref.numel() // 2  # zeros are wrong
+
+
+def test_cp_kernel_keeps_the_timing_whose_control_drifted_least(cpk):
+    """A case whose torch_cudnn ran far from itself (0.9035 on 1 x H200 at 8f4b630) is timed
+    again; the steadiest timing is kept by the control alone, even where an unsteady one made
+    cuco look faster, and every attempt's drift stays in the rows."""
+    a = cpk.Row(16384, 64, 128, False, 2, 0)
+    names = ("torch_flash", "torch_cudnn", cpk.REPEAT, "library.cudnn")
+
+    def timing(cudnn, repeat, lib):
+        return cpk.make_rows(a, {"torch_flash": 50.0, "torch_cudnn": cudnn, cpk.REPEAT: repeat,
+                                 "library.cudnn": lib}, {n: _ok() for n in names})
+    noisy = timing(25.3, 28.0, 24.0)  # drifted 9.6 %; cuco "ahead"
+    steady = timing(26.0, 26.2, 27.0)  # drifted 0.8 %; cuco behind
+    assert cpk.spread(noisy) > cpk.NOISE > cpk.spread(steady)
+    kept = cpk.steadiest([noisy, steady])
+    by = {r["variant"]: r for r in kept}
+    assert by["library.cudnn"]["ms"] == 27.0 and by["library.cudnn"]["attempt"] == 1
+    assert by["library.cudnn"]["attempt_spreads"] == [round(cpk.spread(noisy), 4), round(cpk.spread(steady), 4)]
+    assert cpk.summarize(kept)["retimed_cases"] == [a.case]
+    assert cpk.summarize(steady)["retimed_cases"] == []
+    # a case without the control is kept as timed
+    bare = cpk.make_rows(a, {"torch_flash": 50.0, "library.cudnn": 40.0},
+                         {n: _ok() for n in ("torch_flash", "library.cudnn")})
+    assert cpk.spread(bare) is None and cpk.steadiest([bare])[0]["attempt"] == 0
