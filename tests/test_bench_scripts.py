@@ -101,6 +101,15 @@ def test_kv_rows_summary_and_result_file(kv, tmp_path, monkeypatch):
     failed = kv.make_row(p, "copy_engine", args, {"error": "RuntimeError: out of memory"})
     assert failed["ms"] is None and failed["correct"] is False
     assert "ERROR" in kv.table([failed]) and "copy_engine.chunks4" in kv.table(rows)
+    # the copy out to pinned host memory and back: a copy-engine mode of its own, judged alike
+    via = kv.make_row(p, "copy_engine_via_host", args, fake_kv(10.0, 10.7))
+    assert via["variant"] == "copy_engine_via_host.chunks4" and via["comm_ctas"] == 0
+    assert via["within_limit"] is False
+    both = kv.summarize(rows + [via])
+    assert both["within_limit_by_ce_mode"] == {"copy_engine": True, "copy_engine_via_host": False}
+    assert both["max_slowdown_pct_by_mode"]["copy_engine_via_host"] == pytest.approx(7.0)
+    assert kv.summarize(rows)["within_limit_by_ce_mode"]["copy_engine_via_host"] is None  # not run
+    assert set(kv.CE_MODES) <= set(kv.MODES)
 
     out = tmp_path / "res" / "kv_compute_interference.json"
     path = kv.write_results(rows, out, device="1 x NVIDIA H100 80GB HBM3", argv=["--quick"])
