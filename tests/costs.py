@@ -30,6 +30,9 @@ SECONDS = {
     "tests/test_cli.py::test_a_compile_pass_into_a_log_prints_a_line_per_build": 27,
     "tests/test_adversary_cpu.py::test_cutlass_smid_builds": 16,
     "tests/test_compile_speed.py::test_relocatable_builds_that_differ_only_in_text_keep_their_device_code": 12,
+    # (each builds its own kernel under pytest -n: test_kernels.py's builds fixture)
+    "tests/test_kernels.py::test_representative_kernels_compile_with_nvcc[moe_grouped_gemm.pingpong_64x128x64]": 30,
+    "tests/test_kernels.py::test_representative_kernels_compile_with_nvcc": 3,
     # the README's run (-m "not slow")
     "tests/test_light_headers.py::test_every_light_header_kernel_builds_the_same_sass_as_with_the_whole_headers": 60,
     "tests/test_cluster_ray.py::test_cli_search_on_a_local_cluster": 9,
