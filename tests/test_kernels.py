@@ -26,13 +26,31 @@ def test_the_subset_covers_every_template():
     assert sorted(template_of(s) for s in REPRESENTATIVE) == sorted(templates())
 
 
+class _OnDemand:
+    """A build made when its result is asked for (a future's ``result``)."""
+
+    def __init__(self, comp: Compiler, source):
+        self.comp, self.source = comp, source
+
+    def result(self):
+        s = self.source
+        return self.comp.compile(s.source, needs=s.needs, name=s.name)
+
+
 @pytest.fixture(scope="module")
 def builds(compiler_cache):
     """The representative kernels compiling in the background on every core, the slow
-    CUTLASS build first; each test below waits for its own (so the run shows progress)."""
+    CUTLASS build first; each test below waits for its own (so the run shows progress).
+    Under pytest-xdist each test builds its own kernel when it runs: the workers already
+    share the cores and the tests, and a pool in every worker that ran one of these tests
+    built every kernel there, at once (CPU oversubscribed, and a kernel two workers started
+    together built twice)."""
     import os
     from concurrent.futures import ThreadPoolExecutor
     comp = Compiler(arch="sm_90a", cache_dir=compiler_cache)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        yield {s.name: _OnDemand(comp, s) for s in REPRESENTATIVE}
+        return
     order = sorted(REPRESENTATIVE, key=lambda s: "cutlass" not in s.needs)
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
     futures = {s.name: pool.submit(comp.compile, s.source, needs=s.needs, name=s.name) for s in order}

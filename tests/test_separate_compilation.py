@@ -32,6 +32,16 @@ def source_of(problem=AR, **directives):
     return render_tp(problem, in_kernel(**directives))[0]
 
 
+def _catalog_launcher():
+    """The catalog's representative CUTLASS launcher (a separable ``tp_fused`` source), which
+    test_kernels.py and ``cuco kernels check`` build in the session's cache."""
+    from cuco.kernels.launcher_source import is_launcher
+    from cuco.workloads.catalog import representative
+    src = next(s for s in representative() if is_launcher(s.needs))
+    assert separable(src.source), src.name
+    return src
+
+
 def edited(source: str, note: str) -> str:
     """``source`` with its first EVOLVE-BLOCK body changed (a statement that changes nothing)."""
     bodies = evolve.blocks(source)
@@ -121,14 +131,17 @@ def test_a_second_candidate_compiles_only_its_own_unit_and_loads_as_the_launcher
 
 @pytest.mark.slow
 @needs_jitlink
-def test_the_split_costs_nothing_beyond_the_link(tmp_path):
+def test_the_split_costs_nothing_beyond_the_link(tmp_path, compiler_cache):
     """The kernel linked from the two units is the kernel of the whole device part compiled
     as one LTO unit and linked alike (same SASS, registers, stack, launch attributes): the
     boundary between the units costs no call, no register and no local memory. (What the
     link's toolchain changes against nvcc's own one-unit build is for a GPU to time:
-    bench/gemm_mainloop.py, whole_program=True against the default.)"""
-    src = source_of(AG, placement="epilogue", comm_warps=3, tile_n=128)
-    comp = Compiler(arch="sm_90a", cache_dir=tmp_path)
+    bench/gemm_mainloop.py, whole_program=True against the default.) The kernel is the
+    catalog's representative CUTLASS kernel, split-built in the session's cache, where
+    test_kernels.py and, in CI, ``cuco kernels check`` build the same kernel: one build for
+    the three."""
+    src = _catalog_launcher()
+    comp = Compiler(arch="sm_90a", cache_dir=compiler_cache)
     split = comp.compile(src.source, needs=src.needs, name=src.name)
     one = tmp_path / "one"
     one.mkdir()
@@ -205,8 +218,9 @@ def test_a_body_that_only_the_whole_build_compiles_falls_back_to_it(compiler_cac
     """A body may name a constant macro the CUTLASS headers define (the macro check reads the
     whole device pass), which the candidate's unit, with its light includes, does not see: the
     build falls back to the one-unit build instead of refusing a kernel that compiles. (In the
-    session's cache: the configuration's host part and layout are the catalog's, built once.)"""
-    ks = source_of(placement="epilogue", comm_warps=3)
+    session's cache: the configuration, the catalog's representative CUTLASS kernel's, has its
+    host part and layout built once for this test, test_kernels.py and the catalog.)"""
+    ks = _catalog_launcher()
     src, needs = edited(ks.source, "CUTLASS_DEBUG_TRACE_LEVEL"), tuple(sorted(set(ks.needs)))
     comp = Compiler(arch="sm_90a", cache_dir=compiler_cache)
     assert comp.separate(src, needs)
