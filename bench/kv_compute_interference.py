@@ -215,21 +215,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The worst slowdown per mode, and whether each copy-engine mode stayed within the
     issue's limit with every output right (whether the driver put its copies on a copy
     engine is the probe's to say, beside it in the file)."""
+    timed = {mode: [r for r in rows if r["mode"] == mode and r.get("slowdown_pct") is not None]
+             for mode in MODES}
+    worst = {mode: max((r["slowdown_pct"] for r in rs), default=None) for mode, rs in timed.items()}
+
     def within(mode: str) -> bool | None:
-        ce = [r for r in rows if r["mode"] == mode and r.get("slowdown_pct") is not None]
-        if not ce:
+        if not timed[mode]:
             return None
-        return max(r["slowdown_pct"] for r in ce) <= CE_LIMIT_PCT and all(r["correct"] for r in ce)
-    ce = [r for r in rows if r["mode"] == "copy_engine" and r.get("slowdown_pct") is not None]
-    worst = max((r["slowdown_pct"] for r in ce), default=None)
+        return worst[mode] <= CE_LIMIT_PCT and all(r["correct"] for r in timed[mode])
     return {"ce_limit_pct": CE_LIMIT_PCT,
-            "max_copy_engine_slowdown_pct": worst,
+            "max_copy_engine_slowdown_pct": worst["copy_engine"],
             "copy_engine_within_limit": bool(within("copy_engine")),
             "within_limit_by_ce_mode": {mode: within(mode) for mode in CE_MODES},
-            "max_slowdown_pct_by_mode": {
-                mode: max((r["slowdown_pct"] for r in rows
-                           if r["mode"] == mode and r.get("slowdown_pct") is not None), default=None)
-                for mode in MODES},
+            "max_slowdown_pct_by_mode": worst,
             "all_correct": all(r.get("correct") for r in rows)}
 
 
