@@ -258,6 +258,22 @@ def test_a_table_from_another_commit_is_measured_again(tmp_path):
     assert again.timed == [64, 1024]
 
 
+def test_a_run_cut_short_loses_none_of_the_buckets_the_file_held(tmp_path):
+    """Buckets an earlier run measured (here another commit's, timed anew) stay in the file
+    until this run has its own: a run cut after its first bucket leaves the others as they were."""
+    from cuco.dispatch_tune import tune_table
+    layer, path, ms = Layer("gemm_reducescatter", 4096, 4096), tmp_path / "t.json", [64, 1024, 4096]
+    tune_table(layer, ms, measure=Replayed(), table_path=path, placements=("side_stream",))
+    doc = json.loads(path.read_text())
+    doc["provenance"]["commit"] = "0000000"
+    path.write_text(json.dumps(doc))
+    old = {e["m"]: e for e in doc["layers"][0]["entries"]}
+    with pytest.raises(KeyboardInterrupt):
+        tune_table(layer, ms, measure=CutAt(1024), table_path=path, placements=("side_stream",))
+    after = {e["m"]: e for e in json.loads(path.read_text())["layers"][0]["entries"]}
+    assert sorted(after) == ms and after[1024] == old[1024] and after[4096] == old[4096]
+
+
 @pytest.mark.parametrize("content", [b'{"layers": [', b"\xff\xfe", b"[1, 2]", "measured"])
 def test_a_table_tuning_cannot_add_to_is_refused_before_anything_is_timed(tmp_path, content):
     """A damaged --table file (or one timed elsewhere) was read only after every bucket was

@@ -28,7 +28,7 @@ from typing import Protocol
 from cuco.db import CandidateDB
 from cuco.design import Directives, GemmProblem, make_problem
 from cuco.design.placement_rules import PLACEMENTS
-from cuco.dispatch import (CUCO, HOST, TORCH_FUSED, DispatchTable, Layer, LayerTable,
+from cuco.dispatch import (CUCO, HOST, TORCH_FUSED, DispatchTable, Entry, Layer, LayerTable,
                            Measurement, Provenance, TableError, entry_from, select)
 from cuco.errors import CucoError
 
@@ -187,6 +187,9 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
     have = existing_table(table_path, prov)  # before anything is measured, built or written
     kept = {} if fresh else kept_entries(have, layer, prov)
     table = have if have is not None else DispatchTable(prov)
+    #: the layer's buckets in the file before this run: each stays there until this run has
+    #: its own, so a run cut short loses none of them
+    before = list(have.layers[layer].entries) if have is not None and layer in have.layers else []
     art_root = table_path.with_name(table_path.stem + ".artifacts")
     db: CandidateDB | None = None  # made once a bucket's problem is valid: a refused shape leaves no file
     entries, skipped, exported = [], {}, {}
@@ -223,7 +226,8 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
             artifact = exported[key]
         entry = entry_from(m, found, artifact)
         entries.append(entry)
-        _write(table, layer, entries, prov, table_path)  # what is measured is kept
+        _write(table, layer, {**{e.m: e for e in before}, **{e.m: e for e in entries}}.values(),
+               prov, table_path)  # what is measured is kept
         progress(f"{at}: {entry.choice if entry.choice != CUCO else 'cuco ' + str(entry.variant)} "
                  f"({', '.join(f'{k} {v:.4g} ms' for k, v in entry.times_ms.items() if v and entry.correct.get(k))})")
     if not entries:
@@ -233,7 +237,8 @@ def tune_table(layer: Layer, ms: Iterable[int], *, measure: Measure, table_path:
     return Tuned(table, skipped)
 
 
-def _write(table: DispatchTable, layer: Layer, entries: list, prov: Provenance, path: Path) -> None:
+def _write(table: DispatchTable, layer: Layer, entries: Iterable[Entry], prov: Provenance,
+           path: Path) -> None:
     """The layer's entries so far into ``table`` (its other layers kept), saved atomically."""
     new = DispatchTable(prov)
     new.add(LayerTable(layer, list(entries)))
