@@ -28,13 +28,20 @@ def test_tile_widths_192_and_64_are_directives_with_named_refusals():
     with pytest.raises(DirectiveError, match=r"tile_m: 192 rows are wgmma's M without swap_ab.*set swap_ab=true"):
         in_kernel("epilogue", tile_m=192)
     # a chunk of 3 x 2^k bytes is one 192-column tile; 5 x 2^k is the bytes of a swapped
-    # 160x256 tile, which side_stream's chunks (a power of two, or three times one) are not
+    # 160x128 tile, which side_stream's chunks (a power of two, or three times one) are not
     assert Directives(chunk_bytes=3 << 14).chunk_bytes == 49152
-    assert in_kernel("epilogue", tile_m=160, swap_ab=True).chunk_bytes == 5 << 14
+    assert in_kernel("epilogue", tile_m=160, tile_n=128, swap_ab=True).chunk_bytes == 5 << 13
     with pytest.raises(DirectiveError, match="side_stream cuts chunks of a power of two bytes"):
-        Directives(placement="side_stream", chunk_bytes=5 << 14, comm_ctas=8)
+        Directives(placement="side_stream", chunk_bytes=5 << 13, comm_ctas=8)
     with pytest.raises(DirectiveError, match="a multiple of 1K"):
         Directives(chunk_bytes=5000)
+    # cooperative: two warpgroups split a tile's accumulators, and past 144 registers a thread
+    # they spill (a swapped 176x256 tile ran 1.7-8.7x slower than each shape's best on 1 x H200)
+    assert in_kernel("epilogue", tile_m=144, tile_n=256, swap_ab=True).chunk_bytes == 144 * 256 * 2
+    for tm in (160, 176, 208, 256):
+        with pytest.raises(DirectiveError, match=rf"under cooperative two warpgroups hold a {tm}x256 tile's "
+                                                 rf"accumulators, {tm} registers a thread.*tile_n <= 36864"):
+            in_kernel("epilogue", tile_m=tm, tile_n=256, swap_ab=True)
     # pingpong: one warpgroup holds a whole tile's accumulators
     with pytest.raises(DirectiveError, match=r"schedule: under pingpong one warpgroup holds a whole 128x192"):
         in_kernel("epilogue", tile_n=192, stages=4, schedule="pingpong")

@@ -21,6 +21,11 @@ SMEM_LIMIT_BYTES = 227 * 1024
 OPERAND_BYTES = 2  # bf16/fp16 operands in the GEMM mainloop
 #: Pingpong: one warpgroup's fp32 accumulators of a tile (128 registers a thread at most).
 PINGPONG_TILE_ELEMS = 128 * 128
+#: Cooperative: two consumer warpgroups split a tile, each holding half its fp32 accumulators,
+#: at most 144 registers a thread: a swapped 144x256 tile is often the fastest, while 176x256
+#: and 208x256 spilled and ran 1.7-8.7x and 15-83x slower than each shape's best
+#: (bench/results/gemm_decode_explore.json, 1 x H200).
+COOPERATIVE_TILE_ELEMS = 2 * 144 * 128
 
 
 def _v(x: Any) -> Any:
@@ -28,9 +33,16 @@ def _v(x: Any) -> Any:
 
 
 def schedule_holds(schedule: str, tile_m: int, tile_n: int) -> bool:
-    """Whether ``schedule``'s consumers can hold a ``tile_m`` x ``tile_n`` tile's accumulators:
-    under pingpong one warpgroup holds a whole tile (:data:`PINGPONG_TILE_ELEMS`)."""
-    return _v(schedule) != "pingpong" or tile_m * tile_n <= PINGPONG_TILE_ELEMS
+    """Whether ``schedule``'s consumers can hold a ``tile_m`` x ``tile_n`` tile's accumulators
+    in registers: under pingpong one warpgroup holds a whole tile
+    (:data:`PINGPONG_TILE_ELEMS`), under cooperative two split it
+    (:data:`COOPERATIVE_TILE_ELEMS`)."""
+    return tile_m * tile_n <= tile_elems(schedule)
+
+
+def tile_elems(schedule: str) -> int:
+    """The most accumulators of one tile ``schedule``'s consumer warpgroups hold."""
+    return PINGPONG_TILE_ELEMS if _v(schedule) == "pingpong" else COOPERATIVE_TILE_ELEMS
 
 
 def smem_bytes(tile_m: int, tile_n: int, tile_k: int, stages: int) -> int:
@@ -55,11 +67,18 @@ def violations(d: Mapping[str, Any], problem: Problem | None = None) -> list[str
             "per-chunk or per-CTA sync; set sync_scope=chunk or cta, or chunk_schedule=direct"
         )
     if not schedule_holds(d.get("schedule", "cooperative"), tm, tn):
-        out.append(
-            f"schedule: under pingpong one warpgroup holds a whole {tm}x{tn} tile's "
-            f"accumulators; choose tile_m x tile_n <= {PINGPONG_TILE_ELEMS} (128x128 or "
-            "64x256) or schedule=cooperative"
-        )
+        if _v(d.get("schedule", "cooperative")) == "pingpong":
+            out.append(
+                f"schedule: under pingpong one warpgroup holds a whole {tm}x{tn} tile's "
+                f"accumulators; choose tile_m x tile_n <= {PINGPONG_TILE_ELEMS} (128x128 or "
+                "64x256) or schedule=cooperative"
+            )
+        else:
+            out.append(
+                f"tile_m: under cooperative two warpgroups hold a {tm}x{tn} tile's accumulators, "
+                f"{tm * tn // 256} registers a thread, and they spill past 144; choose tile_m x "
+                f"tile_n <= {COOPERATIVE_TILE_ELEMS} (e.g. 144x256 or 128x256)"
+            )
     need = smem_bytes(tm, tn, tk, stages)
     if need > SMEM_LIMIT_BYTES:
         fit = SMEM_LIMIT_BYTES // smem_bytes(tm, tn, tk, 1)
