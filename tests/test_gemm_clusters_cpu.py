@@ -9,6 +9,7 @@ import pytest
 
 from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
+from cuco.kernels import catalog
 from cuco.kernels.tp import CLUSTER_MAINLOOPS, MAINLOOPS, Mainloop, in_kernel, render_tp, with_mainloop
 from build_checks import PRINT_TILES, assert_points_compile, host_rows
 
@@ -106,19 +107,12 @@ def test_cluster_slots_pair_adjacent_m_tiles_and_cover_each_tile_once(tmp_path, 
 
 
 def cluster_points():
-    """Every cluster mainloop alone (gemm_only) and fused with each epilogue path: consumers,
-    comm warps, dedicated CTAs; all three patterns."""
-    rs = GemmProblem(workload="gemm_reducescatter", m=1000, n=1040, k=1040, world_size=2)
-    ar = GemmProblem(workload="gemm_allreduce", m=1000, n=1040, k=1040, world_size=2)
-    ag = GemmProblem(workload="allgather_gemm", m=1000, n=1040, k=1040, world_size=2)
+    """Every cluster mainloop alone (gemm_only), and the catalog's fused cluster points: each
+    with an epilogue path (consumers, comm warps, dedicated CTAs), all three patterns (the
+    catalog's own points, so that CI's ``cuco kernels check`` finds them built)."""
     out = [(f"gemm_only {ml.text()}", ga.problem_of(1000, 5120, 5120), with_mainloop(ga.BASE, ml), True)
            for ml in CLUSTER_MAINLOOPS]
-    out += [("pingpong reduce-scatter", rs, in_kernel("epilogue", "lsa", "cta", tile_n=128, stages=6,
-                                                      schedule="pingpong", cluster_m=2), False),
-            ("all-reduce, comm warps", ar, in_kernel("epilogue", "lsa", "warp", comm_warps=3, cluster_m=2), False),
-            ("all-gather, dedicated CTAs", ag, in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=4,
-                                                         tile_n=128, stages=4, cluster_m=2), False)]
-    return out
+    return out + [(label, p, d, False) for label, p, d in catalog.cluster_points()]
 
 
 @pytest.mark.slow

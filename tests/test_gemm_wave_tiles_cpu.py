@@ -8,7 +8,7 @@ import pytest
 
 from cuco import DirectiveError, Directives, GemmProblem
 from cuco.benchmarks import gemm_alone as ga
-from cuco.kernels import tp
+from cuco.kernels import catalog, tp
 from cuco.kernels.tp import (
     MAINLOOPS, WAVE_TILES, Mainloop, default_mainloop, in_kernel, modelled_time, render_tp,
     with_mainloop,
@@ -112,18 +112,12 @@ def test_the_benchmark_times_wave_tiles_where_the_model_says_they_can_win():
 
 # ---- nvcc (slow) ----------------------------------------------------------------------------
 def wave_points():
-    """Each wave tile in a gemm_only build and in a fused reduction with its epilogue on the
-    consumers, comm warps or dedicated CTAs (every tile loop of the template)."""
-    rs = GemmProblem(workload="gemm_reducescatter", m=1000, n=1040, k=1040, world_size=2)
-    ag = GemmProblem(workload="allgather_gemm", m=1000, n=1040, k=1040, world_size=2)
+    """Each wave tile in a gemm_only build, and the catalog's fused wave-tile points: each with
+    its epilogue on the consumers, comm warps or dedicated CTAs (every tile loop of the
+    template; the catalog's own points, so that CI's ``cuco kernels check`` finds them built)."""
     out = [(f"gemm_only {ml.text()}", ga.problem_of(1000, 5120, 5120), with_mainloop(ga.BASE, ml), True)
            for ml in WAVE_TILES]
-    out += [("128x192 reduce-scatter", rs, in_kernel("epilogue", "lsa", "cta", tile_n=192, stages=4), False),
-            ("64x64 all-gather, comm warps", ag, in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=64,
-                                                           stages=8, schedule="pingpong", comm_warps=3), False),
-            ("64x192 dedicated CTAs", rs, in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, tile_m=64,
-                                                    tile_n=192, stages=6, schedule="pingpong"), False)]
-    return out
+    return out + [(label, p, d, False) for label, p, d in catalog.wave_points()]
 
 
 @pytest.mark.slow

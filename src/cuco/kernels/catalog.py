@@ -39,49 +39,94 @@ def tp_sources() -> list[KernelSource]:
     return out
 
 
-def in_kernel_sources() -> list[KernelSource]:
-    """The one-kernel placements (CUTLASS mainloop): each workload with epilogue and
-    dedicated_ctas, both backends and every issuer among them, at a small shape."""
-    from cuco.design import GemmProblem
-    from cuco.design.patterns import ALLGATHER_GEMM, GEMM_ALLREDUCE, GEMM_REDUCESCATTER, TP_PATTERNS
-    from cuco.kernels.tp import in_kernel, render_tp
+#: A fused in-kernel point the catalog compiles: (what it stands for, problem, directives).
+#: Kernel sources carry no shape and the kernel cache is keyed on the source, so a point the
+#: slow tests build too (they take their fused points from here) costs CI one build, not two.
+InKernelPoint = tuple
 
-    # (placement, backend, issuer, comm_warps, raster_group, world size, schedule): both
-    # epilogue owners (the consumers, spare producer warps), both tile orders, both consumer
-    # schedules, and world sizes 4 and 8
-    picks = {GEMM_ALLREDUCE: (("epilogue", "lsa", "warp", 3, 4, 4, "cooperative"),
-                              ("dedicated_ctas", "nvshmem", "warp", 0, 1, 2, "pingpong")),
-             GEMM_REDUCESCATTER: (("epilogue", "nvshmem", "thread", 0, 1, 2, "pingpong"),
-                                  ("dedicated_ctas", "lsa", "cta", 1, 4, 2, "cooperative")),
-             ALLGATHER_GEMM: (("epilogue", "nvshmem", "cta", 2, 16, 8, "cooperative"),
-                              ("dedicated_ctas", "lsa", "thread", 3, 1, 2, "pingpong"))}
-    out = []
-    for tp in TP_PATTERNS:
-        for placement, backend, issuer, warps, group, w, schedule in picks[tp]:
-            problem = GemmProblem(workload=tp.name, m=1024 * (1 + (w == 8)), n=1024 * (1 + (w == 8)),
-                                  k=1024, world_size=w)
-            tile = {"tile_n": 128, "stages": 6} if schedule == "pingpong" else {}
-            d = in_kernel(placement, backend, issuer, comm_ctas=4 if placement == "dedicated_ctas" else 0,
-                          comm_warps=warps, raster_group=group, schedule=schedule, **tile)
-            out.append(render_tp(problem, d)[0])
-    # issue #37's mainloops: K in slices (split-K), the epilogue on spare warps and on comm
-    # CTAs; 64-row pingpong tiles
+
+def _tp_problems() -> dict:
+    """The three tensor-parallel patterns at one small ragged shape on two ranks."""
+    from cuco.design import GemmProblem
+    from cuco.design.patterns import TP_PATTERNS
+    return {tp.name: GemmProblem(workload=tp.name, m=1000, n=1040, k=1040, world_size=2)
+            for tp in TP_PATTERNS}
+
+
+def cluster_points() -> list[InKernelPoint]:
+    """Each 2x1 cluster mainloop fused with one epilogue path (the consumers, three spare comm
+    warps, dedicated CTAs beside one comm warp), one pattern each, both backends and every
+    issuer among them (tests/test_gemm_clusters_cpu.py builds them in both build paths)."""
+    from cuco.kernels.tp import in_kernel
+    p = _tp_problems()
+    return [("pingpong reduce-scatter", p["gemm_reducescatter"],
+             in_kernel("epilogue", "nvshmem", "thread", tile_n=128, stages=6, schedule="pingpong", cluster_m=2)),
+            ("all-reduce, comm warps", p["gemm_allreduce"],
+             in_kernel("epilogue", "lsa", "warp", comm_warps=3, cluster_m=2)),
+            ("all-gather, dedicated CTAs", p["allgather_gemm"],
+             in_kernel("dedicated_ctas", "lsa", "thread", comm_ctas=4, tile_n=128, stages=4, comm_warps=1,
+                       cluster_m=2))]
+
+
+def wave_points() -> list[InKernelPoint]:
+    """Each wave tile (192 or 64 columns) fused with one epilogue path; all-gather at eight
+    ranks, a dedicated all-reduce (tests/test_gemm_wave_tiles_cpu.py builds them in both
+    build paths)."""
+    from cuco.design import GemmProblem
+    from cuco.kernels.tp import in_kernel
+    p = _tp_problems()
+    return [("128x192 reduce-scatter", p["gemm_reducescatter"],
+             in_kernel("epilogue", "lsa", "cta", tile_n=192, stages=4)),
+            ("64x64 all-gather at eight ranks, comm warps",
+             GemmProblem(workload="allgather_gemm", m=2048, n=2048, k=1024, world_size=8),
+             in_kernel("epilogue", "nvshmem", "warp", tile_m=64, tile_n=64, stages=8, schedule="pingpong",
+                       comm_warps=3)),
+            ("64x192 all-reduce, dedicated CTAs", p["gemm_allreduce"],
+             in_kernel("dedicated_ctas", "nvshmem", "warp", comm_ctas=4, tile_m=64, tile_n=192, stages=6,
+                       schedule="pingpong"))]
+
+
+def split_k_points() -> list[InKernelPoint]:
+    """K in slices, the fold before the epilogue: three slices under dedicated CTAs with comm
+    warps (tests/test_gemm_mainloop_cpu.py's new values build it; they build split K under
+    the epilogue with comm warps too, in the GEMM bench's gemm_only build)."""
+    from cuco.design import GemmProblem
+    from cuco.kernels.tp import in_kernel
     small = dict(m=1024, n=1024, k=2048, world_size=2)
-    out.append(render_tp(GemmProblem(workload=GEMM_ALLREDUCE.name, **small),
-                         in_kernel("epilogue", "lsa", "warp", tile_n=128, stages=6, schedule="pingpong",
-                                   comm_warps=3, raster_group=8, split_k=2))[0])
-    out.append(render_tp(GemmProblem(workload=GEMM_REDUCESCATTER.name, **small),
-                         in_kernel("dedicated_ctas", "nvshmem", "thread", comm_ctas=4, tile_m=64, tile_n=128,
-                                   stages=8, schedule="pingpong", split_k=4))[0])
-    # A and B swapped (the tile's rows on wgmma's N, 80 of them), the epilogue on spare warps;
-    # and in clusters of 2 along N (A multicast to a pair of n-tiles), on the consumers
-    out.append(render_tp(GemmProblem(workload=ALLGATHER_GEMM.name, **small),
-                         in_kernel("epilogue", "lsa", "warp", tile_m=80, tile_n=128, stages=6, comm_warps=3,
-                                   raster_group=8, swap_ab=True))[0])
-    out.append(render_tp(GemmProblem(workload=GEMM_REDUCESCATTER.name, **small),
-                         in_kernel("epilogue", "nvshmem", "cta", tile_m=112, tile_n=64, stages=8,
-                                   schedule="pingpong", swap_ab=True, cluster_m=2))[0])
-    return out
+    return [("split-K cooperative, dedicated CTAs, reduce-scatter",
+             GemmProblem(workload="gemm_reducescatter", **small),
+             in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3)),
+]
+
+
+def swapped_points() -> list[InKernelPoint]:
+    """A and B swapped (the tile's rows on wgmma's N, 80 of them), the epilogue on spare warps;
+    and in clusters of 2 along N (A multicast to a pair of n-tiles), on the consumers."""
+    from cuco.design import GemmProblem
+    from cuco.kernels.tp import in_kernel
+    small = dict(m=1024, n=1024, k=2048, world_size=2)
+    return [("swapped 80x128 all-gather, comm warps", GemmProblem(workload="allgather_gemm", **small),
+             in_kernel("epilogue", "lsa", "warp", tile_m=80, tile_n=128, stages=6, comm_warps=3, swap_ab=True)),
+            ("swapped 112x64 reduce-scatter in clusters along N", GemmProblem(workload="gemm_reducescatter", **small),
+             in_kernel("epilogue", "nvshmem", "cta", tile_m=112, tile_n=64, stages=8, schedule="pingpong",
+                       swap_ab=True, cluster_m=2))]
+
+
+def in_kernel_sources() -> list[KernelSource]:
+    """The one-kernel placements (CUTLASS mainloop), at small shapes: every pattern with
+    epilogue and dedicated_ctas, both backends and every issuer among them, both consumer
+    schedules, both epilogue owners, world sizes 2, 4 and 8, and issue #37's mainloops (split
+    K, 64-row and wave tiles, clusters, A and B swapped). The first (the all-reduce at four
+    ranks, comm warps on the epilogue) is the template's representative; the rest are the
+    points of :func:`cluster_points`, :func:`wave_points`, :func:`split_k_points` and
+    :func:`swapped_points`."""
+    from cuco.design import GemmProblem
+    from cuco.kernels.tp import in_kernel, render_tp
+    first = (GemmProblem(workload="gemm_allreduce", m=1024, n=1024, k=1024, world_size=4),
+             in_kernel("epilogue", "lsa", "warp", comm_warps=3))
+    points = [first, *((p, d) for _, p, d in
+                       [*cluster_points(), *wave_points(), *split_k_points(), *swapped_points()])]
+    return [render_tp(p, d)[0] for p, d in points]
 
 
 def kernel_sources() -> list[KernelSource]:
