@@ -260,13 +260,20 @@ TOLERANCE = ("heads 0 and H-1: every element within the workload's tolerance of 
 NOISE = 0.05
 
 
+def self_ratio(rows) -> float | None:
+    """Torch's cuDNN program's ms over its own, timed again in the same rounds (1.0: no
+    noise; None: the case has no such control)."""
+    by = {r["variant"]: r["ms"] for r in rows}
+    if "torch_cudnn" not in by or not by.get(REPEAT):
+        return None
+    return by["torch_cudnn"] / by[REPEAT]
+
+
 def spread(rows: list[dict]) -> float | None:
     """How far torch's cuDNN program ran from itself timed again in the same rounds,
     ``|1 - ms / repeat ms|`` (None: the case has no such control)."""
-    by = {r["variant"]: r["ms"] for r in rows}
-    if "torch_cudnn" not in by or REPEAT not in by or not by[REPEAT]:
-        return None
-    return abs(1 - by["torch_cudnn"] / by[REPEAT])
+    ratio = self_ratio(rows)
+    return None if ratio is None else abs(1 - ratio)
 
 
 def steadiest(attempts: list[list[dict]]) -> list[dict]:
@@ -365,8 +372,8 @@ def summarize(rows: list[dict]) -> dict:
     repeat: dict[str, float] = {}
     serial: dict[str, float] = {}  # the best all_keys variant's ratio with its copy added
     for case, vs in cases.items():
-        if REPEAT in vs and "torch_cudnn" in vs:
-            repeat[case] = round(vs["torch_cudnn"]["ms"] / vs[REPEAT]["ms"], 4)
+        if (same := self_ratio(vs.values())) is not None:
+            repeat[case] = round(same, 4)
         keys = [vs[VARIANTS[c, "all_keys"]]["ms"] for c in ("flash", "cudnn")
                 if VARIANTS[c, "all_keys"] in vs and vs[VARIANTS[c, "all_keys"]]["correct"]]
         if OWN_COPY in vs and keys and vs[OWN_COPY]["baseline_ms"]:

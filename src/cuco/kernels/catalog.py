@@ -8,11 +8,16 @@ a test.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cuco.design.pipeline_ops import find_op
 from cuco.kernels import toolchain
 from cuco.kernels.collectives import KernelSource, all_sources
 from cuco.kernels.compiler import SHIM_DIR, Compiler, performance_losses
 from cuco.kernels.render import render
+
+if TYPE_CHECKING:
+    from cuco.design import Directives, GemmProblem
 
 
 def probe_source() -> KernelSource:
@@ -39,10 +44,10 @@ def tp_sources() -> list[KernelSource]:
     return out
 
 
-#: A fused in-kernel point the catalog compiles: (what it stands for, problem, directives).
-#: Kernel sources carry no shape and the kernel cache is keyed on the source, so a point the
-#: slow tests build too (they take their fused points from here) costs CI one build, not two.
-InKernelPoint = tuple
+# A fused in-kernel point the catalog compiles: what it stands for, the problem, the
+# directives. Kernel sources carry no shape and the kernel cache is keyed on the
+# source, so a point the slow tests build too (they take their fused points from here) costs
+# CI one build, not two.
 
 
 def _tp_problems() -> dict:
@@ -53,7 +58,7 @@ def _tp_problems() -> dict:
             for tp in TP_PATTERNS}
 
 
-def cluster_points() -> list[InKernelPoint]:
+def cluster_points() -> list[tuple[str, GemmProblem, Directives]]:
     """Each 2x1 cluster mainloop fused with one epilogue path (the consumers, three spare comm
     warps, dedicated CTAs beside one comm warp), one pattern each, both backends and every
     issuer among them (tests/test_gemm_clusters_cpu.py builds them in both build paths)."""
@@ -68,7 +73,7 @@ def cluster_points() -> list[InKernelPoint]:
                        cluster_m=2))]
 
 
-def wave_points() -> list[InKernelPoint]:
+def wave_points() -> list[tuple[str, GemmProblem, Directives]]:
     """Each wave tile (192 or 64 columns) fused with one epilogue path; all-gather at eight
     ranks, a dedicated all-reduce (tests/test_gemm_wave_tiles_cpu.py builds them in both
     build paths)."""
@@ -86,7 +91,7 @@ def wave_points() -> list[InKernelPoint]:
                        schedule="pingpong"))]
 
 
-def split_k_points() -> list[InKernelPoint]:
+def split_k_points() -> list[tuple[str, GemmProblem, Directives]]:
     """K in slices, the fold before the epilogue: three slices under dedicated CTAs with comm
     warps (tests/test_gemm_mainloop_cpu.py's new values build it; they build split K under
     the epilogue with comm warps too, in the GEMM bench's gemm_only build)."""
@@ -95,11 +100,10 @@ def split_k_points() -> list[InKernelPoint]:
     small = dict(m=1024, n=1024, k=2048, world_size=2)
     return [("split-K cooperative, dedicated CTAs, reduce-scatter",
              GemmProblem(workload="gemm_reducescatter", **small),
-             in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3)),
-]
+             in_kernel("dedicated_ctas", "lsa", "cta", comm_ctas=4, comm_warps=2, split_k=3))]
 
 
-def swapped_points() -> list[InKernelPoint]:
+def swapped_points() -> list[tuple[str, GemmProblem, Directives]]:
     """A and B swapped (the tile's rows on wgmma's N, 80 of them), the epilogue on spare warps;
     and in clusters of 2 along N (A multicast to a pair of n-tiles), on the consumers."""
     from cuco.design import GemmProblem
